@@ -1,0 +1,11 @@
+.PHONY: setup test test-fast lint format
+setup:
+	bash tools/setup_env.sh
+test:
+	bash tests/run.sh
+test-fast:
+	bash tests/run.sh -m "not slow"
+lint:
+	.venv/bin/ruff check mindrl tests tools ckpt_convert
+format:
+	.venv/bin/ruff format mindrl tests tools ckpt_convert

@@ -1,0 +1,36 @@
+"""mindrl: PPO/GRPO post-training for LLMs on megatron-core + vLLM, orchestrated by Ray."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="mindrl",
+    version="0.1.0",
+    description="RL post-training (PPO/GRPO) for LLMs on megatron-core and vLLM, Ascend NPU / CUDA / CPU",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["mindrl", "mindrl.*"]),
+    python_requires=">=3.10",
+    # torch / torch_npu / vllm / vllm-ascend are installed per platform (see README), not here:
+    # pinning them would pull the wrong build (e.g. a CUDA torch on an Ascend host).
+    install_requires=[
+        "megatron-core>=0.12",
+        "ray>=2.40",
+        "transformers>=4.45",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "sentencepiece",
+        "safetensors",
+        "psutil",
+        "math-verify",
+        "tensorboard",
+        "tqdm",
+        "pyyaml",
+    ],
+    extras_require={"test": ["pytest", "pytest-timeout"], "parquet": ["pyarrow"]},
+    entry_points={
+        "console_scripts": [
+            "mindrl-convert=mindrl.cli.convert:main",
+            "mindrl-preprocess=mindrl.cli.preprocess:main",
+        ]
+    },
+)

@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""Write a tiny HF Qwen2-architecture checkpoint and a locally trained Qwen2-style BPE tokenizer.
+
+No network: the tokenizer is trained on a synthetic math corpus generated here, and the weights are
+random. Every weight (norms and biases included) is randomised, so that a wrong weight mapping always
+shows up as a logit difference.
+
+    python tools/make_tiny_model.py --out /tmp/tiny
+    python tools/make_tiny_model.py --out /tmp/tiny-rm --orm       # Qwen2ForSequenceClassification, 1 label
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenizer split pattern (numbers are split into single digits).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHATML_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' -%}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+@dataclass
+class TinyModelSpec:
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 1024
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    rope_theta: float = 1000000.0
+    init_std: float = 0.05
+    seed: int = 0
+    orm: bool = False
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"--hidden-size {self.hidden_size} must be divisible by --num-heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"--num-heads {self.num_heads} must be divisible by --num-kv-heads {self.num_kv_heads}")
+        head_dim = self.hidden_size // self.num_heads
+        if head_dim < 32:
+            raise ValueError(f"head_dim = hidden/heads = {head_dim}; vLLM-CPU needs head_dim >= 32")
+        if self.vocab_size < 300:
+            raise ValueError(f"--vocab-size {self.vocab_size} is too small: the byte-level BPE needs >= 300")
+
+
+def synthetic_corpus(seed: int = 0, lines: int = 8000) -> list[str]:
+    """Deterministic English + math text, so the BPE learns merges useful for math prompts."""
+    rng = random.Random(seed)
+    words = (
+        "the a of to and is in that what find if let how many number sum product value of x y z "
+        "integer real prime square root answer solve compute triangle circle area probability "
+        "equation function point line angle degrees total each there are we have then so "
+        "assistant user system think reasoning process question solution step final boxed"
+    ).split()
+    syllables = "ba be bi bo bu ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu ra re ri ro ru ta te ti to tu".split()
+    words += ["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(3000)]
+    latex = [r"\frac{%d}{%d}", r"\sqrt{%d}", r"%d^{%d}", r"\boxed{%d}", r"\dfrac{%d}{%d}", r"%d\%%", r"\{%d, %d\}"]
+    out = []
+    for _ in range(lines):
+        parts = []
+        for _ in range(rng.randint(4, 16)):
+            r = rng.random()
+            if r < 0.6:
+                parts.append(rng.choice(words))
+            elif r < 0.8:
+                parts.append(str(rng.randint(0, 10000)))
+            else:
+                t = rng.choice(latex)
+                parts.append(t % tuple(rng.randint(1, 99) for _ in range(t.count("%d"))))
+        sent = " ".join(parts)
+        if rng.random() < 0.2:
+            sent = f"<think> {sent} </think><answer> {sent[:20]} </answer>"
+        out.append(sent.capitalize() + rng.choice([".", "?", "!", ""]))
+    return out
+
+
+def train_tokenizer(vocab_size: int, seed: int = 0):
+    """Qwen2-style byte-level BPE, trained locally; the ChatML special tokens come last, as in Qwen2."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL_TOKENS),
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
+
+
+def make_tokenizer(out: str, vocab_size: int, seed: int = 0):
+    from transformers import PreTrainedTokenizerFast
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(vocab_size, seed),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+        chat_template=CHATML_TEMPLATE,
+    )
+    hf_tok.save_pretrained(out)
+    # Point AutoTokenizer at Qwen2's tokenizer class, as a real Qwen2 checkpoint does.
+    cfg_path = os.path.join(out, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    cfg["chat_template"] = CHATML_TEMPLATE
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return hf_tok
+
+
+def randomise_(model, std: float, seed: int) -> None:
+    """Non-trivial values everywhere: norm weights around 1, biases and matrices random."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(std * noise)
+
+
+def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) -> str:
+    """Create the checkpoint + tokenizer in `out` and return `out`."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    spec = spec or TinyModelSpec()
+    for k, v in overrides.items():
+        setattr(spec, k, v)
+    spec.validate()
+    os.makedirs(out, exist_ok=True)
+    tok = make_tokenizer(out, spec.vocab_size, spec.seed)
+    if len(tok) > spec.vocab_size:
+        raise ValueError(f"tokenizer has {len(tok)} tokens > --vocab-size {spec.vocab_size}")
+    cfg = Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        use_sliding_window=False,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    if spec.orm:
+        cfg.num_labels = 1
+        model = Qwen2ForSequenceClassification(cfg)
+    else:
+        model = Qwen2ForCausalLM(cfg)
+    randomise_(model, spec.init_std, spec.seed)
+    model.save_pretrained(out, safe_serialization=True)
+    with open(os.path.join(out, "tiny_model_spec.json"), "w") as f:
+        json.dump(asdict(spec), f, indent=2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = TinyModelSpec()
+    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--hidden-size", type=int, default=d.hidden_size)
+    p.add_argument("--num-layers", type=int, default=d.num_layers)
+    p.add_argument("--num-heads", type=int, default=d.num_heads)
+    p.add_argument("--num-kv-heads", type=int, default=d.num_kv_heads)
+    p.add_argument("--intermediate-size", type=int, default=d.intermediate_size)
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="model vocab (tokenizer may be smaller)")
+    p.add_argument("--tie-word-embeddings", action="store_true")
+    p.add_argument("--init-std", type=float, default=d.init_std)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--orm", action="store_true", help="write a Qwen2ForSequenceClassification (num_labels=1)")
+    a = p.parse_args(argv)
+    spec = TinyModelSpec(
+        hidden_size=a.hidden_size,
+        num_layers=a.num_layers,
+        num_heads=a.num_heads,
+        num_kv_heads=a.num_kv_heads,
+        intermediate_size=a.intermediate_size,
+        vocab_size=a.vocab_size,
+        tie_word_embeddings=a.tie_word_embeddings,
+        init_std=a.init_std,
+        seed=a.seed,
+        orm=a.orm,
+    )
+    try:
+        make_tiny_model(a.out, spec)
+    except ValueError as e:
+        p.error(str(e))
+    n = sum(1 for _ in open(os.path.join(a.out, "config.json")))
+    print(f"wrote {'ORM ' if a.orm else ''}tiny Qwen2 model + tokenizer to {a.out} ({n} config lines)")
+
+
+if __name__ == "__main__":
+    main()
