@@ -1,0 +1,291 @@
+"""HF <-> megatron checkpoint conversion and the logits check, on local ranks (`RankPool`).
+
+hf2mcore runs TP*PP ranks; each builds its own shard of the model and fills it tensor by tensor from
+the HF files, so all ranks together hold one copy of the model. mcore2hf loads at TP1/PP1 (any saved
+layout) and streams HF tensors into size-capped shards. Inputs are validated before any rank starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.checkpoint import mcore_ckpt
+from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint, HFShardWriter, carry_files
+from mindrl.models.hf_config import ModelSpec, torch_dtype
+from mindrl.models.weight_map import expected_hf_names, mcore_param_names, param_mapping
+
+DEFAULT_TOL = 1e-5
+
+
+@dataclass
+class ConversionStats:
+    seconds: float
+    num_params: int
+    bytes_written: int
+    ranks: int
+    peak_rss_bytes: list[int] = dataclasses.field(default_factory=list)  # per rank
+
+
+def _role(spec: ModelSpec) -> str:
+    return "critic" if spec.is_value_model else "actor"
+
+
+def _check_orm_flag(spec: ModelSpec, orm: bool, where: str) -> None:
+    if spec.is_value_model and not orm:
+        raise CheckpointError(
+            f"{where} holds a reward/critic model ({spec.architecture}, value head); pass --orm to convert it"
+        )
+    if orm and not spec.is_value_model:
+        raise CheckpointError(
+            f"--orm expects a *ForSequenceClassification checkpoint with num_labels=1, but {where} holds "
+            f"{spec.architecture}; drop --orm to convert a causal LM"
+        )
+
+
+def _expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
+    h, hd, ffn, v = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.vocab_size
+    leaf = hf_name.split(".", 3)[-1] if hf_name.startswith("model.layers.") else hf_name
+    shapes = {
+        "model.embed_tokens.weight": (v, h),
+        "lm_head.weight": (v, h),
+        "score.weight": (1, h),
+        "model.norm.weight": (h,),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (spec.num_heads * hd, h),
+        "self_attn.k_proj.weight": (spec.num_kv_heads * hd, h),
+        "self_attn.v_proj.weight": (spec.num_kv_heads * hd, h),
+        "self_attn.q_proj.bias": (spec.num_heads * hd,),
+        "self_attn.k_proj.bias": (spec.num_kv_heads * hd,),
+        "self_attn.v_proj.bias": (spec.num_kv_heads * hd,),
+        "self_attn.o_proj.weight": (h, spec.num_heads * hd),
+        "mlp.gate_proj.weight": (ffn, h),
+        "mlp.up_proj.weight": (ffn, h),
+        "mlp.down_proj.weight": (h, ffn),
+    }
+    return shapes[leaf]
+
+
+def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
+    """Every expected tensor present once with the shape the config implies, nothing unexpected."""
+    ckpt = HFCheckpoint(hf_dir)
+    have = set(ckpt.keys())
+    expected = expected_hf_names(spec)
+    missing = [n for n in expected if n not in have]
+    if missing:
+        raise CheckpointError(f"{hf_dir}: missing tensors for {spec.architecture}: {missing[:8]}")
+    # A tied model may also store lm_head (a copy of the embedding); rotary buffers are recomputed.
+    ignorable = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+    unexpected = [n for n in sorted(have - set(expected)) if n not in ignorable and not n.endswith("rotary_emb.inv_freq")]
+    if unexpected:
+        raise CheckpointError(f"{hf_dir}: tensors that are not part of a {spec.architecture}: {unexpected[:8]}")
+    from safetensors import safe_open
+
+    for name in expected:
+        with safe_open(ckpt._file_of[name], "pt") as f:
+            shape = tuple(f.get_slice(name).get_shape())
+        want = _expected_hf_shape(spec, name)
+        if shape != want:
+            raise CheckpointError(f"{hf_dir}: tensor {name!r} has shape {shape}, but config.json implies {want}")
+    return ckpt
+
+
+def _prepare_out_dir(path: str, overwrite: bool) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CheckpointError(f"output path {path!r} exists and is not a directory")
+    if os.path.isdir(path) and os.listdir(path):
+        if not overwrite:
+            raise CheckpointError(f"output directory {path!r} is not empty; pass --overwrite to replace it")
+        shutil.rmtree(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise CheckpointError(f"cannot write to {parent!r}")
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ------------------------------------------------------------------------------------- hf2mcore
+def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, dtype: str) -> dict:
+    from megatron.core import parallel_state as ps
+    from tqdm import tqdm
+
+    from mindrl.models.builder import build_model
+    from mindrl.models.weight_map import full_to_local, global_name, hf_to_full
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, pp)
+    spec = ModelSpec.from_dict(spec_dict)
+    model = build_model(spec, _role(spec), dtype=dtype, perform_initialization=False)
+    reader = HFCheckpoint(hf_dir)
+    tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    offset = pp_rank * (spec.num_layers // pp)
+    params = list(model.named_parameters())
+    show = torch.distributed.get_rank() == 0
+    with torch.no_grad():
+        for name, param in tqdm(params, desc="hf2mcore rank 0", disable=not show, unit="tensor"):
+            mapping = param_mapping(spec, global_name(name, offset))
+            full = hf_to_full(spec, mapping, [reader.get(n) for n in mapping.hf_names])
+            local = full_to_local(mapping, full, tp_rank, tp)
+            if tuple(local.shape) != tuple(param.shape):
+                raise CheckpointError(f"{mapping.hf_names} -> {name}: shape {tuple(local.shape)} != {tuple(param.shape)}")
+            param.copy_(local)
+    reader.close()
+    mcore_ckpt.save_model(model, it_dir)
+    return {"num_params": sum(p.numel() for _, p in params), "peak_rss": _peak_rss()}
+
+
+def hf2mcore(
+    hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1, orm: bool = False, dtype: str | None = None,
+    overwrite: bool = False,
+) -> ConversionStats:  # fmt: skip
+    """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP ranks."""
+    from mindrl.platform.launch import RankPool
+
+    t0 = time.perf_counter()
+    spec = ModelSpec.from_hf_dir(hf_dir)
+    _check_orm_flag(spec, orm, hf_dir)
+    spec.validate_layout(tp, pp)
+    dtype = str(torch_dtype(dtype or spec.dtype)).replace("torch.", "")
+    validate_hf_checkpoint(hf_dir, spec)
+    _prepare_out_dir(save_dir, overwrite)
+    it_dir = mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)
+    os.makedirs(it_dir)
+    with RankPool(tp * pp) as pool:
+        results = pool.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
+    mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
+    carry_files(hf_dir, os.path.join(save_dir, mcore_ckpt.HF_FILES))
+    mcore_ckpt.write_tracker(save_dir, mcore_ckpt.RELEASE)
+    return ConversionStats(
+        seconds=time.perf_counter() - t0,
+        num_params=sum(r["num_params"] for r in results),
+        bytes_written=_dir_bytes(it_dir),
+        ranks=tp * pp,
+        peak_rss_bytes=[r["peak_rss"] for r in results],
+    )
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+# ------------------------------------------------------------------------------------- mcore2hf
+def _load_rank(load_dir: str, tp: int, pp: int, dtype: str | None):
+    """Build this rank's model stage at TP x PP and load the latest checkpoint into it."""
+    from mindrl.models.builder import build_model
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, pp)
+    spec, meta = mcore_ckpt.read_model_meta(load_dir)
+    model = build_model(spec, meta["role"], dtype=dtype or meta["dtype"], perform_initialization=False)
+    mcore_ckpt.load_model(model, mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
+    return spec, meta, model
+
+
+def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
+    from tqdm import tqdm
+
+    from mindrl.models.weight_map import full_to_hf
+
+    spec, meta, model = _load_rank(load_dir, 1, 1, None)
+    if torch.distributed.get_rank() != 0:
+        return {"peak_rss": _peak_rss()}
+    params = dict(model.named_parameters())
+    writer = HFShardWriter(out_dir, max_shard_bytes)
+    names = mcore_param_names(spec)
+    for name in tqdm(names, desc="mcore2hf", unit="tensor"):
+        mapping = param_mapping(spec, name)
+        for hf_name, tensor in full_to_hf(spec, mapping, params[name].detach()):
+            writer.add(hf_name, tensor)
+    shards = writer.finish()
+    return {"peak_rss": _peak_rss(), "shards": shards, "bytes": writer.total_bytes, "num_params": sum(p.numel() for p in params.values())}
+
+
+def mcore2hf(
+    load_dir: str, save_dir: str, orm: bool = False, max_shard_size_mb: int = 5120, overwrite: bool = False
+) -> ConversionStats:
+    """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer)."""
+    from mindrl.platform.launch import RankPool
+
+    t0 = time.perf_counter()
+    spec, _ = mcore_ckpt.read_model_meta(load_dir)
+    _check_orm_flag(spec, orm, load_dir)
+    _prepare_out_dir(save_dir, overwrite)
+    partial_dir = save_dir.rstrip("/") + ".partial"
+    shutil.rmtree(partial_dir, ignore_errors=True)
+    with RankPool(1) as pool:
+        (res,) = pool.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)
+    hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
+    if os.path.isdir(hf_files):
+        carry_files(hf_files, partial_dir)
+    else:  # not converted from HF: write the config we know
+        import json
+
+        with open(os.path.join(partial_dir, "config.json"), "w") as f:
+            json.dump(spec.hf_config, f, indent=2)
+    if os.path.isdir(save_dir):
+        os.rmdir(save_dir)  # empty (checked above)
+    os.replace(partial_dir, save_dir)
+    return ConversionStats(time.perf_counter() - t0, res["num_params"], res["bytes"], 1, [res["peak_rss"]])
+
+
+# ------------------------------------------------------------------------------------- check
+def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor) -> torch.Tensor | None:
+    from megatron.core import parallel_state as ps
+
+    from mindrl.models.forward import forward_outputs
+
+    _, _, model = _load_rank(load_dir, tp, pp, "float32")
+    out = forward_outputs(model, input_ids)
+    keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    return out if keep else None
+
+
+def megatron_outputs(pool, load_dir: str, tp: int, pp: int, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP, computed on `pool`."""
+    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids)
+    return next(r for r in results if r is not None)
+
+
+def hf_outputs(hf_dir: str, input_ids: torch.Tensor) -> torch.Tensor:
+    """The HF model's logits, or per-token scores for a sequence-classification model, in fp32."""
+    import transformers
+
+    spec = ModelSpec.from_hf_dir(hf_dir)
+    cls = getattr(transformers, spec.architecture)
+    model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        if spec.is_value_model:
+            hidden = model.model(input_ids=input_ids).last_hidden_state
+            return model.score(hidden).squeeze(-1)
+        return model(input_ids=input_ids).logits
+
+
+def check(
+    hf_dir: str, load_dir: str, tp: int | None = None, pp: int | None = None, batch: int = 2, seq_len: int = 64,
+    seed: int = 0,
+) -> float:  # fmt: skip
+    """Max |megatron - HF| over the logits (or values) of random tokens; both models in fp32."""
+    from mindrl.platform.launch import RankPool
+
+    spec, meta = mcore_ckpt.read_model_meta(load_dir)
+    hf_spec = ModelSpec.from_hf_dir(hf_dir)
+    if hf_spec.architecture != spec.architecture:
+        raise CheckpointError(f"{hf_dir} is {hf_spec.architecture} but {load_dir} holds {spec.architecture}")
+    tp, pp = tp or meta["tp"], pp or meta["pp"]
+    spec.validate_layout(tp, pp)
+    input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    with RankPool(tp * pp) as pool:
+        ours = megatron_outputs(pool, load_dir, tp, pp, input_ids)
+    ref = hf_outputs(hf_dir, input_ids)
+    return (ours - ref).abs().max().item()

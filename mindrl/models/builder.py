@@ -1,0 +1,112 @@
+"""Build this rank's pipeline stage of the actor / reference `GPTModel` or the critic (value head).
+
+Call after megatron's parallel state is initialised (`mindrl.platform.launch.init_model_parallel`).
+The critic / outcome-reward model is the same trunk with a scalar value head instead of the LM head.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlock,
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+
+from mindrl.models.hf_config import ModelSpec
+
+ROLES = ("actor", "critic")
+
+
+class RMSNorm(torch.nn.Module):
+    """HF-exact RMSNorm (statistics in fp32, weight applied in the input dtype) that works with
+    sequence parallelism: its weight is marked so that finalize_model_grads all-reduces it over TP."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class ValueHead(torch.nn.Module):
+    """hidden -> 1 scalar per token; replicated over TP (its input is gathered first under SP).
+
+    Stands in for GPTModel.output_layer, so it takes the same call signature."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, config.hidden_size, dtype=config.params_dtype))
+        if config.perform_initialization:
+            torch.nn.init.normal_(self.weight, std=config.init_method_std)
+        self.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
+        return torch.nn.functional.linear(hidden_states, self.weight), None
+
+
+def layer_spec(config) -> ModuleSpec:
+    """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm."""
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    num_layers = get_num_layers_to_build(config)
+    return ModuleSpec(
+        module=TransformerBlock,
+        submodules=TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm),
+    )
+
+
+def build_model(
+    spec: ModelSpec,
+    role: str = "actor",
+    dtype: str | torch.dtype | None = None,
+    sequence_parallel: bool = False,
+    perform_initialization: bool = True,
+    **config_overrides,
+) -> GPTModel:
+    """This rank's stage of the model. role "actor" (also the reference) or "critic" (value head)."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {ROLES}")
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    config = spec.transformer_config(
+        tp,
+        pp,
+        dtype=dtype,
+        sequence_parallel=sequence_parallel,
+        perform_initialization=perform_initialization,
+        **config_overrides,
+    )
+    critic = role == "critic"
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config),
+        vocab_size=spec.vocab_size,
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings and not critic,
+        position_embedding_type="rope",
+        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+        rope_scaling=spec.rope_scaling_factor is not None,
+        rope_scaling_factor=spec.rope_scaling_factor or 8.0,
+    )
+    if critic and model.post_process:
+        model.output_layer = ValueHead(config)
+    model.mindrl_role = role
+    return model

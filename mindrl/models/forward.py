@@ -1,0 +1,80 @@
+"""Forward passes through a (TP, PP) megatron model with megatron's pipeline schedule.
+
+`forward_outputs` returns full-vocabulary logits (actor) or per-token values (critic) on the last
+pipeline stage and None elsewhere. Padding is expressed by `attention_mask` (b, s), 1 = real token.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+
+def attention_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """(position_ids, megatron boolean mask [b,1,s,s] with True = masked) for left/right-padded rows."""
+    b, s = input_ids.shape
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=input_ids.device), diagonal=1)
+    if attention_mask is None:
+        position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
+        return position_ids, causal.view(1, 1, s, s).expand(b, 1, s, s)
+    valid = attention_mask.bool()
+    position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    mask = causal.view(1, 1, s, s) | ~valid.view(b, 1, 1, s)
+    # Fully masked rows (padding queries) would softmax over nothing: let them see themselves.
+    mask = mask & ~torch.eye(s, dtype=torch.bool, device=input_ids.device).view(1, 1, s, s)
+    return position_ids, mask
+
+
+def _forward_step(data_iterator, model, gather_vocab: bool):
+    input_ids, attention_mask = next(data_iterator)
+    position_ids, mask = attention_inputs(input_ids, attention_mask)
+    output = model(input_ids, position_ids, mask)
+
+    def collect(output_tensor, non_loss_data=True):
+        if gather_vocab:
+            output_tensor = gather_from_tensor_model_parallel_region(output_tensor)
+        return output_tensor.detach().clone()
+
+    return output, collect
+
+
+@torch.no_grad()
+def forward_outputs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor | None:
+    """Logits (b, s, vocab) for an actor, values (b, s) for a critic; None off the last PP stage."""
+    b, s = input_ids.shape
+    mbs = micro_batch_size or b
+    if b % mbs:
+        raise ValueError(f"batch {b} is not divisible by micro_batch_size {mbs}")
+    critic = getattr(model, "mindrl_role", "actor") == "critic"
+    chunks = [
+        (input_ids[i : i + mbs], None if attention_mask is None else attention_mask[i : i + mbs])
+        for i in range(0, b, mbs)
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        outputs = get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, gather_vocab=not critic),
+            data_iterator=iter(chunks),
+            model=[model],
+            num_microbatches=len(chunks),
+            seq_length=s,
+            micro_batch_size=mbs,
+            forward_only=True,
+            collect_non_loss_data=True,
+        )
+    finally:
+        model.train(was_training)
+    if not ps.is_pipeline_last_stage():
+        return None
+    out = torch.cat(outputs, dim=0)
+    return out.squeeze(-1) if critic else out

@@ -1,0 +1,228 @@
+"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`.
+
+Supported: Qwen2 / Qwen2.5 and Llama (incl. Llama-3.1 rope scaling), as causal LMs (actor, reference)
+or `*ForSequenceClassification` with one label (critic / outcome reward model). Anything else fails
+here, with a message naming the field, before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+# architecture -> (family, is a sequence-classification / value model)
+SUPPORTED_ARCHITECTURES = {
+    "Qwen2ForCausalLM": ("qwen2", False),
+    "Qwen2ForSequenceClassification": ("qwen2", True),
+    "LlamaForCausalLM": ("llama", False),
+    "LlamaForSequenceClassification": ("llama", True),
+}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Llama-3.1 scaling constants that megatron's `rope_scaling=True` hard-codes.
+_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+class ModelConfigError(ValueError):
+    """An HF config mindrl cannot build, or a parallel layout that does not fit the model."""
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    name = str(name).replace("torch.", "")
+    if name not in _DTYPES:
+        raise ModelConfigError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything mindrl needs from an HF config, in megatron terms."""
+
+    architecture: str
+    family: str
+    is_value_model: bool
+    vocab_size: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    norm_eps: float
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    dtype: str
+    rope_scaling_factor: float | None = None  # Llama-3.1 style scaling, None = plain RoPE
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # ---------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_hf_dir(cls, hf_dir: str) -> ModelSpec:
+        path = os.path.join(hf_dir, "config.json")
+        if not os.path.isdir(hf_dir):
+            raise ModelConfigError(f"HF model directory {hf_dir!r} does not exist")
+        if not os.path.isfile(path):
+            raise ModelConfigError(f"{hf_dir!r} has no config.json: is it an HF checkpoint directory?")
+        try:
+            with open(path) as f:
+                cfg = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ModelConfigError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from e
+        return cls.from_hf_config(cfg, source=path)
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config") -> ModelSpec:
+        archs = cfg.get("architectures") or []
+        if len(archs) != 1:
+            raise ModelConfigError(f"{source}: 'architectures' must name exactly one class, got {archs!r}")
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelConfigError(
+                f"{source}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        family, is_value = SUPPORTED_ARCHITECTURES[arch]
+
+        def need(key: str) -> Any:
+            if cfg.get(key) is None:
+                raise ModelConfigError(f"{source}: required field {key!r} is missing")
+            return cfg[key]
+
+        def reject(key: str, ok) -> None:
+            if key in cfg and cfg[key] is not None and not ok(cfg[key]):
+                raise ModelConfigError(f"{source}: {key}={cfg[key]!r} is not supported")
+
+        reject("hidden_act", lambda v: v == "silu")
+        reject("use_sliding_window", lambda v: v is False)
+        reject("attention_bias", lambda v: v is False)  # Llama: biases on q/k/v/o
+        reject("mlp_bias", lambda v: v is False)
+        reject("quantization_config", lambda v: False)
+        reject("qk_layernorm", lambda v: v is False)
+        if is_value:
+            labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
+            if labels != 1:
+                raise ModelConfigError(f"{source}: a reward/critic model needs num_labels=1, got {labels}")
+
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_factor = None
+        if rope_type == "llama3":
+            mismatch = {k: rope.get(k) for k, v in _LLAMA3_ROPE.items() if float(rope.get(k, -1)) != v}
+            if mismatch:
+                raise ModelConfigError(f"{source}: rope_scaling llama3 with {mismatch} is not supported (need {_LLAMA3_ROPE})")
+            rope_factor = float(rope["factor"])
+        elif rope_type != "default":
+            raise ModelConfigError(f"{source}: rope scaling type {rope_type!r} is not supported")
+
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        if heads % kv_heads:
+            raise ModelConfigError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", "")
+        torch_dtype(dtype)
+        return cls(
+            architecture=arch,
+            family=family,
+            is_value_model=is_value,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            ffn_hidden_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            rope_theta=float(rope_theta),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2",
+            dtype=dtype,
+            rope_scaling_factor=rope_factor,
+            hf_config=dict(cfg),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        return cls(**d)
+
+    # ---------------------------------------------------------------------------------- layouts
+    def validate_layout(self, tp: int, pp: int) -> None:
+        """Raise a ModelConfigError naming every dimension that TP / PP does not divide."""
+        if tp < 1 or pp < 1:
+            raise ModelConfigError(f"TP and PP must be >= 1, got TP={tp} PP={pp}")
+        problems = []
+        for what, n in (
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("intermediate_size (ffn)", self.ffn_hidden_size),
+            ("vocab_size", self.vocab_size),
+        ):
+            if n % tp:
+                problems.append(f"TP={tp} does not divide {what}={n}")
+        if self.num_layers % pp:
+            problems.append(f"PP={pp} does not divide num_hidden_layers={self.num_layers}")
+        if problems:
+            raise ModelConfigError(f"{self.architecture}: " + "; ".join(problems))
+
+    def transformer_config(
+        self,
+        tp: int = 1,
+        pp: int = 1,
+        dtype: str | torch.dtype | None = None,
+        sequence_parallel: bool = False,
+        use_cpu_initialization: bool = True,
+        perform_initialization: bool = True,
+        **overrides: Any,
+    ):
+        """The megatron TransformerConfig for this model at TP x PP (dtype defaults to the checkpoint's)."""
+        from megatron.core.transformer import TransformerConfig
+
+        self.validate_layout(tp, pp)
+        params_dtype = torch_dtype(dtype or self.dtype)
+        kwargs = dict(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_attention_heads=self.num_heads,
+            num_query_groups=self.num_kv_heads,
+            kv_channels=self.head_dim,
+            normalization="RMSNorm",
+            layernorm_epsilon=self.norm_eps,
+            gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu,
+            add_bias_linear=False,
+            add_qkv_bias=self.qkv_bias,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention_softmax_in_fp32=True,
+            apply_query_key_layer_scaling=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            sequence_parallel=sequence_parallel and tp > 1,
+            params_dtype=params_dtype,
+            pipeline_dtype=params_dtype,
+            bf16=params_dtype == torch.bfloat16,
+            fp16=params_dtype == torch.float16,
+            use_cpu_initialization=use_cpu_initialization,
+            perform_initialization=perform_initialization,
+            init_method_std=float(self.hf_config.get("initializer_range", 0.02)),
+        )
+        kwargs.update(overrides)
+        return TransformerConfig(**kwargs)

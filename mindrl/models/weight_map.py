@@ -1,0 +1,159 @@
+"""The HF <-> megatron weight map: names, fused layouts (QKV by query group, gate/up) and TP sharding.
+
+Three layouts per parameter: HF (separate q/k/v, gate/up tensors), megatron *full* (the TP=1 fused
+tensor) and megatron *local* (this TP rank's shard). Conversion, checkpoint tools and the train->infer
+resharder all go through these functions, so the layout rules live in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.models.hf_config import ModelSpec
+
+_LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+# megatron per-layer suffix -> HF per-layer suffixes (under "model.layers.{i}.")
+_LAYER_MAP = {
+    "input_layernorm.weight": ("input_layernorm.weight",),
+    "self_attention.linear_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "self_attention.linear_qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "self_attention.linear_proj.weight": ("self_attn.o_proj.weight",),
+    "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
+    "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.linear_fc2.weight": ("mlp.down_proj.weight",),
+}
+# How a megatron parameter is split over TP ranks.
+_TP_SPLIT = {
+    "self_attention.linear_qkv.weight": "column",
+    "self_attention.linear_qkv.bias": "column",
+    "self_attention.linear_proj.weight": "row",
+    "mlp.linear_fc1.weight": "gated_column",  # each rank holds [gate_shard; up_shard]
+    "mlp.linear_fc2.weight": "row",
+    "embedding.word_embeddings.weight": "column",
+    "output_layer.weight": "column",
+}
+
+
+@dataclass(frozen=True)
+class ParamMapping:
+    """One megatron parameter and the HF tensors it is made of."""
+
+    mcore_name: str  # global name: layer numbers are global, not per pipeline stage
+    hf_names: tuple[str, ...]
+    tp_split: str  # "column" | "row" | "gated_column" | "replicated"
+
+
+def param_mapping(spec: ModelSpec, mcore_name: str) -> ParamMapping:
+    """The mapping for a megatron parameter name (with global layer index)."""
+    m = _LAYER_RE.match(mcore_name)
+    if m:
+        layer, suffix = int(m.group(1)), m.group(2)
+        if suffix not in _LAYER_MAP:
+            raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}")
+        hf = tuple(f"model.layers.{layer}.{s}" for s in _LAYER_MAP[suffix])
+        return ParamMapping(mcore_name, hf, _TP_SPLIT.get(suffix, "replicated"))
+    if mcore_name == "embedding.word_embeddings.weight":
+        return ParamMapping(mcore_name, ("model.embed_tokens.weight",), "column")
+    if mcore_name == "decoder.final_layernorm.weight":
+        return ParamMapping(mcore_name, ("model.norm.weight",), "replicated")
+    if mcore_name == "output_layer.weight":
+        if spec.is_value_model:
+            return ParamMapping(mcore_name, ("score.weight",), "replicated")
+        hf = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+        return ParamMapping(mcore_name, (hf,), "column")
+    raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}")
+
+
+def mcore_param_names(spec: ModelSpec) -> list[str]:
+    """All megatron parameter names of the full model (global layer numbering), in HF file order."""
+    names = ["embedding.word_embeddings.weight"]
+    for i in range(spec.num_layers):
+        for suffix in _LAYER_MAP:
+            if suffix.endswith(".bias") and not spec.qkv_bias:
+                continue
+            names.append(f"decoder.layers.{i}.{suffix}")
+    names.append("decoder.final_layernorm.weight")
+    if spec.is_value_model or not spec.tie_word_embeddings:
+        names.append("output_layer.weight")
+    return names
+
+
+def expected_hf_names(spec: ModelSpec) -> list[str]:
+    """The tensor names an HF checkpoint of this model holds (each exactly once)."""
+    out: list[str] = []
+    for name in mcore_param_names(spec):
+        for hf in param_mapping(spec, name).hf_names:
+            if hf not in out:
+                out.append(hf)
+    return out
+
+
+def global_name(local_name: str, layer_offset: int) -> str:
+    """Megatron names number layers per pipeline stage; the map uses global numbers."""
+    m = _LAYER_RE.match(local_name)
+    if not m:
+        return local_name
+    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"
+
+
+# ------------------------------------------------------------------------- HF <-> megatron full
+def hf_to_full(spec: ModelSpec, mapping: ParamMapping, hf_tensors: list[torch.Tensor]) -> torch.Tensor:
+    """HF tensors (in mapping.hf_names order) -> the megatron TP=1 tensor."""
+    if mapping.mcore_name.endswith("linear_qkv.weight") or mapping.mcore_name.endswith("linear_qkv.bias"):
+        q, k, v = hf_tensors
+        groups, per_group, hd = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+        tail = q.shape[1:]
+        fused = torch.cat(
+            [q.reshape(groups, per_group * hd, *tail), k.reshape(groups, hd, *tail), v.reshape(groups, hd, *tail)],
+            dim=1,
+        )
+        return fused.reshape(groups * (per_group + 2) * hd, *tail)
+    if mapping.mcore_name.endswith("linear_fc1.weight"):
+        return torch.cat(hf_tensors, dim=0)
+    (t,) = hf_tensors
+    return t
+
+
+def full_to_hf(spec: ModelSpec, mapping: ParamMapping, full: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The megatron TP=1 tensor -> (hf_name, tensor) pairs. Outputs are views where the layout allows."""
+    if mapping.mcore_name.endswith("linear_qkv.weight") or mapping.mcore_name.endswith("linear_qkv.bias"):
+        groups, per_group, hd = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+        tail = full.shape[1:]
+        g = full.reshape(groups, (per_group + 2) * hd, *tail)
+        q = g[:, : per_group * hd].reshape(spec.num_heads * hd, *tail)
+        k = g[:, per_group * hd : (per_group + 1) * hd].reshape(groups * hd, *tail)
+        v = g[:, (per_group + 1) * hd :].reshape(groups * hd, *tail)
+        return list(zip(mapping.hf_names, (q, k, v)))
+    if mapping.mcore_name.endswith("linear_fc1.weight"):
+        gate, up = full.chunk(2, dim=0)
+        return list(zip(mapping.hf_names, (gate, up)))
+    return [(mapping.hf_names[0], full)]
+
+
+# ------------------------------------------------------------------------- megatron full <-> local
+def full_to_local(mapping: ParamMapping, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This TP rank's shard of the megatron TP=1 tensor."""
+    if tp_size == 1 or mapping.tp_split == "replicated":
+        return full
+    if mapping.tp_split == "column":
+        return full.chunk(tp_size, dim=0)[tp_rank]
+    if mapping.tp_split == "row":
+        return full.chunk(tp_size, dim=1)[tp_rank]
+    gate, up = full.chunk(2, dim=0)
+    return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]], dim=0)
+
+
+def local_to_full(mapping: ParamMapping, shards: list[torch.Tensor]) -> torch.Tensor:
+    """All TP ranks' shards (in rank order) -> the megatron TP=1 tensor."""
+    if len(shards) == 1 or mapping.tp_split == "replicated":
+        return shards[0]
+    if mapping.tp_split == "column":
+        return torch.cat(shards, dim=0)
+    if mapping.tp_split == "row":
+        return torch.cat(shards, dim=1)
+    gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+    return torch.cat(list(gates) + list(ups), dim=0)

@@ -1,0 +1,358 @@
+"""Adapt megatron-core to the device: torch_npu's transfer_to_npu on Ascend, a CPU shim on CPU.
+
+The CPU shim (facts in shared/notes/megatron-on-cpu.md): megatron modules see a `torch` proxy whose
+`cuda` namespace maps to the CPU and whose factories turn device="cuda" into the CPU; the tensor-parallel
+RNG tracker runs on the CPU generator; `Tensor.cuda()` is the identity; and the optimizer's
+`param.type() == 'torch.cuda.FloatTensor'` checks accept CPU tensors while those calls run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.abc
+import sys
+import threading
+import types
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from mindrl.platform.detect import Platform
+
+_APPLIED: set[str] = set()
+_LOCK = threading.Lock()
+
+# megatron modules imported up front so that their `torch` global can be swapped before use.
+_MEGATRON_MODULES = (
+    "megatron.core.parallel_state",
+    "megatron.core.tensor_parallel",
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.data",
+    "megatron.core.tensor_parallel.cross_entropy",
+    "megatron.core.transformer.utils",
+    "megatron.core.transformer.attention",
+    "megatron.core.transformer.dot_product_attention",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.common.language_module.language_module",
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.models.backends",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.distributed",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.finalize_model_grads",
+    "megatron.core.optimizer",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.dist_checkpointing",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.torch",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.utils",
+)
+
+
+def apply(platform: Platform) -> None:
+    with _LOCK:
+        if platform.name in _APPLIED:
+            return
+        if platform.name == "npu":
+            _apply_npu()
+        elif platform.name == "cpu":
+            _apply_cpu()
+        _APPLIED.add(platform.name)
+
+
+def _apply_npu() -> None:
+    # Not runnable here (no NPU): torch_npu redirects torch.cuda.* to the NPU, and MindSpeed's adaptor,
+    # when installed, swaps megatron kernels for Ascend-fused ones.
+    import torch_npu  # noqa: F401
+    from torch_npu.contrib import transfer_to_npu  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import mindspeed.megatron_adaptor  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------------- CPU
+_CPU = torch.device("cpu")
+_FACTORIES = (
+    "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "rand", "randn", "randint",
+    "randperm", "eye", "linspace", "empty_strided", "zeros_like", "ones_like", "empty_like", "full_like",
+    "rand_like", "randn_like",
+)  # fmt: skip
+
+
+def _to_cpu_device(device):
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return _CPU
+    if isinstance(device, str) and device.startswith("cuda"):
+        return _CPU
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return _CPU
+    return device
+
+
+def _cpu_factory(fn):
+    @functools.wraps(fn)
+    def factory(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    return factory
+
+
+class _NoopEvent:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def wait(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+class _NoopStream(_NoopEvent):
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def record_event(self, *args, **kwargs):
+        return _NoopEvent()
+
+
+class _CudaOnCpu(types.ModuleType):
+    """`torch.cuda` as megatron sees it on a CPU host: one device, the CPU, and the CPU generator."""
+
+    def __init__(self):
+        super().__init__("torch.cuda")
+        self.Event = _NoopEvent
+        self.Stream = _NoopStream
+        self.nvtx = types.SimpleNamespace(range_push=lambda *a, **k: None, range_pop=lambda *a, **k: None)
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_device():
+        return _CPU
+
+    @staticmethod
+    def device_count():
+        return 1
+
+    @staticmethod
+    def synchronize(*args, **kwargs):
+        pass
+
+    @staticmethod
+    def empty_cache():
+        pass
+
+    @staticmethod
+    def current_stream(*args, **kwargs):
+        return _NoopStream()
+
+    default_stream = current_stream
+
+    @staticmethod
+    def stream(*args, **kwargs):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def set_stream(*args, **kwargs):
+        pass
+
+    @staticmethod
+    def is_current_stream_capturing():
+        return False
+
+    @staticmethod
+    def memory_allocated(*args, **kwargs):
+        return 0
+
+    max_memory_allocated = memory_reserved = max_memory_reserved = memory_allocated
+
+    @staticmethod
+    def memory_stats(*args, **kwargs):
+        return {}
+
+    @staticmethod
+    def get_rng_state(*args, **kwargs):
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, *args, **kwargs):
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed):
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+
+class _TorchOnCpu(types.ModuleType):
+    """The `torch` module as megatron sees it on a CPU host; everything not overridden is real torch."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.cuda = _CudaOnCpu()
+        for name in _FACTORIES:
+            setattr(self, name, _cpu_factory(getattr(torch, name)))
+
+    def __getattr__(self, name):
+        value = getattr(torch, name)
+        setattr(self, name, value)  # cache: later lookups skip __getattr__
+        return value
+
+
+_TORCH_PROXY: _TorchOnCpu | None = None
+
+
+def _patch_module(mod: types.ModuleType) -> None:
+    if getattr(mod, "torch", None) is torch:
+        mod.torch = _TORCH_PROXY
+
+
+class _PatchMegatronOnImport(importlib.abc.MetaPathFinder):
+    """Gives megatron.core modules imported after apply() the proxy too."""
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith("megatron.core"):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                original = spec.loader.exec_module
+
+                def exec_module(module, _original=original):
+                    _original(module)
+                    _patch_module(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+            if spec is not None:
+                return spec
+        return None
+
+
+def _cpu_get_rng_state(*args, **kwargs):
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, *args, **kwargs):
+    torch.set_rng_state(new_state)
+
+
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+@contextlib.contextmanager
+def _cpu_tensors_report_cuda_types():
+    original = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = original(self)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _within_cuda_type_checks(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _cpu_tensors_report_cuda_types():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_method(cls: type, name: str) -> None:
+    attr = cls.__dict__[name]
+    if isinstance(attr, (classmethod, staticmethod)):
+        setattr(cls, name, type(attr)(_within_cuda_type_checks(attr.__func__)))
+    else:
+        setattr(cls, name, _within_cuda_type_checks(attr))
+
+
+def _import_megatron_quietly() -> None:
+    """Megatron warns once per module that Apex / Transformer Engine are absent: expected on CPU."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed.*|Apex is not installed.*")
+        for name in _MEGATRON_MODULES:
+            importlib.import_module(name)
+
+
+def _apply_cpu() -> None:
+    global _TORCH_PROXY
+    _TORCH_PROXY = _TorchOnCpu()
+    _import_megatron_quietly()
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("megatron.core") and mod is not None:
+            _patch_module(mod)
+    sys.meta_path.insert(0, _PatchMegatronOnImport())
+
+    # Tensor-parallel RNG tracker: the CPU generator stands in for the CUDA one, so dropout inside
+    # tracker.fork() and activation recompute reproduce exactly.
+    random_mod = sys.modules["megatron.core.tensor_parallel.random"]
+    originals = {random_mod._get_cuda_rng_state: _cpu_get_rng_state, random_mod._set_cuda_rng_state: _cpu_set_rng_state}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("megatron.core") or mod is None:
+            continue
+        for attr in ("_get_cuda_rng_state", "_set_cuda_rng_state"):
+            fn = getattr(mod, attr, None)
+            if fn in originals:
+                setattr(mod, attr, originals[fn])
+
+    # Megatron moves tensors with .cuda() (broadcast_data, tied embeddings under PP, optimizer state).
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+    # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+
+    _wrap_method(distrib_optimizer.DistributedOptimizer, "_build_model_and_main_param_groups")
+    _wrap_method(distrib_optimizer.DistributedOptimizer, "__init__")
+    _wrap_method(optimizer.Float16OptimizerWithFloat16Params, "__init__")
+    wrapped_clip = _within_cuda_type_checks(clip_grads.clip_grad_by_total_norm_fp32)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("megatron.core") and getattr(mod, "clip_grad_by_total_norm_fp32", None) is (
+            clip_grads.clip_grad_by_total_norm_fp32
+        ):
+            mod.clip_grad_by_total_norm_fp32 = wrapped_clip
+    clip_grads.clip_grad_by_total_norm_fp32 = wrapped_clip

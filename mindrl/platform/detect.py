@@ -1,0 +1,104 @@
+"""Platform detection (npu / cuda / cpu) and the per-platform facts the rest of mindrl needs.
+
+`MINDRL_PLATFORM=cpu|cuda|npu` forces a platform (e.g. checkpoint conversion on a host's CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+_KNOWN = ("npu", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the rest of mindrl may know about the hardware."""
+
+    name: str  # "npu" | "cuda" | "cpu"
+    dist_backend: str  # torch.distributed backend: "hccl" | "nccl" | "gloo"
+    ray_resource: str  # Ray resource a device bundle asks for: "NPU" | "GPU" | "CPU"
+    has_sleep_mode: bool  # whether the rollout engine can free its KV cache/weights (vLLM sleep mode)
+
+    @property
+    def device_type(self) -> str:
+        return self.name
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+    def device(self, local_rank: int | None = None) -> torch.device:
+        """The torch device a rank computes on (CPU ranks share the one CPU device)."""
+        if self.name == "cpu":
+            return torch.device("cpu")
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device(self.name, local_rank)
+
+    def set_device(self, local_rank: int) -> None:
+        if self.name != "cpu":
+            getattr(torch, self.name).set_device(local_rank)
+
+    def device_count(self) -> int:
+        if self.name == "cpu":
+            return 1
+        return getattr(torch, self.name).device_count()
+
+    def synchronize(self) -> None:
+        if self.name != "cpu":
+            getattr(torch, self.name).synchronize()
+
+    def empty_cache(self) -> None:
+        if self.name != "cpu":
+            getattr(torch, self.name).empty_cache()
+
+    def memory_allocated(self) -> int:
+        """Bytes the allocator holds on this rank's device (0 on CPU: use storage accounting there)."""
+        if self.name == "cpu":
+            return 0
+        return getattr(torch, self.name).memory_allocated()
+
+    def apply(self) -> None:
+        """Adapt megatron-core to this device. Idempotent; call once per process before building models."""
+        from mindrl.platform import adapt
+
+        adapt.apply(self)
+
+
+def _npu_available() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch_npu  # noqa: F401
+
+        return torch.npu.is_available() and torch.npu.device_count() > 0
+    except Exception:  # a torch_npu without CANN fails at import; that host has no usable NPU
+        return False
+
+
+def _make(name: str) -> Platform:
+    if name == "npu":
+        return Platform("npu", "hccl", "NPU", has_sleep_mode=True)
+    if name == "cuda":
+        return Platform("cuda", "nccl", "GPU", has_sleep_mode=True)
+    return Platform("cpu", "gloo", "CPU", has_sleep_mode=False)
+
+
+@functools.lru_cache(maxsize=None)
+def current_platform() -> Platform:
+    """Detect once per process: MINDRL_PLATFORM if set, else npu, then cuda, then cpu."""
+    forced = os.environ.get("MINDRL_PLATFORM", "").strip().lower()
+    if forced:
+        if forced not in _KNOWN:
+            raise ValueError(f"MINDRL_PLATFORM={forced!r} is not one of {', '.join(_KNOWN)}")
+        return _make(forced)
+    if _npu_available():
+        return _make("npu")
+    if torch.cuda.is_available():
+        return _make("cuda")
+    return _make("cpu")

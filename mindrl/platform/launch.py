@@ -1,0 +1,261 @@
+"""Local multi-process launcher for tools and tests: a pool of torch.distributed ranks on one host.
+
+The trainer runs its ranks as Ray actors (`mindrl.workers`); conversion tools, checks and tests use this
+pool instead. Ranks start once (imports are the slow part), then run any number of picklable functions.
+A rank that raises or dies fails the call with its traceback, and the pool is torn down: never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from multiprocessing.connection import Listener, wait
+from typing import Any, Callable
+
+import torch
+
+from mindrl.platform.detect import current_platform
+
+
+class RankError(RuntimeError):
+    """A rank raised or died; the message carries its rank and traceback."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> None:
+    """Initialise the default process group with the platform's backend (hccl / nccl / gloo)."""
+    platform = current_platform()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    platform.set_device(local_rank)
+    torch.distributed.init_process_group(
+        backend=platform.dist_backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
+    """(Re)initialise megatron's parallel state for TP x PP (DP = world / (TP*PP)) and seed its RNGs.
+
+    Re-initialising with the same layout only reseeds, so a long-lived rank can switch layouts cheaply.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    world = torch.distributed.get_world_size()
+    if world % (tp * pp):
+        raise ValueError(f"world size {world} is not divisible by TP*PP = {tp}*{pp}")
+    if ps.model_parallel_is_initialized():
+        same = (
+            ps.get_tensor_model_parallel_world_size() == tp and ps.get_pipeline_model_parallel_world_size() == pp
+        )
+        if not same:
+            ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _rank_main() -> None:
+    """Entry point of a rank process (started by RankPool with its coordinates in the environment)."""
+    from multiprocessing.connection import Client
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    conn = Client(_pool_address(), authkey=bytes.fromhex(os.environ.pop("MINDRL_POOL_KEY")))
+    _send(conn, rank)
+    torch.set_num_threads(int(os.environ.get("MINDRL_RANK_THREADS", "1")))
+    # torch.distributed.checkpoint deprecation notices (raised inside megatron) are not actionable here.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed.*")
+    try:
+        current_platform().apply()
+        init_distributed(rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"]))
+        _send(conn, ("ready", None))
+    except BaseException as e:  # report start-up failures instead of dying silently
+        _send(conn, ("err", _pack_error(rank, e)))
+        return
+    while True:
+        try:
+            msg = _recv(conn)
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        try:
+            _send(conn, ("ok", fn(*args, **kwargs)))
+        except BaseException as e:
+            _send(conn, ("err", _pack_error(rank, e)))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _send(conn, obj) -> None:
+    # Plain pickle, not Connection.send: torch registers shared-memory reducers there that need
+    # multiprocessing's own process keys. Tensors travel by value.
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())
+
+
+def _pool_address() -> tuple[str, int]:
+    host, port = os.environ["MINDRL_POOL_ADDR"].rsplit(":", 1)
+    return host, int(port)
+
+
+def _pack_error(rank: int, e: BaseException) -> tuple:
+    tb = traceback.format_exc()
+    try:
+        exc = pickle.loads(pickle.dumps(e))
+    except Exception:
+        exc = None
+    return rank, exc, f"{type(e).__name__}: {e}", tb
+
+
+class RankPool:
+    """`world_size` local ranks with torch.distributed initialised; `run(fn, ...)` runs fn on all of them.
+
+    fn must be importable (module-level). Results come back as a list indexed by rank.
+    """
+
+    def __init__(self, world_size: int, threads: int = 1, timeout_s: float | None = None, pg_timeout_s: float = 1800):
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        key = secrets.token_bytes(16)
+        listener = Listener(("127.0.0.1", 0), authkey=key)
+        env = dict(os.environ)
+        env.update(
+            WORLD_SIZE=str(world_size),
+            MASTER_PORT=str(free_port()),
+            MINDRL_POOL_ADDR="%s:%d" % listener.address,
+            MINDRL_POOL_KEY=key.hex(),
+            MINDRL_RANK_THREADS=str(threads),
+            MINDRL_PG_TIMEOUT=str(pg_timeout_s),
+            # Ranks import what the caller can import (e.g. test helpers on the caller's sys.path).
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        )
+        self._procs = []
+        for rank in range(world_size):
+            env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            cmd = [sys.executable, "-c", "from mindrl.platform.launch import _rank_main; _rank_main()"]
+            self._procs.append(subprocess.Popen(cmd, env=env_r))
+        self.closed = False
+        conns: dict[int, object] = {}
+        listener._listener._socket.settimeout(1.0)  # accept() must not outwait a rank that died
+        deadline = time.monotonic() + 600
+        try:
+            while len(conns) < world_size:
+                dead = [r for r, p in enumerate(self._procs) if p.poll() is not None and r not in conns]
+                if dead or time.monotonic() > deadline:
+                    self._conns = list(conns.values())
+                    self.close(force=True)
+                    why = f"rank {dead[0]} exited with code {self._procs[dead[0]].returncode}" if dead else "timeout"
+                    raise RankError(f"start-up: {why} before connecting")
+                try:
+                    conn = listener.accept()
+                except (socket.timeout, TimeoutError):
+                    continue
+                conns[_recv(conn)] = conn
+        finally:
+            listener.close()
+        self._conns = [conns[r] for r in range(world_size)]
+        self._collect("start-up", timeout_s=max(timeout_s or 0, 600))
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        if self.closed:
+            raise RankError("the rank pool was closed after an earlier failure; create a new one")
+        for conn in self._conns:
+            _send(conn, (fn, args, kwargs))
+        return self._collect(getattr(fn, "__qualname__", str(fn)), self.timeout_s)
+
+    def _collect(self, what: str, timeout_s: float | None) -> list:
+        results: dict[int, Any] = {}
+        errors: list[tuple] = []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = {c: r for r, c in enumerate(self._conns)}
+        grace_end = None
+        while pending:
+            now = time.monotonic()
+            if errors and grace_end is None:  # the others may be stuck in a collective with the failed rank
+                grace_end = now + 2.0
+            limits = [t for t in (deadline, grace_end) if t is not None]
+            if limits and now >= min(limits):
+                break
+            ready = wait(list(pending), timeout=1.0)
+            if not ready:
+                for conn, rank in list(pending.items()):
+                    code = self._procs[rank].poll()
+                    if code is not None and not conn.poll():
+                        pending.pop(conn)
+                        errors.append((rank, None, f"rank {rank} died (exit code {code})", ""))
+                continue
+            for obj in ready:
+                rank = pending.pop(obj)
+                try:
+                    status, payload = _recv(obj)
+                except EOFError:
+                    errors.append((rank, None, f"rank {rank} closed its pipe", ""))
+                    continue
+                if status == "err":
+                    errors.append(payload)
+                else:
+                    results[rank] = payload
+        if errors or pending:
+            self.close(force=True)
+            if errors:
+                rank, exc, summary, tb = sorted(errors, key=lambda e: e[0])[0]
+                if isinstance(exc, Exception) and not isinstance(exc, RankError):
+                    # Re-raise the rank's own exception type (e.g. a ConversionError) with its context.
+                    raise exc from RankError(f"{what}: rank {rank} failed:\n{tb}")
+                raise RankError(f"{what}: rank {rank} failed: {summary}\n{tb}")
+            ranks = sorted(pending.values())
+            raise RankError(f"{what}: ranks {ranks} did not answer within {timeout_s:.0f} s")
+        return [results[r] for r in range(self.world_size)]
+
+    def close(self, force: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for conn, p in zip(self._conns, self._procs):
+            if not force and p.poll() is None:
+                try:
+                    _send(conn, None)
+                except (BrokenPipeError, OSError):
+                    pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=0.1 if force else 10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(force=exc[0] is not None)
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
+    """Start `world_size` ranks, run fn on each, shut them down; returns the per-rank results."""
+    with RankPool(world_size) as pool:
+        return pool.run(fn, *args, **kwargs)
