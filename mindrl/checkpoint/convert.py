@@ -7,6 +7,7 @@ layout) and streams HF tensors into size-capped shards. Inputs are validated bef
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -43,9 +44,23 @@ def _check_orm_flag(spec: ModelSpec, orm: bool, where: str) -> None:
         )
     if orm and not spec.is_value_model:
         raise CheckpointError(
-            f"--orm expects a *ForSequenceClassification checkpoint with num_labels=1, but {where} holds "
-            f"{spec.architecture}; drop --orm to convert a causal LM"
+            f"--orm expects a reward/critic model (HF *ForSequenceClassification with num_labels=1, or a "
+            f"megatron value-head checkpoint), but {where} holds {spec.architecture}; drop --orm for a causal LM"
         )
+
+
+@contextlib.contextmanager
+def _ranks(pool, world_size: int):
+    """The caller's pool (its world must be a multiple of TP*PP: extra ranks are DP replicas) or a new one."""
+    from mindrl.platform.launch import RankPool
+
+    if pool is not None:
+        if pool.world_size % world_size:
+            raise ValueError(f"pool of {pool.world_size} ranks cannot host TP*PP = {world_size}")
+        yield pool
+        return
+    with RankPool(world_size) as new_pool:
+        yield new_pool
 
 
 def _expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
@@ -82,7 +97,9 @@ def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
         raise CheckpointError(f"{hf_dir}: missing tensors for {spec.architecture}: {missing[:8]}")
     # A tied model may also store lm_head (a copy of the embedding); rotary buffers are recomputed.
     ignorable = {"lm_head.weight"} if spec.tie_word_embeddings else set()
-    unexpected = [n for n in sorted(have - set(expected)) if n not in ignorable and not n.endswith("rotary_emb.inv_freq")]
+    unexpected = [
+        n for n in sorted(have - set(expected)) if n not in ignorable and not n.endswith("rotary_emb.inv_freq")
+    ]
     if unexpected:
         raise CheckpointError(f"{hf_dir}: tensors that are not part of a {spec.architecture}: {unexpected[:8]}")
     from safetensors import safe_open
@@ -138,7 +155,9 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
             full = hf_to_full(spec, mapping, [reader.get(n) for n in mapping.hf_names])
             local = full_to_local(mapping, full, tp_rank, tp)
             if tuple(local.shape) != tuple(param.shape):
-                raise CheckpointError(f"{mapping.hf_names} -> {name}: shape {tuple(local.shape)} != {tuple(param.shape)}")
+                raise CheckpointError(
+                    f"{mapping.hf_names} -> {name}: shape {tuple(local.shape)} != {tuple(param.shape)}"
+                )
             param.copy_(local)
     reader.close()
     mcore_ckpt.save_model(model, it_dir)
@@ -147,11 +166,9 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
 
 def hf2mcore(
     hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1, orm: bool = False, dtype: str | None = None,
-    overwrite: bool = False,
+    overwrite: bool = False, pool=None,
 ) -> ConversionStats:  # fmt: skip
     """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP ranks."""
-    from mindrl.platform.launch import RankPool
-
     t0 = time.perf_counter()
     spec = ModelSpec.from_hf_dir(hf_dir)
     _check_orm_flag(spec, orm, hf_dir)
@@ -161,8 +178,8 @@ def hf2mcore(
     _prepare_out_dir(save_dir, overwrite)
     it_dir = mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)
     os.makedirs(it_dir)
-    with RankPool(tp * pp) as pool:
-        results = pool.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
+    with _ranks(pool, tp * pp) as ranks:
+        results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
     mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
     carry_files(hf_dir, os.path.join(save_dir, mcore_ckpt.HF_FILES))
     mcore_ckpt.write_tracker(save_dir, mcore_ckpt.RELEASE)
@@ -170,7 +187,7 @@ def hf2mcore(
         seconds=time.perf_counter() - t0,
         num_params=sum(r["num_params"] for r in results),
         bytes_written=_dir_bytes(it_dir),
-        ranks=tp * pp,
+        ranks=len(results),
         peak_rss_bytes=[r["peak_rss"] for r in results],
     )
 
@@ -180,14 +197,20 @@ def _dir_bytes(path: str) -> int:
 
 
 # ------------------------------------------------------------------------------------- mcore2hf
-def _load_rank(load_dir: str, tp: int, pp: int, dtype: str | None):
+def _load_rank(load_dir: str, tp: int, pp: int, dtype: str | None, sequence_parallel: bool = False):
     """Build this rank's model stage at TP x PP and load the latest checkpoint into it."""
     from mindrl.models.builder import build_model
     from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
     spec, meta = mcore_ckpt.read_model_meta(load_dir)
-    model = build_model(spec, meta["role"], dtype=dtype or meta["dtype"], perform_initialization=False)
+    model = build_model(
+        spec,
+        meta["role"],
+        dtype=dtype or meta["dtype"],
+        sequence_parallel=sequence_parallel,
+        perform_initialization=False,
+    )
     mcore_ckpt.load_model(model, mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
     return spec, meta, model
 
@@ -208,23 +231,31 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
         for hf_name, tensor in full_to_hf(spec, mapping, params[name].detach()):
             writer.add(hf_name, tensor)
     shards = writer.finish()
-    return {"peak_rss": _peak_rss(), "shards": shards, "bytes": writer.total_bytes, "num_params": sum(p.numel() for p in params.values())}
+    return {
+        "peak_rss": _peak_rss(),
+        "shards": shards,
+        "bytes": writer.total_bytes,
+        "num_params": sum(p.numel() for p in params.values()),
+    }
 
 
 def mcore2hf(
-    load_dir: str, save_dir: str, orm: bool = False, max_shard_size_mb: int = 5120, overwrite: bool = False
+    load_dir: str,
+    save_dir: str,
+    orm: bool = False,
+    max_shard_size_mb: int = 5120,
+    overwrite: bool = False,
+    pool=None,
 ) -> ConversionStats:
     """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer)."""
-    from mindrl.platform.launch import RankPool
-
     t0 = time.perf_counter()
     spec, _ = mcore_ckpt.read_model_meta(load_dir)
     _check_orm_flag(spec, orm, load_dir)
     _prepare_out_dir(save_dir, overwrite)
     partial_dir = save_dir.rstrip("/") + ".partial"
     shutil.rmtree(partial_dir, ignore_errors=True)
-    with RankPool(1) as pool:
-        (res,) = pool.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)
+    with _ranks(pool, 1) as ranks:
+        res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)[0]
     hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
     if os.path.isdir(hf_files):
         carry_files(hf_files, partial_dir)
@@ -240,20 +271,22 @@ def mcore2hf(
 
 
 # ------------------------------------------------------------------------------------- check
-def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor) -> torch.Tensor | None:
+def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool) -> torch.Tensor | None:
     from megatron.core import parallel_state as ps
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = _load_rank(load_dir, tp, pp, "float32")
+    _, _, model = _load_rank(load_dir, tp, pp, "float32", sequence_parallel=sp)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None
 
 
-def megatron_outputs(pool, load_dir: str, tp: int, pp: int, input_ids: torch.Tensor) -> torch.Tensor:
+def megatron_outputs(
+    pool, load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sequence_parallel: bool = False
+) -> torch.Tensor:
     """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP, computed on `pool`."""
-    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids)
+    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel)
     return next(r for r in results if r is not None)
 
 
@@ -273,11 +306,9 @@ def hf_outputs(hf_dir: str, input_ids: torch.Tensor) -> torch.Tensor:
 
 def check(
     hf_dir: str, load_dir: str, tp: int | None = None, pp: int | None = None, batch: int = 2, seq_len: int = 64,
-    seed: int = 0,
+    seed: int = 0, pool=None,
 ) -> float:  # fmt: skip
     """Max |megatron - HF| over the logits (or values) of random tokens; both models in fp32."""
-    from mindrl.platform.launch import RankPool
-
     spec, meta = mcore_ckpt.read_model_meta(load_dir)
     hf_spec = ModelSpec.from_hf_dir(hf_dir)
     if hf_spec.architecture != spec.architecture:
@@ -285,7 +316,7 @@ def check(
     tp, pp = tp or meta["tp"], pp or meta["pp"]
     spec.validate_layout(tp, pp)
     input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
-    with RankPool(tp * pp) as pool:
-        ours = megatron_outputs(pool, load_dir, tp, pp, input_ids)
+    with _ranks(pool, tp * pp) as ranks:
+        ours = megatron_outputs(ranks, load_dir, tp, pp, input_ids)
     ref = hf_outputs(hf_dir, input_ids)
     return (ours - ref).abs().max().item()

@@ -119,7 +119,9 @@ class HFShardWriter:
         nbytes = tensor.numel() * tensor.element_size()
         if self._buffer and self._buffer_bytes + nbytes > self.max_shard_bytes:
             self._flush()
-        self._buffer[name] = tensor.detach().contiguous().clone() if tensor._base is not None else tensor.detach().contiguous()
+        self._buffer[name] = (
+            tensor.detach().contiguous().clone() if tensor._base is not None else tensor.detach().contiguous()
+        )
         self._buffer_bytes += nbytes
         self.total_bytes += nbytes
 

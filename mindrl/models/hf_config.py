@@ -116,7 +116,9 @@ class ModelSpec:
         if rope_type == "llama3":
             mismatch = {k: rope.get(k) for k, v in _LLAMA3_ROPE.items() if float(rope.get(k, -1)) != v}
             if mismatch:
-                raise ModelConfigError(f"{source}: rope_scaling llama3 with {mismatch} is not supported (need {_LLAMA3_ROPE})")
+                raise ModelConfigError(
+                    f"{source}: rope_scaling llama3 with {mismatch} is not supported (need {_LLAMA3_ROPE})"
+                )
             rope_factor = float(rope["factor"])
         elif rope_type != "default":
             raise ModelConfigError(f"{source}: rope scaling type {rope_type!r} is not supported")
@@ -125,7 +127,9 @@ class ModelSpec:
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         if heads % kv_heads:
-            raise ModelConfigError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+            raise ModelConfigError(
+                f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+            )
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", "")
         torch_dtype(dtype)
         return cls(

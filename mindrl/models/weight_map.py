@@ -19,7 +19,11 @@ _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # megatron per-layer suffix -> HF per-layer suffixes (under "model.layers.{i}.")
 _LAYER_MAP = {
     "input_layernorm.weight": ("input_layernorm.weight",),
-    "self_attention.linear_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "self_attention.linear_qkv.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
     "self_attention.linear_qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight",),
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),

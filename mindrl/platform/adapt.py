@@ -314,7 +314,9 @@ def _import_megatron_quietly() -> None:
     import warnings
 
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed.*|Apex is not installed.*")
+        warnings.filterwarnings(
+            "ignore", message=".*(Apex|Transformer Engine).*not installed.*|Apex is not installed.*"
+        )
         for name in _MEGATRON_MODULES:
             importlib.import_module(name)
 

@@ -89,7 +89,7 @@ def _make(name: str) -> Platform:
     return Platform("cpu", "gloo", "CPU", has_sleep_mode=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def current_platform() -> Platform:
     """Detect once per process: MINDRL_PLATFORM if set, else npu, then cuda, then cpu."""
     forced = os.environ.get("MINDRL_PLATFORM", "").strip().lower()

@@ -16,9 +16,10 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -61,9 +62,7 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*PP = {tp}*{pp}")
     if ps.model_parallel_is_initialized():
-        same = (
-            ps.get_tensor_model_parallel_world_size() == tp and ps.get_pipeline_model_parallel_world_size() == pp
-        )
+        same = ps.get_tensor_model_parallel_world_size() == tp and ps.get_pipeline_model_parallel_world_size() == pp
         if not same:
             ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
@@ -84,7 +83,9 @@ def _rank_main() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed.*")
     try:
         current_platform().apply()
-        init_distributed(rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"]))
+        init_distributed(
+            rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"])
+        )
         _send(conn, ("ready", None))
     except BaseException as e:  # report start-up failures instead of dying silently
         _send(conn, ("err", _pack_error(rank, e)))
@@ -120,6 +121,19 @@ def _pool_address() -> tuple[str, int]:
     return host, int(port)
 
 
+_PEER_FAILURE = (
+    "gloo/transport",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "NCCL communicator was aborted",
+)
+
+
+def _is_peer_failure(summary: str) -> bool:
+    """True for errors a rank gets because another rank failed (its collective lost the peer)."""
+    return any(s in summary for s in _PEER_FAILURE)
+
+
 def _pack_error(rank: int, e: BaseException) -> tuple:
     tb = traceback.format_exc()
     try:
@@ -144,7 +158,7 @@ class RankPool:
         env.update(
             WORLD_SIZE=str(world_size),
             MASTER_PORT=str(free_port()),
-            MINDRL_POOL_ADDR="%s:%d" % listener.address,
+            MINDRL_POOL_ADDR=f"{listener.address[0]}:{listener.address[1]}",
             MINDRL_POOL_KEY=key.hex(),
             MINDRL_RANK_THREADS=str(threads),
             MINDRL_PG_TIMEOUT=str(pg_timeout_s),
@@ -170,7 +184,7 @@ class RankPool:
                     raise RankError(f"start-up: {why} before connecting")
                 try:
                     conn = listener.accept()
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:
                     continue
                 conns[_recv(conn)] = conn
         finally:
@@ -210,8 +224,12 @@ class RankPool:
                 rank = pending.pop(obj)
                 try:
                     status, payload = _recv(obj)
-                except EOFError:
-                    errors.append((rank, None, f"rank {rank} closed its pipe", ""))
+                except EOFError:  # the rank exited: report how
+                    try:
+                        code = self._procs[rank].wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = "still running"
+                    errors.append((rank, None, f"rank {rank} died (exit code {code})", ""))
                     continue
                 if status == "err":
                     errors.append(payload)
@@ -220,7 +238,8 @@ class RankPool:
         if errors or pending:
             self.close(force=True)
             if errors:
-                rank, exc, summary, tb = sorted(errors, key=lambda e: e[0])[0]
+                # Report the root cause: a rank's own error or death before its peers' broken connections.
+                rank, exc, summary, tb = sorted(errors, key=lambda e: (_is_peer_failure(e[2]), e[0]))[0]
                 if isinstance(exc, Exception) and not isinstance(exc, RankError):
                     # Re-raise the rank's own exception type (e.g. a ConversionError) with its context.
                     raise exc from RankError(f"{what}: rank {rank} failed:\n{tb}")

@@ -14,3 +14,12 @@ def fail_on_rank(bad_rank):
         raise ValueError(f"boom on {bad_rank}")
     torch.distributed.barrier()  # the healthy ranks block here: the pool must still return
     return True
+
+
+def exit_on_rank(bad_rank, code):
+    import os
+
+    if torch.distributed.get_rank() == bad_rank:
+        os._exit(code)
+    torch.distributed.barrier()
+    return True

@@ -1,0 +1,88 @@
+"""mindrl-convert: HF <-> megatron checkpoint conversion and a numerical check of the result.
+
+mindrl-convert hf2mcore --hf-dir H --save-dir M --tp T --pp P [--orm]
+mindrl-convert mcore2hf --load-dir M --save-dir H2 [--orm]
+mindrl-convert check    --hf-dir H --load-dir M [--tp T --pp P] [--tol 1e-5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.models.hf_config import ModelConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mindrl-convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("hf2mcore", help="HF safetensors checkpoint -> megatron checkpoint at TP x PP")
+    a.add_argument("--hf-dir", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    a.add_argument("--save-dir", required=True, help="megatron checkpoint directory to create (actor_config.load)")
+    a.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    a.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    a.add_argument(
+        "--orm",
+        action="store_true",
+        help="the HF side is a *ForSequenceClassification (num_labels=1) "
+        "reward model; the megatron side gets a value head (critic)",
+    )
+    a.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], help="param dtype (default: the checkpoint's)"
+    )
+    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
+
+    b = sub.add_parser("mcore2hf", help="megatron checkpoint (latest iteration) -> HF safetensors checkpoint")
+    b.add_argument("--load-dir", required=True, help="megatron checkpoint directory")
+    b.add_argument("--save-dir", required=True, help="HF directory to create")
+    b.add_argument("--orm", action="store_true", help="the checkpoint holds a value-head (critic/reward) model")
+    b.add_argument("--max-shard-size-mb", type=int, default=5120, help="safetensors shard size cap (default 5120)")
+    b.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
+
+    c = sub.add_parser("check", help="max |logits(megatron) - logits(HF)| on random tokens, both in fp32")
+    c.add_argument("--hf-dir", required=True)
+    c.add_argument("--load-dir", required=True)
+    c.add_argument("--tp", type=int, help="load at this TP (default: as saved)")
+    c.add_argument("--pp", type=int, help="load at this PP (default: as saved)")
+    c.add_argument("--tol", type=float, default=1e-5, help="exit 1 above this max abs difference (default 1e-5)")
+    c.add_argument("--batch", type=int, default=2)
+    c.add_argument("--seq-len", type=int, default=64)
+    c.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from mindrl.checkpoint import convert
+
+    try:
+        if args.command == "hf2mcore":
+            stats = convert.hf2mcore(args.hf_dir, args.save_dir, args.tp, args.pp, args.orm, args.dtype, args.overwrite)
+            print(
+                f"hf2mcore: {stats.num_params / 1e6:.1f}M params at TP{args.tp} PP{args.pp} -> {args.save_dir} "
+                f"in {stats.seconds:.1f} s; peak RSS per rank {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"
+            )
+        elif args.command == "mcore2hf":
+            stats = convert.mcore2hf(args.load_dir, args.save_dir, args.orm, args.max_shard_size_mb, args.overwrite)
+            print(
+                f"mcore2hf: {stats.num_params / 1e6:.1f}M params -> {args.save_dir} in {stats.seconds:.1f} s; "
+                f"peak RSS {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"
+            )
+        else:
+            diff = convert.check(args.hf_dir, args.load_dir, args.tp, args.pp, args.batch, args.seq_len, args.seed)
+            ok = diff <= args.tol
+            print(json.dumps({"max_abs_logit_diff": diff, "tol": args.tol, "ok": ok}))
+            return 0 if ok else 1
+    except (ModelConfigError, CheckpointError) as e:
+        print(f"mindrl-convert {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

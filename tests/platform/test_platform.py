@@ -1,0 +1,89 @@
+"""Platform detection, the megatron CPU shim, and the rank pool's failure handling."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mindrl.platform import current_platform
+from mindrl.platform.launch import RankError, RankPool
+from tests.platform import dist_fns
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _platform_in_subprocess(env_value: str) -> subprocess.CompletedProcess:
+    code = "from mindrl.platform import current_platform as c; p = c(); print(p.name, p.dist_backend, p.ray_resource)"
+    env = dict(os.environ, MINDRL_PLATFORM=env_value)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cpu_host_detects_cpu_with_gloo():
+    p = current_platform()
+    assert (p.name, p.dist_backend, p.ray_resource) == ("cpu", "gloo", "CPU")
+    assert p.device() == torch.device("cpu") and not p.has_sleep_mode
+
+
+def test_forced_platform_and_bad_value():
+    assert _platform_in_subprocess("npu").stdout.split() == ["npu", "hccl", "NPU"]
+    assert _platform_in_subprocess("cuda").stdout.split() == ["cuda", "nccl", "GPU"]
+    bad = _platform_in_subprocess("tpu")
+    assert bad.returncode != 0 and "MINDRL_PLATFORM='tpu' is not one of npu, cuda, cpu" in bad.stderr
+
+
+def test_cpu_shim_adapts_megatron_only():
+    current_platform().apply()
+    current_platform().apply()  # idempotent
+    import megatron.core.pipeline_parallel.schedules as schedules
+    from megatron.core.tensor_parallel import random as tp_random
+
+    assert schedules.torch is not torch and schedules.torch.cuda.current_device() == torch.device("cpu")
+    assert schedules.torch.zeros(2, device="cuda").device.type == "cpu"
+    assert torch.cuda.current_device is not schedules.torch.cuda.current_device  # real torch untouched
+    # The tensor-parallel RNG tracker runs on the CPU generator and reproduces forks exactly.
+    tp_random.model_parallel_cuda_manual_seed(123, tp_rank=0, ep_rank=0, etp_rank=0)
+    tracker = tp_random.get_cuda_rng_tracker()
+    outside = torch.get_rng_state()
+    with tracker.fork():
+        a = torch.rand(4)
+    assert torch.equal(torch.get_rng_state(), outside)
+    tp_random.model_parallel_cuda_manual_seed(123, tp_rank=0, ep_rank=0, etp_rank=0)
+    with tp_random.get_cuda_rng_tracker().fork():
+        b = torch.rand(4)
+    assert torch.equal(a, b)
+
+
+def test_no_device_branching_outside_platform():
+    """Only mindrl/platform may name npu / cuda / cpu devices (house rule)."""
+    pattern = re.compile(r"""["'](npu|cuda|hccl|nccl)["']|torch\.(cuda|npu)\b|torch_npu""")
+    offenders = []
+    for path in (ROOT / "mindrl").rglob("*.py"):
+        if "platform" in path.relative_to(ROOT / "mindrl").parts[:1]:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not offenders, "device branching outside mindrl/platform:\n" + "\n".join(offenders)
+
+
+def test_rank_pool_runs_collectives(pool):
+    assert pool.run(dist_fns.allreduce_rank, 1) == [10.0] * 4  # sum(1 + rank) over 4 ranks
+
+
+def test_rank_pool_surfaces_a_failing_rank_without_hanging(pool):
+    with pytest.raises(ValueError, match="boom on 2") as info:
+        pool.run(dist_fns.fail_on_rank, 2)
+    assert isinstance(info.value.__cause__, RankError) and "rank 2 failed" in str(info.value.__cause__)
+    assert pool.closed  # torn down: the healthy ranks were stuck in a barrier
+
+
+def test_rank_pool_reports_a_dead_rank():
+    with RankPool(2, timeout_s=120) as p:
+        with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)"):
+            p.run(dist_fns.exit_on_rank, 1, 3)
