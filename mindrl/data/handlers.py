@@ -55,7 +55,12 @@ class Handler:
     ) -> None:
         self.tokenizer = tokenizer
         self.template = template
-        self.map_keys = {**self.default_map_keys, **(map_keys or {})}
+        # Given map_keys replace the defaults as a whole: a role left out is unused, not silently defaulted
+        # to a field name the data may not have.
+        self.map_keys = {r: "" for r in MAP_KEY_NAMES} | dict(map_keys or self.default_map_keys)
+        for role in ("prompt", "response"):
+            if not self.map_keys[role]:
+                raise ValueError(f"{self.name} needs map_keys['{role}'] (the row field holding the {role})")
         self.extra_keys = [k for k in additional_keys if k not in self.produces]
         self.bos = tokenizer.bos_token or ""
         self.eos = tokenizer.eos_token or ""

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from mindrl.data.handlers import TOKEN_DTYPE, EncodedChunk, Handler, get_handler_class
 from mindrl.data.preprocess_config import ConfigError, PreprocessConfig
 from mindrl.data.readers import InputError, InputFile, RawRow, discover_inputs, iter_rows
-from mindrl.data.templates import UnknownTemplateError, get_template
+from mindrl.data.templates import get_template
 
 MAX_REPORTED_ROWS = 20  # the report lists this many skipped rows; the counts cover all of them
 
@@ -84,9 +84,9 @@ def build_handler(cfg: PreprocessConfig, tokenizer: Any) -> Handler:
     try:
         handler_cls = get_handler_class(cfg.handler_name)
         template = get_template(cfg.prompt_type, cfg.templates_path or None)
-    except (ValueError, UnknownTemplateError, FileNotFoundError) as e:
+        return handler_cls(tokenizer, template, cfg.map_keys, cfg.dataset_additional_keys)
+    except (ValueError, FileNotFoundError) as e:  # UnknownTemplateError is a ValueError
         raise ConfigError(str(e)) from None
-    return handler_cls(tokenizer, template, cfg.map_keys, cfg.dataset_additional_keys)
 
 
 def check_output_dir(output_prefix: str) -> str:

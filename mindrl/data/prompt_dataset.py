@@ -53,7 +53,10 @@ class PromptDataset:
     """
 
     def __init__(
-        self, data_prefix: str, max_prompt_length: int | None = None, extra_keys: list[str] | tuple[str, ...] = ("labels",)
+        self,
+        data_prefix: str,
+        max_prompt_length: int | None = None,
+        extra_keys: list[str] | tuple[str, ...] = ("labels",),
     ) -> None:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 

@@ -106,3 +106,11 @@ def test_unknown_handler_names_close_matches():
     with pytest.raises(ValueError) as e:
         get_handler_class("R1AlpacaStyleInstructionHandlr")
     assert "'R1AlpacaStyleInstructionHandler'" in str(e.value) and "GSM8KStyleInstructionHandler" in str(e.value)
+
+
+def test_given_map_keys_replace_defaults_and_need_prompt_and_response(tokenizer):
+    h = R1AlpacaStyleInstructionHandler(tokenizer, get_template("qwen"), {"prompt": "q", "response": "a"})
+    assert h.map_keys == {"prompt": "q", "query": "", "response": "a", "system": ""}
+    assert _one(h, {"q": "p", "a": "1"})  # no 'input' or 'system' field needed
+    with pytest.raises(ValueError, match=r"needs map_keys\['response'\]"):
+        R1AlpacaStyleInstructionHandler(tokenizer, get_template("qwen"), {"prompt": "q"})

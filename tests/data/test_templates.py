@@ -42,14 +42,20 @@ def test_special_tokens_tokenise_to_single_ids(tokenizer):
     [
         ("default", "Human: P\nAssistant:"),
         ("empty", "P"),
-        ("qwen", "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"),
+        (
+            "qwen",
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n",
+        ),
         (
             "qwen_math_r1",
             "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{}.<|im_end|>\n"
             "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n",
         ),
         ("qwen3", "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"),
-        ("llama3", "<s><|start_header_id|>user<|end_header_id|>\n\nP<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+        (
+            "llama3",
+            "<s><|start_header_id|>user<|end_header_id|>\n\nP<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
         ("deepseek3_r1", "<s>" + R1_INSTRUCTION + " <｜User｜>P<｜Assistant｜>"),
     ],
 )
@@ -61,8 +67,10 @@ def test_row_system_replaces_default_and_empty_system_uses_default():
     t = get_template("qwen")
     assert t.render_prompt("P", system="Be brief.").startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
     assert t.render_prompt("P", system="") == t.render_prompt("P")
-    assert get_template("llama3").render_prompt("P", system="S").startswith(
-        "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+    assert (
+        get_template("llama3")
+        .render_prompt("P", system="S")
+        .startswith("<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>")
     )
 
 
