@@ -81,7 +81,9 @@ def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}, line {lineno}, column {e.colno}: invalid JSON: {e.msg}") from None
+                # A pretty-printed single object also lands here: say which shapes are accepted.
+                hint = " (expected a JSON list, or one JSON object per line)" if lineno == 1 else ""
+                raise InputError(f"{path}, line {lineno}, column {e.colno}: invalid JSON: {e.msg}{hint}") from None
 
 
 def _iter_json_list(path: str, chunk_chars: int = 1 << 20, max_row_chars: int = 64 << 20) -> Iterator[tuple[int, Any]]:

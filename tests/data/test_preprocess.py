@@ -270,3 +270,32 @@ def test_shell_script_done_when_command(deepscaler_json, tok_dir, tmp_path):
         cmd[:3] + [f"input={tmp_path}/missing.json"], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_gsm8k_parquet_directory_with_shipped_config(tok_dir, tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    qs = [f"Tom has {i} apples and buys {i * 3}. How many?" for i in range(1, 41)]
+    answers = [f"He has {i} + {i * 3} = <<{i}+{i * 3}={4 * i}>>{4 * i}.\n#### {4 * i * 100:,}" for i in range(1, 41)]
+    answers[3] = "no final answer"
+    pq.write_table(pa.table({"question": qs[:20], "answer": answers[:20]}), d / "train-0.parquet", row_group_size=7)
+    pq.write_table(pa.table({"question": qs[20:], "answer": answers[20:]}), d / "train-1.parquet")
+    cfg, _ = load_preprocess_config(
+        os.path.join(REPO, "configs/datasets/gsm8k.yaml"),
+        [f"input={d}", f"tokenizer_name_or_path={tok_dir}", f"output_prefix={tmp_path}/g", "workers=1"],
+    )
+    report, _ = _run(cfg)
+    assert (report.rows_written, report.first_skipped[0].row, report.first_skipped[0].line) == (39, 3, 4)
+    labels = IndexedDataset(f"{tmp_path}/g_packed_labels_document")
+    assert [tokenizer.decode(labels[j].tolist()) for j in (0, 3, 38)] == ["400", "2000", "16000"]
+
+
+def test_pretty_printed_single_object_gets_a_hint(tmp_path):
+    p = tmp_path / "obj.json"
+    p.write_text('{\n  "problem": "a"\n}\n')
+    with pytest.raises(InputError, match="expected a JSON list, or one JSON object per line"):
+        list(iter_rows(discover_inputs(str(p))))
