@@ -129,8 +129,8 @@ def _chunks(rows: Iterator[RawRow], size: int) -> Iterator[list[RawRow]]:
 def _start_pool(cfg: PreprocessConfig) -> Any:
     if cfg.workers == 1:
         return None
-    # fork: workers start in milliseconds and inherit nothing heavy, since the pool starts before megatron/torch
-    # are imported; spawn where fork does not exist.
+    # fork: workers start in milliseconds; the pool starts before megatron-core is imported, so they do not
+    # inherit it. spawn where fork does not exist.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     return ctx.Pool(cfg.workers, initializer=_worker_init, initargs=(cfg,))
 
