@@ -1,0 +1,211 @@
+"""Handlers turn raw dataset rows into token documents (input_ids, attention_mask, labels, extra keys).
+
+Selected by `handler_name`; each one says which row fields it reads (`map_keys`) and what `labels` means.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mindrl.data.templates import ChatTemplate
+
+IGNORE_INDEX = -100  # label value that the SFT loss skips (prompt positions)
+MAP_KEY_NAMES = ("prompt", "query", "response", "system")
+# Every document is stored as int32: signed (labels hold IGNORE_INDEX) and wide enough for any vocabulary.
+TOKEN_DTYPE = np.int32
+
+
+class BadRow(Exception):
+    """A row that cannot become a document; the message is the reason shown in the report."""
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk of rows after tokenisation, in input order, kept flat so it pickles cheaply between processes.
+
+    flat[key] holds the tokens of the good rows back to back; lengths[key][j] is the j-th good row's length.
+    bad lists (position in chunk, reason) for the skipped rows.
+    """
+
+    flat: dict[str, np.ndarray]
+    lengths: dict[str, np.ndarray]
+    good: list[int]
+    bad: list[tuple[int, str]]
+
+
+class Handler:
+    """Base: read the mapped fields, render the prompt with the template, tokenise a chunk in one batch call."""
+
+    name: ClassVar[str] = ""
+    default_map_keys: ClassVar[dict[str, str]] = {}
+    # Keys this handler writes itself; dataset_additional_keys beyond these are raw row columns, tokenised.
+    produces: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "labels")
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: ChatTemplate,
+        map_keys: dict[str, str] | None = None,
+        additional_keys: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        # Given map_keys replace the defaults as a whole: a role left out is unused, not silently defaulted
+        # to a field name the data may not have.
+        self.map_keys = {r: "" for r in MAP_KEY_NAMES} | dict(map_keys or self.default_map_keys)
+        for role in ("prompt", "response"):
+            if not self.map_keys[role]:
+                raise ValueError(f"{self.name} needs map_keys['{role}'] (the row field holding the {role})")
+        self.extra_keys = [k for k in additional_keys if k not in self.produces]
+        self.bos = tokenizer.bos_token or ""
+        self.eos = tokenizer.eos_token or ""
+
+    # --- row -> texts -----------------------------------------------------------------------------
+    def field(self, row: dict[str, Any], role: str, required: bool = True) -> str:
+        """The string under map_keys[role]; '' when the role is not mapped. Raises BadRow on bad values."""
+        key = self.map_keys.get(role, "")
+        if not key:
+            return ""
+        if key not in row:
+            raise BadRow(f"missing key '{key}' ({role})")
+        value = row[key]
+        if value is None:
+            raise BadRow(f"null value for key '{key}' ({role})")
+        if not isinstance(value, str):
+            raise BadRow(f"non-string value for key '{key}' ({role}): {type(value).__name__}")
+        if required and not value.strip():
+            raise BadRow(f"empty {role} (key '{key}')")
+        return value
+
+    def prompt_text(self, row: dict[str, Any]) -> str:
+        prompt = self.field(row, "prompt")
+        query = self.field(row, "query", required=False)
+        # Alpaca convention: the optional input ("query") follows the instruction on its own line.
+        content = f"{prompt}\n{query}" if query else prompt
+        system = self.field(row, "system", required=False)
+        return self.template.render_prompt(content, system, self.bos, self.eos)
+
+    def response_text(self, row: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    # Whether response text may contain special tokens (a rendered assistant turn) or must not (an answer).
+    response_is_template: ClassVar[bool] = False
+
+    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+        raise NotImplementedError
+
+    # --- chunk -> tokens -------------------------------------------------------------------------
+    def encode_chunk(self, rows: list[Any]) -> EncodedChunk:
+        prompts, responses, extras, good, bad = [], [], [], [], []
+        for i, row in enumerate(rows):
+            try:
+                if not isinstance(row, dict):
+                    raise BadRow(f"row is not an object but {type(row).__name__}")
+                p, r = self.prompt_text(row), self.response_text(row)
+                ex = [self._extra_field(row, k) for k in self.extra_keys]
+            except BadRow as e:
+                bad.append((i, str(e)))
+                continue
+            prompts.append(p)
+            responses.append(r)
+            extras.append(ex)
+            good.append(i)
+        out: dict[str, list[list[int]]] = {k: [] for k in (*self.produces, *self.extra_keys)}
+        if good:
+            # Special tokens written in the template ("<|im_start|>") must become their single ids, but an
+            # answer is plain text: split_special_tokens keeps a literal "<|im_end|>" in it from turning special.
+            p_ids = self._tokenize(prompts, split_special=False)
+            r_ids = self._tokenize(responses, split_special=not self.response_is_template)
+            for pi, ri in zip(p_ids, r_ids):
+                for k, v in self.assemble(pi, ri).items():
+                    out[k].append(v)
+            for j, k in enumerate(self.extra_keys):
+                out[k] = self._tokenize([ex[j] for ex in extras], split_special=True)
+        lengths = {k: np.array([len(seq) for seq in v], dtype=np.int64) for k, v in out.items()}
+        flat = {
+            k: np.fromiter(itertools.chain.from_iterable(v), dtype=TOKEN_DTYPE, count=int(lengths[k].sum()))
+            for k, v in out.items()
+        }
+        return EncodedChunk(flat=flat, lengths=lengths, good=good, bad=bad)
+
+    def _extra_field(self, row: dict[str, Any], key: str) -> str:
+        if key not in row:
+            raise BadRow(f"missing key '{key}' (dataset_additional_keys)")
+        if row[key] is None:
+            raise BadRow(f"null value for key '{key}' (dataset_additional_keys)")
+        if not isinstance(row[key], str):
+            raise BadRow(f"non-string value for key '{key}' (dataset_additional_keys): {type(row[key]).__name__}")
+        return row[key]
+
+    def _tokenize(self, texts: list[str], split_special: bool) -> list[list[int]]:
+        return self.tokenizer(
+            texts, add_special_tokens=False, split_special_tokens=split_special, return_attention_mask=False
+        )["input_ids"]
+
+
+class R1AlpacaStyleInstructionHandler(Handler):
+    """RL prompts: input_ids = the templated prompt only; labels = the tokenised reference answer."""
+
+    name = "R1AlpacaStyleInstructionHandler"
+    default_map_keys = {"prompt": "instruction", "query": "input", "response": "output", "system": ""}
+
+    def response_text(self, row: dict[str, Any]) -> str:
+        return self.field(row, "response").strip()
+
+    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+        return {"input_ids": prompt_ids, "attention_mask": [1] * len(prompt_ids), "labels": response_ids}
+
+
+class GSM8KStyleInstructionHandler(R1AlpacaStyleInstructionHandler):
+    """RL prompts from GSM8K-style rows: the reference answer is what follows '####' in the solution."""
+
+    name = "GSM8KStyleInstructionHandler"
+    default_map_keys = {"prompt": "question", "query": "", "response": "answer", "system": ""}
+
+    def response_text(self, row: dict[str, Any]) -> str:
+        solution = self.field(row, "response")
+        if "####" not in solution:
+            raise BadRow(f"no '####' answer marker in key '{self.map_keys['response']}'")
+        # GSM8K writes thousands separators ("1,000"); verifiers compare the bare number.
+        answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+        if not answer:
+            raise BadRow(f"empty answer after '####' in key '{self.map_keys['response']}'")
+        return answer
+
+
+class AlpacaStyleInstructionHandler(Handler):
+    """SFT pairs: input_ids = prompt + templated response; labels = IGNORE_INDEX over the prompt, then the response."""
+
+    name = "AlpacaStyleInstructionHandler"
+    default_map_keys = {"prompt": "instruction", "query": "input", "response": "output", "system": ""}
+    response_is_template = True
+
+    def response_text(self, row: dict[str, Any]) -> str:
+        return self.template.render_response(self.field(row, "response"), self.bos, self.eos)
+
+    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+        ids = prompt_ids + response_ids
+        return {
+            "input_ids": ids,
+            "attention_mask": [1] * len(ids),
+            "labels": [IGNORE_INDEX] * len(prompt_ids) + response_ids,
+        }
+
+
+HANDLERS: dict[str, type[Handler]] = {
+    h.name: h for h in (R1AlpacaStyleInstructionHandler, AlpacaStyleInstructionHandler, GSM8KStyleInstructionHandler)
+}
+
+
+def get_handler_class(name: str) -> type[Handler]:
+    """The handler called `name`; an unknown name lists the known ones and the close matches."""
+    if name not in HANDLERS:
+        close = difflib.get_close_matches(name, HANDLERS, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"unknown handler_name '{name}'.{hint} Known: {', '.join(sorted(HANDLERS))}")
+    return HANDLERS[name]

@@ -1,0 +1,97 @@
+"""Chat templates by name (`prompt_type`), loaded from configs/model/templates.json.
+
+A template turns (system, user prompt[, assistant response]) into the exact text the model was tuned on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+# The repo's templates file; an installed (editable) mindrl finds it next to the package.
+DEFAULT_TEMPLATES_PATH = str(Path(__file__).resolve().parents[2] / "configs" / "model" / "templates.json")
+_SLOTS = ("prefix", "system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """One chat format. Slots hold literal text with {content}, {bos_token} and {eos_token} placeholders."""
+
+    name: str
+    user: str
+    system: str = ""
+    prefix: str = ""
+    assistant: str = "{content}"
+    default_system: str = ""
+    stop_words: tuple[str, ...] = field(default_factory=tuple)
+    description: str = ""
+
+    def render_prompt(self, prompt: str, system: str = "", bos_token: str = "", eos_token: str = "") -> str:
+        """The prompt text up to where the model starts answering. An empty `system` means the default."""
+        system = system or self.default_system
+        text = _fill(self.prefix, "", bos_token, eos_token)
+        if system:
+            text += _fill(self.system, system, bos_token, eos_token)
+        return text + _fill(self.user, prompt, bos_token, eos_token)
+
+    def render_response(self, response: str, bos_token: str = "", eos_token: str = "") -> str:
+        """The assistant turn that follows `render_prompt`, end-of-turn marker included."""
+        return _fill(self.assistant, response, bos_token, eos_token)
+
+
+def _fill(slot: str, content: str, bos_token: str, eos_token: str) -> str:
+    # str.replace rather than str.format: templates and prompts are full of literal braces (\boxed{}).
+    # Content goes in last so that a prompt containing "{eos_token}" stays literal text.
+    return slot.replace("{bos_token}", bos_token).replace("{eos_token}", eos_token).replace("{content}", content)
+
+
+class UnknownTemplateError(ValueError):
+    pass
+
+
+@lru_cache(maxsize=8)
+def load_templates(path: str = DEFAULT_TEMPLATES_PATH) -> dict[str, ChatTemplate]:
+    """Parse a templates file: a JSON object {name: {slot: text, ...}}; keys starting with '_' are comments."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object mapping template names to templates")
+    known = {f for f in ChatTemplate.__dataclass_fields__ if f != "name"}
+    out: dict[str, ChatTemplate] = {}
+    for name, spec in raw.items():
+        if name.startswith("_"):
+            continue
+        if not isinstance(spec, dict) or "user" not in spec:
+            raise ValueError(f"{path}: template '{name}' must be an object with at least a 'user' slot")
+        extra = sorted(set(spec) - known)
+        if extra:
+            raise ValueError(f"{path}: template '{name}' has unknown field(s) {extra}; known: {sorted(known)}")
+        for slot in _SLOTS:
+            if slot in spec and slot != "prefix" and slot != "assistant" and "{content}" not in spec[slot]:
+                raise ValueError(f"{path}: template '{name}' slot '{slot}' lacks the {{content}} placeholder")
+        spec = dict(spec)
+        spec["stop_words"] = tuple(spec.get("stop_words", ()))
+        out[name] = ChatTemplate(name=name, **spec)
+    return out
+
+
+def get_template(name: str, path: str | None = None) -> ChatTemplate:
+    """The template called `name`; an unknown name lists the known ones and the close matches."""
+    path = path or DEFAULT_TEMPLATES_PATH
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"templates file not found: {path}")
+    templates = load_templates(path)
+    if name not in templates:
+        close = difflib.get_close_matches(name, templates, n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownTemplateError(
+            f"unknown prompt_type '{name}' (templates file {path}).{hint} Known: {', '.join(sorted(templates))}"
+        )
+    return templates[name]
