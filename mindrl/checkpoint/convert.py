@@ -31,6 +31,7 @@ class ConversionStats:
     bytes_written: int
     ranks: int
     peak_rss_bytes: list[int] = dataclasses.field(default_factory=list)  # per rank
+    base_rss_bytes: list[int] = dataclasses.field(default_factory=list)  # per rank, before loading weights
 
 
 def _role(spec: ModelSpec) -> str:
@@ -142,6 +143,7 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
     from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
+    rss_before = _peak_rss()  # interpreter + torch + megatron, before any weight exists
     spec = ModelSpec.from_dict(spec_dict)
     model = build_model(spec, _role(spec), dtype=dtype, perform_initialization=False)
     reader = HFCheckpoint(hf_dir)
@@ -161,7 +163,7 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
             param.copy_(local)
     reader.close()
     mcore_ckpt.save_model(model, it_dir)
-    return {"num_params": sum(p.numel() for _, p in params), "peak_rss": _peak_rss()}
+    return {"num_params": sum(p.numel() for _, p in params), "peak_rss": _peak_rss(), "rss_before": rss_before}
 
 
 def hf2mcore(
@@ -189,6 +191,7 @@ def hf2mcore(
         bytes_written=_dir_bytes(it_dir),
         ranks=len(results),
         peak_rss_bytes=[r["peak_rss"] for r in results],
+        base_rss_bytes=[r["rss_before"] for r in results],
     )
 
 
@@ -220,6 +223,7 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
 
     from mindrl.models.weight_map import full_to_hf
 
+    rss_before = _peak_rss()
     spec, meta, model = _load_rank(load_dir, 1, 1, None)
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
@@ -267,7 +271,9 @@ def mcore2hf(
     if os.path.isdir(save_dir):
         os.rmdir(save_dir)  # empty (checked above)
     os.replace(partial_dir, save_dir)
-    return ConversionStats(time.perf_counter() - t0, res["num_params"], res["bytes"], 1, [res["peak_rss"]])
+    return ConversionStats(
+        time.perf_counter() - t0, res["num_params"], res["bytes"], 1, [res["peak_rss"]], [res["rss_before"]]
+    )
 
 
 # ------------------------------------------------------------------------------------- check
