@@ -88,10 +88,25 @@ def math_verify_reward(response: str, label: str | None) -> float:
     """math-verify end to end: extract from the whole response, compare with the parsed label. 1.0 / 0.0."""
     if label is None or not response:
         return 0.0
-    gold = parse_gold_label(str(label))
-    if not gold:
+    label_text = str(label).strip()
+    pred = parse_response(response)
+    if not pred:
         return 0.0
-    return 1.0 if verify_parsed(gold, parse_response(response)) else 0.0
+    # parse() returns [parsed, extracted_text]; the two texts identify the comparison, and a group of
+    # samples repeats a few answers, so the (slow, sympy) verify runs once per distinct pair
+    extracted = pred[-1] if isinstance(pred[-1], str) else None
+    key = (label_text, extracted)
+    if extracted is not None and key in _MATH_VERIFY_CACHE:
+        return _MATH_VERIFY_CACHE[key]
+    score = 1.0 if verify_parsed(parse_gold_label(label_text), pred) else 0.0
+    if extracted is not None:
+        if len(_MATH_VERIFY_CACHE) >= 8192:
+            _MATH_VERIFY_CACHE.clear()
+        _MATH_VERIFY_CACHE[key] = score
+    return score
+
+
+_MATH_VERIFY_CACHE: dict[tuple[str, str], float] = {}
 
 
 # A number as people write it: optional sign, thousands separators, decimals.
