@@ -1,0 +1,20 @@
+"""Rule rewards: math-answer verifiers by name, weighted combination, and batch scoring in a process
+pool whose per-sample timeout is enforced from outside. No Ray, no megatron."""
+
+from mindrl.rewards.equivalence import math_equal
+from mindrl.rewards.pool import PoolOutcome, VerifierPool, get_shared_pool, shutdown_shared_pool
+from mindrl.rewards.scoring import DEFAULT_TIMEOUT_S, compute_rule_rewards
+from mindrl.rewards.verifiers import get_verifier, list_verifiers, register_verifier
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "PoolOutcome",
+    "VerifierPool",
+    "compute_rule_rewards",
+    "get_shared_pool",
+    "get_verifier",
+    "list_verifiers",
+    "math_equal",
+    "register_verifier",
+    "shutdown_shared_pool",
+]

@@ -1,0 +1,69 @@
+"""Entry point of a verifier pool process: score samples sent over a pipe, one reply per sample.
+Also the forkserver preload, so that forked workers start with math-verify imported and warm."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+# Imported here (not lazily) so a forkserver that preloads this module hands workers a warm interpreter.
+from mindrl.rewards import verifiers as _verifiers
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when our parent exits: a worker stuck inside one C call (a huge power)
+    holds the GIL, so no Python-level watchdog could stop it from outliving the trainer."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _warm_up() -> None:
+    # First use builds math-verify's regexes and latex2sympy's parser; pay it before reporting ready.
+    _verifiers.acc_reward("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")
+    _verifiers.math_verify_reward("so \\boxed{2}", "2")
+
+
+def worker_main(conn: Connection) -> None:
+    """Loop: receive ("score", verifier_fns, [(idx, response, label), ...]) or None (exit); reply
+    (idx, scores, error) per sample, where scores is a tuple of floats or None when a verifier raised."""
+    _die_with_parent()
+    # Ctrl-C goes to the whole process group; the parent decides what happens to the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if "torch" in sys.modules:  # forked from a trainer: keep torch from spawning threads on 2 cores
+        sys.modules["torch"].set_num_threads(1)
+    # math-verify warns once that its own timeout is off (we enforce it from outside) and on every
+    # internal parse failure; neither is actionable per sample.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    logging.getLogger("latex2sympy2_extended").setLevel(logging.ERROR)
+    _warm_up()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        _, fns, items = message
+        for idx, response, label in items:
+            try:
+                scores = tuple(float(fn(response, label)) for fn in fns)
+                bad = [fn.__name__ for fn, s in zip(fns, scores) if not math.isfinite(s)]
+                if bad:
+                    conn.send((idx, None, f"non-finite score from {', '.join(bad)}"))
+                else:
+                    conn.send((idx, scores, None))
+            except Exception as exc:  # a verifier bug must cost one sample, not the batch
+                conn.send((idx, None, f"{type(exc).__name__}: {str(exc)[:200]}"))

@@ -1,0 +1,137 @@
+"""Rule verifiers `(response_text, label_text) -> float`, registered under MindSpeed-RL's names so that
+`rl_config.verifier_function` carries over. Each is pure; none executes text from a response."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from fractions import Fraction
+
+from mindrl.algorithms.registry import Registry
+from mindrl.rewards.equivalence import math_equal, parse_gold_label, parse_response, verify_parsed
+from mindrl.rewards.extract import (
+    final_answer,
+    has_strict_structure,
+    last_boxed_content,
+    matches_think_answer_format,
+)
+
+Verifier = Callable[[str, "str | None"], float]
+
+VERIFIERS = Registry("verifier", "rl_config.verifier_function")
+
+
+def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
+    """Decorator: make a module-level function selectable in `rl_config.verifier_function`.
+
+    It runs in pool worker processes, so it must be importable by module and name (no lambdas)."""
+    return VERIFIERS.register(name)
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered under `name`. Called directly it has no time limit; use
+    `compute_rule_rewards` to score model output with the external timeout."""
+    return VERIFIERS.get(name)
+
+
+def list_verifiers() -> list[str]:
+    return VERIFIERS.names()
+
+
+@register_verifier("acc")
+def acc_reward(response: str, label: str | None) -> float:
+    """Last \\boxed{} (else the <answer> content) equivalent to the label: 1.0; wrong: -0.5; no answer: -1.0."""
+    answer = final_answer(response)
+    if answer is None:
+        return -1.0
+    return 1.0 if math_equal(answer, label) else -0.5
+
+
+@register_verifier("format")
+def format_reward(response: str, label: str | None = None) -> float:
+    """1.0 for `<think>…</think> <answer>…</answer>` spanning the whole response, else 0.0."""
+    return 1.0 if matches_think_answer_format(response) else 0.0
+
+
+@register_verifier("strict_format")
+def strict_format_reward(response: str, label: str | None = None) -> float:
+    """1.0 for exactly one of each tag and one \\boxed{}, in order think, answer, boxed; else -0.5."""
+    return 1.0 if has_strict_structure(response) else -0.5
+
+
+@register_verifier("base_acc")
+def base_acc_reward(response: str, label: str | None) -> float:
+    """1.0 when the strict structure holds AND the boxed answer is correct, else 0.0."""
+    if not has_strict_structure(response):
+        return 0.0
+    return 1.0 if math_equal(last_boxed_content(response), label) else 0.0
+
+
+def _boxed_correct(response: str, label: str | None) -> float:
+    return 1.0 if math_equal(last_boxed_content(response), label) else 0.0
+
+
+@register_verifier("acc_for_ppo")
+def acc_for_ppo_reward(response: str, label: str | None) -> float:
+    """1.0 when the last \\boxed{} is equivalent to the label, else 0.0 (missing box included)."""
+    return _boxed_correct(response, label)
+
+
+@register_verifier("math_17k_acc")
+def math_17k_acc_reward(response: str, label: str | None) -> float:
+    """Same rule as acc_for_ppo, kept as its own name for MindSpeed-RL's math-17k configs."""
+    return _boxed_correct(response, label)
+
+
+@register_verifier("math_verify")
+def math_verify_reward(response: str, label: str | None) -> float:
+    """math-verify end to end: extract from the whole response, compare with the parsed label. 1.0 / 0.0."""
+    if label is None or not response:
+        return 0.0
+    label_text = str(label).strip()
+    pred = parse_response(response)
+    if not pred:
+        return 0.0
+    # parse() returns [parsed, extracted_text]; the two texts identify the comparison, and a group of
+    # samples repeats a few answers, so the (slow, sympy) verify runs once per distinct pair
+    extracted = pred[-1] if isinstance(pred[-1], str) else None
+    key = (label_text, extracted)
+    if extracted is not None and key in _MATH_VERIFY_CACHE:
+        return _MATH_VERIFY_CACHE[key]
+    score = 1.0 if verify_parsed(parse_gold_label(label_text), pred) else 0.0
+    if extracted is not None:
+        if len(_MATH_VERIFY_CACHE) >= 8192:
+            _MATH_VERIFY_CACHE.clear()
+        _MATH_VERIFY_CACHE[key] = score
+    return score
+
+
+_MATH_VERIFY_CACHE: dict[tuple[str, str], float] = {}
+
+
+# A number as people write it: optional sign, thousands separators, decimals.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
+# Python refuses int() of strings past 4300 digits; no honest answer is that long.
+_MAX_NUMBER_CHARS = 1000
+
+
+def _gsm8k_number(text: str) -> Fraction | None:
+    marker = text.rfind("####")
+    region = text[marker + 4 :] if marker >= 0 else text
+    matches = _NUMBER.findall(region)
+    if not matches:
+        return None
+    candidate = matches[0] if marker >= 0 else matches[-1]
+    candidate = candidate.replace(",", "")
+    if len(candidate) > _MAX_NUMBER_CHARS:
+        return None
+    return Fraction(candidate)
+
+
+@register_verifier("gsm8k")
+def gsm8k_reward(response: str, label: str | None) -> float:
+    """The number after `####` (else the last number) equals the label's, compared exactly: 1.0 / 0.0."""
+    if label is None:
+        return 0.0
+    pred, gold = _gsm8k_number(response), _gsm8k_number(str(label))
+    return 1.0 if pred is not None and gold is not None and pred == gold else 0.0
