@@ -87,3 +87,9 @@ def test_rank_pool_reports_a_dead_rank():
     with RankPool(2, timeout_s=120) as p:
         with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)"):
             p.run(dist_fns.exit_on_rank, 1, 3)
+
+
+def test_layout_switches_do_not_leak_process_groups(pool):
+    """Each megatron layout creates ~dozens of gloo groups (3 threads each): switching must free them."""
+    counts = pool.run(dist_fns.switch_layouts, [(1, 1), (2, 1), (1, 2), (2, 2)] * 3)[0]
+    assert counts[4:8] == counts[8:12]  # steady state: the 2nd and 3rd rounds hold the same number of threads
