@@ -76,11 +76,12 @@ def test_rank_pool_runs_collectives(pool):
     assert pool.run(dist_fns.allreduce_rank, 1) == [10.0] * 4  # sum(1 + rank) over 4 ranks
 
 
-def test_rank_pool_surfaces_a_failing_rank_without_hanging(pool):
-    with pytest.raises(ValueError, match="boom on 2") as info:
-        pool.run(dist_fns.fail_on_rank, 2)
-    assert isinstance(info.value.__cause__, RankError) and "rank 2 failed" in str(info.value.__cause__)
-    assert pool.closed  # torn down: the healthy ranks were stuck in a barrier
+def test_rank_pool_surfaces_a_failing_rank_without_hanging():
+    with RankPool(2, timeout_s=120) as own:  # not the shared pool: this test tears its pool down
+        with pytest.raises(ValueError, match="boom on 1") as info:
+            own.run(dist_fns.fail_on_rank, 1)
+        assert isinstance(info.value.__cause__, RankError) and "rank 1 failed" in str(info.value.__cause__)
+        assert own.closed  # torn down: the healthy rank was stuck in a barrier
 
 
 def test_rank_pool_reports_a_dead_rank():
