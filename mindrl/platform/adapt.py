@@ -356,10 +356,10 @@ def _apply_cpu() -> None:
     _wrap_method(distrib_optimizer.DistributedOptimizer, "_build_model_and_main_param_groups")
     _wrap_method(distrib_optimizer.DistributedOptimizer, "__init__")
     _wrap_method(optimizer.Float16OptimizerWithFloat16Params, "__init__")
-    wrapped_clip = _within_cuda_type_checks(clip_grads.clip_grad_by_total_norm_fp32)
+    # Modules that imported the function by name hold their own reference: replace every one of them
+    # (compare against the original, which clip_grads itself also holds until the loop reaches it).
+    original_clip = clip_grads.clip_grad_by_total_norm_fp32
+    wrapped_clip = _within_cuda_type_checks(original_clip)
     for name, mod in list(sys.modules.items()):
-        if name.startswith("megatron.core") and getattr(mod, "clip_grad_by_total_norm_fp32", None) is (
-            clip_grads.clip_grad_by_total_norm_fp32
-        ):
+        if name.startswith("megatron.core") and getattr(mod, "clip_grad_by_total_norm_fp32", None) is original_clip:
             mod.clip_grad_by_total_norm_fp32 = wrapped_clip
-    clip_grads.clip_grad_by_total_norm_fp32 = wrapped_clip

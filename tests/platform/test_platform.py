@@ -94,3 +94,16 @@ def test_layout_switches_do_not_leak_process_groups(pool):
     """Each megatron layout creates ~dozens of gloo groups (3 threads each): switching must free them."""
     counts = pool.run(dist_fns.switch_layouts, [(1, 1), (2, 1), (1, 2), (2, 2)] * 3)[0]
     assert counts[4:8] == counts[8:12]  # steady state: the 2nd and 3rd rounds hold the same number of threads
+
+
+def test_optimizer_type_checks_are_adapted_where_megatron_calls_them():
+    """megatron.core.optimizer.optimizer imports clip_grad_by_total_norm_fp32 by name: its copy must be wrapped."""
+    current_platform().apply()
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as megatron_optimizer
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 4.0)
+    for fn in (megatron_optimizer.clip_grad_by_total_norm_fp32, clip_grads.clip_grad_by_total_norm_fp32):
+        assert fn.__wrapped__ is not None  # the CPU-adapted wrapper, in both modules
+    assert p.type() == "torch.FloatTensor"  # outside those calls, type names are untouched
