@@ -1,4 +1,4 @@
-.PHONY: setup test test-fast lint format
+.PHONY: setup test test-fast lint format bench
 setup:
 	bash tools/setup_env.sh
 test:
@@ -9,3 +9,7 @@ lint:
 	.venv/bin/ruff check mindrl tests tools ckpt_convert
 format:
 	.venv/bin/ruff format mindrl tests tools ckpt_convert
+bench:
+	.venv/bin/python tools/bench_convert.py
+	.venv/bin/python tools/bench_preprocess.py
+	.venv/bin/python tools/bench_rewards.py

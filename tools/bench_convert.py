@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         rows["hf2mcore_rss_base"].append(max(s1.base_rss_bytes))
         rows["mcore2hf_rss"].append(max(s2.peak_rss_bytes))
         rows["peer_rss"].append(peer_rss)
-        print(f"repeat {r + 1}/{a.repeats}: hf2mcore {s1.seconds:.1f}s mcore2hf {s2.seconds:.1f}s peer {peer_s:.1f}s", flush=True)
+        print(
+            f"repeat {r + 1}/{a.repeats}: hf2mcore {s1.seconds:.1f}s mcore2hf {s2.seconds:.1f}s peer {peer_s:.1f}s",
+            flush=True,
+        )
     med = {k: statistics.median(v) for k, v in rows.items()}
     mib = 2**20
     print(f"\nmodel: {s1.num_params / 1e6:.1f}M params, {size / mib:.0f} MiB fp32 safetensors; TP{a.tp} PP{a.pp}; "

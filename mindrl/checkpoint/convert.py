@@ -237,6 +237,7 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
     shards = writer.finish()
     return {
         "peak_rss": _peak_rss(),
+        "rss_before": rss_before,
         "shards": shards,
         "bytes": writer.total_bytes,
         "num_params": sum(p.numel() for p in params.values()),

@@ -227,6 +227,7 @@ class ModelSpec:
             use_cpu_initialization=use_cpu_initialization,
             perform_initialization=perform_initialization,
             init_method_std=float(self.hf_config.get("initializer_range", 0.02)),
+            cuda_graph_scope=[],  # megatron's own default ("full") is deprecated and warns on every build
         )
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)

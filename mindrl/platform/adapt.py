@@ -12,6 +12,7 @@ import contextlib
 import functools
 import importlib
 import importlib.abc
+import os
 import sys
 import threading
 import types
@@ -65,7 +66,11 @@ def apply(platform: Platform) -> None:
             return
         if platform.name == "npu":
             _apply_npu()
-        elif platform.name == "cpu":
+        else:
+            # Megatron's recommended setting for overlapping TP communication on GPUs; on CPU it only
+            # silences megatron's warning that it is unset.
+            os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        if platform.name == "cpu":
             _apply_cpu()
         _APPLIED.add(platform.name)
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Listener, wait
@@ -79,8 +78,6 @@ def _rank_main() -> None:
     conn = Client(_pool_address(), authkey=bytes.fromhex(os.environ.pop("MINDRL_POOL_KEY")))
     _send(conn, rank)
     torch.set_num_threads(int(os.environ.get("MINDRL_RANK_THREADS", "1")))
-    # torch.distributed.checkpoint deprecation notices (raised inside megatron) are not actionable here.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed.*")
     try:
         current_platform().apply()
         init_distributed(
