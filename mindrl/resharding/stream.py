@@ -7,8 +7,9 @@ Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unles
   3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
   4. per parameter, `local_to_full` reassembles the TP=1 tensor and `full_to_hf` un-fuses QKV / gate-up.
 Every rank runs the same collectives in the same order (the plan is global, from one metadata exchange),
-so a rank whose stage owns nothing in a bucket still takes part. Peak extra memory is one gathered bucket
-plus one reassembled parameter; `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
+so a rank whose stage owns nothing in a bucket still takes part. Peak extra memory is one gathered bucket,
+one reassembled parameter, and the item the consumer still holds while it asks for the next one (at most
+one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
 """
 
 from __future__ import annotations
@@ -194,13 +195,19 @@ class WeightStreamer:
             slot = gathered.numel() // self.tp  # elements per TP rank
             shards_of = gathered.view(self.tp, slot)
             offset = 0
-            for p in bucket:
+            for i, p in enumerate(bucket):
                 n = p.local_numel
                 shards = [shards_of[r, offset : offset + n].view(p.local_shape) for r in range(self.tp)]
                 offset += n
                 mapping = param_mapping(self.spec, p.name)
                 full = local_to_full(mapping, shards)
-                if full.data_ptr() != shards[0].data_ptr():  # a reassembled copy, not a view
+                aliases_bucket = full.data_ptr() == shards[0].data_ptr()
+                if aliases_bucket and i == len(bucket) - 1 and len(bucket) > 1:
+                    # A consumer's for-loop holds the last item while it asks for the next one: make
+                    # that item a copy, so it does not pin this whole bucket while the next is gathered.
+                    full = full.clone()
+                    aliases_bucket = False
+                if not aliases_bucket:  # a reassembled copy
                     live.track(full)
                 for hf_name, tensor in full_to_hf(self.spec, mapping, full):
                     stats.num_tensors += 1

@@ -29,6 +29,12 @@ def assert_same_tensors(got: dict, want: dict, where: str) -> None:
         assert torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)), f"{where}: {k} differs"
 
 
+def peak_bound(s) -> int:
+    """One gathered bucket (a parameter larger than the bucket gets its own) + one reassembled parameter
+    + the previous item the consumer's for-loop still holds (a copy, at most one parameter)."""
+    return max(s.bucket_bytes, s.largest_param_bytes) + 2 * s.largest_param_bytes
+
+
 @pytest.fixture(scope="module")
 def saved(tiny_models, tmp_path_factory):
     """untied / tied converted once at TP2 (the tests load them at every layout: dist-ckpt reshards)."""
@@ -51,3 +57,51 @@ def test_stream_is_bit_exact_on_every_rank(pool, tiny_models, saved, variant, tp
         assert res["order"] == expected_hf_names(spec), f"rank {rank}: emitted order"
         assert ("lm_head.weight" in res["order"]) == (not spec.tie_word_embeddings)
         assert_same_tensors(res["tensors"], want, f"TP{tp}xPP{pp} rank {rank}")
+        stats = res["stats"]
+        assert stats.num_tensors == len(want) and stats.bytes_emitted == sum(t.nbytes for t in want.values())
+        assert stats.peak_extra_bytes <= peak_bound(stats)
+
+
+@pytest.mark.parametrize("variant", ["untied", "tied"])
+def test_stream_after_training_equals_mcore2hf_export(pool, tiny_models, saved, tmp_path, variant):
+    """TP2xPP2 (tied embeddings split over stages): after K real optimizer steps the stream carries
+    exactly the trained weights, i.e. it equals an mcore2hf export of the same model."""
+    from mindrl.checkpoint import mcore_ckpt
+
+    tp, pp, steps = 2, 2, 3
+    root = str(tmp_path / "trained")
+    it_dir = mcore_ckpt.iteration_dir(root, steps)
+    results = pool.run(rank_fns.train_save_and_stream, saved[variant], tp, pp, steps, it_dir, 0.05)
+    spec, _ = mcore_ckpt.read_model_meta(saved[variant])
+    mcore_ckpt.write_model_meta(it_dir, spec, "actor", tp, pp, "float32")
+    mcore_ckpt.write_tracker(root, steps)
+    convert.mcore2hf(root, str(tmp_path / "hf"), pool=pool)
+    want = hf_tensors(str(tmp_path / "hf"))
+    before = hf_tensors(tiny_models[variant])
+    losses = results[0]["losses"]
+    assert all(r["losses"] == losses for r in results) and all(0 < x < 20 for x in losses), losses
+    changed = [k for k in want if not torch.equal(want[k], before[k])]
+    assert len(changed) == len(want), f"untrained tensors: {sorted(set(want) - set(changed))}"
+    for rank, res in enumerate(results):
+        assert_same_tensors(res["tensors"], want, f"trained TP{tp}xPP{pp} rank {rank}")
+
+
+def test_peak_extra_memory_is_one_bucket_not_a_model_copy(pool, saved, tiny_models):
+    """Live streamer buffers stay within one bucket + two parameters whatever the bucket size (not a
+    model copy); a smaller bucket means more buckets and a lower peak."""
+    model_bytes = sum(t.nbytes for t in hf_tensors(tiny_models["untied"]).values())
+    peaks, counts = [], []
+    for mb in (0.05, 0.25, 1.0, 64.0):
+        stats = [r["stats"] for r in pool.run(rank_fns.stream_checkpoint, saved["untied"], 2, 2, mb)]
+        for s in stats:
+            assert s.peak_extra_bytes <= peak_bound(s), (mb, s.peak_extra_bytes, peak_bound(s))
+            assert max(s.bucket_sizes) <= max(s.bucket_bytes, s.largest_param_bytes)
+        peaks.append(max(s.peak_extra_bytes for s in stats))
+        counts.append(stats[0].num_buckets)
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1], counts
+    assert peaks == sorted(peaks) and peaks[0] < model_bytes / 2, (peaks, model_bytes)
+
+
+def test_critic_is_not_streamed(pool, tiny_models):
+    msg = pool.run(rank_fns.stream_critic_error, tiny_models["orm"])[0]
+    assert "critic" in msg and "not streamed" in msg, msg
