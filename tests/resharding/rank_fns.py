@@ -72,15 +72,17 @@ def _loss_step(data_iterator, model):
     return per_token, loss_func
 
 
-def train_steps(ddp, optimizer, vocab: int, steps: int, seed: int, batch: int = 4, seq: int = 32) -> list[float]:
-    """`steps` optimizer steps on random tokens (2 micro-batches each) through megatron's schedule.
-    Returns the losses (on every rank: the last stage's, broadcast over PP)."""
+def train_steps(
+    ddp, optimizer, vocab: int, steps: int, seed: int, first_step: int = 0, batch: int = 4, seq: int = 32
+) -> list[float]:
+    """`steps` optimizer steps on random tokens (2 micro-batches each) through megatron's schedule; step i's
+    tokens depend only on (seed, i). Returns the losses (on every rank: the last stage's, broadcast over PP)."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     losses = []
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
+    for step in range(first_step, first_step + steps):
+        gen = torch.Generator().manual_seed(seed * 100_003 + step)
         ids = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
         micro = list(ids.chunk(2))
         ddp.zero_grad_buffer()
@@ -115,3 +117,72 @@ def train_save_and_stream(load_dir: str, tp: int, pp: int, steps: int, it_dir: s
     streamer = WeightStreamer(ddp, spec, bucket_size_mb)
     tensors = {name: t.clone() for name, t in streamer.stream()}
     return {"tensors": tensors, "losses": losses}
+
+
+# ------------------------------------------------------------------------------------- offload
+def _optimizer_states(optimizer) -> list[torch.Tensor]:
+    from mindrl.resharding.offload import _inner_optimizers, _tensors
+
+    return [t for inner in _inner_optimizers(optimizer) for t in _tensors(list(inner.state.values()))]
+
+
+def trainer_tensors(ddp, optimizer) -> list[torch.Tensor]:
+    """Everything the trainer keeps on the device, found independently of the offloader: the model's
+    state dict (params and buffers), DDP's grad buffers, the optimizer's state."""
+    out = [t for t in ddp.module.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+    out += [p.main_grad for p in ddp.module.parameters()] + [b.grad_data for b in ddp.buffers]
+    return out + _optimizer_states(optimizer)
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: int = 2) -> dict:
+    """Reference: before+after steps. Same run with a rollout in the middle: reshard_to_infer (offload
+    optimizer + grads, stream, offload params) then reshard_to_train. Everything must match exactly."""
+    from mindrl.resharding import OffloadConfig, ShardingManager, TrainStateOffloader, WeightStreamer
+
+    spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
+    ref_losses = train_steps(ddp, optimizer, spec.vocab_size, before + after, seed=5)
+    ref_final = [t.detach().clone() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
+    del ddp, optimizer
+
+    spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, before, seed=5)
+    snapshot = [t.detach().clone() for t in trainer_tensors(ddp, optimizer)]
+    offloader = TrainStateOffloader([ddp], optimizer, OffloadConfig(True, True, True))
+    manager = ShardingManager(WeightStreamer(ddp, spec, 0.25), offloader)
+    bytes_before = storage_bytes(trainer_tensors(ddp, optimizer))
+    kinds_before = offloader.device_bytes()
+    received = {}
+    to_infer = manager.reshard_to_infer(lambda it: received.update((n, t.clone()) for n, t in it))
+    bytes_offloaded = storage_bytes(trainer_tensors(ddp, optimizer))
+    kinds_offloaded = offloader.device_bytes()
+    host_bytes = offloader.host_bytes()
+    to_train = manager.reshard_to_train()
+    bytes_after = storage_bytes(trainer_tensors(ddp, optimizer))
+    identical = all(
+        torch.equal(a.reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+        for a, b in zip(snapshot, trainer_tensors(ddp, optimizer))
+    )
+    losses += train_steps(ddp, optimizer, spec.vocab_size, after, seed=5, first_step=before)
+    final = [t.detach() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
+    return {
+        "ref_losses": ref_losses,
+        "losses": losses,
+        "final_equal": len(final) == len(ref_final) and all(torch.equal(a, b) for a, b in zip(final, ref_final)),
+        "restored_identical": identical,
+        "bytes_before": bytes_before,
+        "bytes_offloaded": bytes_offloaded,
+        "bytes_after": bytes_after,
+        "kinds_before": kinds_before,
+        "kinds_offloaded": kinds_offloaded,
+        "host_bytes": host_bytes,
+        "received": len(received),
+        "moved": {**to_infer.offload_before.moved_bytes, **to_infer.offload_after.moved_bytes},
+        "onloaded": to_train.moved_bytes,
+    }
