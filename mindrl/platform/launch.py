@@ -63,11 +63,36 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
     if ps.model_parallel_is_initialized():
         same = ps.get_tensor_model_parallel_world_size() == tp and ps.get_pipeline_model_parallel_world_size() == pp
         if not same:
-            ps.destroy_model_parallel()
+            destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_model_parallel() -> None:
+    """Megatron's destroy_model_parallel forgets its process groups without closing them; each gloo group
+    keeps three threads and its sockets alive. Close every group it holds, then reset its state."""
+    from megatron.core import parallel_state as ps
+
+    world = torch.distributed.group.WORLD
+    closed: set[int] = set()
+
+    def close(value) -> None:
+        if isinstance(value, (list, tuple, set)):
+            for v in value:
+                close(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                close(v)
+        elif isinstance(value, torch.distributed.ProcessGroup) and value is not world and id(value) not in closed:
+            closed.add(id(value))
+            torch.distributed.destroy_process_group(value)
+
+    for name, value in list(vars(ps).items()):
+        if name.startswith("_") and name.isupper():
+            close(value)
+    ps.destroy_model_parallel()
 
 
 def _rank_main() -> None:

@@ -23,3 +23,27 @@ def exit_on_rank(bad_rank, code):
         os._exit(code)
     torch.distributed.barrier()
     return True
+
+
+def switch_layouts(layouts):
+    """Switch megatron's parallel layout repeatedly; return this rank's thread count after each switch."""
+    import threading
+
+    from mindrl.platform.launch import init_model_parallel
+
+    counts = []
+    for tp, pp in layouts:
+        init_model_parallel(tp, pp)
+        t = torch.tensor([1.0])
+        from megatron.core import parallel_state as ps
+
+        torch.distributed.all_reduce(t, group=ps.get_tensor_model_parallel_group())
+        assert t.item() == tp
+        counts.append(threading.active_count() + _native_threads())
+    return counts
+
+
+def _native_threads():
+    import os
+
+    return len(os.listdir("/proc/self/task"))

@@ -76,14 +76,21 @@ def test_rank_pool_runs_collectives(pool):
     assert pool.run(dist_fns.allreduce_rank, 1) == [10.0] * 4  # sum(1 + rank) over 4 ranks
 
 
-def test_rank_pool_surfaces_a_failing_rank_without_hanging(pool):
-    with pytest.raises(ValueError, match="boom on 2") as info:
-        pool.run(dist_fns.fail_on_rank, 2)
-    assert isinstance(info.value.__cause__, RankError) and "rank 2 failed" in str(info.value.__cause__)
-    assert pool.closed  # torn down: the healthy ranks were stuck in a barrier
+def test_rank_pool_surfaces_a_failing_rank_without_hanging():
+    with RankPool(2, timeout_s=120) as own:  # not the shared pool: this test tears its pool down
+        with pytest.raises(ValueError, match="boom on 1") as info:
+            own.run(dist_fns.fail_on_rank, 1)
+        assert isinstance(info.value.__cause__, RankError) and "rank 1 failed" in str(info.value.__cause__)
+        assert own.closed  # torn down: the healthy rank was stuck in a barrier
 
 
 def test_rank_pool_reports_a_dead_rank():
     with RankPool(2, timeout_s=120) as p:
         with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)"):
             p.run(dist_fns.exit_on_rank, 1, 3)
+
+
+def test_layout_switches_do_not_leak_process_groups(pool):
+    """Each megatron layout creates ~dozens of gloo groups (3 threads each): switching must free them."""
+    counts = pool.run(dist_fns.switch_layouts, [(1, 1), (2, 1), (1, 2), (2, 2)] * 3)[0]
+    assert counts[4:8] == counts[8:12]  # steady state: the 2nd and 3rd rounds hold the same number of threads
