@@ -19,6 +19,22 @@ def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) ->
     return {"tensors": out, "order": list(out), "stats": streamer.stats}
 
 
+def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
+    """Each rank's consumer stops at a different item; load_into drains the rest, so the next full pass
+    is still matched across ranks (no deadlock) and correct."""
+    import itertools
+
+    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, 0.05)
+    rank = torch.distributed.get_rank()
+    taken = []
+    streamer.load_into(lambda it: taken.extend(n for n, _ in itertools.islice(it, 1 + 5 * rank)))
+    return {"taken": len(taken), "tensors": {n: t.clone() for n, t in streamer.stream()}}
+
+
 def stream_critic_error(hf_dir: str) -> str:
     """The error a critic raises (caught here: a raising rank would tear the shared pool down)."""
     from mindrl.models.builder import build_model

@@ -103,6 +103,14 @@ def test_peak_extra_memory_is_one_bucket_not_a_model_copy(pool, saved, tiny_mode
     assert peaks[0] < peaks[-1] and peaks[0] < model_bytes / 2, (peaks, model_bytes)
 
 
+def test_consumer_stopping_early_does_not_desynchronise_ranks(pool, tiny_models, saved):
+    results = pool.run(rank_fns.stream_after_early_stop, saved["untied"], 2, 2)
+    assert [r["taken"] for r in results] == [1, 6, 11, 16]
+    want = hf_tensors(tiny_models["untied"])
+    for rank, res in enumerate(results):
+        assert_same_tensors(res["tensors"], want, f"second pass, rank {rank}")
+
+
 def test_critic_is_not_streamed(pool, tiny_models):
     msg = pool.run(rank_fns.stream_critic_error, tiny_models["orm"])[0]
     assert "critic" in msg and "not streamed" in msg, msg
