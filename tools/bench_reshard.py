@@ -44,9 +44,16 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
                 slots[name] = torch.empty_like(t, device=platform.device())
             slots[name].copy_(t)
 
+    def consume_shards(it) -> None:
+        for name, t, _ in it:
+            key = "shard:" + name
+            if key not in slots:
+                slots[key] = torch.empty_like(t, device=platform.device())
+            slots[key].copy_(t)
+
     for mb in bucket_mbs:
         streamer = WeightStreamer(model, spec, mb)
-        times, peaks, dev_peaks = [], [], []
+        times, peaks, dev_peaks, shard_times, shard_peaks = [], [], [], [], []
         for r in range(repeats + 1):  # the first pass is a warm-up (allocations of the engine's slots)
             barrier()
             platform.reset_peak_memory_stats()
@@ -59,12 +66,22 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
                 times.append(dt)
                 peaks.append(stats.peak_extra_bytes)
                 dev_peaks.append(platform.max_memory_allocated() - base)
+            if tp > 1:  # infer TP == train TP: each rank's own shard, no TP all-gather
+                barrier()
+                t0 = time.perf_counter()
+                consume_shards(streamer.stream_shards())
+                platform.synchronize()
+                if r:
+                    shard_times.append(time.perf_counter() - t0)
+                    shard_peaks.append(streamer.stats.peak_extra_bytes)
         out["buckets"][mb] = {
             "seconds": statistics.median(times),
             "peak_extra_bytes": max(peaks),
             "device_peak_extra_bytes": max(dev_peaks),  # allocator view (0 on CPU)
             "num_buckets": stats.num_buckets,
             "largest_param_bytes": stats.largest_param_bytes,
+            "shards_seconds": statistics.median(shard_times) if shard_times else None,
+            "shards_peak_extra_bytes": max(shard_peaks) if shard_peaks else None,
         }
         out["model_bytes"] = stats.bytes_emitted
     src = torch.randint(0, 255, (out["model_bytes"],), dtype=torch.uint8, device=platform.device())
@@ -79,6 +96,10 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
             times.append(time.perf_counter() - t0)
     out["memcpy_s"] = statistics.median(times)
     return out
+
+
+def _fmt(x, spec: str, div: float = 1.0) -> str:
+    return "-" if x is None else format(x / div, spec)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
                     "num_buckets": per[0]["num_buckets"],
                     "largest_param_bytes": per[0]["largest_param_bytes"],
                     "model_bytes": res[0]["model_bytes"],
+                    "shards_s": None if per[0]["shards_seconds"] is None else max(x["shards_seconds"] for x in per),
+                    "shards_peak_extra_bytes": None
+                    if per[0]["shards_peak_extra_bytes"] is None
+                    else max(x["shards_peak_extra_bytes"] for x in per),
                 }
                 row["ratio"] = row["reshard_s"] / row["memcpy_s"]
                 rows.append(row)
@@ -142,13 +167,14 @@ def main(argv: list[str] | None = None) -> None:
                       f"({row['ratio']:.1f}x memcpy)", flush=True)  # fmt: skip
 
     print(f"\n{'layout':<9}{'bucket MiB':>11}{'buckets':>9}{'reshard s':>11}{'memcpy s':>10}{'ratio':>8}"
-          f"{'peak extra MiB':>16}{'model MiB':>11}")  # fmt: skip
+          f"{'peak extra MiB':>16}{'own-shard s':>13}{'its peak MiB':>14}")  # fmt: skip
     for r in rows:
         layout = f"TP{r['tp']}xPP{r['pp']}"
         print(f"{layout:<9}{r['bucket_mb']:>11g}{r['num_buckets']:>9}{r['reshard_s']:>11.3f}"
               f"{r['memcpy_s']:>10.4f}{r['ratio']:>8.1f}{r['peak_extra_bytes'] / mib:>16.1f}"
-              f"{r['model_bytes'] / mib:>11.1f}")  # fmt: skip
-    print(f"largest parameter: {rows[0]['largest_param_bytes'] / mib:.1f} MiB; peak extra = live gathered bucket "
+              f"{_fmt(r['shards_s'], '.3f'):>13}{_fmt(r['shards_peak_extra_bytes'], '.1f', mib):>14}")  # fmt: skip
+    print(f"model {rows[0]['model_bytes'] / mib:.1f} MiB; largest parameter {rows[0]['largest_param_bytes'] / mib:.1f} MiB; "
+          "own-shard = stream_shards (infer TP == train TP, no TP all-gather); peak extra = live gathered bucket "
           "+ reassembled parameter + the consumer's previous item")  # fmt: skip
     print(json.dumps({"params": num_params, "world": a.world, "repeats": a.repeats, "results": rows}))
 

@@ -14,6 +14,7 @@ one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,8 @@ from mindrl.models.weight_map import full_to_hf, global_name, local_to_full, mco
 from mindrl.platform import current_platform
 
 DEFAULT_BUCKET_MB = 512
+# The HF tensor dimension a megatron TP split cuts (gate/up and q/k/v shards are row chunks of each).
+_SHARD_DIM = {"column": 0, "gated_column": 0, "row": 1, "replicated": None}
 
 
 class ReshardError(RuntimeError):
@@ -184,23 +187,39 @@ class WeightStreamer:
         """Yield (hf_name, tensor) for the whole model, in HF file order. Collective: every rank must
         exhaust it (see `load_into`). Emitted tensors are views into the current bucket (valid until the
         consumer drops them; copy them to keep them past the next item)."""
+        for hf_name, tensor, _ in self._stream(gather_tp=True):
+            yield hf_name, tensor
+
+    def stream_shards(self) -> Iterator[tuple[str, torch.Tensor, int | None]]:
+        """For an inference engine at the same TP as training (infer rank = train TP rank): yield
+        (hf_name, shard, dim) where shard == the HF tensor's `chunk(tp, dim)[tp_rank]` (dim None: the
+        whole, replicated tensor), without any TP communication (PP broadcast only). Needs an engine
+        that loads pre-sharded weights. Collective over the pipeline group; exhaust it on every rank."""
+        return self._stream(gather_tp=False)
+
+    def _stream(self, gather_tp: bool) -> Iterator[tuple[str, torch.Tensor, int | None]]:
         stats = ReshardStats(bucket_bytes=self.bucket_bytes, largest_param_bytes=self.stats.largest_param_bytes)
         live = _LiveBytes()
         t0 = time.perf_counter()
         params = local_params(self.model, self.spec)
+        rows = self.tp if gather_tp else 1
+        spec = self.spec
+        if not gather_tp:  # un-fusing one rank's QKV shard: its query groups only
+            spec = dataclasses.replace(
+                spec, num_heads=spec.num_heads // self.tp, num_kv_heads=spec.num_kv_heads // self.tp
+            )
         for bucket in self._plan:
-            gathered = self._gather_bucket(bucket, params, live)
+            gathered = self._gather_bucket(bucket, params, live, gather_tp)
             stats.num_buckets += 1
             stats.bucket_sizes.append(gathered.nbytes)
-            slot = gathered.numel() // self.tp  # elements per TP rank
-            shards_of = gathered.view(self.tp, slot)
+            shards_of = gathered.view(rows, gathered.numel() // rows)
             offset = 0
             for i, p in enumerate(bucket):
                 n = p.local_numel
-                shards = [shards_of[r, offset : offset + n].view(p.local_shape) for r in range(self.tp)]
+                shards = [shards_of[r, offset : offset + n].view(p.local_shape) for r in range(rows)]
                 offset += n
                 mapping = param_mapping(self.spec, p.name)
-                full = local_to_full(mapping, shards)
+                full = local_to_full(mapping, shards)  # gather_tp=False: this rank's shard itself
                 aliases_bucket = full.data_ptr() == shards[0].data_ptr()
                 if aliases_bucket and i == len(bucket) - 1 and len(bucket) > 1:
                     # A consumer's for-loop holds the last item while it asks for the next one: make
@@ -209,22 +228,27 @@ class WeightStreamer:
                     aliases_bucket = False
                 if not aliases_bucket:  # a reassembled copy
                     live.track(full)
-                for hf_name, tensor in full_to_hf(self.spec, mapping, full):
+                dim = None if gather_tp or self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                for hf_name, tensor in full_to_hf(spec, mapping, full):
                     stats.num_tensors += 1
                     stats.bytes_emitted += tensor.nbytes
-                    yield hf_name, tensor
+                    yield hf_name, tensor, dim
                 del full, shards
             del gathered, shards_of
         stats.seconds = time.perf_counter() - t0
         stats.peak_extra_bytes = live.peak
         self.stats = stats
 
-    def _gather_bucket(self, bucket: list[_Param], params: dict[str, torch.Tensor], live: _LiveBytes) -> torch.Tensor:
-        """The bucket's TP shards of every rank, concatenated rank-major: [tp, sum(local numel)]."""
+    def _gather_bucket(
+        self, bucket: list[_Param], params: dict[str, torch.Tensor], live: _LiveBytes, gather_tp: bool = True
+    ) -> torch.Tensor:
+        """The bucket's TP shards of every rank, concatenated rank-major: [tp, sum(local numel)]
+        (gather_tp=False: this rank's shards only, [1, sum(local numel)])."""
         slot = sum(p.local_numel for p in bucket)
-        gathered = live.track(torch.empty(self.tp * slot, dtype=bucket[0].dtype, device=self.device))
-        chunks = list(gathered.view(self.tp, slot).unbind(0))
-        mine = chunks[self.tp_rank]
+        rows = self.tp if gather_tp else 1
+        gathered = live.track(torch.empty(rows * slot, dtype=bucket[0].dtype, device=self.device))
+        chunks = list(gathered.view(rows, slot).unbind(0))
+        mine = chunks[self.tp_rank if gather_tp else 0]
         owner = bucket[0].stage
         if self.pp_rank == owner:
             offset = 0
@@ -236,7 +260,7 @@ class WeightStreamer:
             group = _pp_group()
             src = torch.distributed.get_global_rank(group, owner)
             torch.distributed.broadcast(mine, src=src, group=group)
-        if self.tp > 1:
+        if gather_tp and self.tp > 1:
             torch.distributed.all_gather(chunks, mine, group=_tp_group())
         return gathered
 

@@ -19,6 +19,18 @@ def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) ->
     return {"tensors": out, "order": list(out), "stats": streamer.stats}
 
 
+def stream_own_shards(load_dir: str, tp: int, pp: int) -> dict:
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, 0.05)
+    out = {n: (t.clone(), dim) for n, t, dim in streamer.stream_shards()}
+    return {"tp_rank": ps.get_tensor_model_parallel_rank(), "shards": out, "stats": streamer.stats}
+
+
 def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
     """Each rank's consumer stops at a different item; load_into drains the rest, so the next full pass
     is still matched across ranks (no deadlock) and correct."""

@@ -103,6 +103,18 @@ def test_peak_extra_memory_is_one_bucket_not_a_model_copy(pool, saved, tiny_mode
     assert peaks[0] < peaks[-1] and peaks[0] < model_bytes / 2, (peaks, model_bytes)
 
 
+@pytest.mark.parametrize("tp,pp", [(2, 2), (2, 1)])
+def test_own_shard_stream_for_same_infer_tp(pool, tiny_models, saved, tp, pp):
+    """Stretch goal: infer TP == train TP, each rank gets its own shard without the TP all-gather."""
+    want = hf_tensors(tiny_models["untied"])
+    for rank, res in enumerate(pool.run(rank_fns.stream_own_shards, saved["untied"], tp, pp)):
+        assert sorted(res["shards"]) == sorted(want)
+        for name, (shard, dim) in res["shards"].items():
+            ref = want[name] if dim is None else want[name].chunk(tp, dim)[res["tp_rank"]]
+            assert shard.shape == ref.shape and torch.equal(shard, ref), (rank, name, dim)
+        assert res["stats"].bytes_emitted < sum(t.nbytes for t in want.values())
+
+
 def test_consumer_stopping_early_does_not_desynchronise_ranks(pool, tiny_models, saved):
     results = pool.run(rank_fns.stream_after_early_stop, saved["untied"], 2, 2)
     assert [r["taken"] for r in results] == [1, 6, 11, 16]
