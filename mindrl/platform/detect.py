@@ -63,6 +63,21 @@ class Platform:
             return 0
         return getattr(torch, self.name).memory_allocated()
 
+    def max_memory_allocated(self) -> int:
+        """Peak bytes the allocator held on this rank's device since the last reset (0 on CPU)."""
+        if self.name == "cpu":
+            return 0
+        return getattr(torch, self.name).max_memory_allocated()
+
+    def reset_peak_memory_stats(self) -> None:
+        if self.name != "cpu":
+            getattr(torch, self.name).reset_peak_memory_stats()
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        """A uint8 host buffer for state offloaded from the device: page-locked where the device has
+        pinned memory (fast, asynchronous copies); plain memory on CPU, where host and device coincide."""
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.name != "cpu")
+
     def apply(self) -> None:
         """Adapt megatron-core to this device. Idempotent; call once per process before building models."""
         from mindrl.platform import adapt

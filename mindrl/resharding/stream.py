@@ -1,0 +1,281 @@
+"""Train -> infer weight streaming: `(hf_name, tensor)` pairs in HF layout from a megatron model at any
+(TP, PP), on every rank, in buckets of bounded size (the rollout engine's `load_weights` consumes them).
+
+Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unless one parameter is larger):
+  1. the owner stage packs its local TP shards into one flat buffer, the gathered buffer's own TP slot;
+  2. broadcast of that slot over the pipeline group (train PP becomes inference DP: every stage needs it);
+  3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
+  4. per parameter, `local_to_full` reassembles the TP=1 tensor and `full_to_hf` un-fuses QKV / gate-up.
+Every rank runs the same collectives in the same order (the plan is global, from one metadata exchange),
+so a rank whose stage owns nothing in a bucket still takes part. Peak extra memory is one gathered bucket,
+one reassembled parameter, and the item the consumer still holds while it asks for the next one (at most
+one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mindrl.models.hf_config import ModelSpec
+from mindrl.models.weight_map import full_to_hf, global_name, local_to_full, mcore_param_names, param_mapping
+from mindrl.platform import current_platform
+
+DEFAULT_BUCKET_MB = 512
+# The HF tensor dimension a megatron TP split cuts (gate/up and q/k/v shards are row chunks of each).
+_SHARD_DIM = {"column": 0, "gated_column": 0, "row": 1, "replicated": None}
+
+
+class ReshardError(RuntimeError):
+    """The model cannot be streamed to a rollout engine (e.g. a critic), or the ranks disagree."""
+
+
+@dataclass
+class ReshardStats:
+    """What one pass of the stream did on this rank."""
+
+    seconds: float = 0.0  # first bucket's collectives to the last tensor consumed
+    num_tensors: int = 0  # (hf_name, tensor) pairs emitted
+    bytes_emitted: int = 0  # sum of emitted tensors' bytes (the model's HF bytes)
+    num_buckets: int = 0
+    bucket_bytes: int = 0  # the configured bucket size
+    largest_param_bytes: int = 0  # largest full (TP=1) megatron parameter
+    peak_extra_bytes: int = 0  # max bytes of live streamer-allocated buffers (see _LiveBytes)
+    bucket_sizes: list[int] = field(default_factory=list)  # gathered bytes per bucket
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str  # global megatron name
+    stage: int  # pipeline stage that owns it
+    local_shape: tuple[int, ...]  # this name's TP shard shape (the same on every TP rank)
+    dtype: torch.dtype
+
+    @property
+    def local_numel(self) -> int:
+        n = 1
+        for d in self.local_shape:
+            n *= d
+        return n
+
+
+class _LiveBytes:
+    """Bytes of buffers the streamer allocated that are still alive (weakrefs: a consumer that keeps an
+    emitted view keeps its bucket alive, and that counts too)."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, tuple[weakref.ref, int]] = {}
+        self.peak = 0
+
+    def track(self, t: torch.Tensor) -> torch.Tensor:
+        key = id(t)
+        self._live[key] = (weakref.ref(t, lambda _, k=key: self._live.pop(k, None)), t.nbytes)
+        self.peak = max(self.peak, self.current())
+        return t
+
+    def current(self) -> int:
+        return sum(n for ref, n in self._live.values() if ref() is not None)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _layer_offset(model: torch.nn.Module) -> int:
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    return int(layers[0].layer_number) - 1 if layers is not None and len(layers) else 0
+
+
+def _pp_group():
+    from megatron.core import parallel_state as ps
+
+    return ps.get_pipeline_model_parallel_group()
+
+
+def _tp_group():
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_group()
+
+
+def local_params(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """This stage's parameters by global megatron name, in HF order; the tied output copy is left out."""
+    model = unwrap(model)
+    offset = _layer_offset(model)
+    wanted = set(mcore_param_names(spec))
+    out = {}
+    for name, p in model.named_parameters():
+        g = global_name(name, offset)
+        if g in wanted:  # a tied output_layer.weight on the last stage is the embedding: not emitted
+            out[g] = p
+    return out
+
+
+class WeightStreamer:
+    """Streams a megatron actor's weights in HF layout. Building it and every `stream()` are collective
+    over all ranks of the model-parallel world (all ranks must call them, in the same order).
+
+        streamer = WeightStreamer(model, spec, bucket_size_mb=256)
+        engine.load_weights(streamer.stream())   # or streamer.load_into(engine.load_weights)
+    """
+
+    def __init__(self, model: torch.nn.Module, spec: ModelSpec, bucket_size_mb: float = DEFAULT_BUCKET_MB):
+        from megatron.core import parallel_state as ps
+
+        role = getattr(unwrap(model), "mindrl_role", "critic" if spec.is_value_model else "actor")
+        if spec.is_value_model or role == "critic":
+            raise ReshardError(
+                f"the critic / reward model ({spec.architecture}, role {role!r}) is not streamed to the rollout "
+                "engine: only the actor's weights are resharded for inference"
+            )
+        if bucket_size_mb <= 0:
+            raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
+        self.model = model
+        self.spec = spec
+        self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)
+        self.tp = ps.get_tensor_model_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp = ps.get_pipeline_model_parallel_world_size()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.device = current_platform().device()
+        self.stats = ReshardStats(bucket_bytes=self.bucket_bytes)
+        self._plan = self._make_plan()
+
+    # ----------------------------------------------------------------------------------- planning
+    def _make_plan(self) -> list[list[_Param]]:
+        """Buckets of parameters, identical on every rank: one metadata exchange over the PP group."""
+        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in local_params(self.model, self.spec).items()]
+        stages: list[Any] = [None] * self.pp
+        if self.pp > 1:
+            torch.distributed.all_gather_object(stages, mine, group=_pp_group())
+        else:
+            stages[0] = mine
+        owner: dict[str, _Param] = {}
+        for stage, entries in enumerate(stages):
+            for name, shape, dtype in entries:
+                if name in owner:
+                    raise ReshardError(f"{name} is held by pipeline stages {owner[name].stage} and {stage}")
+                owner[name] = _Param(name, stage, shape, getattr(torch, dtype.replace("torch.", "")))
+        missing = [n for n in mcore_param_names(self.spec) if n not in owner]
+        if missing:
+            raise ReshardError(f"no pipeline stage holds {missing[:4]}: model and spec disagree")
+        buckets: list[list[_Param]] = []
+        size = 0
+        for name in mcore_param_names(self.spec):  # HF order; a bucket never spans stages or dtypes
+            p = owner[name]
+            nbytes = p.local_numel * self.tp * p.dtype.itemsize
+            self.stats.largest_param_bytes = max(self.stats.largest_param_bytes, nbytes)
+            same = buckets and buckets[-1][-1].stage == p.stage and buckets[-1][-1].dtype == p.dtype
+            if not same or size + nbytes > self.bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(p)
+            size += nbytes
+        return buckets
+
+    # ---------------------------------------------------------------------------------- streaming
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (hf_name, tensor) for the whole model, in HF file order. Collective: every rank must
+        exhaust it (see `load_into`). Emitted tensors are views into the current bucket (valid until the
+        consumer drops them; copy them to keep them past the next item)."""
+        for hf_name, tensor, _ in self._stream(gather_tp=True):
+            yield hf_name, tensor
+
+    def stream_shards(self) -> Iterator[tuple[str, torch.Tensor, int | None]]:
+        """For an inference engine at the same TP as training (infer rank = train TP rank): yield
+        (hf_name, shard, dim) where shard == the HF tensor's `chunk(tp, dim)[tp_rank]` (dim None: the
+        whole, replicated tensor), without any TP communication (PP broadcast only). Needs an engine
+        that loads pre-sharded weights. Collective over the pipeline group; exhaust it on every rank."""
+        return self._stream(gather_tp=False)
+
+    def _stream(self, gather_tp: bool) -> Iterator[tuple[str, torch.Tensor, int | None]]:
+        stats = ReshardStats(bucket_bytes=self.bucket_bytes, largest_param_bytes=self.stats.largest_param_bytes)
+        live = _LiveBytes()
+        t0 = time.perf_counter()
+        params = local_params(self.model, self.spec)
+        rows = self.tp if gather_tp else 1
+        spec = self.spec
+        if not gather_tp:  # un-fusing one rank's QKV shard: its query groups only
+            spec = dataclasses.replace(
+                spec, num_heads=spec.num_heads // self.tp, num_kv_heads=spec.num_kv_heads // self.tp
+            )
+        for bucket in self._plan:
+            gathered = self._gather_bucket(bucket, params, live, gather_tp)
+            stats.num_buckets += 1
+            stats.bucket_sizes.append(gathered.nbytes)
+            shards_of = gathered.view(rows, gathered.numel() // rows)
+            offset = 0
+            for i, p in enumerate(bucket):
+                n = p.local_numel
+                shards = [shards_of[r, offset : offset + n].view(p.local_shape) for r in range(rows)]
+                offset += n
+                mapping = param_mapping(self.spec, p.name)
+                full = local_to_full(mapping, shards)  # gather_tp=False: this rank's shard itself
+                aliases_bucket = full.data_ptr() == shards[0].data_ptr()
+                if aliases_bucket and i == len(bucket) - 1 and len(bucket) > 1:
+                    # A consumer's for-loop holds the last item while it asks for the next one: make
+                    # that item a copy, so it does not pin this whole bucket while the next is gathered.
+                    full = full.clone()
+                    aliases_bucket = False
+                if not aliases_bucket:  # a reassembled copy
+                    live.track(full)
+                dim = None if gather_tp or self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                for hf_name, tensor in full_to_hf(spec, mapping, full):
+                    stats.num_tensors += 1
+                    stats.bytes_emitted += tensor.nbytes
+                    yield hf_name, tensor, dim
+                del full, shards
+            del gathered, shards_of
+        stats.seconds = time.perf_counter() - t0
+        stats.peak_extra_bytes = live.peak
+        self.stats = stats
+
+    def _gather_bucket(
+        self, bucket: list[_Param], params: dict[str, torch.Tensor], live: _LiveBytes, gather_tp: bool = True
+    ) -> torch.Tensor:
+        """The bucket's TP shards of every rank, concatenated rank-major: [tp, sum(local numel)]
+        (gather_tp=False: this rank's shards only, [1, sum(local numel)])."""
+        slot = sum(p.local_numel for p in bucket)
+        rows = self.tp if gather_tp else 1
+        gathered = live.track(torch.empty(rows * slot, dtype=bucket[0].dtype, device=self.device))
+        chunks = list(gathered.view(rows, slot).unbind(0))
+        mine = chunks[self.tp_rank if gather_tp else 0]
+        owner = bucket[0].stage
+        if self.pp_rank == owner:
+            offset = 0
+            with torch.no_grad():
+                for p in bucket:
+                    mine[offset : offset + p.local_numel].copy_(params[p.name].detach().reshape(-1))
+                    offset += p.local_numel
+        if self.pp > 1:
+            group = _pp_group()
+            src = torch.distributed.get_global_rank(group, owner)
+            torch.distributed.broadcast(mine, src=src, group=group)
+        if gather_tp and self.tp > 1:
+            torch.distributed.all_gather(chunks, mine, group=_tp_group())
+        return gathered
+
+    def load_into(self, load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any]) -> ReshardStats:
+        """Feed the stream to `load_weights` (e.g. a rollout engine's), then drain whatever it left
+        unconsumed so that this rank's collectives stay matched with its peers'."""
+        it = self.stream()
+        load_weights(it)
+        for _ in it:
+            pass
+        return self.stats
+
+
+def stream_weights(
+    model: torch.nn.Module, spec: ModelSpec, bucket_size_mb: float = DEFAULT_BUCKET_MB
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One pass of `WeightStreamer(model, spec, bucket_size_mb).stream()` (collective)."""
+    return WeightStreamer(model, spec, bucket_size_mb).stream()

@@ -1,0 +1,216 @@
+"""Module-level functions the resharding tests run on pool ranks (a small megatron trainer included)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -> dict:
+    """Load the checkpoint at TP x PP, stream it, return {hf_name: tensor copy} and the stream's stats."""
+    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, bucket_size_mb)
+    out = {}
+    for name, tensor in streamer.stream():
+        assert name not in out, f"{name} emitted twice"
+        out[name] = tensor.clone()  # what a rollout engine's load_weights does: copy, drop the view
+    return {"tensors": out, "order": list(out), "stats": streamer.stats}
+
+
+def stream_own_shards(load_dir: str, tp: int, pp: int) -> dict:
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, 0.05)
+    out = {n: (t.clone(), dim) for n, t, dim in streamer.stream_shards()}
+    return {"tp_rank": ps.get_tensor_model_parallel_rank(), "shards": out, "stats": streamer.stats}
+
+
+def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
+    """Each rank's consumer stops at a different item; load_into drains the rest, so the next full pass
+    is still matched across ranks (no deadlock) and correct."""
+    import itertools
+
+    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, 0.05)
+    rank = torch.distributed.get_rank()
+    taken = []
+    streamer.load_into(lambda it: taken.extend(n for n, _ in itertools.islice(it, 1 + 5 * rank)))
+    return {"taken": len(taken), "tensors": {n: t.clone() for n, t in streamer.stream()}}
+
+
+def stream_critic_error(hf_dir: str) -> str:
+    """The error a critic raises (caught here: a raising rank would tear the shared pool down)."""
+    from mindrl.models.builder import build_model
+    from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform.launch import init_model_parallel
+    from mindrl.resharding import ReshardError, WeightStreamer
+
+    init_model_parallel(1, 1)
+    spec = ModelSpec.from_hf_dir(hf_dir)
+    model = build_model(spec, "critic", dtype="float32")
+    try:
+        WeightStreamer(model, spec)
+    except ReshardError as e:
+        return str(e)
+    return "no error"
+
+
+# ------------------------------------------------------------------------------------- training
+def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2):
+    """(spec, ddp_model, optimizer): megatron DDP + megatron's fp32 Adam around the loaded checkpoint."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from mindrl.checkpoint.convert import _load_rank
+
+    spec, _, model = _load_rank(load_dir, tp, pp, "float32")
+    model.config.finalize_model_grads_func = finalize_model_grads
+    ddp = DistributedDataParallel(
+        config=model.config,
+        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
+        module=model,
+    )
+    # clip_grad=0: platform/adapt.py does not wrap the clip called from ChainedOptimizer.step (see report).
+    opt_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=0.01, clip_grad=0.0, bf16=False, fp16=False)
+    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    return spec, ddp, optimizer
+
+
+def _loss_step(data_iterator, model):
+    from mindrl.models.forward import attention_inputs
+
+    ids = next(data_iterator)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    position_ids, mask = attention_inputs(inputs, None)
+    per_token = model(inputs, position_ids, mask, labels=labels)  # (b, s) vocab-parallel cross entropy
+
+    def loss_func(output):
+        loss = output.float().mean()
+        return loss, {"loss": loss.detach().clone()}
+
+    return per_token, loss_func
+
+
+def train_steps(
+    ddp, optimizer, vocab: int, steps: int, seed: int, first_step: int = 0, batch: int = 4, seq: int = 32
+) -> list[float]:
+    """`steps` optimizer steps on random tokens (2 micro-batches each) through megatron's schedule; step i's
+    tokens depend only on (seed, i). Returns the losses (on every rank: the last stage's, broadcast over PP)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    losses = []
+    for step in range(first_step, first_step + steps):
+        gen = torch.Generator().manual_seed(seed * 100_003 + step)
+        ids = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
+        micro = list(ids.chunk(2))
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        out = get_forward_backward_func()(
+            forward_step_func=_loss_step,
+            data_iterator=iter(micro),
+            model=[ddp],
+            num_microbatches=len(micro),
+            seq_length=seq,
+            micro_batch_size=micro[0].shape[0],
+            forward_only=False,
+        )
+        ok, _, _ = optimizer.step()
+        assert ok
+        loss = torch.stack([o["loss"] for o in out]).mean() if out else torch.zeros(())
+        group = ps.get_pipeline_model_parallel_group()
+        last = torch.distributed.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1)
+        torch.distributed.broadcast(loss, src=last, group=group)
+        losses.append(loss.item())
+    return losses
+
+
+def train_save_and_stream(load_dir: str, tp: int, pp: int, steps: int, it_dir: str, bucket_size_mb: float) -> dict:
+    """Train K steps, save the trained model to it_dir (collective), then stream it."""
+    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.resharding import WeightStreamer
+
+    spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, steps, seed=11)
+    mcore_ckpt.save_model(ddp.module, it_dir)
+    streamer = WeightStreamer(ddp, spec, bucket_size_mb)
+    tensors = {name: t.clone() for name, t in streamer.stream()}
+    return {"tensors": tensors, "losses": losses}
+
+
+# ------------------------------------------------------------------------------------- offload
+def _optimizer_states(optimizer) -> list[torch.Tensor]:
+    from mindrl.resharding.offload import _inner_optimizers, _tensors
+
+    return [t for inner in _inner_optimizers(optimizer) for t in _tensors(list(inner.state.values()))]
+
+
+def trainer_tensors(ddp, optimizer) -> list[torch.Tensor]:
+    """Everything the trainer keeps on the device, found independently of the offloader: the model's
+    state dict (params and buffers), DDP's grad buffers, the optimizer's state."""
+    out = [t for t in ddp.module.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+    out += [p.main_grad for p in ddp.module.parameters()] + [b.grad_data for b in ddp.buffers]
+    return out + _optimizer_states(optimizer)
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: int = 2) -> dict:
+    """Reference: before+after steps. Same run with a rollout in the middle: reshard_to_infer (offload
+    optimizer + grads, stream, offload params) then reshard_to_train. Everything must match exactly."""
+    from mindrl.resharding import OffloadConfig, ShardingManager, TrainStateOffloader, WeightStreamer
+
+    spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
+    ref_losses = train_steps(ddp, optimizer, spec.vocab_size, before + after, seed=5)
+    ref_final = [t.detach().clone() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
+    del ddp, optimizer
+
+    spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, before, seed=5)
+    snapshot = [t.detach().clone() for t in trainer_tensors(ddp, optimizer)]
+    offloader = TrainStateOffloader([ddp], optimizer, OffloadConfig(True, True, True))
+    manager = ShardingManager(WeightStreamer(ddp, spec, 0.25), offloader)
+    bytes_before = storage_bytes(trainer_tensors(ddp, optimizer))
+    kinds_before = offloader.device_bytes()
+    received = {}
+    to_infer = manager.reshard_to_infer(lambda it: received.update((n, t.clone()) for n, t in it))
+    bytes_offloaded = storage_bytes(trainer_tensors(ddp, optimizer))
+    kinds_offloaded = offloader.device_bytes()
+    host_bytes = offloader.host_bytes()
+    to_train = manager.reshard_to_train()
+    bytes_after = storage_bytes(trainer_tensors(ddp, optimizer))
+    identical = all(
+        torch.equal(a.reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+        for a, b in zip(snapshot, trainer_tensors(ddp, optimizer))
+    )
+    losses += train_steps(ddp, optimizer, spec.vocab_size, after, seed=5, first_step=before)
+    final = [t.detach() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
+    return {
+        "ref_losses": ref_losses,
+        "losses": losses,
+        "final_equal": len(final) == len(ref_final) and all(torch.equal(a, b) for a, b in zip(final, ref_final)),
+        "restored_identical": identical,
+        "bytes_before": bytes_before,
+        "bytes_offloaded": bytes_offloaded,
+        "bytes_after": bytes_after,
+        "kinds_before": kinds_before,
+        "kinds_offloaded": kinds_offloaded,
+        "host_bytes": host_bytes,
+        "received": len(received),
+        "moved": {**to_infer.offload_before.moved_bytes, **to_infer.offload_after.moved_bytes},
+        "onloaded": to_train.moved_bytes,
+    }
