@@ -79,8 +79,8 @@ def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2):
         ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
         module=model,
     )
-    # clip_grad=0: platform/adapt.py does not wrap the clip called from ChainedOptimizer.step (see report).
-    opt_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=0.01, clip_grad=0.0, bf16=False, fp16=False)
+    # clip_grad > 0 runs megatron's grad clipping, i.e. the CPU shim's type-check adaptation.
+    opt_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=0.01, clip_grad=1.0, bf16=False, fp16=False)
     optimizer = get_megatron_optimizer(opt_config, [ddp])
     return spec, ddp, optimizer
 
