@@ -154,20 +154,32 @@ class HFEngine(RolloutEngine):
             logits_processor=LogitsProcessorList([_Processed(sampling)]),
             tokenizer=self.tokenizer if sampling.stop else None,
         )
-        responses = out.sequences[:, width:].cpu()  # (rows, steps), rows = prompts * n, prompt-major
-        logprobs = torch.stack(out.scores, dim=1).float().log_softmax(dim=-1).cpu()  # (rows, steps, vocab)
+        responses = out.sequences[:, width:]  # (rows, steps), rows = prompts * n, prompt-major
+        # Per step, the logprob of the token taken (and the top logprobs): never a (rows, steps, vocab) tensor.
+        token_lps, top_ids, top_lps = [], [], []
+        for t, scores in enumerate(out.scores):
+            lp = scores.float().log_softmax(dim=-1)
+            token_lps.append(lp.gather(-1, responses[:, t : t + 1])[:, 0])
+            if sampling.logprobs:
+                vals, idx = lp.topk(sampling.logprobs, dim=-1)
+                top_ids.append(idx)
+                top_lps.append(vals)
+        token_lps = torch.stack(token_lps, dim=1).cpu()  # (rows, steps)
+        tops = (torch.stack(top_ids, dim=1).cpu(), torch.stack(top_lps, dim=1).cpu()) if sampling.logprobs else None
+        responses = responses.cpu()
         results = []
         for i in range(len(prompts)):
+            rows = range(i * sampling.n, (i + 1) * sampling.n)
             results.append(
                 [
-                    self._sample(responses[r], logprobs[r], sampling, stop_ids)
-                    for r in range(i * sampling.n, (i + 1) * sampling.n)
+                    self._sample(responses[r], token_lps[r], tops and (tops[0][r], tops[1][r]), sampling, stop_ids)
+                    for r in rows
                 ]
             )
         return results
 
     def _sample(
-        self, ids: torch.Tensor, logprobs: torch.Tensor, sampling: SamplingConfig, stop_ids: list[int]
+        self, ids: torch.Tensor, token_lps: torch.Tensor, tops, sampling: SamplingConfig, stop_ids: list[int]
     ) -> RolloutSample:
         ids_list = ids.tolist()
         length, finish, stop_reason = len(ids_list), "length", None
@@ -185,14 +197,12 @@ class HFEngine(RolloutEngine):
                     length, finish, stop_reason, text = t + 1, "stop", hit[1], decoded[: hit[0]]
                     break
         ids_list = ids_list[:length]
-        lp = logprobs[:length]
-        sampled = lp.gather(-1, torch.tensor(ids_list, dtype=torch.long)[:, None])[:, 0].tolist()
+        sampled = token_lps[:length].tolist()
         if any(math.isinf(x) for x in sampled):
             raise RuntimeError("HFEngine sampled a token outside the processed distribution (logprob -inf)")
         top = None
-        if sampling.logprobs:
-            vals, idx = lp.topk(sampling.logprobs, dim=-1)
-            top = [dict(zip(i.tolist(), v.tolist())) for i, v in zip(idx, vals)]
+        if tops is not None:
+            top = [dict(zip(i.tolist(), v.tolist())) for i, v in zip(tops[0][:length], tops[1][:length])]
         if sampling.detokenize and text is None:
             text = self.tokenizer.decode(ids_list, skip_special_tokens=True)
         return RolloutSample(ids_list, sampled, finish, stop_reason, text if sampling.detokenize else None, top)

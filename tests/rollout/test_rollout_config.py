@@ -72,3 +72,13 @@ def test_processed_distribution():
     # min_p drops tokens below min_p * max prob (after temperature).
     kept = torch.isfinite(processed_logits(logits, SamplingConfig(min_p=math.exp(-1.6))))[0].tolist()
     assert kept == [True, True, True, False, False]
+
+
+def test_infer_tp_needs_a_world(rollout_models):
+    import torch
+
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="infer_tensor_parallel_size=2 needs an initialised torch.distributed world"):
+        VllmEngine(RolloutConfig(model=rollout_models["a"], infer_tensor_parallel_size=2))

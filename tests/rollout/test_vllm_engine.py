@@ -152,3 +152,25 @@ def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
             logits = model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1 : -1]
         ref = processed_logprobs(logits, sampling).gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
         assert (ref - torch.tensor(s.logprobs)).abs().max() <= TOL
+
+
+def test_sleep_wake_are_capability_gated(vllm_engine):
+    sampling = SamplingConfig(max_tokens=6, temperature=0.0)
+    before = vllm_engine.generate(PROMPTS, sampling)
+    vllm_engine.sleep()  # no sleep mode on this platform: no-ops, the engine keeps working
+    vllm_engine.wake()
+    vllm_engine.wake(["weights"])
+    assert vllm_engine.generate(PROMPTS, sampling) == before
+
+
+def test_weights_streamed_in_two_calls(vllm_engine, hf_models, weights):
+    """A step's stream split over two load_weights calls (e.g. per bucket) still lands every tensor."""
+    sampling = SamplingConfig(max_tokens=8, temperature=0.0)
+    items = list(weights["b"].items())
+    try:
+        vllm_engine.load_weights(items[: len(items) // 2])
+        vllm_engine.load_weights(items[len(items) // 2 :])
+        out = vllm_engine.generate(PROMPTS, sampling)
+        assert helpers.max_logprob_diff(hf_models["b"], PROMPTS, out, sampling) <= TOL
+    finally:
+        vllm_engine.load_weights(weights["a"].items())
