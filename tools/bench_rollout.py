@@ -130,8 +130,9 @@ def bench_engine_vs_bare(args, engine_cls, model_dir: str, prompts: list[list[in
 
     through_engine(), bare()  # warm-up
     times, cpu, tokens = {"engine": [], "bare": []}, {"engine": [], "bare": []}, {}
-    for _ in range(args.repeats):
-        for name, fn in (("engine", through_engine), ("bare", bare)):
+    for i in range(args.repeats):
+        pair = [("engine", through_engine), ("bare", bare)]
+        for name, fn in pair if i % 2 == 0 else pair[::-1]:  # ABBA order: no systematic first/second bias
             t0, c0 = time.perf_counter(), time.process_time()
             out = fn()
             times[name].append(time.perf_counter() - t0)

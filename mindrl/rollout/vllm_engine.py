@@ -9,6 +9,7 @@ data-parallel replicas). The host process is shielded from vLLM's side effects (
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +26,8 @@ from mindrl.rollout.base import (
     forked_rng,
     has_tokenizer,
 )
+
+_SLEEP_TAGS = ("kv_cache", "weights")
 
 
 class _HostState:
@@ -59,7 +62,9 @@ class VllmEngine(RolloutEngine):
 
         platform = current_platform()
         self.supports_sleep = platform.has_sleep_mode
-        self.vocab_size = AutoConfig.from_pretrained(config.model).vocab_size
+        hf_config = AutoConfig.from_pretrained(config.model)
+        self.vocab_size = hf_config.vocab_size
+        self._weight_names, self._required_names = _hf_weight_names(hf_config)
         tok_dir = config.tokenizer or config.model
         self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
         if self.has_tokenizer and not has_tokenizer(tok_dir):
@@ -120,7 +125,7 @@ class VllmEngine(RolloutEngine):
         # TP peers (they must sample the same tokens), and keep the host's untouched.
         self._rng = torch.Generator().manual_seed(self.seed)
         self._protect_world_on_shutdown()
-        self._sleeping = False
+        self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
         self._closed = False
 
     # ---- the interface ----------------------------------------------------------------------------
@@ -129,6 +134,8 @@ class VllmEngine(RolloutEngine):
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> list[list[RolloutSample]]:
         self._check_open()
+        self._check_awake("weights")
+        self._check_awake("kv_cache")
         prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
         if (sampling.detokenize or sampling.stop) and not self.has_tokenizer:
             raise ValueError(
@@ -157,26 +164,55 @@ class VllmEngine(RolloutEngine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream full HF-named tensors into the engine (vLLM shards them for its TP), then reset the
-        prefix cache: KV blocks computed under the old weights must not be reused."""
+        prefix cache: KV blocks computed under the old weights must not be reused.
+
+        The whole model must arrive in one call (a lazy iterator over buckets is fine): vLLM re-processes a
+        layer's weights (CPU: repacking) only when all of them arrive in the same call, and a model split
+        over two calls silently ends up wrong. An incomplete stream or an unknown name raises.
+        """
         self._check_open()
+        self._check_awake("weights")
+        seen: set[str] = set()
+
+        def checked() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name not in self._weight_names:
+                    close = difflib.get_close_matches(name, sorted(self._weight_names), n=3)
+                    raise KeyError(f"VllmEngine.load_weights: {name!r} is not a weight of the model; close: {close}")
+                seen.add(name)
+                yield name, tensor
+
         host = _HostState()
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked()})
             self.llm.reset_prefix_cache()
         finally:
             host.restore()
+        missing = self._required_names - seen
+        if missing:
+            raise ValueError(
+                f"VllmEngine.load_weights got {len(seen & self._required_names)} of {len(self._required_names)} "
+                f"tensors (missing e.g. {sorted(missing)[:3]}); pass the whole model in one call (a lazy iterator "
+                "over buckets is fine): vLLM rebuilds a layer only from weights loaded in the same call"
+            )
 
     def sleep(self) -> None:
         self._check_open()
-        if self.supports_sleep and not self._sleeping:
+        if self.supports_sleep and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
-            self._sleeping = True
+            self._asleep = set(_SLEEP_TAGS)
 
     def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Wake all, or parts: e.g. wake(["weights"]) -> load_weights(...) -> wake(["kv_cache"]) keeps the
+        KV cache out of device memory while the weights stream in."""
         self._check_open()
-        if self.supports_sleep and self._sleeping:
-            self.llm.wake_up(list(tags) if tags is not None else None)
-            self._sleeping = tags is not None and not {"weights", "kv_cache"} <= set(tags)
+        wanted = set(_SLEEP_TAGS if tags is None else tags)
+        if not wanted <= set(_SLEEP_TAGS):
+            raise ValueError(f"wake tags must be among {_SLEEP_TAGS}, got {sorted(wanted)}")
+        todo = wanted & self._asleep
+        if todo:
+            self.llm.wake_up(sorted(todo))
+            self._asleep -= todo
 
     def shutdown(self) -> None:
         """Tear vLLM down (engine core, its model-parallel groups); the caller's default process group and
@@ -196,6 +232,10 @@ class VllmEngine(RolloutEngine):
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this VllmEngine was shut down")
+
+    def _check_awake(self, part: str) -> None:
+        if part in self._asleep:
+            raise RuntimeError(f"the engine's {part} are asleep: call wake() first")
 
     @contextlib.contextmanager
     def _engine_rng(self) -> Iterator[None]:
@@ -223,6 +263,18 @@ class VllmEngine(RolloutEngine):
         client._finalizer.detach()
         self._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core, self._owns_world)
         client._finalizer = self._finalizer
+
+
+def _hf_weight_names(hf_config) -> tuple[set[str], set[str]]:
+    """(every HF weight name of the model, the names a complete stream must contain): from a meta-device
+    model, so no memory is spent. A tied lm_head may be left out of the stream."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    names = set(model.state_dict())
+    tied = set((getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else ())
+    return names, names - tied
 
 
 def _shutdown_core(engine_core, owns_world: bool) -> None:

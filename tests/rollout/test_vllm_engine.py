@@ -161,15 +161,23 @@ def test_sleep_wake_are_capability_gated(vllm_engine):
     vllm_engine.wake()
     vllm_engine.wake(["weights"])
     assert vllm_engine.generate(PROMPTS, sampling) == before
+    with pytest.raises(ValueError, match=r"wake tags must be among \('kv_cache', 'weights'\), got \['kv'\]"):
+        vllm_engine.wake(["kv"])
 
 
-def test_weights_streamed_in_two_calls(vllm_engine, hf_models, weights):
-    """A step's stream split over two load_weights calls (e.g. per bucket) still lands every tensor."""
+def test_incomplete_or_unknown_weights_raise(vllm_engine, hf_models, weights):
+    """vLLM rebuilds a layer only from weights of the same call: a model split over two calls would be
+    silently wrong (measured: logprob error 0.4), so an incomplete stream raises."""
     sampling = SamplingConfig(max_tokens=8, temperature=0.0)
     items = list(weights["b"].items())
     try:
-        vllm_engine.load_weights(items[: len(items) // 2])
-        vllm_engine.load_weights(items[len(items) // 2 :])
+        with pytest.raises(ValueError, match=r"got 13 of 27 tensors .* pass the whole model in one call"):
+            vllm_engine.load_weights(items[:13])
+        with pytest.raises(
+            KeyError, match=r"'model.norm.weigth' is not a weight of the model; close: \['model.norm.weight'"
+        ):
+            vllm_engine.load_weights([("model.norm.weigth", torch.zeros(128))])
+        vllm_engine.load_weights(iter(items))  # one lazy iterator: fine
         out = vllm_engine.generate(PROMPTS, sampling)
         assert helpers.max_logprob_diff(hf_models["b"], PROMPTS, out, sampling) <= TOL
     finally:
