@@ -47,7 +47,7 @@ class _HostState:
             if not key.startswith("VLLM_"):
                 del os.environ[key]
         for key, value in self.environ.items():
-            if os.environ.get(key) != value:
+            if os.environ.get(key) != value and not key.startswith("VLLM_"):
                 os.environ[key] = value
 
 
