@@ -82,3 +82,15 @@ def test_infer_tp_needs_a_world(rollout_models):
     assert not torch.distributed.is_initialized()
     with pytest.raises(ValueError, match="infer_tensor_parallel_size=2 needs an initialised torch.distributed world"):
         VllmEngine(RolloutConfig(model=rollout_models["a"], infer_tensor_parallel_size=2))
+
+
+def test_weight_names_for_completeness_check(tiny_models):
+    """A complete stream must hold every HF weight; a tied lm_head may be left out (megatron shares it)."""
+    from transformers import AutoConfig
+
+    from mindrl.rollout.vllm_engine import _hf_weight_names
+
+    names, required = _hf_weight_names(AutoConfig.from_pretrained(tiny_models["untied"]))
+    assert len(names) == 27 and names == required and "lm_head.weight" in required
+    names, required = _hf_weight_names(AutoConfig.from_pretrained(tiny_models["tied"]))
+    assert names - required == {"lm_head.weight"}
