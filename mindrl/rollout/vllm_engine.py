@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import glob
 import os
+import secrets
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -91,12 +93,13 @@ class VllmEngine(RolloutEngine):
                 raise ValueError(f"env RANK={env_rank} differs from torch.distributed rank {rank}")
             backend, self.dp_rank, self.tp_rank = "external_launcher", rank // tp, rank % tp
         self.seed = config.seed + self.dp_rank
+        self._shm_ident = _shared_ident() if backend == "external_launcher" else None
 
         kv_bytes = config.kv_cache_memory_bytes or platform.rollout_kv_cache_bytes()
         host = _HostState()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core lives in this process
         try:
-            with forked_rng():
+            with forked_rng(), _unique_shm_names(self._shm_ident):
                 from vllm import LLM
 
                 self.llm = LLM(
@@ -224,6 +227,7 @@ class VllmEngine(RolloutEngine):
         try:
             self._finalizer()
             del self.llm
+            _unlink_shm(self._shm_ident)
         finally:
             host.restore()
 
@@ -263,6 +267,46 @@ class VllmEngine(RolloutEngine):
         client._finalizer.detach()
         self._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core, self._owns_world)
         client._finalizer = self._finalizer
+
+
+def _shared_ident() -> str:
+    """A name unique to this engine and identical on all ranks of the world (collective)."""
+    ident = [f"mindrl{secrets.token_hex(6)}"]
+    torch.distributed.broadcast_object_list(ident, src=0)
+    return ident[0]
+
+
+@contextlib.contextmanager
+def _unique_shm_names(ident: str | None) -> Iterator[None]:
+    """vLLM-CPU names its TP shared-memory segments after the init method, which external_launcher fixes to
+    "env://": every engine on the host (other jobs included) would get the same /dev/shm names, and a stale
+    segment makes the next engine fail with "create shm in SHMManager failed. errno: 17". Give the executor an
+    init method whose last ':' field is `ident` (the world already exists, so it is used for nothing else)."""
+    if ident is None:
+        yield
+        return
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher as executor
+
+    original = executor._distributed_args
+
+    def distributed_args(self):
+        _, rank, local_rank = original(self)
+        return f"env://{ident}:{ident}", rank, local_rank
+
+    executor._distributed_args = distributed_args
+    try:
+        yield
+    finally:
+        executor._distributed_args = original
+
+
+def _unlink_shm(ident: str | None) -> None:
+    """vLLM does not remove its TP shared-memory segments (4 MiB per rank); remove this engine's."""
+    if ident is None or not os.path.isdir("/dev/shm"):
+        return
+    for path in glob.glob(os.path.join("/dev/shm", f"*{ident}*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _hf_weight_names(hf_config) -> tuple[set[str], set[str]]:

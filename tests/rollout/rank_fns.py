@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 import torch
 
 from mindrl.rollout import RolloutConfig, SamplingConfig
@@ -31,8 +34,12 @@ def vllm_rollout_in_world(
         )
         engine.load_weights(hf_state(model_dir).items())
         outs = [engine.generate(prompts, s) for s in samplings]
+        ident = engine._shm_ident
+        shm_during = sorted(os.path.basename(f) for f in glob.glob(f"/dev/shm/*{ident}*"))
         results[tp] = dict(outs=outs, dp_rank=engine.dp_rank, tp_rank=engine.tp_rank, seed=engine.seed)
         engine.shutdown()
+        torch.distributed.barrier()
+        results[tp]["shm"] = (ident, shm_during, glob.glob(f"/dev/shm/*{ident}*"))
     t = torch.tensor([torch.distributed.get_rank() + 1.0])
     torch.distributed.all_reduce(t)  # the default process group is still usable
     barrier_ok = torch.distributed.barrier() is None

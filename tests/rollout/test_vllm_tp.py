@@ -55,3 +55,14 @@ def test_tp2_peers_identical_and_match_tp1_and_hf(world_runs, hf_models):
         assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, outs[unseeded], UNSEEDED) <= TOL
     # Same per-request seed: TP1 and TP2 draw the same tokens.
     assert [[s.token_ids for s in p] for p in tp1[0][seeded]] == [[s.token_ids for s in p] for p in tp2[0][seeded]]
+
+
+def test_shared_memory_segments_are_unique_and_removed(world_runs):
+    """vLLM-CPU's TP shm segments carry a per-engine name (no clash with other engines on the host) and are
+    gone after shutdown."""
+    idents = {r["results"][2]["shm"][0] for r in world_runs}
+    assert len(idents) == 1  # one name shared by the whole world for this engine
+    ident, during, after = world_runs[0]["results"][2]["shm"]
+    assert during and all(ident in name for name in during)
+    assert all(r["results"][2]["shm"][2] == [] and r["results"][1]["shm"][2] == [] for r in world_runs)
+    assert world_runs[0]["results"][1]["shm"][0] != ident
