@@ -78,6 +78,14 @@ class Platform:
         pinned memory (fast, asynchronous copies); plain memory on CPU, where host and device coincide."""
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.name != "cpu")
 
+    def rollout_kv_cache_bytes(self) -> int | None:
+        """Default KV cache size for an in-process rollout engine; None: size it by gpu_memory_utilization.
+
+        On CPU vLLM reads gpu_memory_utilization as a fraction of *host* memory (and refuses to start when
+        that much is not free), so a fixed size is the sane default there.
+        """
+        return 1 << 30 if self.name == "cpu" else None
+
     def apply(self) -> None:
         """Adapt megatron-core to this device. Idempotent; call once per process before building models."""
         from mindrl.platform import adapt

