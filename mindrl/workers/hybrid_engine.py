@@ -1,0 +1,141 @@
+"""The hybrid engine: a megatron actor (train layout, TP x PP) and a rollout engine (infer layout) in one
+process per device. `generate` reshards to inference, samples, and reshards back to training; the
+actor's recomputed logprobs of the sampled tokens are compared with the engine's every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from megatron.core import parallel_state as ps
+
+from mindrl.models.forward import forward_outputs
+from mindrl.models.hf_config import ModelSpec
+from mindrl.resharding import OffloadConfig, ShardingManager, TrainStateOffloader, WeightStreamer
+from mindrl.resharding.stream import unwrap
+from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig, processed_logprobs
+
+logger = logging.getLogger("mindrl.hybrid_engine")
+
+
+@dataclass
+class RolloutStats:
+    """Timings of one generate() round trip (this rank)."""
+
+    reshard_s: float  # offload + stream the weights into the engine
+    peak_extra_bytes: int  # the stream's peak of live gathered bytes
+    rollout_s: float  # engine.generate
+    onload_s: float  # reshard_to_train
+    generated_tokens: int  # by this rank's engine replica
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.rollout_s if self.rollout_s > 0 else 0.0
+
+
+class HybridEngine:
+    """One rank's actor + rollout engine. Every method is collective over all ranks of the world."""
+
+    def __init__(
+        self,
+        actor,  # megatron DDP (or bare GPTModel) of this rank's pipeline stage
+        spec: ModelSpec,
+        optimizer,
+        engine: RolloutEngine,
+        offload: OffloadConfig | None = None,
+        bucket_size_mb: float = 512,
+        logprob_diff_warn: float = 0.05,
+    ):
+        self.actor = actor
+        self.spec = spec
+        self.engine = engine
+        self.logprob_diff_warn = logprob_diff_warn
+        offload = offload or OffloadConfig(True, True, False)
+        chunks = [actor] if hasattr(actor, "zero_grad_buffer") else []
+        self.manager = ShardingManager(
+            WeightStreamer(actor, spec, bucket_size_mb), TrainStateOffloader(chunks, optimizer, offload)
+        )
+        if engine.supports_sleep:
+            engine.sleep()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> tuple[list[list[RolloutSample]], RolloutStats]:
+        """reshard_to_infer -> rollout (n samples per prompt) -> reshard_to_train."""
+        t0 = time.perf_counter()
+        if self.engine.supports_sleep:
+            self.engine.wake(["weights"])
+        to_infer = self.manager.reshard_to_infer(self.engine.load_weights)
+        if self.engine.supports_sleep:
+            self.engine.wake(["kv_cache"])
+        t1 = time.perf_counter()
+        samples = self.engine.generate([list(p) for p in prompts], sampling)
+        t2 = time.perf_counter()
+        if self.engine.supports_sleep:
+            self.engine.sleep()
+        self.manager.reshard_to_train()
+        t3 = time.perf_counter()
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        return samples, RolloutStats(t1 - t0, to_infer.reshard.peak_extra_bytes, t2 - t1, t3 - t2, tokens)
+
+    @torch.no_grad()
+    def actor_logprobs(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[torch.Tensor] | None:
+        """The actor's logprob of every response token under the sampling distribution (the trainer's
+        old-logprob); on the last pipeline stage, None elsewhere. prompts[i] pairs with responses[i]."""
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        logits = forward_outputs(unwrap(self.actor), ids, mask)
+        if logits is None:
+            return None
+        token_lp = processed_logprobs(logits[:, :-1], sampling).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        return [token_lp[i, len(p) - 1 : len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
+
+    def logprob_diff_metrics(
+        self, prompts: Sequence[Sequence[int]], samples: list[list[RolloutSample]], sampling: SamplingConfig
+    ) -> dict[str, float]:
+        """`rollout/logprob_diff_mean` and `_max` of |engine - actor| over every sampled token of every engine
+        replica in the world (the same numbers on all ranks). Warns when the mean exceeds logprob_diff_warn."""
+        flat_prompts, flat = _all_replica_samples(prompts, samples, getattr(self.engine, "tp_rank", 0))
+        actor = self.actor_logprobs(flat_prompts, [s.token_ids for s in flat], sampling)
+        stats = torch.zeros(3, dtype=torch.float64)  # sum |diff|, count, max |diff|
+        if actor is not None and ps.get_tensor_model_parallel_rank() == 0:
+            for lp, s in zip(actor, flat):
+                d = (lp.double() - torch.tensor(s.logprobs, dtype=torch.float64)).abs()
+                stats += torch.tensor([d.sum().item(), d.numel(), d.max().item() if d.numel() else 0.0])
+        maxes = stats[2:].clone()
+        torch.distributed.all_reduce(stats[:2])
+        torch.distributed.all_reduce(maxes, op=torch.distributed.ReduceOp.MAX)
+        metrics = {
+            "rollout/logprob_diff_mean": (stats[0] / stats[1].clamp(min=1)).item(),
+            "rollout/logprob_diff_max": maxes.item(),
+        }
+        if metrics["rollout/logprob_diff_mean"] > self.logprob_diff_warn:
+            logger.warning(
+                "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "
+                "sampling from the policy being trained (dtype, weights not reloaded, or a layout bug).",
+                metrics["rollout/logprob_diff_mean"],
+                self.logprob_diff_warn,
+                metrics["rollout/logprob_diff_max"],
+            )
+        return metrics
+
+
+def _all_replica_samples(prompts, samples, engine_tp_rank: int):
+    """Every engine replica's samples, on every rank (TP peers of a replica hold identical samples: only
+    their first rank contributes). Returns (prompt per sample, sample) flat lists in a fixed order."""
+    mine = [(list(p), s) for p, group in zip(prompts, samples) for s in group] if engine_tp_rank == 0 else []
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, mine)
+    flat = [item for part in gathered for item in part]
+    return [p for p, _ in flat], [s for _, s in flat]
