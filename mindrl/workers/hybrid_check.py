@@ -5,6 +5,7 @@ several cycles. Used by tools/check_hybrid_engine.py and the tests.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +28,16 @@ class CheckSettings:
     temperature: float = 1.0
     seed: int = 0
     lr: float = 1e-2
+    logprob_diff_warn: float = 0.05  # HybridEngine's warning threshold on the mean |diff|
+
+
+class _CountWarnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
 
 
 def memcpy_seconds(nbytes: int, repeats: int = 3) -> float:
@@ -61,7 +72,11 @@ def check_rank(load_dir: str, engine_dir: str, s: CheckSettings, export_it_dir: 
             seed=1000 + s.seed,
         )
     )
-    hybrid = HybridEngine(ddp, spec, optimizer, engine, bucket_size_mb=s.bucket_size_mb)
+    hybrid = HybridEngine(
+        ddp, spec, optimizer, engine, bucket_size_mb=s.bucket_size_mb, logprob_diff_warn=s.logprob_diff_warn
+    )
+    warnings = _CountWarnings()
+    logging.getLogger("mindrl.hybrid_engine").addHandler(warnings)
     gen = torch.Generator().manual_seed(s.seed)
     prompts = torch.randint(0, spec.vocab_size, (s.num_prompts, s.prompt_len), generator=gen).tolist()
     sampling = SamplingConfig(max_tokens=s.max_tokens, temperature=s.temperature, n=s.n, ignore_eos=True)
@@ -86,9 +101,11 @@ def check_rank(load_dir: str, engine_dir: str, s: CheckSettings, export_it_dir: 
         if export_it_dir is not None:  # the same weights, exported the direct way (a checkpoint)
             mcore_ckpt.save_model(unwrap(ddp), export_it_dir)
     finally:
+        logging.getLogger("mindrl.hybrid_engine").removeHandler(warnings)
         engine.load_weights = load
         engine.shutdown()
     return {
+        "warnings": warnings.count,
         "cycles": cycles,
         "memcpy_s": memcpy_seconds(bytes_emitted),
         "model_bytes": bytes_emitted,

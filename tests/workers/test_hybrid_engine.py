@@ -33,13 +33,18 @@ def test_rollout_logprobs_match_the_trained_actor(tiny_models, pool, tmp_path, t
     convert.hf2mcore(hf, str(tmp_path / "m"), tp, pp, pool=pool)
     export_root = str(tmp_path / "trained")
     it_dir = mcore_ckpt.iteration_dir(export_root, 1)
-    settings = CheckSettings(tp, pp, infer_tp, steps=2, cycles=2, temperature=0.7, bucket_size_mb=0.25)
+    # The fast case sets the warning threshold to 0: the (tiny, nonzero) fp32 difference must trigger it.
+    warn = 0.0 if (tp, pp, infer_tp) == (2, 2, 1) else 0.05
+    settings = CheckSettings(
+        tp, pp, infer_tp, steps=2, cycles=2, temperature=0.7, bucket_size_mb=0.25, logprob_diff_warn=warn
+    )
     results = pool.run(check_rank, str(tmp_path / "m"), hf, settings, it_dir)
 
     for r in results:  # every rank reports the world-wide numbers
         for cycle in r["cycles"]:
             assert cycle["rollout/logprob_diff_max"] < TOL, cycle
             assert cycle["generated_tokens"] == 4 * 2 * 16
+        assert r["warnings"] == (2 if warn == 0.0 else 0)  # one warning per cycle, only above the threshold
     first, last = results[0]["cycles"][0], results[0]["cycles"][-1]
     assert last["losses"] != first["losses"]  # weights moved between the reloads
 
