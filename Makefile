@@ -13,3 +13,5 @@ bench:
 	.venv/bin/python tools/bench_convert.py
 	.venv/bin/python tools/bench_preprocess.py
 	.venv/bin/python tools/bench_rewards.py
+	.venv/bin/python tools/bench_reshard.py
+	.venv/bin/python tools/bench_rollout.py
