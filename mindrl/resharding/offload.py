@@ -115,9 +115,9 @@ class TrainStateOffloader:
                 for g in (getattr(p, "main_grad", None), p.grad):
                     if g is not None:
                         grads.append(g)
-            for buf in list(getattr(chunk, "buffers", []) or []) + list(
-                getattr(chunk, "expert_parallel_buffers", []) or []
-            ):
+            # megatron DDP's grad/param buffers (a plain nn.Module's `buffers` is a method: skip it)
+            ddp_buffers = [getattr(chunk, a, None) for a in ("buffers", "expert_parallel_buffers")]
+            for buf in [b for bs in ddp_buffers if isinstance(bs, (list, tuple)) for b in bs]:
                 if getattr(buf, "param_data", None) is not None:
                     params.append(buf.param_data)
                 if getattr(buf, "grad_data", None) is not None:

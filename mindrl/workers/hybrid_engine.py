@@ -55,9 +55,8 @@ class HybridEngine:
         self.engine = engine
         self.logprob_diff_warn = logprob_diff_warn
         offload = offload or OffloadConfig(True, True, False)
-        chunks = [actor] if hasattr(actor, "zero_grad_buffer") else []
         self.manager = ShardingManager(
-            WeightStreamer(actor, spec, bucket_size_mb), TrainStateOffloader(chunks, optimizer, offload)
+            WeightStreamer(actor, spec, bucket_size_mb), TrainStateOffloader([actor], optimizer, offload)
         )
         if engine.supports_sleep:
             engine.sleep()

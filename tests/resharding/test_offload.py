@@ -44,3 +44,20 @@ def test_offload_round_trip_is_exact(pool, tiny_models, saved_untied, tp, pp):
         # ... the engine got the weights in between, and training continues exactly as without offload.
         assert r["received"] == n_names, where
         assert r["losses"] == r["ref_losses"] and r["final_equal"], (where, r["losses"], r["ref_losses"])
+
+
+def test_plain_module_offload_round_trip():
+    """A module without megatron DDP (e.g. a reference model) offloads too: its `buffers` is a method."""
+    import torch
+
+    from mindrl.resharding import OffloadConfig, TrainStateOffloader
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    before = [p.detach().clone() for p in model.parameters()]
+    offloader = TrainStateOffloader([model], None, OffloadConfig(False, False, True))
+    total = offloader.device_bytes()["param"]
+    assert total == sum(p.numel() * 4 for p in model.parameters())
+    offloader.offload()
+    assert offloader.device_bytes()["param"] == 0
+    offloader.onload()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
