@@ -28,12 +28,12 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
     """On every rank: stream the model `repeats` times per bucket size; memcpy the model's bytes as often."""
     import torch
 
-    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
     from mindrl.platform import current_platform
     from mindrl.resharding import WeightStreamer
 
     platform = current_platform()
-    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
     barrier = torch.distributed.barrier
     out: dict = {"buckets": {}}
     slots: dict[str, torch.Tensor] = {}  # the "engine's" weights: copied into, as vLLM's load_weights does

@@ -103,11 +103,8 @@ def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
     ]
     if unexpected:
         raise CheckpointError(f"{hf_dir}: tensors that are not part of a {spec.architecture}: {unexpected[:8]}")
-    from safetensors import safe_open
-
     for name in expected:
-        with safe_open(ckpt._file_of[name], "pt") as f:
-            shape = tuple(f.get_slice(name).get_shape())
+        shape = ckpt.shape(name)
         want = _expected_hf_shape(spec, name)
         if shape != want:
             raise CheckpointError(f"{hf_dir}: tensor {name!r} has shape {shape}, but config.json implies {want}")
@@ -200,31 +197,13 @@ def _dir_bytes(path: str) -> int:
 
 
 # ------------------------------------------------------------------------------------- mcore2hf
-def _load_rank(load_dir: str, tp: int, pp: int, dtype: str | None, sequence_parallel: bool = False):
-    """Build this rank's model stage at TP x PP and load the latest checkpoint into it."""
-    from mindrl.models.builder import build_model
-    from mindrl.platform.launch import init_model_parallel
-
-    init_model_parallel(tp, pp)
-    spec, meta = mcore_ckpt.read_model_meta(load_dir)
-    model = build_model(
-        spec,
-        meta["role"],
-        dtype=dtype or meta["dtype"],
-        sequence_parallel=sequence_parallel,
-        perform_initialization=False,
-    )
-    mcore_ckpt.load_model(model, mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
-    return spec, meta, model
-
-
 def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
     from tqdm import tqdm
 
     from mindrl.models.weight_map import full_to_hf
 
     rss_before = _peak_rss()
-    spec, meta, model = _load_rank(load_dir, 1, 1, None)
+    spec, meta, model = mcore_ckpt.build_and_load(load_dir, 1, 1)
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
     params = dict(model.named_parameters())
@@ -283,7 +262,7 @@ def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: b
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = _load_rank(load_dir, tp, pp, "float32", sequence_parallel=sp)
+    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None

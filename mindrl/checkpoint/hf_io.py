@@ -71,13 +71,21 @@ class HFCheckpoint:
     def keys(self) -> list[str]:
         return list(self._file_of)
 
-    def get(self, name: str, check_finite: bool = True) -> torch.Tensor:
+    def _handle(self, name: str):
         if name not in self._file_of:
             raise CheckpointError(f"tensor {name!r} is not in the checkpoint at {self.path!r}")
         fpath = self._file_of[name]
         if fpath not in self._handles:
             self._handles[fpath] = safe_open(fpath, "pt")
-        t = self._handles[fpath].get_tensor(name)
+        return self._handles[fpath]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """From the shard header: no tensor data is read."""
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str, check_finite: bool = True) -> torch.Tensor:
+        fpath = self._file_of.get(name)
+        t = self._handle(name).get_tensor(name)
         if check_finite and t.is_floating_point() and not torch.isfinite(t).all():
             raise CheckpointError(f"tensor {name!r} in {fpath!r} holds NaN/Inf: the shard is corrupted")
         return t

@@ -86,3 +86,24 @@ def load_model(model: torch.nn.Module, it_dir: str) -> None:
         raise CheckpointError(f"checkpoint iteration directory {it_dir!r} does not exist")
     state = dist_checkpointing.load(model.sharded_state_dict(), it_dir, strict=StrictHandling.RAISE_ALL)
     model.load_state_dict(state, strict=True)
+
+
+def build_and_load(
+    load_dir: str, tp: int, pp: int, dtype: str | None = None, sequence_parallel: bool = False
+) -> tuple[ModelSpec, dict, torch.nn.Module]:
+    """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
+    with the latest iteration loaded. Collective; call inside a rank. dtype defaults to the saved one."""
+    from mindrl.models.builder import build_model
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, pp)
+    spec, meta = read_model_meta(load_dir)
+    model = build_model(
+        spec,
+        meta["role"],
+        dtype=dtype or meta["dtype"],
+        sequence_parallel=sequence_parallel,
+        perform_initialization=False,
+    )
+    load_model(model, iteration_dir(load_dir, read_tracker(load_dir)))
+    return spec, meta, model

@@ -14,9 +14,9 @@ def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2, clip_grad: 
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
 
-    spec, _, model = _load_rank(load_dir, tp, pp, dtype)
+    spec, _, model = build_and_load(load_dir, tp, pp, dtype)
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,

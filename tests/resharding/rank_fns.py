@@ -9,10 +9,10 @@ from mindrl.workers.train_setup import build_trainer, train_steps
 
 def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -> dict:
     """Load the checkpoint at TP x PP, stream it, return {hf_name: tensor copy} and the stream's stats."""
-    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
     from mindrl.resharding import WeightStreamer
 
-    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
     streamer = WeightStreamer(model, spec, bucket_size_mb)
     out = {}
     for name, tensor in streamer.stream():
@@ -24,10 +24,10 @@ def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) ->
 def stream_own_shards(load_dir: str, tp: int, pp: int) -> dict:
     from megatron.core import parallel_state as ps
 
-    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
     from mindrl.resharding import WeightStreamer
 
-    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
     streamer = WeightStreamer(model, spec, 0.05)
     out = {n: (t.clone(), dim) for n, t, dim in streamer.stream_shards()}
     return {"tp_rank": ps.get_tensor_model_parallel_rank(), "shards": out, "stats": streamer.stats}
@@ -38,10 +38,10 @@ def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
     is still matched across ranks (no deadlock) and correct."""
     import itertools
 
-    from mindrl.checkpoint.convert import _load_rank
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
     from mindrl.resharding import WeightStreamer
 
-    spec, _, model = _load_rank(load_dir, tp, pp, None)
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
     streamer = WeightStreamer(model, spec, 0.05)
     rank = torch.distributed.get_rank()
     taken = []
