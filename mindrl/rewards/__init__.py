@@ -3,12 +3,13 @@ pool whose per-sample timeout is enforced from outside. No Ray, no megatron."""
 
 from mindrl.rewards.equivalence import math_equal
 from mindrl.rewards.pool import PoolOutcome, VerifierPool, get_shared_pool, shutdown_shared_pool
-from mindrl.rewards.scoring import DEFAULT_TIMEOUT_S, compute_rule_rewards
+from mindrl.rewards.scoring import DEFAULT_TIMEOUT_S, RuleScores, compute_rule_rewards, score_rule_rewards
 from mindrl.rewards.verifiers import get_verifier, list_verifiers, register_verifier
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "PoolOutcome",
+    "RuleScores",
     "VerifierPool",
     "compute_rule_rewards",
     "get_shared_pool",
@@ -16,5 +17,6 @@ __all__ = [
     "list_verifiers",
     "math_equal",
     "register_verifier",
+    "score_rule_rewards",
     "shutdown_shared_pool",
 ]

@@ -1,5 +1,5 @@
 """Batch scoring: validate the verifier config, score in the process pool, combine with the weights.
-The one entry point the reward worker calls: `compute_rule_rewards`."""
+The entry points: `score_rule_rewards` (per-verifier scores too) and `compute_rule_rewards`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import pickle
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mindrl.rewards.pool import get_shared_pool
 from mindrl.rewards.verifiers import get_verifier
@@ -34,6 +35,13 @@ def _as_weights(verifier_weight: float | Sequence[float], names: list[str]) -> l
     return [float(w) for w in weights]
 
 
+@dataclass
+class RuleScores:
+    rewards: list[float]  # weighted sum per sample (0 for a sample that timed out or crashed)
+    per_verifier: list[list[float] | None]  # per sample: one score per verifier; None if it did not finish
+    metrics: dict[str, float]
+
+
 def compute_rule_rewards(
     responses: Sequence[str],
     labels: Sequence[str | None],
@@ -42,6 +50,19 @@ def compute_rule_rewards(
     timeout: float = DEFAULT_TIMEOUT_S,
     num_workers: int | None = None,
 ) -> tuple[list[float], dict[str, float]]:
+    """(rewards, metrics) of `score_rule_rewards`."""
+    scores = score_rule_rewards(responses, labels, verifier_function, verifier_weight, timeout, num_workers)
+    return scores.rewards, scores.metrics
+
+
+def score_rule_rewards(
+    responses: Sequence[str],
+    labels: Sequence[str | None],
+    verifier_function: str | Sequence[str],
+    verifier_weight: float | Sequence[float],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    num_workers: int | None = None,
+) -> RuleScores:
     """Score a batch: reward_i = sum_k verifier_weight[k] * verifier_function[k](responses[i], labels[i]).
 
     responses: decoded response texts; labels: gold answers (None where a row has none), same length.
@@ -93,4 +114,4 @@ def compute_rule_rewards(
     }
     for k, name in enumerate(names):
         metrics[f"reward/{name}/mean"] = sum(s[k] for s in finished) / len(finished) if finished else 0.0
-    return rewards, metrics
+    return RuleScores(rewards, [None if s is None else list(s) for s in scores], metrics)

@@ -126,6 +126,9 @@ class RolloutConfig:
     """Tokenizer dir; None: the model dir."""
     load_tokenizer: bool | None = None
     """None: load a tokenizer if the dir has one. False: token ids only (detokenize/stop strings unavailable)."""
+    enable_chunked_prefill: bool | None = None
+    """Split long prefills over engine steps. None: the platform's default (off where seeded requests cannot
+    survive a split prefill, i.e. on CPU; then max_num_batched_tokens is raised to max_model_len)."""
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -233,9 +236,15 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
     ) -> list[list[RolloutSample]]:
-        """Per prompt, `sampling.n` samples (in prompt order). Every TP peer must call it with the same args."""
+        """Per prompt, `sampling.n` samples (in prompt order). Every TP peer must call it with the same args.
+
+        seeds: one per prompt (overrides sampling.seed): prompt i's samples then depend only on its seed, the
+        prompt and the weights, not on the batch it came in or the engine's layout (sample j uses seed_i + j)."""
 
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -281,6 +290,17 @@ class RolloutEngine(abc.ABC):
         if sampling.stop_token_ids and max(sampling.stop_token_ids) >= vocab_size:
             raise ValueError(f"stop_token_ids {sampling.stop_token_ids} has ids outside the vocab [0, {vocab_size})")
         return prompts
+
+    @staticmethod
+    def check_seeds(seeds: Sequence[int] | None, num_prompts: int) -> list[int] | None:
+        if seeds is None:
+            return None
+        seeds = [int(s) for s in seeds]
+        if len(seeds) != num_prompts:
+            raise ValueError(f"got {len(seeds)} seeds for {num_prompts} prompts; give one seed per prompt")
+        if any(s < 0 for s in seeds):
+            raise ValueError(f"seeds must be non-negative, got {min(seeds)}")
+        return seeds
 
     def __enter__(self) -> RolloutEngine:
         return self

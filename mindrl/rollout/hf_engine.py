@@ -92,10 +92,14 @@ class HFEngine(RolloutEngine):
                 target.copy_(tensor)
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
     ) -> list[list[RolloutSample]]:
         self._check_open()
         prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
+        seeds = self.check_seeds(seeds, len(prompts))
         if (sampling.detokenize or sampling.stop) and self.tokenizer is None:
             raise ValueError(
                 f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
@@ -106,6 +110,11 @@ class HFEngine(RolloutEngine):
         # Prompts per generate call so that rows (= prompts * n) stay within max_num_seqs.
         chunk = max(1, self.config.max_num_seqs // sampling.n)
         results: list[list[RolloutSample]] = []
+        if seeds is not None:  # each prompt alone on its own stream: independent of batching
+            for p, seed in zip(prompts, seeds):
+                with forked_rng(seed):
+                    results.extend(self._generate_chunk([p], sampling))
+            return results
         with forked_rng(call_seed):
             for start in range(0, len(prompts), chunk):
                 results.extend(self._generate_chunk(prompts[start : start + chunk], sampling))

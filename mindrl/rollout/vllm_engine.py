@@ -96,6 +96,12 @@ class VllmEngine(RolloutEngine):
         self._shm_ident = _shared_ident() if backend == "external_launcher" else None
 
         kv_bytes = config.kv_cache_memory_bytes or platform.rollout_kv_cache_bytes()
+        chunked = (
+            platform.seeded_chunked_prefill if config.enable_chunked_prefill is None else config.enable_chunked_prefill
+        )
+        batched_tokens = (
+            config.max_num_batched_tokens if chunked else max(config.max_num_batched_tokens, config.max_model_len)
+        )
         host = _HostState()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core lives in this process
         try:
@@ -112,7 +118,8 @@ class VllmEngine(RolloutEngine):
                     distributed_executor_backend=backend,
                     max_num_seqs=config.max_num_seqs,
                     max_model_len=config.max_model_len,
-                    max_num_batched_tokens=config.max_num_batched_tokens,
+                    max_num_batched_tokens=batched_tokens,
+                    enable_chunked_prefill=chunked,
                     gpu_memory_utilization=config.gpu_memory_utilization,
                     kv_cache_memory_bytes=kv_bytes,
                     enforce_eager=config.enforce_eager,
@@ -134,12 +141,16 @@ class VllmEngine(RolloutEngine):
     # ---- the interface ----------------------------------------------------------------------------
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
     ) -> list[list[RolloutSample]]:
         self._check_open()
         self._check_awake("weights")
         self._check_awake("kv_cache")
         prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
+        seeds = self.check_seeds(seeds, len(prompts))
         if (sampling.detokenize or sampling.stop) and not self.has_tokenizer:
             raise ValueError(
                 f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
@@ -161,6 +172,10 @@ class VllmEngine(RolloutEngine):
             ignore_eos=sampling.ignore_eos,
             detokenize=sampling.detokenize,
         )
+        if seeds is not None:  # vLLM gives sample j of a prompt seed + j
+            params = [params.clone() for _ in prompts]
+            for p, seed in zip(params, seeds):
+                p.seed = seed
         with self._engine_rng():
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [[self._sample(c, sampling) for c in out.outputs] for out in outs]

@@ -62,7 +62,7 @@ class HybridEngine:
             engine.sleep()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int] | None = None
     ) -> tuple[list[list[RolloutSample]], RolloutStats]:
         """reshard_to_infer -> rollout (n samples per prompt) -> reshard_to_train."""
         t0 = time.perf_counter()
@@ -72,7 +72,7 @@ class HybridEngine:
         if self.engine.supports_sleep:
             self.engine.wake(["kv_cache"])
         t1 = time.perf_counter()
-        samples = self.engine.generate([list(p) for p in prompts], sampling)
+        samples = self.engine.generate([list(p) for p in prompts], sampling, seeds)
         t2 = time.perf_counter()
         if self.engine.supports_sleep:
             self.engine.sleep()
@@ -115,19 +115,22 @@ class HybridEngine:
         maxes = stats[2:].clone()
         torch.distributed.all_reduce(stats[:2])
         torch.distributed.all_reduce(maxes, op=torch.distributed.ReduceOp.MAX)
-        metrics = {
-            "rollout/logprob_diff_mean": (stats[0] / stats[1].clamp(min=1)).item(),
-            "rollout/logprob_diff_max": maxes.item(),
-        }
-        if metrics["rollout/logprob_diff_mean"] > self.logprob_diff_warn:
-            logger.warning(
-                "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "
-                "sampling from the policy being trained (dtype, weights not reloaded, or a layout bug).",
-                metrics["rollout/logprob_diff_mean"],
-                self.logprob_diff_warn,
-                metrics["rollout/logprob_diff_max"],
-            )
-        return metrics
+        return logprob_diff_summary(stats[0].item(), stats[1].item(), maxes.item(), self.logprob_diff_warn)
+
+
+def logprob_diff_summary(sum_abs: float, count: float, max_abs: float, warn: float) -> dict[str, float]:
+    """`rollout/logprob_diff_mean` / `_max` from |engine - actor| totals; warns loudly when the mean exceeds
+    `warn`: the rollout is then not sampling from the policy being trained."""
+    metrics = {"rollout/logprob_diff_mean": sum_abs / max(count, 1.0), "rollout/logprob_diff_max": max_abs}
+    if metrics["rollout/logprob_diff_mean"] > warn:
+        logger.warning(
+            "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "
+            "sampling from the policy being trained (dtype, weights not reloaded, or a layout bug).",
+            metrics["rollout/logprob_diff_mean"],
+            warn,
+            metrics["rollout/logprob_diff_max"],
+        )
+    return metrics
 
 
 def _all_replica_samples(prompts, samples, engine_tp_rank: int):

@@ -1,32 +1,121 @@
-"""Build a trainable megatron actor (DDP + megatron optimizer) from a mindrl checkpoint, and run plain
-language-model steps on random tokens: what tools and tests need to move weights away from a checkpoint.
+"""Build a trainable megatron model (DDP + megatron optimizer + LR schedule) from a mindrl checkpoint, and run
+plain language-model steps on random tokens: the shared core of the actor, the critic, SFT and the tools.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
-def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2, clip_grad: float = 1.0, dtype: str = "float32"):
-    """(spec, ddp_model, optimizer): megatron DDP + megatron's Adam around the checkpoint loaded at TP x PP.
 
+@dataclass(frozen=True)
+class OptimSettings:
+    """Optimizer and LR schedule of one trained model (MindSpeed-RL's actor_config / critic_config keys)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_decay_style: str = "constant"
+    """One of LR_DECAY_STYLES."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to lr."""
+    lr_decay_steps: int | None = None
+    """Optimizer steps over which lr decays to min_lr (None: the run's total optimizer steps)."""
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (megatron's DistributedOptimizer)."""
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ValueError(f"lr_decay_style {self.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"need 0 <= min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}")
+
+
+def build_model_and_optimizer(
+    load_dir: str,
+    tp: int,
+    pp: int,
+    optim: OptimSettings,
+    total_steps: int,
+    dtype: str = "float32",
+    sequence_parallel: bool = False,
+) -> tuple[Any, Any, Any, Any]:
+    """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir, built at TP x PP.
+
+    total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_steps is None).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     from mindrl.checkpoint.mcore_ckpt import build_and_load
 
-    spec, _, model = build_and_load(load_dir, tp, pp, dtype)
+    spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel)
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,
-        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
+        ddp_config=DistributedDataParallelConfig(
+            use_distributed_optimizer=optim.use_distributed_optimizer,
+            overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True,
+        ),
         module=model,
     )
     opt_config = OptimizerConfig(
-        optimizer="adam", lr=lr, weight_decay=0.01, clip_grad=clip_grad, bf16=dtype == "bfloat16", fp16=False
+        optimizer="adam",
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1,
+        adam_beta2=optim.adam_beta2,
+        adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad,
+        bf16=dtype == "bfloat16",
+        fp16=dtype == "float16",
+        use_distributed_optimizer=optim.use_distributed_optimizer,
     )
-    return spec, ddp, get_megatron_optimizer(opt_config, [ddp])
+    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    decay = max(optim.lr_decay_steps or total_steps, optim.lr_warmup_steps + 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if optim.lr_warmup_steps else optim.lr,
+        max_lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_decay_steps=decay,
+        lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
+        wd_incr_steps=decay,
+        wd_incr_style="constant",
+        wsd_decay_steps=max(1, decay // 10) if optim.lr_decay_style == "WSD" else None,
+        lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None,
+    )
+    return spec, ddp, optimizer, scheduler
+
+
+def current_lr(optimizer) -> float:
+    """The learning rate the next optimizer step uses (first param group)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2, clip_grad: float = 1.0, dtype: str = "float32"):
+    """(spec, ddp_model, optimizer): megatron DDP + megatron's Adam (constant LR, weight decay 0.01) around the
+    checkpoint loaded at TP x PP. Call inside a rank (torch.distributed initialised); collective."""
+    optim = OptimSettings(lr=lr, clip_grad=clip_grad, weight_decay=0.01)
+    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, pp, optim, total_steps=1, dtype=dtype)
+    return spec, ddp, optimizer
 
 
 def _loss_step(data_iterator, model):

@@ -1,0 +1,115 @@
+"""The one batch type that flows between the driver and the workers: a dict of tensors sharing the first
+(row) dimension, plus per-row and global metadata. Every stage names the keys it reads and writes.
+
+Layout of an RL batch (rows = responses; P = longest prompt, R = longest response in the batch):
+    input_ids        (rows, P + R)  prompt left-padded to P, response right-padded to R
+    attention_mask   (rows, P + R)  1 = real token
+    responses        (rows, R)      response token ids, right-padded
+    response_mask    (rows, R)      1 = a token the policy generated
+    rollout_log_prob (rows, R)      the rollout engine's logprob of each response token
+    old_log_prob, ref_log_prob, values, token_level_scores, token_level_rewards, advantages, returns: (rows, R)
+meta["prompt_length"] = P (an int); per-row lists live in `rows_meta` (e.g. "uid": the prompt's group id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows_meta: dict[str, list[Any]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        sizes = {k: v.shape[0] for k, v in self.tensors.items()}
+        sizes.update({k: len(v) for k, v in self.rows_meta.items()})
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Batch: every tensor and row list must have the same number of rows, got {sizes}")
+
+    def __len__(self) -> int:
+        for v in self.tensors.values():
+            return v.shape[0]
+        for v in self.rows_meta.values():
+            return len(v)
+        return 0
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        try:
+            return self.tensors[key]
+        except KeyError:
+            raise KeyError(f"the batch has no tensor {key!r}; it has {sorted(self.tensors)}") from None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        if self.tensors and value.shape[0] != len(self):
+            raise ValueError(f"Batch[{key!r}]: {value.shape[0]} rows, the batch has {len(self)}")
+        self.tensors[key] = value
+
+    def select(self, keys: Iterable[str]) -> Batch:
+        """A batch with only the named tensors (and all metadata): what a stage needs to receive."""
+        return Batch({k: self[k] for k in keys}, dict(self.rows_meta), dict(self.meta))
+
+    def index(self, rows: Sequence[int] | torch.Tensor) -> Batch:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        tensors = {k: v.index_select(0, idx) for k, v in self.tensors.items()}
+        rows_meta = {k: [v[i] for i in idx.tolist()] for k, v in self.rows_meta.items()}
+        return Batch(tensors, rows_meta, dict(self.meta))
+
+    def split(self, parts: int) -> list[Batch]:
+        """`parts` consecutive equal slices (the row count must divide)."""
+        n = len(self)
+        if parts < 1 or n % parts:
+            raise ValueError(f"cannot split {n} rows into {parts} equal parts")
+        size = n // parts
+        return [self.index(range(i * size, (i + 1) * size)) for i in range(parts)]
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        if not batches:
+            return Batch()
+        first = batches[0]
+        tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
+        rows_meta = {k: [x for b in batches for x in b.rows_meta[k]] for k in first.rows_meta}
+        return Batch(tensors, rows_meta, dict(first.meta))
+
+    def update(self, tensors: dict[str, torch.Tensor]) -> None:
+        for k, v in tensors.items():
+            self[k] = v
+
+
+def shard_rows(num_rows: int, dp: int, num_mini_batches: int = 1) -> list[list[int]]:
+    """Row indices per data-parallel rank such that mini-batch k of every rank's shard is its slice of the
+    global mini-batch k: the update is then the same whatever the DP size (DP invariance).
+
+    The rows are cut into num_mini_batches * dp equal chunks, mini-batch-major; rank d gets chunks
+    (0, d), (1, d), ... in that order."""
+    chunks = num_mini_batches * dp
+    if num_rows % chunks:
+        raise ValueError(f"{num_rows} rows do not split into {num_mini_batches} mini-batches x {dp} DP ranks")
+    size = num_rows // chunks
+    return [
+        [r for k in range(num_mini_batches) for r in range((k * dp + d) * size, (k * dp + d + 1) * size)]
+        for d in range(dp)
+    ]
+
+
+def pad_rows(seqs: Sequence[Sequence[int]], pad: int, left: bool, width: int | None = None):
+    """(ids, mask), both (len(seqs), width): each sequence left- or right-aligned, padded with `pad`."""
+    width = max((len(s) for s in seqs), default=0) if width is None else width
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if not len(s):
+            continue
+        sl = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, sl] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, sl] = 1
+    return ids, mask

@@ -1,0 +1,130 @@
+"""From the validated config to what the workers build: one function per worker kind, so the workers never
+read the YAML schema and the loop never re-derives a setting."""
+
+from __future__ import annotations
+
+import os
+
+from mindrl.checkpoint import mcore_ckpt
+from mindrl.resharding import OffloadConfig
+from mindrl.workers.reward_worker import RewardSettings
+from mindrl.workers.rl_model import PPOLossSettings
+from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings
+from mindrl.workers.train_setup import OptimSettings
+
+
+def rollout_size(cfg) -> int:
+    """Responses per iteration."""
+    return cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
+
+
+def num_mini_batches(cfg) -> int:
+    """Optimizer steps per epoch of an iteration (mini_batch_size counts prompts, as in MindSpeed-RL)."""
+    return max(1, cfg.megatron_training.global_batch_size // cfg.rl_config.mini_batch_size)
+
+
+def total_optimizer_steps(cfg) -> int:
+    return cfg.megatron_training.train_iters * num_mini_batches(cfg) * cfg.rl_config.epochs
+
+
+def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
+    warmup = role_cfg.lr_warmup_iters or int(round((role_cfg.lr_warmup_fraction or 0.0) * total_steps))
+    dist_opt = role_cfg.use_distributed_optimizer
+    return OptimSettings(
+        lr=float(role_cfg.lr),
+        min_lr=float(role_cfg.min_lr or 0.0),
+        lr_decay_style=role_cfg.lr_decay_style,
+        lr_warmup_steps=int(warmup),
+        lr_decay_steps=role_cfg.lr_decay_iters,
+        weight_decay=float(role_cfg.weight_decay),
+        clip_grad=float(role_cfg.clip_grad),
+        adam_beta1=float(role_cfg.adam_beta1),
+        adam_beta2=float(role_cfg.adam_beta2),
+        adam_eps=float(role_cfg.adam_eps),
+        use_distributed_optimizer=bool(mt.use_distributed_optimizer if dist_opt is None else dist_opt),
+    )
+
+
+def _model(role_cfg, cfg, forward_mbs: int | None) -> ModelSettings:
+    mt = cfg.megatron_training
+    total = total_optimizer_steps(cfg)
+    sp = role_cfg.sequence_parallel
+    return ModelSettings(
+        load=role_cfg.load,
+        tp=role_cfg.tensor_model_parallel_size,
+        pp=role_cfg.pipeline_model_parallel_size,
+        micro_batch_size=role_cfg.micro_batch_size,
+        forward_micro_batch_size=forward_mbs or role_cfg.micro_batch_size,
+        optim=_optim(role_cfg, total, mt),
+        total_steps=total,
+        dtype=mt.dtype,
+        sequence_parallel=bool(mt.sequence_parallel if sp is None else sp),
+        seed=mt.seed,
+    )
+
+
+def loss_settings(cfg) -> PPOLossSettings:
+    rl = cfg.rl_config
+    sampling = cfg.generate_config.sampling(1)
+    return PPOLossSettings(
+        clip_ratio_low=rl.clip_ratio_low if rl.clip_ratio_low is not None else rl.clip_ratio,
+        clip_ratio_high=rl.clip_ratio_high if rl.clip_ratio_high is not None else rl.clip_ratio,
+        clip_ratio_c=rl.clip_ratio_c,
+        entropy_coeff=float(rl.entropy_coeff),
+        kl_loss_coef=float(rl.kl_coef_in_loss),
+        kl_loss_type=rl.kl_loss_type or rl.kl_penalty,
+        loss_agg_mode=rl.loss_agg_mode,
+        cliprange_value=rl.cliprange_value,
+        rollout_is_threshold=rl.rollout_is_threshold,
+        temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+    )
+
+
+def engine_model_dir(cfg) -> str:
+    """An HF dir with the actor's config.json for the rollout engine: the checkpoint's carried-over HF files,
+    else the tokenizer dir."""
+    for d in (os.path.join(cfg.actor_config.load, mcore_ckpt.HF_FILES), cfg.megatron_training.tokenizer_name_or_path):
+        if d and os.path.isfile(os.path.join(d, "config.json")):
+            return d
+    raise FileNotFoundError(
+        f"no HF config.json for the rollout engine: looked in {cfg.actor_config.load}/{mcore_ckpt.HF_FILES} "
+        f"(actor_config.load) and megatron_training.tokenizer_name_or_path={cfg.megatron_training.tokenizer_name_or_path!r}"
+    )
+
+
+def needs_reference(cfg) -> bool:
+    rl = cfg.rl_config
+    return (rl.kl_in_reward and rl.init_kl_coef > 0) or rl.kl_coef_in_loss > 0
+
+
+def integrated_settings(cfg) -> IntegratedSettings:
+    rl, gen = cfg.rl_config, cfg.generate_config
+    rollout = gen.rollout_config(engine_model_dir(cfg), cfg.megatron_training.seed)
+    ref = rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
+    return IntegratedSettings(
+        actor=_model(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size),
+        rollout=rollout,
+        loss=loss_settings(cfg),
+        ref_load=ref if needs_reference(cfg) else None,
+        ref_forward_micro_batch_size=rl.ref_forward_micro_batch_size or cfg.actor_config.micro_batch_size,
+        offload=OffloadConfig.from_generate_config(gen),
+        bucket_size_mb=gen.bucket_size_mb,
+    )
+
+
+def critic_settings(cfg) -> CriticSettings:
+    fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
+    return CriticSettings(critic=_model(cfg.critic_config, cfg, fwd), loss=loss_settings(cfg))
+
+
+def reward_settings(cfg) -> RewardSettings:
+    rl = cfg.rl_config
+    names = [rl.verifier_function] if isinstance(rl.verifier_function, str) else list(rl.verifier_function)
+    weights = rl.verifier_weight if isinstance(rl.verifier_weight, (list, tuple)) else [rl.verifier_weight]
+    return RewardSettings(
+        tokenizer=cfg.megatron_training.tokenizer_name_or_path,
+        verifier_function=tuple(names),
+        verifier_weight=tuple(float(w) for w in weights),
+        timeout=float(rl.verifier_timeout),
+        num_workers=max(1, int(rl.verifier_parallel or 1)),
+    )

@@ -1,0 +1,84 @@
+"""CriticWorker: the value model, a second process per device on the same placement-group bundles as the
+integrated worker, with its own megatron world; offloaded between its own phases."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mindrl.batch import Batch
+from mindrl.workers.rank import MegatronRank, RankInfo
+from mindrl.workers.settings import CriticSettings
+
+
+class CriticWorker(MegatronRank):
+    def setup(self, s: CriticSettings) -> RankInfo:
+        from mindrl.resharding import OffloadConfig, TrainStateOffloader
+        from mindrl.workers.train_setup import build_model_and_optimizer
+
+        c = s.critic
+        self.settings = s
+        info = self.init_layout(c.tp, c.pp, c.seed)
+        self.spec, self.critic, self.optimizer, self.scheduler = build_model_and_optimizer(
+            c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel
+        )
+        if getattr(self.critic.module, "mindrl_role", None) != "critic":
+            raise ValueError(
+                f"critic_config.load {c.load!r} holds an actor (LM head), not a critic: convert the reward model "
+                "with `mindrl-convert hf2mcore --orm`"
+            )
+        self.offloader = TrainStateOffloader([self.critic], self.optimizer, OffloadConfig(True, True, True))
+        self._offload()
+        return info
+
+    def _offload(self) -> None:
+        if self.settings.offload:
+            self.offloader.offload()
+
+    def _onload(self) -> None:
+        if self.settings.offload:
+            self.offloader.onload()
+
+    def compute_values(self, shard: Batch | None) -> tuple[torch.Tensor | None, float]:
+        from mindrl.workers.rl_model import response_values
+
+        shard = self.receive(shard)
+        t0 = time.perf_counter()
+        self._onload()
+        try:
+            values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
+        finally:
+            self._offload()
+        return self.output(values), time.perf_counter() - t0
+
+    def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
+        from mindrl.workers.rl_model import ppo_update
+
+        shard = self.receive(shard)
+        s = self.settings
+        self._onload()
+        try:
+            metrics = ppo_update(
+                self.critic,
+                self.optimizer,
+                self.scheduler,
+                shard,
+                "critic",
+                s.loss,
+                s.critic.micro_batch_size,
+                num_mini_batches,
+                epochs,
+            )
+        finally:
+            self._offload()
+        return self.output(metrics)
+
+    def save(self, save_dir: str, iteration: int) -> None:
+        from mindrl.workers.checkpointing import save_model_iteration
+
+        self._onload()
+        try:
+            save_model_iteration(self.critic, self.spec, "critic", self.settings.critic, save_dir, iteration)
+        finally:
+            self._offload()

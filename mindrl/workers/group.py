@@ -1,0 +1,147 @@
+"""Ray plumbing: start (or join) Ray, one placement group with a bundle per device, and worker groups that spawn
+a model's ranks on those bundles, initialise their torch.distributed world, dispatch and collect.
+
+A failing rank fails the call at once with its traceback and the group is killed: never a hang on a
+collective whose peer died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from mindrl.batch import Batch, shard_rows
+from mindrl.platform import current_platform
+
+logger = logging.getLogger("mindrl.workers")
+
+
+class WorkerError(RuntimeError):
+    """A worker rank raised or died; the message names the group, the method and the rank."""
+
+
+def start_ray(address: str | None, num_devices: int) -> bool:
+    """Join the cluster at `address`, or start a private Ray on loopback. Returns True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return False
+    # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
+    num_cpus = max(os.cpu_count() or 1, num_devices + 1)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=256 * 1024 * 1024,
+        runtime_env=env,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    return True
+
+
+def device_placement_group(num_devices: int, timeout_s: float = 600):
+    """One bundle per device (the platform's Ray resource), packed; waits until every bundle is reserved."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    p = current_platform()
+    bundle = {"CPU": 1} if p.is_cpu else {"CPU": 1, p.ray_resource: 1}
+    pg = placement_group([dict(bundle) for _ in range(num_devices)], strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        raise WorkerError(
+            f"could not reserve {num_devices} x {bundle} within {timeout_s:.0f} s; the cluster has "
+            f"{ray.cluster_resources()} (are all nodes' devices registered with Ray?)"
+        )
+    return pg
+
+
+def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = ()) -> list:
+    """ray.get in completion order: the first error kills `kill` (the group's actors) and raises WorkerError."""
+    import ray
+
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e:
+                for actor in kill:
+                    ray.kill(actor, no_restart=True)
+                raise WorkerError(f"{what}: rank {index[ref]} failed: {e}") from e
+    return ray.get(list(refs))
+
+
+class WorkerGroup:
+    """`world_size` ranks of one model, one per bundle of `pg`, each claiming `fraction` of its device."""
+
+    def __init__(self, cls: type, name: str, pg, world_size: int, fraction: float, threads: int = 1):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name = name
+        options = current_platform().ray_actor_options(fraction)
+        remote = ray.remote(**options)(cls)
+        self.actors = [
+            remote.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                name=None,
+            ).remote()
+            for i in range(world_size)
+        ]
+        addr, port = self.call_one(0, "node_address")
+        self.call("init_world", [(i, world_size, addr, port, threads) for i in range(world_size)])
+        self.infos: list = []
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def call(self, method: str, per_rank_args: Sequence[tuple] | None = None, *args: Any) -> list:
+        """Call `method` on every rank (per_rank_args[i] for rank i, else the same args) and collect."""
+        if per_rank_args is None:
+            per_rank_args = [args] * len(self.actors)
+        refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, per_rank_args)]
+        return collect(refs, f"{self.name}.{method}", self.actors)
+
+    def call_one(self, rank: int, method: str, *args: Any) -> Any:
+        return collect([getattr(self.actors[rank], method).remote(*args)], f"{self.name}.{method}", self.actors)[0]
+
+    def setup(self, settings: Any) -> None:
+        self.infos = self.call("setup", None, settings)
+
+    @property
+    def dp_size(self) -> int:
+        return self.infos[0].dp_size
+
+    def sharded(self, method: str, batch: Batch, num_mini_batches: int = 1, *args: Any) -> list:
+        """Send DP shard d (see `shard_rows`) to the source rank of DP group d, then return the output ranks'
+        results as [(rows of shard d, result of DP group d), ...]."""
+        import ray
+
+        shards = shard_rows(len(batch), self.dp_size, num_mini_batches)
+        refs = {d: ray.put(batch.index(rows)) for d, rows in enumerate(shards)}
+        per_rank = [((refs[i.dp_rank] if i.is_source else None), *args) for i in self.infos]
+        results = self.call(method, per_rank)
+        out = {i.dp_rank: r for i, r in zip(self.infos, results) if i.is_output}
+        return [(shards[d], out[d]) for d in range(self.dp_size)]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.actors = []

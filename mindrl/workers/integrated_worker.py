@@ -1,0 +1,104 @@
+"""IntegratedWorker: one Ray actor per device holding the actor (megatron TP x PP x DP + optimizer), the
+reference model (offloaded except while it computes) and the rollout engine, through `HybridEngine`."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mindrl.batch import Batch
+from mindrl.workers.rank import MegatronRank, RankInfo
+from mindrl.workers.settings import IntegratedSettings
+
+
+class IntegratedWorker(MegatronRank):
+    def setup(self, s: IntegratedSettings) -> RankInfo:
+        from mindrl.checkpoint.mcore_ckpt import build_and_load
+        from mindrl.resharding import OffloadConfig, TrainStateOffloader
+        from mindrl.rollout import VllmEngine
+        from mindrl.workers.hybrid_engine import HybridEngine
+        from mindrl.workers.train_setup import build_model_and_optimizer
+
+        a = s.actor
+        self.settings = s
+        info = self.init_layout(a.tp, a.pp, a.seed)
+        self.spec, self.actor, self.optimizer, self.scheduler = build_model_and_optimizer(
+            a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel
+        )
+        self.ref = None
+        if s.ref_load is not None:
+            _, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
+            self.ref.eval()
+            self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
+            self.ref_offloader.offload()
+        engine = VllmEngine(s.rollout)
+        self.hybrid = HybridEngine(self.actor, self.spec, self.optimizer, engine, s.offload, s.bucket_size_mb)
+        # Engine replicas: consecutive groups of infer-TP ranks; their first rank receives the prompts.
+        itp = s.rollout.infer_tensor_parallel_size
+        world = torch.distributed.get_world_size()
+        self.replica_groups = [torch.distributed.new_group(list(range(r, r + itp))) for r in range(0, world, itp)]
+        self.replica = self.rank // itp
+        return info
+
+    def generate(self, prompts, seeds, sampling) -> tuple[list | None, dict]:
+        """reshard_to_infer -> rollout -> reshard_to_train for this engine replica's prompts (given to its first
+        rank). Returns (samples on the replica's first rank else None, timings)."""
+        itp = self.settings.rollout.infer_tensor_parallel_size
+        if itp > 1:
+            box = [(prompts, seeds)]
+            group = self.replica_groups[self.replica]
+            torch.distributed.broadcast_object_list(box, src=self.replica * itp, group=group)
+            prompts, seeds = box[0]
+        samples, stats = self.hybrid.generate(prompts, sampling, seeds)
+        timing = {
+            "timing/reshard_to_infer": stats.reshard_s,
+            "timing/rollout": stats.rollout_s,
+            "timing/reshard_to_train": stats.onload_s,
+        }
+        return (samples if self.rank % itp == 0 else None), timing
+
+    def compute_log_prob(self, shard: Batch | None, reference: bool) -> tuple[torch.Tensor | None, float]:
+        """This DP shard's response logprobs under the actor (old_log_prob) or the reference model."""
+        from mindrl.workers.rl_model import response_logprobs
+
+        shard = self.receive(shard)
+        t0 = time.perf_counter()
+        s = self.settings
+        if reference:
+            if self.ref is None:
+                raise RuntimeError("reference logprobs were requested but no reference model was configured")
+            self.ref_offloader.onload()
+            try:
+                lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
+            finally:
+                self.ref_offloader.offload()
+        else:
+            lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
+        return self.output(lp), time.perf_counter() - t0
+
+    def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
+        from mindrl.workers.rl_model import ppo_update
+
+        shard = self.receive(shard)
+        s = self.settings
+        metrics = ppo_update(
+            self.actor,
+            self.optimizer,
+            self.scheduler,
+            shard,
+            "actor",
+            s.loss,
+            s.actor.micro_batch_size,
+            num_mini_batches,
+            epochs,
+        )
+        return self.output(metrics)
+
+    def save(self, save_dir: str, iteration: int) -> None:
+        from mindrl.workers.checkpointing import save_model_iteration
+
+        save_model_iteration(self.actor, self.spec, "actor", self.settings.actor, save_dir, iteration)
+
+    def shutdown(self) -> None:
+        self.hybrid.engine.shutdown()

@@ -1,0 +1,88 @@
+"""What every megatron worker rank does inside its Ray actor: join its model's torch.distributed world, set up
+megatron's parallel state, and receive its input from the model-parallel source rank.
+
+A model's ranks (actor or critic) form their own world; its DP rank d's model-parallel group (TP x PP ranks)
+gets its input only at its first rank (tp 0, pp 0), which broadcasts it, and returns its output from the
+rank that holds it (tp 0 of the last pipeline stage).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    dp_rank: int
+    dp_size: int
+    is_source: bool  # receives the DP shard from the driver (tp 0, first pipeline stage)
+    is_output: bool  # returns the DP shard's results (tp 0, last pipeline stage)
+
+
+def node_address() -> tuple[str, int]:
+    """(this node's address, a free port) for rank 0 to host the world's rendezvous."""
+    from mindrl.platform.launch import free_port
+
+    host = os.environ.get("MINDRL_MASTER_ADDR") or "127.0.0.1"
+    if host != "127.0.0.1":
+        host = socket.gethostbyname(socket.gethostname())
+    return host, free_port()
+
+
+class MegatronRank:
+    """Base of the Ray worker classes. Methods run in the worker process."""
+
+    def node_address(self) -> tuple[str, int]:
+        return node_address()
+
+    def init_world(self, rank: int, world_size: int, master_addr: str, master_port: int, threads: int = 1) -> int:
+        from mindrl.platform import current_platform
+        from mindrl.platform.launch import init_distributed
+
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+        os.environ.setdefault("LOCAL_RANK", str(current_platform().local_rank(rank)))
+        torch.set_num_threads(threads)
+        current_platform().apply()
+        init_distributed(rank, world_size, master_addr, master_port, timeout_s=1800)
+        self.rank = rank
+        return os.getpid()
+
+    def init_layout(self, tp: int, pp: int, seed: int) -> RankInfo:
+        from megatron.core import parallel_state as ps
+
+        from mindrl.platform.launch import init_model_parallel
+
+        init_model_parallel(tp, pp, seed)
+        self.info = RankInfo(
+            rank=self.rank,
+            dp_rank=ps.get_data_parallel_rank(),
+            dp_size=ps.get_data_parallel_world_size(),
+            is_source=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_first_stage(),
+            is_output=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage(),
+        )
+        return self.info
+
+    def receive(self, obj: Any) -> Any:
+        """The source rank's `obj`, on every rank of this model-parallel group."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_model_parallel_group()
+        if torch.distributed.get_world_size(group) == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(group, 0), group=group)
+        return box[0]
+
+    def output(self, value: Any) -> Any:
+        return value if self.info.is_output else None

@@ -1,0 +1,53 @@
+"""RuleRewardWorker: a CPU Ray actor that decodes responses and scores them with the rule verifiers (in its
+own process pool, with per-sample timeouts), while the devices compute reference logprobs and values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    tokenizer: str
+    """Tokenizer dir used to decode responses and labels."""
+    verifier_function: tuple[str, ...] = ("acc_for_ppo",)
+    verifier_weight: tuple[float, ...] = (1.0,)
+    timeout: float = 10.0
+    num_workers: int = 1
+
+
+class RuleRewardWorker:
+    def __init__(self, s: RewardSettings):
+        from transformers import AutoTokenizer
+
+        self.settings = s
+        self.tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
+
+    def score(self, responses: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> dict:
+        """rewards (per response), scores per verifier, the decoded texts and metrics."""
+        from mindrl.rewards import score_rule_rewards
+
+        s = self.settings
+        texts = self.tokenizer.batch_decode([list(r) for r in responses], skip_special_tokens=True)
+        label_texts = self.tokenizer.batch_decode([list(x) for x in labels], skip_special_tokens=True)
+        scores = score_rule_rewards(
+            texts,
+            label_texts,
+            list(s.verifier_function),
+            list(s.verifier_weight),
+            timeout=s.timeout,
+            num_workers=s.num_workers,
+        )
+        return {
+            "rewards": scores.rewards,
+            "per_verifier": scores.per_verifier,
+            "texts": texts,
+            "labels": label_texts,
+            "metrics": scores.metrics,
+        }
+
+    def shutdown(self) -> None:
+        from mindrl.rewards import shutdown_shared_pool
+
+        shutdown_shared_pool()
