@@ -25,6 +25,7 @@ from mindrl.algorithms import (
 )
 from mindrl.batch import Batch, pad_rows
 from mindrl.trainer import build
+from mindrl.trainer.metrics import stats_metrics
 from mindrl.trainer.rollout import IntegratedRollout, RolloutSource
 
 logger = logging.getLogger("mindrl.trainer")
@@ -48,13 +49,8 @@ def _gather_rows(parts: list, num_rows: int, width: int) -> torch.Tensor:
     return out
 
 
-def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
-    v = values.float()
-    return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
-
-
 def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    return _stats(prefix, values[mask.bool()]) if mask.any() else {}
+    return stats_metrics(prefix, values[mask.bool()])
 
 
 class PPOTrainer:
@@ -285,14 +281,14 @@ class PPOTrainer:
         batch["token_level_rewards"] = rewards
         batch["advantages"] = adv
         batch["returns"] = ret
-        metrics.update(_stats("critic/score", scores))
+        metrics.update(stats_metrics("critic/score", scores))
         metrics.update(_masked_stats("critic/rewards", rewards.sum(-1), mask.sum(-1) > 0))
         metrics.update(_masked_stats("critic/advantages", adv, mask))
         metrics.update(_masked_stats("critic/returns", ret, mask))
         if "values" in batch:
             metrics.update(_masked_stats("critic/values", batch["values"], mask))
-        metrics.update(_stats("response_length", mask.sum(-1)))
-        metrics.update(_stats("prompt_length", batch["prompt_lengths"]))
+        metrics.update(stats_metrics("response_length", mask.sum(-1)))
+        metrics.update(stats_metrics("prompt_length", batch["prompt_lengths"]))
         metrics["reward/mean"] = scores.mean().item()
         names = build.reward_settings(self.cfg).verifier_function
         for name in names:

@@ -113,9 +113,9 @@ PATHOLOGICAL = {
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
 def test_extraction_is_linear_on_pathological_text(name):
     text = PATHOLOGICAL[name]
-    start = time.perf_counter()
+    start = time.process_time()
     last_boxed_content(text)
     answer_tag_content(text)
     matches_think_answer_format(text)
     has_strict_structure(text)
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 5.0  # CPU time: linear is ~0.01 s, quadratic would be minutes
