@@ -1,0 +1,195 @@
+"""`generate_config` (+ `sampling_config`): the rollout engine and how it samples, with helpers that build
+the engine's `mindrl.rollout` configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mindrl.config.errors import Collector
+from mindrl.config.section import Section, ignored_field
+from mindrl.rollout.base import DTYPES, RolloutConfig, SamplingConfig
+
+ROLLOUT_MODES = ("integrated",)
+RESERVED_ROLLOUT_MODES = ("server",)
+
+
+@dataclass
+class SamplingSection(Section):
+    """MindSpeed-RL's generate_config.sampling_config (defaults are MindSpeed-RL's vLLM engine defaults), plus
+    mindrl's stop / stop_token_ids / ignore_eos. The samples per prompt come from rl_config.n_samples_per_prompt."""
+
+    SECTION: ClassVar[str] = "generate_config.sampling_config"
+
+    logprobs: int = 1
+    """MindSpeed-RL: whether vLLM returns logprobs. mindrl always returns each sampled token's logprob, so this
+    only has to be >= 0; no top-k alternatives are requested."""
+    max_tokens: int = 128
+    """Most tokens per response."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold, in (0, 1]."""
+    top_k: int = 50
+    """Sample among the k most likely tokens; -1 disables (MindSpeed-RL's default: 50)."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one; 0 disables."""
+    temperature: float = 0.2
+    """Softmax temperature (MindSpeed-RL's default: 0.2; RL configs use 1.0); 0 is greedy."""
+    detokenize: bool = False
+    """Also return response text."""
+    seed: int | None = None
+    """vLLM request seed. mindrl seeds every prompt from megatron_training.seed and the dataset row instead,
+    so this only matters for direct engine use."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (mindrl addition)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop token ids besides the tokenizer's EOS (mindrl addition)."""
+    ignore_eos: bool = False
+    """Generate past EOS (benchmarks only; mindrl addition)."""
+
+    def validate(self, col: Collector) -> None:
+        if self.logprobs < 0:
+            col.add("logprobs", f"must be >= 0, got {self.logprobs}")
+        if self.max_tokens < 1:
+            col.add("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if not 0.0 < self.top_p <= 1.0:
+            col.add("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            col.add("top_k", f"must be -1 or 0 (off) or a positive number of tokens, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            col.add("min_p", f"must be in [0, 1], got {self.min_p}")
+        if self.temperature < 0:
+            col.add("temperature", f"must be >= 0 (0: greedy), got {self.temperature}")
+        if any(not s for s in self.stop):
+            col.add("stop", "stop strings must be non-empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            col.add("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
+
+
+@dataclass
+class GenerateConfig(Section):
+    """The rollout engine (vLLM) in MindSpeed-RL's keys, plus mindrl's rollout_mode, kv_cache_memory_gib,
+    bucket_size_mb, sleep_level and enable_chunked_prefill."""
+
+    SECTION: ClassVar[str] = "generate_config"
+    IGNORED: ClassVar[dict[str, str]] = {
+        "num_scheduler_steps": "vLLM's multi-step scheduling no longer exists (vLLM V1 schedules every step)",
+        "torchair_graph": "an Ascend graph mode for DeepSeek-V3",
+        "ascend_scheduler_config_enabled": "a vLLM-Ascend scheduler switch",
+        "data_parallel_size": "derived: actor_resource.num_npus / infer_tensor_parallel_size",
+        "limit_mm_image_per_prompt": "a multimodal option; mindrl is text-only",
+        "limit_mm_video_per_prompt": "a multimodal option; mindrl is text-only",
+        "eplb_token_collects": "an expert load-balancing option; mindrl builds dense models only",
+        "eplb_token_save_path": "an expert load-balancing option; mindrl builds dense models only",
+        "expert_map_path": "an expert load-balancing option; mindrl builds dense models only",
+    }
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "enable_expert_parallel": ((False,), "expert parallelism in vLLM (mixture-of-experts models)"),
+    }
+
+    infer_tensor_parallel_size: int = 8
+    """Rollout tensor parallelism (MindSpeed-RL's default: 8); must divide the device count."""
+    infer_pipeline_parallel_size: int = 1
+    """Must be 1 (vLLM pipeline parallelism is not supported, as in MindSpeed-RL)."""
+    infer_expert_parallel_size: int = 1
+    """Must be 1 (dense models only)."""
+    tokenizer_name_or_path: str | None = None
+    """Tokenizer of the engine; None: megatron_training.tokenizer_name_or_path (resolved at load)."""
+    trust_remote_code: bool = ignored_field(False, "mindrl's Qwen2/Llama models and tokenizers need no remote code")
+    """Accepted for compatibility; mindrl's Qwen2/Llama models need no remote code, so it has no effect."""
+    max_num_seqs: int = 1
+    """Most sequences decoded at once per engine (MindSpeed-RL's default: 1; set it to the batch)."""
+    max_model_len: int = 2048
+    """Prompt + response tokens per sequence; must cover max_prompt_length + max_tokens."""
+    max_num_batched_tokens: int = 2048
+    """Most tokens in one engine step."""
+    dtype: str = "bfloat16"
+    """Engine dtype: bfloat16 | float16 | float32 (use the training dtype for matching logprobs)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of device memory for the engine's weights + KV cache."""
+    offload_train_optimizer: bool = False
+    """Move the optimizer state to host memory during rollout."""
+    offload_train_grad: bool = False
+    """Move the gradient buffers to host memory during rollout."""
+    offload_train_param: bool = False
+    """Move the training weights to host memory during rollout."""
+    enable_prefix_caching: bool = False
+    """Reuse the KV cache of shared prompt prefixes (the n samples of a prompt)."""
+    enforce_eager: bool = True
+    """No graph capture."""
+    enable_chunked_prefill: bool | None = None
+    """Split long prefills over steps; None: the platform's default (mindrl addition)."""
+    rollout_mode: str = "integrated"
+    """Where rollout runs (mindrl addition): 'integrated' (the engine inside the actor's processes) is the only
+    mode now; 'server' (a remote rollout server) is reserved."""
+    kv_cache_memory_gib: float | None = None
+    """Explicit KV-cache size per engine in GiB, e.g. on CPU; None: the platform default (mindrl addition)."""
+    bucket_size_mb: float = 512.0
+    """Resharding bucket: MiB of weights streamed into the engine at a time (mindrl addition)."""
+    sleep_level: int = 1
+    """vLLM sleep level between rollouts: 1 keeps weights in host memory, 2 drops them (mindrl addition)."""
+    sampling_config: SamplingSection = field(default_factory=SamplingSection)
+    """How responses are sampled."""
+
+    def validate(self, col: Collector) -> None:
+        for key in ("infer_tensor_parallel_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            if getattr(self, key) < 1:
+                col.add(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.infer_pipeline_parallel_size != 1:
+            col.add("infer_pipeline_parallel_size", "must be 1: vLLM pipeline parallelism is not supported")
+        if self.infer_expert_parallel_size != 1:
+            col.add("infer_expert_parallel_size", "must be 1: mindrl builds dense models only")
+        if self.dtype not in DTYPES:
+            col.add("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            col.add("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.rollout_mode in RESERVED_ROLLOUT_MODES:
+            col.add("rollout_mode", f"{self.rollout_mode!r} is not yet supported; use 'integrated'")
+        elif self.rollout_mode not in ROLLOUT_MODES:
+            col.add("rollout_mode", f"{self.rollout_mode!r} is not one of {', '.join(ROLLOUT_MODES)}")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            col.add("kv_cache_memory_gib", f"must be > 0 (or null), got {self.kv_cache_memory_gib}")
+        if self.bucket_size_mb <= 0:
+            col.add("bucket_size_mb", f"must be > 0, got {self.bucket_size_mb}")
+        if self.sleep_level not in (1, 2):
+            col.add("sleep_level", f"must be 1 or 2, got {self.sleep_level}")
+
+    # -- builders for mindrl.rollout -----------------------------------------------------------------
+    def sampling(self, n: int) -> SamplingConfig:
+        """The engine's SamplingConfig for `n` samples per prompt."""
+        s = self.sampling_config
+        return SamplingConfig(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            logprobs=0,
+            seed=s.seed,
+            detokenize=s.detokenize,
+            n=n,
+            stop=list(s.stop),
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+        )
+
+    def rollout_config(self, model_dir: str, seed: int) -> RolloutConfig:
+        """The engine's RolloutConfig: HF config from `model_dir`, dummy weights (the trainer streams the
+        actor's in), engine seed `seed`."""
+        kv = None if self.kv_cache_memory_gib is None else int(self.kv_cache_memory_gib * 2**30)
+        return RolloutConfig(
+            model=model_dir,
+            infer_tensor_parallel_size=self.infer_tensor_parallel_size,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            dtype=self.dtype,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=self.enable_prefix_caching,
+            load_format="dummy",
+            seed=seed,
+            kv_cache_memory_bytes=kv,
+            sleep_level=self.sleep_level,
+            tokenizer=self.tokenizer_name_or_path,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )

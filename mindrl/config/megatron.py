@@ -1,0 +1,404 @@
+"""`megatron_training`, `actor_config` and `critic_config`: the training-engine keys.
+
+MindSpeed-RL builds each role's settings as `{**model_file[NAME], **megatron_training, **role_section}`: any
+megatron key may be written in any of the three, the role section winning. The same keyspace is split here
+into global keys (`MegatronTrainingConfig`: data, batch, precision), per-role keys (`RoleConfig`: layout,
+optimizer, checkpoints) and architecture keys (`ModelArchConfig`); `MEGATRON_IGNORED` and
+`MEGATRON_UNSUPPORTED` hold the MindSpeed-RL keys that mean nothing here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mindrl.config.errors import Collector
+from mindrl.config.section import Section, ignored_field
+from mindrl.workers.train_setup import LR_DECAY_STYLES
+
+TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
+STAGES = (None, "ray_ppo", "ray_grpo")
+
+_FUSION = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
+_MEMORY = "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl"
+_DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
+_MOE = "a mixture-of-experts / MLA option; mindrl builds dense models only (num_experts must be unset)"
+_DPO = "a DPO option; not used by PPO/GRPO"
+_LOG = "a logging/eval option of megatron's own training loop, which mindrl's trainer replaces"
+
+MEGATRON_IGNORED: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "use_flash_attn",
+            "use_fused_rmsnorm",
+            "use_fused_swiglu",
+            "use_fused_rotary_pos_emb",
+            "no_masked_softmax_fusion",
+            "no_bias_dropout_fusion",
+            "no_gradient_accumulation_fusion",
+            "gemm_gradient_accumulation_fusion",
+            "shape_order",
+            "use_fused_ring_attention_update",
+            "use_cp_send_recv_overlap",
+            "use_ascend_coc",
+            "coc_mode",
+            "coc_parallel_num",
+            "coc_fused_kernel",
+        ],
+        _FUSION,
+    ),
+    "attention_softmax_in_fp32": "mindrl always computes the attention softmax in fp32",
+    "npu_deterministic": "an Ascend determinism switch; mindrl sets determinism through the platform layer",
+    "use_mcore_models": "mindrl always builds megatron-core models",
+    "transformer_impl": "mindrl builds megatron's local transformer spec on every platform",
+    "spec": "mindrl builds megatron's local transformer spec on every platform",
+    "distributed_backend": "the platform picks the torch.distributed backend (hccl / nccl / gloo)",
+    **dict.fromkeys(
+        [
+            "recompute_granularity",
+            "recompute_method",
+            "recompute_num_layers",
+            "recompute_activation_function",
+            "swap_attention",
+            "swap_optimizer",
+            "reuse_fp32_param",
+            "overlap_grad_reduce",
+            "overlap_param_gather",
+            "accumulate_allreduce_grads_in_fp32",
+            "ddp_bucket_size",
+            "num_layers_per_virtual_pipeline_stage",
+        ],
+        _MEMORY,
+    ),
+    "num_layer_list": "an uneven split of layers over pipeline stages; mindrl splits them evenly "
+    "(num_layers must be divisible by pipeline_model_parallel_size)",
+    **dict.fromkeys(
+        [
+            "no_shared_storage",
+            "no_pad_to_seq_lengths",
+            "pad_to_multiple_of",
+            "reset_position_ids",
+            "reset_attention_mask",
+            "attention_mask_type",
+            "full_shuffle_instruction_dataset",
+            "is_instruction_dataset",
+            "dataloader_type",
+            "num_workers",
+            "tokenizer_not_use_fast",
+            "tokenizer_padding_side",
+            "prompt_type",
+            "prompt_type_path",
+        ],
+        _DATA,
+    ),
+    **dict.fromkeys(
+        [
+            "eval_iters",
+            "eval_interval",
+            "log_interval",
+            "log_throughput",
+            "enable_high_availability",
+            "load_checkpoint_loosely",
+            "use_tp_pp_dp_mapping",
+            "do_sample",
+            "use_kv_cache",
+            "algorithm",
+            "no_check_for_nan_in_loss_and_grad",
+            "context_parallel_algo",
+        ],
+        _LOG,
+    ),
+    **dict.fromkeys(
+        [
+            "moe_tp_extend_ep",
+            "moe_token_dispatcher_type",
+            "seq_aux",
+            "first_k_dense_replace",
+            "moe_layer_freq",
+            "moe_router_topk",
+            "n_shared_experts",
+            "moe_ffn_hidden_size",
+            "moe_router_load_balancing_type",
+            "moe_router_num_groups",
+            "moe_router_group_topk",
+            "moe_router_topk_scaling_factor",
+            "norm_topk_prob",
+            "moe_router_score_function",
+            "moe_router_enable_expert_bias",
+            "moe_aux_loss_coeff",
+            "moe_grouped_gemm",
+            "moe_permutation_async_comm",
+            "moe_alltoall_overlap_comm",
+            "use_fused_moe_token_permute_and_unpermute",
+            "qk_pos_emb_head_dim",
+            "qk_head_dim",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "v_head_dim",
+        ],
+        _MOE,
+    ),
+    **dict.fromkeys(
+        [
+            "beta_fast",
+            "beta_slow",
+            "rope_scaling_mscale",
+            "rope_scaling_mscale_all_dim",
+            "rope_scaling_original_max_position_embeddings",
+        ],
+        "a YaRN RoPE-scaling parameter; YaRN is not supported (rope_scaling_type)",
+    ),  # fmt: skip
+    **dict.fromkeys(["dpo_loss_type", "ref_model", "refer_model_iter"], _DPO),
+    **dict.fromkeys(
+        ["lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"],
+        "a LoRA option; LoRA is not supported (lora_target_modules must be unset)",
+    ),
+}
+
+MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "context_parallel_size": ((1,), "context parallelism"),
+    "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
+    "num_experts": ((None, 0), "mixture-of-experts layers"),
+    "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
+    "qk_layernorm": ((False,), "QK layer norm (Qwen3); mindrl builds Qwen2/Llama-style models"),
+    "attention_bias": ((False,), "biases on every attention projection"),
+    "noop_layers": ((None,), "no-op layers"),
+    "vocab_extra_ids": ((0,), "extra vocabulary ids"),
+    "lora_target_modules": ((None, []), "LoRA fine-tuning"),
+    "mm_model": ((None,), "multimodal models"),
+    "ai_framework": ((None,), "the MindSpore backend"),
+    "optimizer": (("adam",), "optimizers other than Adam(W)"),
+    "pretrained_checkpoint": ((None,), "a separate pretrained checkpoint; put the start checkpoint in load"),
+    "is_pairwise_dataset": ((False,), "pairwise (DPO) datasets"),
+    "skip_train": ((False,), "evaluation-only runs"),
+}
+
+
+@dataclass
+class MegatronTrainingConfig(Section):
+    """Global training settings shared by every role: data, batch, iterations, precision, seed.
+
+    A key written in actor_config overrides the one here (MindSpeed-RL's merge); critic_config may not
+    disagree with the actor on these, since the critic trains on the actor's batches.
+    """
+
+    SECTION: ClassVar[str] = "megatron_training"
+
+    model: str | None = None
+    """Name of the model (configs/model/NAME.yaml) every role uses unless its section names another."""
+    stage: str | None = None
+    """MindSpeed-RL's algorithm label ('ray_ppo' / 'ray_grpo'). Informational: the algorithm follows
+    rl_config.adv_estimator."""
+    global_batch_size: int | None = None
+    """Prompts per iteration (required); each is sampled n_samples_per_prompt times."""
+    seq_length: int | None = None
+    """MindSpeed-RL's sequence length; the only rule it carries is generate_config.max_model_len >= seq_length.
+    Training batches are padded to their own longest prompt + response."""
+    train_iters: int | None = None
+    """Iterations (rollout + update) to run (required)."""
+    save_interval: int | None = None
+    """Checkpoint every this many iterations (and at the end); None or 0: only at the end."""
+    seed: int = 1234
+    """Seed of the data order, rollout sampling and model initialisation."""
+    data_path: str | None = None
+    """Prompt dataset prefix written by mindrl-preprocess (its output_prefix, or the ..._packed_input_ids_document
+    prefix); required."""
+    split: str | None = None
+    """MindSpeed-RL's train,valid,test split; mindrl trains on the whole dataset, so only '100,0,0'-like splits
+    (no validation/test share) are accepted."""
+    tokenizer_name_or_path: str | None = None
+    """Directory of the HF tokenizer (the HF checkpoint directory); required."""
+    tokenizer_type: str | None = "PretrainedFromHF"
+    """Only Hugging Face tokenizers ('PretrainedFromHF' / 'HuggingFaceTokenizer')."""
+    dataset_additional_keys: list[str] = field(default_factory=lambda: ["labels"])
+    """Packed documents read besides the prompts: 'labels' (the reference answers the verifiers need)."""
+    no_shuffle: bool = False
+    """Iterate the prompts in dataset order instead of a seeded shuffle per epoch."""
+    bf16: bool = True
+    """Train in bfloat16 (MindSpeed-RL's default). Set false (and fp16 false) for fp32, e.g. on CPU."""
+    fp16: bool = False
+    """Train in float16 with loss scaling (mindrl addition; MindSpeed-RL trains in bf16)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (a role section may override)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism within TP groups (a role section may override)."""
+    variable_seq_lengths: bool = ignored_field(
+        False, "mindrl always sends each micro-batch's own shape between pipeline stages"
+    )
+    """Accepted for compatibility; mindrl always handles variable sequence lengths."""
+    attention_dropout: float = 0.0
+    """Must be 0: rollout logprobs must match the training forward (MindSpeed-RL's configs all set 0)."""
+    hidden_dropout: float = 0.0
+    """Must be 0, as attention_dropout."""
+    init_method_std: float = ignored_field(0.02, "weights always come from a checkpoint (load)")
+    """Accepted for compatibility; weights always come from a checkpoint."""
+
+    def validate(self, col: Collector) -> None:
+        for key in ("global_batch_size", "train_iters"):
+            v = getattr(self, key)
+            if v is None:
+                col.add(key, "is required")
+            elif v < 1:
+                col.add(key, f"must be >= 1, got {v}")
+        for key in ("data_path", "tokenizer_name_or_path"):
+            if not getattr(self, key):
+                col.add(key, "is required (a path)")
+        if self.seq_length is not None and self.seq_length < 1:
+            col.add("seq_length", f"must be >= 1, got {self.seq_length}")
+        if self.save_interval is not None and self.save_interval < 0:
+            col.add("save_interval", f"must be >= 0 (0 or null: save at the end only), got {self.save_interval}")
+        if self.tokenizer_type not in TOKENIZER_TYPES:
+            col.add("tokenizer_type", f"{self.tokenizer_type!r} is not supported; use PretrainedFromHF")
+        if self.stage not in STAGES:
+            col.add("stage", f"{self.stage!r} is not one of {', '.join(map(str, STAGES[1:]))} (or unset)")
+        if self.bf16 and self.fp16:
+            col.add("fp16", "bf16 and fp16 are both true; choose one (both false: fp32)")
+        for key in ("attention_dropout", "hidden_dropout"):
+            if getattr(self, key) != 0.0:
+                col.add(key, f"must be 0.0 (RL needs a deterministic forward), got {getattr(self, key)}")
+        if self.split is not None:
+            shares = [s for s in re.split(r"[,/]", str(self.split)) if s.strip()]
+            try:
+                nums = [float(s) for s in shares]
+            except ValueError:
+                col.add("split", f"expected comma-separated numbers like '100,0,0', got {self.split!r}")
+            else:
+                if not nums or nums[0] <= 0 or any(n < 0 for n in nums) or any(n > 0 for n in nums[1:]):
+                    col.add("split", f"{self.split!r}: mindrl trains on the whole dataset; use '100,0,0'")
+
+    @property
+    def dtype(self) -> str:
+        """'bfloat16', 'float16' or 'float32' (bf16 / fp16 / neither)."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
+
+
+@dataclass
+class RoleConfig(Section):
+    """One trained model's settings (actor_config or critic_config): layout, micro-batch, optimizer, LR
+    schedule and checkpoints. Unset keys come from megatron_training, then from the defaults below."""
+
+    SECTION: ClassVar[str] = "actor_config"
+
+    model: str | None = None
+    """Model name (configs/model/NAME.yaml); None: megatron_training.model."""
+    tensor_model_parallel_size: int = 1
+    """Training tensor parallelism (TP)."""
+    pipeline_model_parallel_size: int = 1
+    """Training pipeline parallelism (PP)."""
+    micro_batch_size: int = 1
+    """Responses per micro-batch in the update (gradient accumulation over micro-batches)."""
+    lr: float | None = None
+    """Peak learning rate (required)."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_decay_style: str = "linear"
+    """constant | linear | cosine | inverse-square-root | WSD (MindSpeed-RL's default: linear)."""
+    lr_warmup_fraction: float | None = None
+    """Warmup as a fraction of the run's optimizer steps (exclusive with lr_warmup_iters)."""
+    lr_warmup_iters: int = 0
+    """Warmup in optimizer steps (mindrl addition; exclusive with lr_warmup_fraction)."""
+    lr_decay_iters: int | None = None
+    """Optimizer steps over which lr decays to min_lr (mindrl addition); None: the whole run."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon (mindrl addition)."""
+    initial_loss_scale: float = 2.0**32
+    """Initial dynamic loss scale (fp16 only)."""
+    load: str | None = None
+    """Megatron checkpoint to start from (required; a directory with latest_checkpointed_iteration.txt)."""
+    save: str | None = None
+    """Where checkpoints are written; None: not saved."""
+    finetune: bool = False
+    """Load only the weights: start at iteration 0 with a fresh optimizer and RNG."""
+    no_load_optim: bool = False
+    """Do not load the optimizer state from `load`."""
+    no_load_rng: bool = False
+    """Do not load the RNG state from `load`."""
+    no_save_optim: bool = False
+    """Do not save the optimizer state."""
+    no_save_rng: bool = False
+    """Do not save the RNG state."""
+    use_distributed_optimizer: bool | None = None
+    """None: megatron_training.use_distributed_optimizer (resolved at load)."""
+    sequence_parallel: bool | None = None
+    """None: megatron_training.sequence_parallel (resolved at load)."""
+
+    def validate(self, col: Collector) -> None:
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                col.add(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.lr is None:
+            col.add("lr", "is required")
+        elif self.lr <= 0:
+            col.add("lr", f"must be > 0, got {self.lr}")
+        elif not 0.0 <= self.min_lr <= self.lr:
+            col.add("min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            col.add("lr_decay_style", f"{self.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
+            col.add("lr_warmup_fraction", f"must be in [0, 1], got {self.lr_warmup_fraction}")
+        if self.lr_warmup_iters < 0:
+            col.add("lr_warmup_iters", f"must be >= 0, got {self.lr_warmup_iters}")
+        elif self.lr_warmup_iters > 0 and self.lr_warmup_fraction:
+            col.add("lr_warmup_iters", "lr_warmup_iters and lr_warmup_fraction are both set; choose one")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
+            col.add("lr_decay_iters", f"must be >= 1 (or null: the whole run), got {self.lr_decay_iters}")
+        for key in ("weight_decay", "clip_grad"):
+            if getattr(self, key) < 0:
+                col.add(key, f"must be >= 0, got {getattr(self, key)}")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                col.add(key, f"must be in [0, 1), got {getattr(self, key)}")
+        if self.adam_eps <= 0:
+            col.add("adam_eps", f"must be > 0, got {self.adam_eps}")
+        if self.initial_loss_scale <= 0:
+            col.add("initial_loss_scale", f"must be > 0, got {self.initial_loss_scale}")
+        if not self.load:
+            col.add("load", "is required (the megatron checkpoint to start from)")
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+
+def megatron_key_kind(key: str) -> str:
+    """Where a key of the megatron keyspace belongs: 'global', 'role', 'arch', 'ignored', 'unsupported' or
+    'unknown'. `model` is 'role' (each role picks its model; megatron_training's is the default)."""
+    from mindrl.config.model import ModelArchConfig
+
+    if key in RoleConfig.field_names():
+        return "role"
+    if key in MegatronTrainingConfig.field_names():
+        return "global"
+    if key in ModelArchConfig.field_names() and key != "name":
+        return "arch"
+    if key in MEGATRON_IGNORED:
+        return "ignored"
+    if key in MEGATRON_UNSUPPORTED:
+        return "unsupported"
+    return "unknown"
+
+
+def megatron_keys() -> set[str]:
+    """Every key megatron_training / actor_config / critic_config / a model file accepts."""
+    from mindrl.config.model import ModelArchConfig
+
+    return (
+        set(RoleConfig.field_names())
+        | set(MegatronTrainingConfig.field_names())
+        | (set(ModelArchConfig.field_names()) - {"name"})
+        | set(MEGATRON_IGNORED)
+        | set(MEGATRON_UNSUPPORTED)
+    )

@@ -1,0 +1,138 @@
+"""`model`: the network architecture, from configs/model/NAME.yaml (MindSpeed-RL's model files, whose single
+top-level key is NAME), plus any architecture keys written in megatron_training or a role section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mindrl.config.errors import Collector
+from mindrl.config.section import Section
+
+SUPPORTED_ROPE_SCALING = (None, "llama3")
+
+
+@dataclass
+class ModelArchConfig(Section):
+    """A Qwen2 / Llama-style decoder in megatron's argument names (MindSpeed-RL's model YAML keys).
+
+    mindrl builds the model from the checkpoint's HF config; this section is what the layout checks, the
+    planner and the checkpoint cross-check (when paths are checked) use, so it must describe the same network.
+    """
+
+    SECTION: ClassVar[str] = "model"
+
+    name: str = ""
+    """The model's name: the top-level key of configs/model/NAME.yaml (set by the loader)."""
+    num_layers: int | None = None
+    """Transformer layers (required)."""
+    hidden_size: int | None = None
+    """Hidden (embedding) size (required)."""
+    ffn_hidden_size: int | None = None
+    """MLP intermediate size; None means 4 * hidden_size (megatron's default)."""
+    num_attention_heads: int | None = None
+    """Query heads (required)."""
+    kv_channels: int | None = None
+    """Head dimension; None means hidden_size / num_attention_heads."""
+    group_query_attention: bool = False
+    """Grouped-query attention: num_query_groups key/value heads instead of one per query head."""
+    num_query_groups: int = 1
+    """Key/value heads when group_query_attention is true (ignored otherwise, as in megatron)."""
+    padded_vocab_size: int | None = None
+    """Vocabulary rows of the embedding and output layer (the HF config's vocab_size). None: not checked."""
+    make_vocab_size_divisible_by: int = 128
+    """Padding multiple megatron uses when it derives the vocab size itself (only with padded_vocab_size unset)."""
+    max_position_embeddings: int | None = None
+    """Longest sequence the model supports; generate_config.max_model_len may not exceed it."""
+    rotary_base: float = 10000.0
+    """RoPE theta (Qwen2.5: 1e6)."""
+    rope_scaling_type: str | None = None
+    """RoPE scaling: None or 'llama3' (Llama-3.1); MindSpeed-RL's 'linear' / 'yarn' are not supported."""
+    rope_scaling_factor: float = 1.0
+    """RoPE scaling factor (with rope_scaling_type)."""
+    low_freq_factor: float | None = None
+    """Llama-3 RoPE scaling: low-frequency factor."""
+    high_freq_factor: float | None = None
+    """Llama-3 RoPE scaling: high-frequency factor."""
+    original_max_position_embeddings: int | None = None
+    """Llama-3 RoPE scaling: the context length before scaling."""
+    untie_embeddings_and_output_weights: bool = False
+    """Separate input embedding and output layer weights (Qwen2.5-7B/32B: true)."""
+    add_qkv_bias: bool = False
+    """Bias on the QKV projection only (Qwen2: true, Llama: false)."""
+    disable_bias_linear: bool = False
+    """No bias on the other linear layers; mindrl's decoders have none, so this must be true."""
+    norm_epsilon: float = 1e-5
+    """RMSNorm epsilon (Qwen2.5-7B: 1e-6)."""
+    swiglu: bool = False
+    """SwiGLU MLP; mindrl's decoders always use it, so this must be true."""
+    normalization: str = "LayerNorm"
+    """'RMSNorm' is the only normalization mindrl builds."""
+    position_embedding_type: str = "learned_absolute"
+    """'rope' is the only position embedding mindrl builds."""
+    use_rotary_position_embeddings: bool = False
+    """Legacy megatron switch for RoPE; true is the same as position_embedding_type: rope."""
+
+    def validate(self, col: Collector) -> None:
+        for key in ("num_layers", "hidden_size", "num_attention_heads"):
+            v = getattr(self, key)
+            if v is None:
+                col.add(key, "is required (the model YAML must give the architecture)")
+            elif v < 1:
+                col.add(key, f"must be >= 1, got {v}")
+        for key in ("ffn_hidden_size", "kv_channels", "padded_vocab_size", "max_position_embeddings"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                col.add(key, f"must be >= 1 (or unset), got {v}")
+        if self.num_query_groups < 1:
+            col.add("num_query_groups", f"must be >= 1, got {self.num_query_groups}")
+        heads, hidden = self.num_attention_heads, self.hidden_size
+        if heads and heads >= 1 and not col.is_bad("num_attention_heads", "num_query_groups"):
+            if self.group_query_attention and self.num_query_groups >= 1 and heads % self.num_query_groups:
+                col.add(
+                    "num_query_groups",
+                    f"num_attention_heads={heads} must be divisible by num_query_groups={self.num_query_groups}",
+                )
+            if self.kv_channels is None and hidden and hidden >= 1 and hidden % heads:
+                col.add("hidden_size", f"hidden_size={hidden} must be divisible by num_attention_heads={heads} "
+                        "(or set kv_channels)")  # fmt: skip
+        if self.norm_epsilon <= 0:
+            col.add("norm_epsilon", f"must be > 0, got {self.norm_epsilon}")
+        if self.rotary_base <= 0:
+            col.add("rotary_base", f"must be > 0, got {self.rotary_base}")
+        if self.rope_scaling_type not in SUPPORTED_ROPE_SCALING:
+            col.add("rope_scaling_type", f"{self.rope_scaling_type!r} is not supported; use null or 'llama3'")
+        # mindrl builds Qwen2 / Llama-style decoders only; a model file describing anything else is wrong here.
+        style = "mindrl builds Qwen2/Llama-style decoders (RMSNorm, SwiGLU, RoPE, no linear biases but the QKV bias)"
+        if self.normalization != "RMSNorm":
+            col.add("normalization", f"{self.normalization!r} is not supported: {style}; set it to RMSNorm")
+        if not self.swiglu:
+            col.add("swiglu", f"must be true: {style}")
+        if not self.uses_rope:
+            col.add("position_embedding_type", f"{self.position_embedding_type!r} is not supported: {style}; set rope")
+        if not self.disable_bias_linear:
+            col.add("disable_bias_linear", f"must be true: {style}")
+
+    # -- derived ----------------------------------------------------------------------------------------
+    @property
+    def uses_rope(self) -> bool:
+        return self.position_embedding_type == "rope" or self.use_rotary_position_embeddings
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: num_query_groups with grouped-query attention, else one per query head."""
+        return self.num_query_groups if self.group_query_attention else int(self.num_attention_heads or 0)
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.kv_channels or (self.hidden_size or 0) // max(1, self.num_attention_heads or 1))
+
+    @property
+    def ffn_size(self) -> int:
+        """ffn_hidden_size, or megatron's 4 * hidden_size when unset."""
+        return int(self.ffn_hidden_size or 4 * (self.hidden_size or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["num_kv_heads"] = self.num_kv_heads
+        return d

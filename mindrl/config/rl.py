@@ -1,0 +1,427 @@
+"""`rl_config`: the algorithm (advantages, KL, clipping, mini-batches), rewards, logging and the devices;
+MindSpeed-RL's keys plus mindrl's additions, and the derived quantities the trainer reads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mindrl.algorithms import LOSS_AGG_MODES, list_advantage_estimators
+from mindrl.algorithms.kl import KL_PENALTY_KINDS
+from mindrl.config.errors import Collector, did_you_mean
+from mindrl.config.section import Section
+from mindrl.rewards import list_verifiers
+
+KL_CTRL_TYPES = ("fixed", "adaptive")
+# Estimators that normalise within a prompt's group of samples: one sample per prompt gives zero advantages.
+GROUP_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus_baseline")
+# MindSpeed-RL verifier names that mindrl registers under another name (same rule).
+VERIFIER_ALIASES = {"math_verify_reward": "math_verify"}
+
+_TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
+_PACKING = "a packing / dynamic-batch performance option; mindrl pads each micro-batch to its longest row"
+
+
+@dataclass
+class ResourceConfig(Section):
+    """Devices of one role (MindSpeed-RL: `num_npus`, whatever the accelerator)."""
+
+    SECTION: ClassVar[str] = "rl_config.actor_resource"
+
+    num_npus: int | None = None
+    """Devices (NPUs, GPUs, or CPU stand-ins) of the role."""
+
+    def validate(self, col: Collector) -> None:
+        if self.num_npus is not None and self.num_npus < 1:
+            col.add("num_npus", f"must be >= 1, got {self.num_npus}")
+
+
+@dataclass
+class IntegratedModeConfig(Section):
+    """Options of integrated mode (actor, reference and rollout engine in the same processes)."""
+
+    SECTION: ClassVar[str] = "rl_config.integrated_mode_config"
+
+    ref_model_load_path: str | None = None
+    """Reference model checkpoint; None: the actor's `load` (resuming a run keeps the original reference)."""
+
+
+@dataclass
+class RLSectionConfig(Section):
+    """The RL algorithm and its surroundings (MindSpeed-RL's rl_config, plus mindrl's additions)."""
+
+    SECTION: ClassVar[str] = "rl_config"
+    IGNORED: ClassVar[dict[str, str]] = {
+        "blocking": "mindrl's driver always waits for each stage (MindSpeed-RL's integrated mode needs true)",
+        "guarantee_order": "mindrl keeps sample order by construction",
+        "async_engine": "asynchronous TransferDock generation; mindrl's rollout is synchronous",
+        "num_cpus_for_local_task": "Ray CPU reservations are derived by mindrl",
+        "num_cpus_for_placement_group": "Ray CPU reservations are derived by mindrl",
+        "hccl_buffersize": "an HCCL tuning knob; set HCCL_BUFFSIZE in the environment on Ascend",
+        "runtime_env_path": "mindrl workers inherit the driver's environment; export the variables before launch",
+        **dict.fromkeys(
+            [
+                "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size",
+                "reward_dispatch_size", "dynamic_sampling_dispatch_size", "adv_dispatch_size",
+                "actor_update_dispatch_size", "critic_update_dispatch_size", "critic_value_dispatch_size",
+                "kl_dispatch_size", "actor_image_embeds_dispatch_size", "data_strategy",
+                "transfer_queue_data_shard_num", "transfer_queue_data_shard_port_base", "zmq_communication",
+                "use_dp_batch_balance",
+            ],
+            _TRANSFER_DOCK,
+        ),
+        **dict.fromkeys(
+            [
+                "use_remove_padding", "use_dynamic_bsz", "max_packing_token_size", "ref_max_packing_token_size",
+                "actor_max_packing_token_size", "update_max_packing_token_size", "dynamic_max_batch_size",
+                "ref_dynamic_max_batch_size", "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size",
+            ],
+            _PACKING,
+        ),
+        "log_max_throughput": "mindrl computes throughput from mean lengths, never the max",
+        "tp_split_expert": "a mixture-of-experts option; mindrl builds dense models only",
+        "token_level_loss": "used by MindSpeed-RL's DAPO loss only; mindrl's aggregation is loss_agg_mode",
+        "advantage_whiten": "unused by MindSpeed-RL; mindrl whitens GAE advantages and normalises group ones",
+        "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
+        "beta": "the rule/model reward mix; mindrl scores with rule rewards only",
+        **dict.fromkeys(
+            ["swanlab_mode", "swanlab_project", "swanlab_exp_name", "swanlab_save_dir"],
+            "SwanLab logging is not supported (use_swanlab must be false)",
+        ),
+        **dict.fromkeys(
+            ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
+        ),
+        **dict.fromkeys(
+            ["rollout_max_tokens", "overlong_buffer", "overlong_buffer_penalty_factor"],
+            "a DAPO overlong-penalty option; active only with overlong_buffer_enable, which is not supported",
+        ),
+        **dict.fromkeys(
+            ["filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"],
+            "a DAPO dynamic-sampling option; active only with filter_groups_enable, which is not supported",
+        ),
+        "require_max_age_all_finished": "a partial-rollout option; partial rollout is not supported",
+        **dict.fromkeys(
+            [
+                "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
+                "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format",
+            ],
+            "a multi-turn tool-use option; active only with multi_turn_enable, which is not supported",
+        ),
+    }  # fmt: skip
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "use_swanlab": ((False,), "SwanLab logging; use use_tensorboard or use_wandb"),
+        "filter_groups_enable": ((False,), "DAPO dynamic sampling"),
+        "overlong_buffer_enable": ((False,), "DAPO overlong reward shaping"),
+        "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
+        "partial_rollout_max_split": ((1,), "partial rollout"),
+        "share_backbone": ((False,), "a LoRA actor sharing the reference backbone"),
+        "is_multimodal": ((False,), "multimodal models"),
+        "colocate_actor_and_vit": ((False,), "multimodal models"),
+        "vit_resource": ((None,), "multimodal models"),
+        "shuffle_mini_batch": ((False,), "shuffling mini-batches within an iteration"),
+    }
+
+    # -- placement -----------------------------------------------------------------------------------
+    use_integrated_worker: bool = True
+    """Actor, reference and rollout engine share every device (MindSpeed-RL's integrated mode); the only mode."""
+    actor_resource: ResourceConfig = field(default_factory=ResourceConfig)
+    """num_npus: the devices of the job (required). Actor, reference, rollout and critic all run on them."""
+    critic_resource: ResourceConfig | None = None
+    """The critic's devices: absent or the same num_npus as the actor (it shares the actor's devices)."""
+    reward_resource: ResourceConfig | None = None
+    """A reward model's devices; must stay unset (rule rewards only, as MindSpeed-RL's integrated mode)."""
+    reference_resource: ResourceConfig | None = None
+    """Must stay unset: in integrated mode the reference uses the actor's devices."""
+    integrated_mode_config: IntegratedModeConfig = field(default_factory=IntegratedModeConfig)
+    """ref_model_load_path: the reference checkpoint (default: actor_config.load)."""
+    # -- algorithm -----------------------------------------------------------------------------------
+    adv_estimator: str = "group_norm"
+    """Advantage estimator: gae (PPO, needs critic_config) | group_norm (GRPO) | rloo | reinforce_plus_plus | ...
+    (mindrl.algorithms.list_advantage_estimators())."""
+    gamma: float = 1.0
+    """Discount factor (GAE)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    n_samples_per_prompt: int = 1
+    """Responses sampled per prompt (the group size of group_norm)."""
+    mini_batch_size: int | None = None
+    """PROMPTS per actor/critic optimizer step, as in MindSpeed-RL (which multiplies it by n_samples_per_prompt
+    internally): global_batch_size / mini_batch_size steps per epoch. None: global_batch_size (one step)."""
+    epochs: int = 1
+    """Passes over each iteration's rollouts."""
+    clip_ratio: float = 0.2
+    """PPO clip range of the policy ratio."""
+    cliprange_value: float = 0.5
+    """Clip range of the critic's value update."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus in the actor loss."""
+    kl_penalty: str = "low_var_kl"
+    """KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)."""
+    kl_ctrl_type: str = "fixed"
+    """KL coefficient controller: fixed | adaptive (needs kl_target and kl_horizon)."""
+    init_kl_coef: float = 0.01
+    """KL coefficient (the start value with the adaptive controller)."""
+    kl_target: float | None = None
+    """Adaptive controller: target KL."""
+    kl_horizon: float | None = None
+    """Adaptive controller: horizon (> 0)."""
+    use_kl_in_reward: bool | None = None
+    """KL penalty in the reward (true) or in the actor loss (false). None: MindSpeed-RL's choice per algorithm,
+    in the reward for gae (PPO), in the loss for the others (GRPO)."""
+    max_prompt_length: int = 512
+    """Prompts longer than this (in tokens) are dropped from the dataset."""
+    actor_forward_micro_batch_size: int | None = None
+    """Rows per micro-batch when computing old logprobs; None: actor_config.micro_batch_size."""
+    ref_forward_micro_batch_size: int | None = None
+    """Rows per micro-batch when computing reference logprobs; None: actor_config.micro_batch_size."""
+    critic_forward_micro_batch_size: int | None = None
+    """Rows per micro-batch when computing values (mindrl addition); None: critic_config.micro_batch_size."""
+    clip_higher_enable: bool | None = None
+    """MindSpeed-RL's DAPO switch for clip_ratio_low/high: true requires both; false ignores them; None (mindrl):
+    they apply whenever set."""
+    # -- rewards -------------------------------------------------------------------------------------
+    rule_reward: bool = True
+    """Score responses with rule verifiers; must be true (reward models are not supported)."""
+    verifier_function: list[str] = field(default_factory=lambda: ["base_acc"])
+    """Verifier names (mindrl.rewards.list_verifiers()); a single name is accepted. MindSpeed-RL's
+    'math_verify_reward' is read as mindrl's 'math_verify'."""
+    verifier_weight: list[float] = field(default_factory=lambda: [1.0])
+    """One weight per verifier; the reward is the weighted sum."""
+    verifier_parallel: int = 1
+    """Processes scoring rewards."""
+    verifier_timeout: float = 30.0
+    """Seconds per response before its score is 0."""
+    # -- logging -------------------------------------------------------------------------------------
+    use_tensorboard: bool = False
+    """Write TensorBoard events under run_dir/tensorboard (kept on with use_wandb, unlike MindSpeed-RL)."""
+    use_wandb: bool = False
+    """Log to Weights & Biases (needs the wandb package)."""
+    wandb_project: str = ""
+    """wandb project."""
+    wandb_exp_name: str = ""
+    """wandb run name."""
+    wandb_save_dir: str = ""
+    """Local wandb directory; '' means run_dir."""
+    # -- mindrl additions ------------------------------------------------------------------------------
+    loss_agg_mode: str = "token-mean"
+    """How per-token losses become one number (mindrl.algorithms.LOSS_AGG_MODES)."""
+    clip_ratio_low: float | None = None
+    """Lower clip range (1 - low); None: clip_ratio."""
+    clip_ratio_high: float | None = None
+    """Upper clip range (1 + high); None: clip_ratio (DAPO's clip-higher uses e.g. 0.28)."""
+    clip_ratio_c: float | None = None
+    """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens; None: off."""
+    kl_loss_type: str | None = None
+    """KL estimator in the actor loss; None: kl_penalty."""
+    rollout_is_threshold: float | None = None
+    """Truncated importance sampling: weight each token by min(pi_train / pi_rollout, threshold) to correct the
+    rollout engine's numerics; None: off."""
+    log_rollouts_interval: int = 10
+    """Write sampled rollouts to run_dir/rollouts.jsonl every this many iterations; 0: never."""
+    max_consecutive_skipped_updates: int = 3
+    """Abort after this many consecutive skipped (non-finite) updates; 0: never abort."""
+    logprob_diff_warn: float = 0.05
+    """Warn when the mean |rollout logprob - training logprob| exceeds this."""
+    run_dir: str | None = None
+    """Metrics, rollouts and TensorBoard go here; None: ./outputs/<config_name>."""
+    ray_address: str | None = None
+    """Ray cluster to join; None: start a local Ray on 127.0.0.1."""
+    num_cpu_devices: int | None = None
+    """CPU stand-in devices to expose when running on CPU; None: actor_resource.num_npus."""
+
+    @classmethod
+    def normalize(cls, key: str, value: Any) -> Any:
+        if key == "verifier_function":
+            names = [value] if isinstance(value, str) else value
+            if isinstance(names, (list, tuple)):
+                return [VERIFIER_ALIASES.get(n, n) if isinstance(n, str) else n for n in names]
+        if key == "verifier_weight" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return [value]
+        return value
+
+    def __post_init__(self) -> None:
+        self._bound: _Bound | None = None
+        super().__post_init__()
+
+    def validate(self, col: Collector) -> None:
+        if not self.use_integrated_worker:
+            col.add("use_integrated_worker", "must be true: mindrl runs actor, reference and rollout on the same "
+                    "devices (integrated mode) only")  # fmt: skip
+        if self.actor_resource.num_npus is None:
+            col.add("actor_resource.num_npus", "is required (the number of devices)")
+        for key in ("reward_resource", "reference_resource"):
+            if getattr(self, key) is not None:
+                col.add(key, "must not be set: in integrated mode the reference shares the actor's devices and "
+                        "rewards come from rule verifiers (rule_reward)")  # fmt: skip
+        estimators = list_advantage_estimators()
+        if self.adv_estimator not in estimators:
+            col.add("adv_estimator", f"unknown estimator {self.adv_estimator!r}"
+                    + (did_you_mean(self.adv_estimator, estimators) or f"; known: {', '.join(estimators)}"))  # fmt: skip
+        elif self.adv_estimator in GROUP_ESTIMATORS and self.n_samples_per_prompt < 2:
+            col.add("n_samples_per_prompt", f"{self.adv_estimator} compares samples of the same prompt and needs "
+                    f"n_samples_per_prompt >= 2, got {self.n_samples_per_prompt}")  # fmt: skip
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                col.add(key, f"must be in [0, 1], got {getattr(self, key)}")
+        for key in ("n_samples_per_prompt", "epochs", "max_prompt_length", "verifier_parallel"):
+            if getattr(self, key) < 1:
+                col.add(key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("mini_batch_size", "actor_forward_micro_batch_size", "ref_forward_micro_batch_size",
+                    "critic_forward_micro_batch_size", "num_cpu_devices"):  # fmt: skip
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                col.add(key, f"must be >= 1 (or null), got {v}")
+        if not 0.0 < self.clip_ratio <= 1.0:
+            col.add("clip_ratio", f"must be in (0, 1], got {self.clip_ratio}")
+        if self.cliprange_value <= 0:
+            col.add("cliprange_value", f"must be > 0, got {self.cliprange_value}")
+        if self.entropy_coeff < 0:
+            col.add("entropy_coeff", f"must be >= 0, got {self.entropy_coeff}")
+        self._validate_kl(col)
+        self._validate_clip(col)
+        self._validate_rewards(col)
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            col.add("loss_agg_mode", f"{self.loss_agg_mode!r} is not one of {', '.join(LOSS_AGG_MODES)}"
+                    + did_you_mean(self.loss_agg_mode, LOSS_AGG_MODES))  # fmt: skip
+        if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
+            col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
+        for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):
+            if getattr(self, key) < 0:
+                col.add(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.logprob_diff_warn <= 0:
+            col.add("logprob_diff_warn", f"must be > 0, got {self.logprob_diff_warn}")
+        n = self.actor_resource.num_npus
+        if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
+            col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
+                    f"actor_resource.num_npus={n}")  # fmt: skip
+
+    def _validate_kl(self, col: Collector) -> None:
+        for key in ("kl_penalty", "kl_loss_type"):
+            v = getattr(self, key)
+            if v is not None and v not in KL_PENALTY_KINDS:
+                col.add(key, f"{v!r} is not one of {', '.join(KL_PENALTY_KINDS)}" + did_you_mean(v, KL_PENALTY_KINDS))
+        if self.kl_ctrl_type not in KL_CTRL_TYPES:
+            col.add("kl_ctrl_type", f"{self.kl_ctrl_type!r} is not one of fixed, adaptive")
+        elif self.kl_ctrl_type == "adaptive":
+            for key in ("kl_target", "kl_horizon"):
+                v = getattr(self, key)
+                if v is None:
+                    col.add(key, "is required with kl_ctrl_type: adaptive")
+                elif v <= 0:
+                    col.add(key, f"must be > 0 with kl_ctrl_type: adaptive, got {v}")
+        if self.init_kl_coef < 0:
+            col.add("init_kl_coef", f"must be >= 0, got {self.init_kl_coef}")
+
+    def _validate_clip(self, col: Collector) -> None:
+        if self.clip_higher_enable is True:
+            for key in ("clip_ratio_low", "clip_ratio_high"):
+                if getattr(self, key) is None:
+                    col.add(key, "is required with clip_higher_enable: true")
+        elif self.clip_higher_enable is False:
+            # MindSpeed-RL reads clip_ratio_low/high only with clip_higher_enable; keep that meaning.
+            for key in ("clip_ratio_low", "clip_ratio_high"):
+                if getattr(self, key) is not None:
+                    col.ignore(key, "clip_higher_enable is false, so clip_ratio is used")
+                    object.__setattr__(self, key, None)
+        if self.clip_ratio_low is not None and not 0.0 <= self.clip_ratio_low < 1.0:
+            col.add("clip_ratio_low", f"must be in [0, 1), got {self.clip_ratio_low}")
+        if self.clip_ratio_high is not None and self.clip_ratio_high <= 0:
+            col.add("clip_ratio_high", f"must be > 0, got {self.clip_ratio_high}")
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            col.add("clip_ratio_c", f"the dual-clip constant must be > 1, got {self.clip_ratio_c}")
+
+    def _validate_rewards(self, col: Collector) -> None:
+        if not self.rule_reward:
+            col.add("rule_reward", "must be true: mindrl scores with rule verifiers only (no reward model)")
+        known = list_verifiers()
+        if not self.verifier_function:
+            col.add("verifier_function", "needs at least one verifier name")
+        for name in self.verifier_function:
+            if name not in known:
+                col.add("verifier_function", f"unknown verifier {name!r}"
+                        + (did_you_mean(name, known) or f"; known: {', '.join(known)}"))  # fmt: skip
+        if len(self.verifier_weight) != len(self.verifier_function):
+            col.add("verifier_weight", f"{len(self.verifier_weight)} weights for {len(self.verifier_function)} "
+                    f"verifiers ({self.verifier_function}); give one weight per verifier")  # fmt: skip
+        if any(not math.isfinite(w) for w in self.verifier_weight):
+            col.add("verifier_weight", f"weights must be finite, got {self.verifier_weight}")
+        if self.verifier_timeout <= 0:
+            col.add("verifier_timeout", f"must be > 0 seconds, got {self.verifier_timeout}")
+
+    # -- derived (what the trainer reads) --------------------------------------------------------------
+    def bind(self, global_batch_size: int, actor_tp_pp: int, critic_tp_pp: int | None, infer_tp: int) -> None:
+        """Called by the loader: fixes the layout-dependent values below and resolves mini_batch_size."""
+        if self.mini_batch_size is None:
+            self.mini_batch_size = global_batch_size
+        self._bound = _Bound(global_batch_size, actor_tp_pp, critic_tp_pp, infer_tp)
+
+    def _need_bound(self) -> _Bound:
+        if self._bound is None:
+            raise RuntimeError("rl_config is not bound to a layout: build configs with mindrl.config.load_config")
+        return self._bound
+
+    @property
+    def world_size(self) -> int:
+        """Devices of the job: actor_resource.num_npus (the critic and the engine share them)."""
+        return int(self.actor_resource.num_npus or 0)
+
+    @property
+    def cpu_devices(self) -> int:
+        """CPU stand-in devices: num_cpu_devices, else world_size."""
+        return self.num_cpu_devices or self.world_size
+
+    @property
+    def needs_critic(self) -> bool:
+        """GAE needs a value model; the group estimators do not."""
+        return self.adv_estimator == "gae"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """use_kl_in_reward if set, else MindSpeed-RL's per-algorithm choice: in the reward for gae (PPO)."""
+        return self.use_kl_in_reward if self.use_kl_in_reward is not None else self.needs_critic
+
+    @property
+    def kl_coef_in_loss(self) -> float:
+        """The actor loss's KL coefficient: init_kl_coef when the KL is in the loss, 0 when it is in the reward."""
+        return 0.0 if self.kl_in_reward else float(self.init_kl_coef)
+
+    @property
+    def actor_dp(self) -> int:
+        """Actor data-parallel size: world_size / (TP * PP)."""
+        return self.world_size // self._need_bound().actor_tp_pp
+
+    @property
+    def critic_dp(self) -> int | None:
+        """Critic data-parallel size, or None without a critic."""
+        b = self._need_bound()
+        return None if b.critic_tp_pp is None else self.world_size // b.critic_tp_pp
+
+    @property
+    def infer_dp(self) -> int:
+        """Rollout engine replicas: world_size / infer_tensor_parallel_size."""
+        return self.world_size // self._need_bound().infer_tp
+
+    @property
+    def num_mini_batches(self) -> int:
+        """Optimizer steps per epoch: global_batch_size / mini_batch_size."""
+        return self._need_bound().global_batch_size // int(self.mini_batch_size or 1)
+
+    @property
+    def mini_batch_responses(self) -> int:
+        """Responses per optimizer step (MindSpeed-RL's internal mini_batch_size)."""
+        return int(self.mini_batch_size or self._need_bound().global_batch_size) * self.n_samples_per_prompt
+
+    @property
+    def on_policy(self) -> bool:
+        """One optimizer step per iteration (one mini-batch, one epoch): the rollout policy is the one being
+        updated, so the old logprobs need not be recomputed."""
+        return self.num_mini_batches == 1 and self.epochs == 1
+
+
+@dataclass(frozen=True)
+class _Bound:
+    global_batch_size: int
+    actor_tp_pp: int
+    critic_tp_pp: int | None
+    infer_tp: int

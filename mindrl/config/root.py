@@ -1,0 +1,211 @@
+"""`RLConfig`: the whole run's config, and the rules that span sections (layouts against the model and the
+devices, batch divisibility, sequence lengths), checked once when it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import yaml
+
+from mindrl.config.errors import Collector
+from mindrl.config.generate import GenerateConfig
+from mindrl.config.megatron import MegatronTrainingConfig, RoleConfig
+from mindrl.config.model import ModelArchConfig
+from mindrl.config.rl import RLSectionConfig
+from mindrl.config.section import Section
+
+
+@dataclass
+class RLConfig(Section):
+    """A validated PPO / GRPO config in MindSpeed-RL's schema. Build it with `mindrl.config.load_config`."""
+
+    SECTION: ClassVar[str] = ""
+
+    megatron_training: MegatronTrainingConfig = field(default_factory=MegatronTrainingConfig)
+    """Global training settings, with actor_config's overrides of global keys applied."""
+    actor_config: RoleConfig = field(default_factory=RoleConfig)
+    """The actor (and reference) model: layout, optimizer, checkpoints."""
+    critic_config: RoleConfig | None = None
+    """The critic (value model); None without a critic (GRPO and the other group estimators)."""
+    rl_config: RLSectionConfig = field(default_factory=RLSectionConfig)
+    """The algorithm, rewards, logging and devices."""
+    generate_config: GenerateConfig = field(default_factory=GenerateConfig)
+    """The rollout engine and sampling."""
+    model: ModelArchConfig = field(default_factory=ModelArchConfig)
+    """The actor's architecture (configs/model/NAME.yaml, NAME = actor_config.model)."""
+    critic_model: ModelArchConfig | None = None
+    """The critic's architecture (usually the same model file as the actor's); None without a critic."""
+    source: str = ""
+    """The YAML file the config came from."""
+    config_name: str = ""
+    """The config's name (the file name without .yaml)."""
+    ignored_keys: list[str] = field(default_factory=list)
+    """MindSpeed-RL keys accepted but without effect here, as written ("megatron_training.use_flash_attn")."""
+
+    def validate(self, col: Collector) -> None:
+        self._resolve()
+        rl, mt, gen = self.rl_config, self.megatron_training, self.generate_config
+        if rl.needs_critic and self.critic_config is None:
+            col.add("rl_config.adv_estimator", "gae needs a value model: add a critic_config section")
+        world = rl.actor_resource.num_npus
+        gbs, n = mt.global_batch_size, rl.n_samples_per_prompt
+        crit = rl.critic_resource.num_npus if rl.critic_resource is not None else None
+        if self.critic_config is not None and crit is not None and world is not None and crit != world:
+            col.add("rl_config.critic_resource.num_npus", f"{crit} differs from actor_resource.num_npus={world}: "
+                    "the critic runs on the actor's devices; remove critic_resource or make them equal")  # fmt: skip
+        if gbs is not None and rl.mini_batch_size is not None and not col.is_bad("rl_config.mini_batch_size"):
+            if gbs % rl.mini_batch_size:
+                col.add("rl_config.mini_batch_size", f"megatron_training.global_batch_size={gbs} prompts must be "
+                        f"divisible by mini_batch_size={rl.mini_batch_size} (prompts per optimizer step)")  # fmt: skip
+        roles = [("actor_config", self.actor_config, self.model)]
+        if self.critic_config is not None and self.critic_model is not None:
+            roles.append(("critic_config", self.critic_config, self.critic_model))
+        for role, rc, arch in roles:
+            self._check_role(col, role, rc, arch, world, gbs, n)
+        self._check_inference(col, world, gbs)
+        self._check_lengths(col)
+        if gen.dtype != mt.dtype:
+            col.note(f"generate_config.dtype={gen.dtype} differs from the training dtype {mt.dtype}: rollout "
+                     "logprobs will differ from the trainer's (rollout_is_threshold can correct for it)")  # fmt: skip
+        if rl.needs_critic and rl.use_kl_in_reward is False and rl.init_kl_coef > 0:
+            col.note(f"rl_config: gae with use_kl_in_reward: false puts the KL in the actor loss (init_kl_coef="
+                     f"{rl.init_kl_coef}); MindSpeed-RL's PPO applies no KL then; set init_kl_coef: 0 to match")  # fmt: skip
+
+    def _resolve(self) -> None:
+        """Fill the values that default to another section's."""
+        mt = self.megatron_training
+        for rc in (self.actor_config, self.critic_config):
+            if rc is None:
+                continue
+            if rc.use_distributed_optimizer is None:
+                rc.use_distributed_optimizer = mt.use_distributed_optimizer
+            if rc.sequence_parallel is None:
+                rc.sequence_parallel = mt.sequence_parallel
+            if rc.model is None:
+                rc.model = mt.model
+        if self.generate_config.tokenizer_name_or_path is None:
+            self.generate_config.tokenizer_name_or_path = mt.tokenizer_name_or_path
+        if mt.global_batch_size is not None and mt.global_batch_size >= 1:
+            a = self.actor_config
+            c = self.critic_config if self.rl_config.needs_critic else None
+            self.rl_config.bind(
+                mt.global_batch_size,
+                max(1, a.tp * a.pp),
+                None if c is None else max(1, c.tp * c.pp),
+                max(1, self.generate_config.infer_tensor_parallel_size),
+            )
+
+    def _check_role(
+        self,
+        col: Collector,
+        role: str,
+        rc: RoleConfig,
+        arch: ModelArchConfig,
+        world: int | None,
+        gbs: int | None,
+        n: int,
+    ) -> None:
+        tp, pp = rc.tp, rc.pp
+        tp_key, pp_key = f"{role}.tensor_model_parallel_size", f"{role}.pipeline_model_parallel_size"
+        if col.is_bad(tp_key, pp_key) or tp < 1 or pp < 1:
+            return
+        where = f"model.{arch.name}"
+        if arch.name and not col.is_bad(f"{where}.num_attention_heads", f"{where}.num_query_groups"):
+            dims = [
+                ("num_attention_heads", arch.num_attention_heads),
+                ("num_kv_heads (num_query_groups)", arch.num_kv_heads),
+                ("ffn_hidden_size", arch.ffn_size),
+                ("padded_vocab_size", arch.padded_vocab_size),
+            ]
+            for what, size in dims:
+                if size and size % tp:
+                    col.add(tp_key, f"TP={tp} does not divide {where}.{what}={size}")
+        if arch.name and arch.num_layers and arch.num_layers % pp:
+            col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers}")
+        if world is None or col.is_bad("rl_config.actor_resource.num_npus"):
+            return
+        if world % (tp * pp):
+            col.add(tp_key, f"TP x PP = {tp} x {pp} = {tp * pp} does not divide the {world} devices "
+                    "(rl_config.actor_resource.num_npus)")  # fmt: skip
+            return
+        dp, mbs = world // (tp * pp), rc.micro_batch_size
+        if gbs is None or col.is_bad(f"{role}.micro_batch_size", "megatron_training.global_batch_size"):
+            return
+        rollout = gbs * n
+        if rollout % (dp * mbs):
+            col.add(f"{role}.micro_batch_size", f"global_batch_size x n_samples_per_prompt = {gbs} x {n} = {rollout} "
+                    f"responses must be divisible by DP x micro_batch_size = {dp} x {mbs} = {dp * mbs}")  # fmt: skip
+        mini = self.rl_config.mini_batch_size
+        if mini is not None and not gbs % mini and (mini * n) % (dp * mbs):
+            col.add(f"{role}.micro_batch_size", f"a mini-batch of mini_batch_size x n_samples_per_prompt = {mini} x "
+                    f"{n} = {mini * n} responses must be divisible by DP x micro_batch_size = {dp} x {mbs} = {dp * mbs}")  # fmt: skip
+
+    def _check_inference(self, col: Collector, world: int | None, gbs: int | None) -> None:
+        itp = self.generate_config.infer_tensor_parallel_size
+        key = "generate_config.infer_tensor_parallel_size"
+        if itp < 1 or col.is_bad(key):
+            return
+        arch, where = self.model, f"model.{self.model.name}"
+        for what, size in (("num_attention_heads", arch.num_attention_heads), ("num_kv_heads", arch.num_kv_heads)):
+            if arch.name and size and size % itp:
+                col.add(key, f"infer TP={itp} does not divide {where}.{what}={size}")
+        if world is None:
+            return
+        if world % itp:
+            col.add(key, f"infer TP={itp} does not divide the {world} devices (rl_config.actor_resource.num_npus)")
+        elif gbs is not None and gbs % (world // itp):
+            col.add(key, f"global_batch_size={gbs} prompts must split evenly over the {world // itp} engine replicas "
+                    f"(num_npus / infer TP = {world} / {itp})")  # fmt: skip
+
+    def _check_lengths(self, col: Collector) -> None:
+        gen, rl, mt = self.generate_config, self.rl_config, self.megatron_training
+        need = rl.max_prompt_length + gen.sampling_config.max_tokens
+        if gen.max_model_len < need:
+            col.add("generate_config.max_model_len", f"{gen.max_model_len} < rl_config.max_prompt_length + "
+                    f"sampling_config.max_tokens = {rl.max_prompt_length} + {gen.sampling_config.max_tokens} = {need}")  # fmt: skip
+        if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
+            col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
+                    f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip
+        limit = self.model.max_position_embeddings if self.model.name else None
+        if limit is not None and gen.max_model_len > limit:
+            col.add("generate_config.max_model_len", f"{gen.max_model_len} exceeds the model's "
+                    f"max_position_embeddings={limit} (model.{self.model.name})")  # fmt: skip
+
+    # -- output ----------------------------------------------------------------------------------------
+    def resolved(self) -> dict[str, Any]:
+        """The derived values the trainer uses (for logging)."""
+        rl = self.rl_config
+        return {
+            "dtype": self.megatron_training.dtype,
+            "world_size": rl.world_size,
+            "actor_dp": rl.actor_dp,
+            "critic_dp": rl.critic_dp,
+            "infer_dp": rl.infer_dp,
+            "num_mini_batches": rl.num_mini_batches,
+            "mini_batch_responses": rl.mini_batch_responses,
+            "on_policy": rl.on_policy,
+            "needs_critic": rl.needs_critic,
+            "kl_in_reward": rl.kl_in_reward,
+            "kl_coef_in_loss": rl.kl_coef_in_loss,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every section, the model(s), the ignored keys and the derived values."""
+        out: dict[str, Any] = {"config_name": self.config_name, "source": self.source}
+        for name in ("megatron_training", "actor_config", "critic_config", "rl_config", "generate_config"):
+            section = getattr(self, name)
+            if section is not None:
+                out[name] = section.to_dict()
+        out["model"] = self.model.to_dict()
+        if self.critic_model is not None:
+            out["critic_model"] = self.critic_model.to_dict()
+        out["ignored_keys"] = list(self.ignored_keys)
+        try:
+            out["resolved"] = self.resolved()
+        except RuntimeError:  # not bound (an invalid config built directly)
+            pass
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
