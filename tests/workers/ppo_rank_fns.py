@@ -1,0 +1,67 @@
+"""Module-level functions the PPO-update tests run on pool ranks: one `ppo_update` on this rank's DP shard of a
+global batch, then the model's gradients (megatron DDP's main_grad) and weights as full HF-named tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.batch import Batch, shard_rows
+from mindrl.workers.rl_model import PPOLossSettings, ppo_update
+from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
+
+
+def full_hf_tensors(model, spec, grads: bool) -> dict[str, torch.Tensor]:
+    """This pipeline stage's parameters (or their main_grad) as full TP=1 tensors under their HF names.
+
+    Gathers over TP with the weight map's own layout rules; works for the critic too (which the rollout
+    weight streamer refuses). Collective over the tensor-parallel group."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.models.weight_map import full_to_hf, local_to_full, param_mapping
+    from mindrl.resharding.stream import local_params
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    out = {}
+    for name, p in local_params(model, spec).items():  # the same order on every TP rank
+        local = (p.main_grad if grads else p).detach().float().contiguous()
+        shards = [local]
+        if tp > 1:
+            shards = [torch.empty_like(local) for _ in range(tp)]
+            torch.distributed.all_gather(shards, local, group=ps.get_tensor_model_parallel_group())
+        mapping = param_mapping(spec, name)
+        for hf_name, t in full_to_hf(spec, mapping, local_to_full(mapping, shards)):
+            out[hf_name] = t.clone()
+    return out
+
+
+def ppo_update_rank(
+    load_dir: str,
+    tp: int,
+    pp: int,
+    batch: Batch,
+    role: str,
+    loss: PPOLossSettings,
+    optim: OptimSettings,
+    micro_batch_size: int,
+    num_mini_batches: int = 1,
+    weights: bool = False,
+) -> dict:
+    """One epoch of `ppo_update` (role "actor" or "critic") on this rank's `shard_rows` shard of the global
+    batch, as the driver sends it. Returns the metrics on every rank; the HF-named gradients of the last
+    mini-batch (and the weights after the update when `weights`) on the DP-0, TP-0 rank of each pipeline
+    stage (the test merges the stages), None elsewhere."""
+    from megatron.core import parallel_state as ps
+
+    spec, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, pp, optim, total_steps=num_mini_batches)
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    shard = batch.index(shard_rows(len(batch), dp, num_mini_batches)[dp_rank])
+    metrics = ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, num_mini_batches, 1)
+    grads = full_hf_tensors(ddp, spec, grads=True)
+    after = full_hf_tensors(ddp, spec, grads=False) if weights else None
+    keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+    return {
+        "metrics": metrics,
+        "dp": dp,
+        "grads": grads if keep else None,
+        "weights": after if keep else None,
+    }
