@@ -66,8 +66,8 @@ def load_config(
     """
     config_dir, name = _locate(config_name, config_path)
     source = os.path.join(config_dir, name + ".yaml")
-    raw, provenance = _compose(config_dir, name, list(overrides), source)
-    col = Collector(default_source=source, provenance=provenance)
+    raw, provenance, issues = _compose(config_dir, name, list(overrides), source)
+    col = Collector(default_source=source, provenance=provenance, issues=issues)
     with collecting(col):
         cfg = _build(raw, col, config_dir, name, source)
         if check_paths:
@@ -152,8 +152,9 @@ def _schema_children(path: list[str]) -> set[str] | None:
     return cls.known_keys()
 
 
-def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> tuple[dict, dict]:
-    """(the composed config as a plain dict, provenance of override keys)."""
+def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> tuple[dict, dict, list[Issue]]:
+    """(the composed config as a plain dict, provenance of override keys, unknown override keys). Overrides of
+    unknown keys are left out so that the rest of the config is still checked."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException, MissingConfigException
@@ -175,6 +176,8 @@ def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> t
                 raise ConfigError([Issue("defaults", _missing_model_message(e, config_dir), source)], name) from None
             except HydraException as e:
                 raise ConfigError([Issue("defaults", f"cannot compose the config: {e}", source)], name) from None
+            if not parsed:
+                return _plain(base), provenance, issues
             fixed = []
             for ov in parsed:
                 where = f"override {ov.text!r}"
@@ -189,8 +192,6 @@ def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> t
                     fixed.append("++" + ov.text)  # a schema key the YAML leaves out: add it
                 else:
                     issues.append(Issue(ov.key, "unknown key" + did_you_mean(parts[-1], allowed), where))
-            if issues:
-                raise ConfigError(issues, name)
             try:
                 cfg = compose(config_name=name, overrides=fixed)
             except MissingConfigException as e:
@@ -199,13 +200,19 @@ def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> t
                 ) from None
             except HydraException as e:
                 raise ConfigError([Issue("overrides", f"{e}".strip(), "command line")], name) from None
-    raw = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(raw, dict)
-    raw.pop("hydra", None)
-    return raw, provenance
+    return _plain(cfg), provenance, issues
 
 
 _MISSING = object()
+
+
+def _plain(cfg: Any) -> dict:
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    return raw
 
 
 def _missing_model_message(e: Exception, config_dir: str) -> str:
@@ -328,6 +335,7 @@ class _Megatron:
         for key, value in data.items():
             key = str(key).replace("-", "_")  # MindSpeed-RL accepts dashed names too
             path = f"{prefix}.{key}"
+            self.col.provenance.setdefault(path, (path, source))  # overrides keep theirs
             kind = megatron_key_kind(key)
             if kind == "unknown":
                 self.col.add(path, "unknown key" + did_you_mean(key, megatron_keys()))
@@ -336,11 +344,14 @@ class _Megatron:
             elif kind == "unsupported":
                 check_neutral(value, MEGATRON_UNSUPPORTED[key], self.col, path)
             else:
-                owner = owners[kind]
+                if kind == "shared":
+                    owner = MegatronTrainingConfig if prefix == "megatron_training" else RoleConfig
+                else:
+                    owner = owners[kind]
                 owner.classify(key, value, self.col, path)  # records ignored_field keys
                 ok, converted = owner.check_value(key, value, self.col, path)
                 if ok:
-                    out[key] = (kind, _Value(converted, path, source))
+                    out[key] = (kind, _Value(converted, path, self.col.provenance[path][1]))
         self.layers[prefix] = out
 
     def build(
@@ -365,7 +376,12 @@ class _Megatron:
         merged: dict[str, dict[str, _Value]] = {"global": {}, "role": {}, "arch": {}}
         for layer in (arch_layer, mt_layer, role_layer):  # later layers win
             for key, (kind, v) in layer.items():
-                merged[kind][key] = v
+                if kind == "shared":  # the role's value; megatron_training keeps its own
+                    merged["role"][key] = v
+                    if layer is not role_layer:
+                        merged["global"][key] = v
+                else:
+                    merged[kind][key] = v
         prov = col.provenance
         for key, v in merged["role"].items():
             prov.setdefault(v.path, (v.path, v.source))
@@ -387,8 +403,6 @@ class _Megatron:
         if actor_globals is None:
             self.last_globals = merged["global"]
             kwargs = {k: v.value for k, v in merged["global"].items()}
-            if "model" in mt_layer:  # `model` is a role key; megatron_training keeps the name as written
-                kwargs["model"] = mt_layer["model"][1].value
             with col.scope("megatron_training"):
                 mt = MegatronTrainingConfig(**kwargs)
         with col.scope(role):

@@ -374,13 +374,16 @@ class RoleConfig(Section):
 
 
 def megatron_key_kind(key: str) -> str:
-    """Where a key of the megatron keyspace belongs: 'global', 'role', 'arch', 'ignored', 'unsupported' or
-    'unknown'. `model` is 'role' (each role picks its model; megatron_training's is the default)."""
+    """Where a key of the megatron keyspace belongs: 'global', 'role', 'shared' (both: megatron_training's value
+    is the default of each role's, e.g. model, sequence_parallel), 'arch', 'ignored', 'unsupported' or 'unknown'."""
     from mindrl.config.model import ModelArchConfig
 
-    if key in RoleConfig.field_names():
+    in_role, in_global = key in RoleConfig.field_names(), key in MegatronTrainingConfig.field_names()
+    if in_role and in_global:
+        return "shared"
+    if in_role:
         return "role"
-    if key in MegatronTrainingConfig.field_names():
+    if in_global:
         return "global"
     if key in ModelArchConfig.field_names() and key != "name":
         return "arch"

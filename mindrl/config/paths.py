@@ -17,6 +17,11 @@ def dataset_output_prefix(data_path: str) -> str:
     return data_path[: -len(DATASET_SUFFIX)] if data_path.endswith(DATASET_SUFFIX) else data_path
 
 
+def _p(path: str) -> str:
+    """A path for messages: as written, plus where it resolves when it is relative."""
+    return repr(path) if os.path.isabs(path) else f"{path!r} (= {os.path.abspath(path)})"
+
+
 def check_paths(cfg: RLConfig, col: Collector) -> None:
     """Report every missing or wrong path of `cfg` to `col`."""
     mt, rl = cfg.megatron_training, cfg.rl_config
@@ -45,10 +50,10 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
     if not path or col.is_bad(key):
         return
     if not os.path.isdir(path):
-        col.add(key, f"checkpoint directory {path!r} does not exist")
+        col.add(key, f"checkpoint directory {_p(path)} does not exist")
         return
     if not os.path.isfile(os.path.join(path, TRACKER)):
-        col.add(key, f"{path!r} is not a megatron checkpoint: it has no {TRACKER} (convert an HF model with "
+        col.add(key, f"{_p(path)} is not a megatron checkpoint: it has no {TRACKER} (convert an HF model with "
                 "mindrl-convert hf2mcore, or point at a finished save)")  # fmt: skip
         return
     try:
@@ -89,7 +94,7 @@ def _check_dataset(col: Collector, data_path: str, extra_keys: list[str]) -> Non
         missing += [base + ext for ext in (".bin", ".idx") if not os.path.isfile(base + ext)]
     if missing:
         col.add("megatron_training.data_path", f"packed dataset files missing: {', '.join(missing)} (data_path "
-                f"{data_path!r}; run mindrl-preprocess with output_prefix={prefix!r}, and check "
+                f"{_p(data_path)}; run mindrl-preprocess with output_prefix={prefix!r}, and check "
                 "dataset_additional_keys)")  # fmt: skip
 
 
@@ -97,6 +102,6 @@ def _check_tokenizer(col: Collector, key: str, path: str) -> None:
     from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
 
     if not os.path.isdir(path):
-        col.add(key, f"tokenizer directory {path!r} does not exist")
+        col.add(key, f"tokenizer directory {_p(path)} does not exist")
     elif not has_tokenizer(path):
-        col.add(key, f"{path!r} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+        col.add(key, f"{_p(path)} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")

@@ -118,9 +118,9 @@ class RLConfig(Section):
                 ("ffn_hidden_size", arch.ffn_size),
                 ("padded_vocab_size", arch.padded_vocab_size),
             ]
-            for what, size in dims:
-                if size and size % tp:
-                    col.add(tp_key, f"TP={tp} does not divide {where}.{what}={size}")
+            bad = [f"{what}={size}" for what, size in dims if size and size % tp]
+            if bad:
+                col.add(tp_key, f"TP={tp} does not divide {where}: {', '.join(bad)}")
         if arch.name and arch.num_layers and arch.num_layers % pp:
             col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers}")
         if world is None or col.is_bad("rl_config.actor_resource.num_npus"):
@@ -147,9 +147,10 @@ class RLConfig(Section):
         if itp < 1 or col.is_bad(key):
             return
         arch, where = self.model, f"model.{self.model.name}"
-        for what, size in (("num_attention_heads", arch.num_attention_heads), ("num_kv_heads", arch.num_kv_heads)):
-            if arch.name and size and size % itp:
-                col.add(key, f"infer TP={itp} does not divide {where}.{what}={size}")
+        dims = (("num_attention_heads", arch.num_attention_heads), ("num_kv_heads", arch.num_kv_heads))
+        bad = [f"{what}={size}" for what, size in dims if arch.name and size and size % itp]
+        if bad:
+            col.add(key, f"infer TP={itp} does not divide {where}: {', '.join(bad)}")
         if world is None:
             return
         if world % itp:

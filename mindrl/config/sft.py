@@ -44,7 +44,7 @@ IGNORED_MINDSPEED_KEYS = frozenset(
         "use_flash_attn",
     }
 )
-SPLIT_HELP = 'three weights "train,valid,test" over the documents, e.g. "95,5,0" (megatron\'s --split)'
+SPLIT_HELP = 'weights "train,valid,test" over the documents, e.g. "95,5,0" (megatron\'s --split)'
 
 
 @dataclass
@@ -135,12 +135,6 @@ class SFTTrainingConfig:
     @property
     def dtype(self) -> str:
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
-
-    @property
-    def split_fractions(self) -> tuple[float, float, float]:
-        weights = [float(w) for w in str(self.split).replace("/", ",").split(",")]
-        total = sum(weights)
-        return weights[0] / total, weights[1] / total, weights[2] / total
 
     @property
     def warmup_iters(self) -> int:
@@ -351,10 +345,10 @@ def validate(cfg: SFTConfig, where: typing.Callable[[str], str] | None = None, c
         if not 0 <= mt.lr_warmup_fraction <= 1:
             fail("lr_warmup_fraction", f"must be within [0, 1], got {mt.lr_warmup_fraction}")
     try:
-        weights = [float(w) for w in str(mt.split).replace("/", ",").split(",")]
+        weights = split_weights(mt.split)
     except ValueError:
         fail("split", f"must be {SPLIT_HELP}, got {mt.split!r}")
-    if len(weights) != 3 or min(weights) < 0 or weights[0] <= 0:
+    if min(weights) < 0 or weights[0] <= 0:
         fail("split", f"must be {SPLIT_HELP} with a positive train weight, got {mt.split!r}")
     if mt.eval_interval and weights[1] == 0:
         fail("eval_interval", f"= {mt.eval_interval} needs a validation split, but split is {mt.split!r}")
@@ -433,10 +427,18 @@ def strip_data_suffix(data_path: str) -> str:
     return data_path[: -len(suffix)] if data_path.endswith(suffix) else data_path
 
 
+def split_weights(split: str) -> list[float]:
+    """The three weights of a megatron split string ("95,5,0" or "95/5/0"; missing ones are 0, as megatron pads)."""
+    weights = [float(w) for w in str(split).replace("/", ",").split(",")]
+    if not 1 <= len(weights) <= 3:
+        raise ValueError(f"split {split!r}: expected 1 to 3 weights")
+    return weights + [0.0] * (3 - len(weights))
+
+
 def split_counts(n: int, split: str) -> tuple[int, int, int]:
     """Megatron's document split (get_train_valid_test_split_): contiguous ranges [0, a), [a, b), [b, n)
     sized by the normalised weights, the rounding corrected on the upper boundaries."""
-    weights = [float(w) for w in str(split).replace("/", ",").split(",")]
+    weights = split_weights(split)
     total = sum(weights)
     bounds = [0]
     for w in weights:
