@@ -108,5 +108,31 @@ def build_model(
     )
     if critic and model.post_process:
         model.output_layer = ValueHead(config)
+    if not perform_initialization:
+        mark_tensor_parallel_weights(model)
     model.mindrl_role = role
     return model
+
+
+def mark_tensor_parallel_weights(model: torch.nn.Module) -> None:
+    """Megatron marks a TP-sharded weight (`tensor_model_parallel`, `partition_dim`) only while it initialises
+    it; a model built to be loaded from a checkpoint would otherwise count each shard as a replicated copy,
+    and the grad norm (and so gradient clipping) would see only TP rank 0's shards."""
+    from megatron.core.tensor_parallel.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+    )
+
+    for module in model.modules():
+        if isinstance(module, (VocabParallelEmbedding, ColumnParallelLinear)):
+            dim = 0
+        elif isinstance(module, RowParallelLinear):
+            dim = 1
+        else:
+            continue
+        weight = getattr(module, "weight", None)
+        if weight is not None and not getattr(weight, "tensor_model_parallel", False):
+            weight.tensor_model_parallel = True
+            weight.partition_dim = dim
+            weight.partition_stride = 1
