@@ -31,6 +31,7 @@ setup(
         "console_scripts": [
             "mindrl-convert=mindrl.cli.convert:main",
             "mindrl-preprocess=mindrl.cli.preprocess:main",
+            "mindrl-sft=mindrl.cli.sft:main",
         ]
     },
 )

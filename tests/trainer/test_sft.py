@@ -1,0 +1,246 @@
+"""mindrl-sft on the shared 4-rank gloo pool: the loss falls, only response tokens carry loss (checked against a
+transformers reference and by perturbing labels), TP2 / PP2 match TP1, the checkpoint loads and converts, and a
+bad config names the key and the file."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from mindrl.config.sft import load_sft_config
+from mindrl.data.preprocess_config import ConfigError
+from mindrl.trainer import sft
+
+WORLD = 4  # the shared pool's ranks (tests/conftest.py)
+
+
+def shared_pool():
+    """The session's 4-rank pool (the `pool` fixture's), for module-scoped fixtures."""
+    import tests.conftest as conftest
+    from mindrl.platform.launch import RankPool
+
+    if conftest._POOL is None or conftest._POOL.closed:
+        conftest._POOL = RankPool(WORLD, timeout_s=600)
+    return conftest._POOL
+
+
+@pytest.fixture(scope="module")
+def assets(tiny_models, tmp_path_factory):
+    """The quickstart task's SFT split (tiny), preprocessed with the Alpaca handler, and the base checkpoint."""
+    from mindrl.checkpoint import convert
+    from mindrl.data.preprocess import preprocess
+    from mindrl.data.preprocess_config import PreprocessConfig
+    from tools.make_quickstart_data import make_splits
+
+    d = tmp_path_factory.mktemp("sft_assets")
+    rows, _ = make_splits(seed=0, sft_rows=160)
+    (d / "sft.json").write_text(json.dumps(rows))
+    cfg = PreprocessConfig(
+        input=str(d / "sft.json"),
+        tokenizer_name_or_path=tiny_models["untied"],
+        output_prefix=str(d / "data" / "sft"),
+        handler_name="AlpacaStyleInstructionHandler",
+        prompt_type="qwen",
+        map_keys={"prompt": "problem", "response": "solution"},
+    )
+    preprocess(cfg, log=io.StringIO())
+    convert.hf2mcore(tiny_models["untied"], str(d / "base"), 1, 1, pool=shared_pool())
+    return d, tiny_models["untied"]
+
+
+def write_config(dir_path, assets, name: str = "sft_test", **values) -> str:
+    """A YAML in dir_path with the test assets and small settings; values override or add keys."""
+    d, hf = assets
+    mt = {
+        "stage": "sft",
+        "data_path": str(d / "data" / "sft"),
+        "tokenizer_name_or_path": hf,
+        "load": str(d / "base"),
+        "save": str(dir_path / "ckpt"),
+        "run_dir": str(dir_path / "run"),
+        "world_size": WORLD,
+        "micro_batch_size": 1,
+        "global_batch_size": 8,
+        "seq_length": 96,
+        "train_iters": 2,
+        "lr": 3.0e-3,
+        "lr_decay_style": "constant",
+        "use_tensorboard": False,
+        "seed": 7,
+    }
+    mt.update(values)
+    os.makedirs(dir_path, exist_ok=True)
+    (dir_path / f"{name}.yaml").write_text(yaml.safe_dump({"megatron_training": mt}))
+    return str(dir_path)
+
+
+def run(pool, dir_path, assets, *overrides: str, **values) -> sft.SFTResult:
+    path = write_config(dir_path, assets, **values)
+    cfg = load_sft_config("sft_test", path, list(overrides))
+    return sft.train_sft(cfg, pool=pool, log=lambda line: None)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+@pytest.fixture(scope="module")
+def trained(assets, tmp_path_factory):
+    """One 12-step run at TP1 x DP4 with a validation split, evaluated every 4 steps."""
+    out = tmp_path_factory.mktemp("sft_run")
+    result = run(
+        shared_pool(), out, assets, train_iters=12, split="80,20,0", eval_interval=4, eval_iters=1, micro_batch_size=2
+    )
+    return out, result
+
+
+def test_loss_decreases_and_metrics_are_logged(trained):
+    out, result = trained
+    losses = [m["sft/loss"] for m in result.history]
+    assert np.mean(losses[-3:]) < 0.5 * losses[0], losses
+    vals = [m["sft/val_loss"] for m in result.history if "sft/val_loss" in m]
+    assert len(vals) == 3 and vals[-1] < 0.5 * vals[0], vals
+    rows = [json.loads(line) for line in open(os.path.join(result.run_dir, "metrics.jsonl"))]
+    assert [r["iteration"] for r in rows] == list(range(1, 13))
+    for key in ("sft/loss", "sft/lr", "sft/grad_norm", "sft/tokens_per_s", "timing/iteration"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert rows[0]["sft/lr"] == pytest.approx(3e-3)
+
+
+def test_first_loss_is_the_response_token_mean_of_a_transformers_reference(trained, assets):
+    """The first step's loss (before any update) equals the token mean of the cross entropy over the response
+    tokens only, computed with transformers on the same samples: prompt tokens carry no loss."""
+    from transformers import AutoModelForCausalLM
+
+    from mindrl.data.prompt_dataset import ResumableShuffleSampler
+
+    _, result = trained
+    d, hf = assets
+    data = sft.SFTDataset(str(d / "data" / "sft"), "80,20,0")
+    docs = next(iter(ResumableShuffleSampler(data.num("train"), 8, seed=7)))
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    total, count, with_prompt = 0.0, 0, 0.0
+    for doc in docs:
+        ids, labels = data.sample(data.doc("train", doc))
+        logits = model(torch.as_tensor(ids)[None]).logits[0, :-1]
+        ce = torch.nn.functional.cross_entropy(logits, torch.as_tensor(ids[1:]), reduction="none")
+        response = torch.as_tensor(labels[1:] != -100)
+        total += ce[response].sum().item()
+        count += int(response.sum())
+        with_prompt += ce.sum().item()
+    reference = total / count
+    assert result.history[0]["sft/loss"] == pytest.approx(reference, abs=1e-5)
+    assert result.history[0]["sft/loss_tokens"] == count
+    assert abs(with_prompt / sum(len(data.sample(data.doc("train", i))[0]) - 1 for i in docs) - reference) > 0.01
+
+
+def test_prompt_labels_do_not_change_the_loss(assets):
+    """collate + the loss function: relabelling prompt (and padding) positions leaves the loss bit-identical;
+    relabelling one response position changes it."""
+    from transformers import AutoModelForCausalLM
+
+    d, hf = assets
+    data = sft.SFTDataset(str(d / "data" / "sft"))
+    samples = [data.sample(i) for i in range(3)]
+    mb = sft.collate(samples, width=96, pad_token_id=0)
+    prompt_len = int((samples[0][1] == -100).sum())
+    # Position t predicts token t+1: the mask starts one before the first response token, ends before the last.
+    assert mb["loss_mask"][0].nonzero().flatten().tolist() == list(range(prompt_len - 1, len(samples[0][0]) - 1))
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    logits = model(mb["input_ids"], attention_mask=mb["attention_mask"]).logits
+
+    def loss(labels: torch.Tensor) -> float:
+        per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+        value, _ = sft._loss_func({**mb, "labels": labels}, 1.0, per_token)
+        return value.item()
+
+    base = loss(mb["labels"])
+    changed = mb["labels"].clone()
+    off = mb["loss_mask"] == 0
+    changed[off] = torch.randint(0, 500, (int(off.sum()),), generator=torch.Generator().manual_seed(0))
+    assert loss(changed) == base
+    changed[0, prompt_len] = (changed[0, prompt_len] + 1) % 500
+    assert loss(changed) != base
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
+    """First step's loss and grad norm at TP2 x DP2 and PP2 x DP2 equal TP1 x DP4 within 1e-5 (micro-batches of
+    1 and 2: the normalisation by the global token count makes the split irrelevant)."""
+    ref = run(pool, tmp_path / "tp1", assets, micro_batch_size=1).history
+    got = run(pool, tmp_path / f"tp{tp}pp{pp}", assets, tensor_model_parallel_size=tp,
+              pipeline_model_parallel_size=pp, micro_batch_size=2).history  # fmt: skip
+    for key in ("sft/loss", "sft/grad_norm", "sft/loss_tokens"):
+        assert got[0][key] == pytest.approx(ref[0][key], abs=1e-5), key
+    assert got[1]["sft/loss"] == pytest.approx(ref[1]["sft/loss"], abs=1e-4)
+
+
+def test_checkpoint_loads_and_converts(pool, trained, assets, tmp_path):
+    """The saved checkpoint (tracker = the last step, hf_files carried over) loads with build_and_load at TP2
+    and converts with mcore2hf to an HF model whose logits match megatron's; the weights did change."""
+    from transformers import AutoModelForCausalLM
+
+    from mindrl.checkpoint import convert, mcore_ckpt
+
+    out, result = trained
+    save = result.save_dir
+    assert mcore_ckpt.read_tracker(save) == 12 and result.saved_iterations == [12]
+    assert os.path.isfile(os.path.join(save, "hf_files", "tokenizer.json"))
+    ids = torch.randint(0, 900, (2, 24), generator=torch.Generator().manual_seed(3))
+    ours = convert.megatron_outputs(pool, save, 2, 1, ids)  # build_and_load at TP2
+    convert.mcore2hf(save, str(tmp_path / "hf"), pool=pool)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        assert os.path.isfile(tmp_path / "hf" / f), f
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(ids).logits
+    assert (ours - theirs).abs().max().item() < 1e-5
+    _, base_hf = assets
+    with torch.no_grad():
+        before = AutoModelForCausalLM.from_pretrained(base_hf, dtype=torch.float32)(ids).logits
+    assert (theirs - before).abs().max().item() > 0.1
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def test_bad_config_names_the_key_and_the_file(assets, tmp_path):
+    path = write_config(tmp_path, assets, lrr=1e-3)
+    with pytest.raises(ConfigError, match=r"sft_test\.yaml: unknown key 'megatron_training\.lrr' \(did you mean 'lr'"):
+        load_sft_config("sft_test", path)
+    path = write_config(tmp_path, assets)
+    with pytest.raises(ConfigError, match=r"override 'megatron_training.lr_decay=cosine'.*did you mean"):
+        load_sft_config("sft_test", path, ["megatron_training.lr_decay=cosine"])
+    with pytest.raises(ConfigError, match=r"did you mean 'megatron_training.lr'"):
+        load_sft_config("sft_test", path, ["lr=1e-4"])
+    with pytest.raises(ConfigError, match=r"sft_test\.yaml: megatron_training\.global_batch_size = 6 is not divisible"):
+        load_sft_config("sft_test", write_config(tmp_path / "gbs", assets, global_batch_size=6))
+    with pytest.raises(ConfigError, match=r"override 'megatron_training.tensor_model_parallel_size=3'.*TP=3"):
+        load_sft_config("sft_test", path, ["megatron_training.tensor_model_parallel_size=3", "megatron_training.world_size=3"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"megatron_training\.load = '/nonexistent'"):
+        load_sft_config("sft_test", path, ["megatron_training.load=/nonexistent"])
+    with pytest.raises(ConfigError, match=r"megatron_training\.lr must be float, got 'fast'"):
+        load_sft_config("sft_test", path, ["megatron_training.lr=fast"])
+    with pytest.raises(ConfigError, match=r"config 'sft_tset' not found.*did you mean 'sft_test'"):
+        load_sft_config("sft_tset", path)
+
+
+def test_cli_help_and_config_error(assets, tmp_path, capsys):
+    from mindrl.cli.sft import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "megatron_training" in capsys.readouterr().out
+    path = write_config(tmp_path, assets)
+    assert main(["--config-name", "sft_test", "--config-path", path, "megatron_training.eval_interval=5"]) == 2
+    assert "eval_interval = 5 needs a validation split" in capsys.readouterr().err
+
+
+def test_shipped_config_parses():
+    cfg = load_sft_config("sft_tiny_cpu", check_paths=False)
+    assert cfg.megatron_training.stage == "sft" and cfg.megatron_training.save.endswith("actor_sft")
