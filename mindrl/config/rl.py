@@ -84,7 +84,7 @@ class RLSectionConfig(Section):
         "token_level_loss": "used by MindSpeed-RL's DAPO loss only; mindrl's aggregation is loss_agg_mode",
         "advantage_whiten": "unused by MindSpeed-RL; mindrl whitens GAE advantages and normalises group ones",
         "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
-        "beta": "the rule/model reward mix; mindrl scores with rule rewards only",
+        "beta": "handed to the losses by MindSpeed-RL but read by none of its PPO/GRPO losses",
         **dict.fromkeys(
             ["swanlab_mode", "swanlab_project", "swanlab_exp_name", "swanlab_save_dir"],
             "SwanLab logging is not supported (use_swanlab must be false)",

@@ -232,6 +232,8 @@ class Section:
                 if sub is not None and isinstance(value, Mapping):
                     kwargs[key] = sub.from_dict(value, path, col)
                     continue
+                if sub is not None and value is None and sub is hints[key]:
+                    continue  # an empty section (`integrated_mode_config:`) means its defaults
                 ok, converted = cls.check_value(key, value, col, path)
                 if ok:
                     kwargs[key] = converted

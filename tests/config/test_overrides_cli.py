@@ -82,3 +82,11 @@ def test_cli_checks_paths_by_default():
     with pytest.raises(ConfigError) as e:
         config_from_args(_parse(["--config-name", "grpo_tiny_cpu", "actor_config.load=/no/such/ckpt"]))
     assert "actor_config.load: checkpoint directory '/no/such/ckpt' does not exist" in str(e.value)
+
+
+def test_added_keys_are_still_checked_and_empty_sections_mean_defaults():
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo_tiny_cpu", check_paths=False, overrides=["+rl_config.epochss=1"])
+    assert "rl_config.epochss: unknown key; did you mean 'epochs'?" in str(e.value)
+    cfg = load_config("grpo_tiny_cpu", check_paths=False, overrides=["rl_config.integrated_mode_config=null"])
+    assert cfg.rl_config.integrated_mode_config.ref_model_load_path is None
