@@ -6,41 +6,46 @@ mindrl-sft --config-name sft_tiny_cpu [--config-path DIR] [megatron_training.lr=
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mindrl.config.cli import add_config_args
+
     p = argparse.ArgumentParser(
         prog="mindrl-sft",
         description="Supervised fine-tuning of a megatron checkpoint (mindrl-convert hf2mcore) on instruction data "
-        "(mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler): loss on the response tokens only. "
-        "The YAML holds MindSpeed-LLM's megatron arguments under 'megatron_training:'; see docs/sft.md. Saves a "
-        "mindrl checkpoint to megatron_training.save (what actor_config.load and mindrl-convert mcore2hf read) and "
-        "ends with a line 'run dir: PATH' (metrics.jsonl, tensorboard/).",
-        epilog="example: mindrl-sft --config-name sft_tiny_cpu megatron_training.train_iters=50",
+        "(mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler), the loss on the response tokens only. "
+        "The YAML holds MindSpeed-LLM's megatron arguments under 'megatron_training:' (docs/sft.md). Saves a mindrl "
+        "checkpoint to megatron_training.save (what actor_config.load and mindrl-convert mcore2hf read) and ends "
+        "with a line 'run dir: PATH' (metrics.jsonl, tensorboard/).",
+        epilog="example: mindrl-sft --config-name sft_tiny_cpu megatron_training.train_iters=50 "
+        "megatron_training.lr=1e-3  (a split needs quotes: megatron_training.split='\"95,5,0\"')",
     )
-    p.add_argument("--config-name", required=True, help="YAML name in the config path, without .yaml")
-    p.add_argument("--config-path", default=None, help="directory of the YAML (default: the repo's configs/)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="hydra overrides, e.g. megatron_training.train_iters=50"
-    )
+    add_config_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.checkpoint.hf_io import CheckpointError
+    from mindrl.config import ConfigError
     from mindrl.config.sft import load_sft_config
-    from mindrl.data.preprocess_config import ConfigError
     from mindrl.trainer.sft import train_sft
 
     start = time.perf_counter()
     try:
-        cfg = load_sft_config(args.config_name, args.config_path, args.overrides)
+        cfg = load_sft_config(args.config_name, args.config_path, args.overrides, check_paths=not args.no_check_paths)
     except ConfigError as e:
         print(f"mindrl-sft: error: {e}", file=sys.stderr)
         return 2
+    if cfg.ignored_keys:
+        print(
+            f"mindrl-sft: ignored MindSpeed-LLM keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr
+        )
     try:
         result = train_sft(cfg)
     except CheckpointError as e:

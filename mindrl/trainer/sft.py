@@ -12,14 +12,15 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts, strip_data_suffix
+from mindrl.config.paths import dataset_output_prefix
+from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.handlers import IGNORE_INDEX
 
 # ------------------------------------------------------------------------------------------------ data
@@ -36,7 +37,7 @@ class SFTDataset:
 
         from mindrl.data.preprocess import dataset_prefix
 
-        prefix = strip_data_suffix(data_path)
+        prefix = dataset_output_prefix(data_path)
         self.input_ids = IndexedDataset(dataset_prefix(prefix, "input_ids"))
         self.labels = IndexedDataset(dataset_prefix(prefix, "labels"))
         self.lengths = np.asarray(self.input_ids.sequence_lengths, dtype=np.int64)
@@ -362,7 +363,7 @@ def train_sft(cfg: SFTConfig, pool=None, log=print) -> SFTResult:
     result = SFTResult(run_dir=run_dir, save_dir=mt.save, iterations=mt.train_iters, seconds=0.0)
     metrics_log = MetricsLogger(run_dir, mt.train_iters, use_tensorboard=mt.use_tensorboard, console=False)
     try:
-        info = pool.run(_rank_setup, asdict(mt), pad_id)[0]
+        info = pool.run(_rank_setup, mt.to_dict(), pad_id)[0]
         log(
             f"[mindrl-sft] {spec.architecture} ({info['num_params'] / 1e6:.2f}M params on rank 0), "
             f"TP{tp} x PP{pp} x DP{mt.dp}; {data.num('train')} train / {data.num('valid')} valid samples; "

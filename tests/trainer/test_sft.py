@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
+from mindrl.config import ConfigError
 from mindrl.config.sft import load_sft_config
-from mindrl.data.preprocess_config import ConfigError
 from mindrl.trainer import sft
 
 WORLD = 4  # the shared pool's ranks (tests/conftest.py)
@@ -211,23 +211,41 @@ def test_checkpoint_loads_and_converts(pool, trained, assets, tmp_path):
 
 def test_bad_config_names_the_key_and_the_file(assets, tmp_path):
     path = write_config(tmp_path, assets, lrr=1e-3)
-    with pytest.raises(ConfigError, match=r"sft_test\.yaml: unknown key 'megatron_training\.lrr' \(did you mean 'lr'"):
+    with pytest.raises(
+        ConfigError, match=r"megatron_training\.lrr: unknown key; did you mean 'lr'\? \[.*sft_test\.yaml\]"
+    ):
         load_sft_config("sft_test", path)
     path = write_config(tmp_path, assets)
-    with pytest.raises(ConfigError, match=r"override 'megatron_training.lr_decay=cosine'.*did you mean"):
-        load_sft_config("sft_test", path, ["megatron_training.lr_decay=cosine"])
+    with pytest.raises(
+        ConfigError, match=r"lr_decay: unknown key; did you mean .*\[override 'megatron_training.lr_decay=x'\]"
+    ):
+        load_sft_config("sft_test", path, ["megatron_training.lr_decay=x"])
     with pytest.raises(ConfigError, match=r"did you mean 'megatron_training.lr'"):
         load_sft_config("sft_test", path, ["lr=1e-4"])
-    with pytest.raises(ConfigError, match=r"sft_test\.yaml: megatron_training\.global_batch_size = 6 is not divisible"):
+    with pytest.raises(
+        ConfigError,
+        match=r"global_batch_size: 6 is not divisible by DP x micro_batch_size = 4 x 1.*gbs/sft_test\.yaml\]",
+    ):
         load_sft_config("sft_test", write_config(tmp_path / "gbs", assets, global_batch_size=6))
-    with pytest.raises(ConfigError, match=r"override 'megatron_training.tensor_model_parallel_size=3'.*TP=3"):
-        load_sft_config("sft_test", path, ["megatron_training.tensor_model_parallel_size=3", "megatron_training.world_size=3"])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"megatron_training\.load = '/nonexistent'"):
+    tp3 = ["megatron_training.tensor_model_parallel_size=3", "megatron_training.world_size=3"]
+    with pytest.raises(
+        ConfigError,
+        match=r"tensor_model_parallel_size: .*TP=3 does not divide.*\[override 'megatron_training.tensor_model_parallel_size=3'\]",
+    ):
+        load_sft_config("sft_test", path, tp3)
+    with pytest.raises(
+        ConfigError, match=r"megatron_training\.load: megatron checkpoint directory '/nonexistent' does not exist"
+    ):
         load_sft_config("sft_test", path, ["megatron_training.load=/nonexistent"])
-    with pytest.raises(ConfigError, match=r"megatron_training\.lr must be float, got 'fast'"):
+    with pytest.raises(ConfigError, match=r"megatron_training\.lr: expected a number, got 'fast'"):
         load_sft_config("sft_test", path, ["megatron_training.lr=fast"])
-    with pytest.raises(ConfigError, match=r"config 'sft_tset' not found.*did you mean 'sft_test'"):
+    with pytest.raises(ConfigError, match=r"split: a comma-separated value needs quotes"):
+        load_sft_config("sft_test", path, ["megatron_training.split=95,5,0"])
+    with pytest.raises(ConfigError, match=r"no config 'sft_tset' .*did you mean 'sft_test'"):
         load_sft_config("sft_tset", path)
+    # Both problems at once, each with its source.
+    with pytest.raises(ConfigError, match=r"(?s)2 problems.*stage: must be 'sft'.*seq_length: must be >= 1"):
+        load_sft_config("sft_test", path, ["megatron_training.stage=pt", "megatron_training.seq_length=0"])
 
 
 def test_cli_help_and_config_error(assets, tmp_path, capsys):
@@ -238,7 +256,7 @@ def test_cli_help_and_config_error(assets, tmp_path, capsys):
     assert e.value.code == 0 and "megatron_training" in capsys.readouterr().out
     path = write_config(tmp_path, assets)
     assert main(["--config-name", "sft_test", "--config-path", path, "megatron_training.eval_interval=5"]) == 2
-    assert "eval_interval = 5 needs a validation split" in capsys.readouterr().err
+    assert "eval_interval: 5 needs a validation split" in capsys.readouterr().err
 
 
 def test_shipped_config_parses():
