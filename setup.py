@@ -32,6 +32,7 @@ setup(
             "mindrl-convert=mindrl.cli.convert:main",
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-sft=mindrl.cli.sft:main",
+            "mindrl-train=mindrl.cli.train:main",
         ]
     },
 )

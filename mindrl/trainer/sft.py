@@ -104,7 +104,6 @@ def batch_width(lengths: np.ndarray, mt: SFTTrainingConfig) -> int:
 @dataclass
 class _RankState:
     mt: SFTTrainingConfig
-    spec: Any
     ddp: Any
     optimizer: Any
     scheduler: Any
@@ -129,7 +128,6 @@ def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
 
     mt = SFTTrainingConfig(**mt_dict)
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
-    init_model_parallel(tp, pp, seed=mt.seed)
     optim = OptimSettings(
         lr=mt.lr,
         min_lr=mt.min_lr,
@@ -143,12 +141,13 @@ def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
         adam_eps=mt.adam_eps,
         use_distributed_optimizer=mt.use_distributed_optimizer,
     )
-    spec, ddp, optimizer, scheduler = build_model_and_optimizer(
+    _, ddp, optimizer, scheduler = build_model_and_optimizer(
         mt.load, tp, pp, optim, total_steps=mt.train_iters, dtype=mt.dtype, sequence_parallel=mt.sequence_parallel
     )
     # As megatron's training loop does: fp16 scales the loss before backward (a no-op scale of 1 otherwise).
     ddp.config.grad_scale_func = optimizer.scale_loss
-    _STATE = _RankState(mt, spec, ddp, optimizer, scheduler, SFTDataset(mt.data_path, mt.split), pad_token_id)
+    init_model_parallel(tp, pp, seed=mt.seed)  # same layout: only reseeds (loading reseeded with the default)
+    _STATE = _RankState(mt, ddp, optimizer, scheduler, SFTDataset(mt.data_path, mt.split), pad_token_id)
     return {"num_params": sum(p.numel() for p in ddp.module.parameters())}
 
 

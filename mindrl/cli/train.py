@@ -1,0 +1,52 @@
+"""mindrl-train: PPO / GRPO from a MindSpeed-RL-style YAML config, on Ray integrated workers.
+
+mindrl-train --config-name ppo_tiny_cpu [--config-path DIR] [rl_config.epochs=2 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mindrl.config.cli import add_config_args
+
+    p = argparse.ArgumentParser(
+        prog="mindrl-train",
+        description="Train a policy with PPO or GRPO (rl_config.adv_estimator) on megatron-core with vLLM rollouts "
+        "in the same processes (integrated workers), orchestrated by Ray. The config follows MindSpeed-RL's schema; "
+        "see docs/config.md and docs/trainer.md. Ends with a line 'run dir: PATH' (metrics.jsonl, rollouts.jsonl, "
+        "tensorboard/).",
+    )
+    add_config_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    from mindrl.config import ConfigError
+    from mindrl.config.cli import config_from_args
+    from mindrl.trainer.ppo_trainer import TrainingAborted, train
+    from mindrl.workers.group import WorkerError
+
+    start = time.perf_counter()
+    try:
+        cfg = config_from_args(args)
+        run_dir, results = train(cfg)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"mindrl-train: error: {e}", file=sys.stderr)
+        return 2
+    except (TrainingAborted, WorkerError) as e:
+        print(f"mindrl-train: aborted: {e}", file=sys.stderr)
+        return 1
+    print(f"mindrl-train: {len(results)} iterations in {time.perf_counter() - start:.0f} s")
+    print(f"run dir: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
