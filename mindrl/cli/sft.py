@@ -30,10 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    # WARNING: the progress lines are our own (every log_interval), not the metrics logger's per-step INFO line.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.config import ConfigError
     from mindrl.config.sft import load_sft_config
+    from mindrl.platform.launch import RankError
     from mindrl.trainer.sft import train_sft
 
     start = time.perf_counter()
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         result = train_sft(cfg)
     except CheckpointError as e:
         print(f"mindrl-sft: error: {e}", file=sys.stderr)
+        return 1
+    except RankError as e:  # a rank raised or died: its traceback is in the message
+        print(f"mindrl-sft: aborted: {e}", file=sys.stderr)
         return 1
     last = result.history[-1]
     val = f", val_loss {last['sft/val_loss']:.4f}" if "sft/val_loss" in last else ""
