@@ -6,6 +6,7 @@ micro-batch split, or (on-policy) report a ratio other than 1. fp32 on CPU, gloo
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -212,16 +213,21 @@ def updates(ckpts, rl_batch):
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def run_update(pool, load_dir, tp, pp, batch, role, loss, micro_batch_size, optim=NO_CLIP, mini=1, weights=False):
+def run_update(
+    pool, load_dir, tp, pp, batch, role, loss, micro_batch_size, optim=NO_CLIP, mini=1, weights=False, skipped=0
+):
     """(metrics, HF-named gradients, HF-named weights or None) of one ppo_update on `pool`; the metrics
-    must be the same on every rank."""
+    must be the same on every rank, and `skipped` updates must have been skipped."""
     results = pool.run(
         ppo_rank_fns.ppo_update_rank, load_dir, tp, pp, batch, role, loss, optim, micro_batch_size, mini, weights
     )
+    def comparable(m: dict) -> dict:  # NaN (e.g. the grad norm of a skipped step) equals NaN here
+        return {k: ("nan" if v != v else v) for k, v in m.items()}
+
     metrics = results[0]["metrics"]
     for rank, r in enumerate(results):
-        assert r["metrics"] == metrics, f"rank {rank} reports other metrics"
-    assert metrics[f"{role}/skipped_updates"] == 0.0
+        assert comparable(r["metrics"]) == comparable(metrics), f"rank {rank} reports other metrics"
+    assert metrics[f"{role}/skipped_updates"] == float(skipped)
     grads, after = {}, {}
     for r in results:  # one entry per pipeline stage
         if r["grads"] is not None:
@@ -344,3 +350,18 @@ def test_update_is_micro_batch_invariant(pool, ckpts, rl_batch, role):
     for k in m1:
         if not k.startswith("_"):
             assert abs(m1[k] - m4[k]) < 1e-5, (k, m1[k], m4[k])
+
+
+def test_nonfinite_update_is_skipped(pool, tiny_models, ckpts, rl_batch):
+    """A NaN in the advantages (so in the loss and every gradient) skips the optimizer step on every rank,
+    counts it, and leaves the weights exactly as loaded."""
+    from safetensors.torch import load_file
+
+    bad = rl_batch.index(range(len(rl_batch)))
+    adv = bad["advantages"].clone()
+    adv[1, 0] = float("nan")
+    bad["advantages"] = adv
+    _, _, after = run_update(pool, ckpts["actor"], 2, 1, bad, "actor", ACTOR_LOSS, 4, weights=True, skipped=1)
+    loaded = load_file(os.path.join(tiny_models["untied"], "model.safetensors"))
+    assert after.keys() == loaded.keys()
+    assert all(torch.equal(after[k], loaded[k].float()) for k in after)

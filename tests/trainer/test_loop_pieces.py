@@ -1,0 +1,67 @@
+"""The driver's pieces that need no workers: the RL batch layout, DP sharding, and the abort rule for
+non-finite updates."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from mindrl.batch import Batch, shard_rows
+from mindrl.rollout.base import RolloutSample
+from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+
+
+def _bare_trainer(limit: int = 3, n: int = 2) -> PPOTrainer:
+    t = PPOTrainer.__new__(PPOTrainer)  # no Ray: only the driver-side helpers are exercised
+    t.cfg = NS(rl_config=NS(max_consecutive_skipped_updates=limit))
+    t.skipped_in_a_row, t.iteration, t.n = 0, 0, n
+    t.tokenizer = NS(pad_token_id=0)
+    return t
+
+
+def test_aborts_after_k_consecutive_skipped_iterations():
+    t = _bare_trainer(limit=3)
+    t._check_skipped({"actor/skipped_updates": 1.0})
+    t._check_skipped({"critic/skipped_updates": 1.0})
+    t._check_skipped({"actor/skipped_updates": 0.0, "critic/skipped_updates": 0.0})  # a clean one resets
+    t._check_skipped({"actor/skipped_updates": 1.0})
+    t._check_skipped({"actor/skipped_updates": 1.0})
+    with pytest.raises(TrainingAborted, match="max_consecutive_skipped_updates=3"):
+        t._check_skipped({"actor/skipped_updates": 1.0})
+
+
+def test_batch_layout_left_pads_prompts_and_right_pads_responses():
+    t = _bare_trainer(n=2)
+    samples = [
+        [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
+        [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([], [], "length")],
+    ]
+    b = t._make_batch([[1, 2, 3], [4]], samples)
+    assert b.meta["prompt_length"] == 3
+    assert b["input_ids"].tolist()[0] == [1, 2, 3, 5, 6, 0]
+    assert b["input_ids"].tolist()[2] == [0, 0, 4, 8, 9, 10]
+    assert b["attention_mask"].tolist()[2] == [0, 0, 1, 1, 1, 1]
+    assert b["response_mask"].tolist() == [
+        [1, 1, 0],
+        [1, 0, 0],
+        [1, 1, 1],
+        [0, 0, 0],
+    ]  # an empty response learns nothing
+    assert torch.allclose(b["rollout_log_prob"][2], torch.tensor([-0.4, -0.5, -0.6]))
+    assert b.rows_meta["uid"] == [0, 0, 1, 1]
+
+
+def test_dp_shards_hold_their_slice_of_every_mini_batch():
+    shards = shard_rows(8, dp=2, num_mini_batches=2)
+    assert shards == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # mini-batch k of each shard is that rank's part of global mini-batch k
+    assert sorted(shards[0][:2] + shards[1][:2]) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="do not split"):
+        shard_rows(6, dp=2, num_mini_batches=2)
+
+
+def test_batch_rejects_ragged_rows():
+    with pytest.raises(ValueError, match="same number of rows"):
+        Batch({"a": torch.zeros(2, 3), "b": torch.zeros(3, 3)})
