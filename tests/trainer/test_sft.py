@@ -262,3 +262,15 @@ def test_cli_help_and_config_error(assets, tmp_path, capsys):
 def test_shipped_config_parses():
     cfg = load_sft_config("sft_tiny_cpu", check_paths=False)
     assert cfg.megatron_training.stage == "sft" and cfg.megatron_training.save.endswith("actor_sft")
+
+
+def test_quickstart_splits_are_disjoint_and_sft_answers_are_random():
+    from tools.make_quickstart_data import make_splits
+
+    sft_rows, rl_rows = make_splits(seed=0)
+    assert not {r["problem"] for r in sft_rows} & {r["problem"] for r in rl_rows}
+    assert all(r["solution"].endswith(f"\\boxed{{{r['answer']}}}.") for r in sft_rows + rl_rows)
+    digits = [[int(c) for c in r["problem"] if c.isdigit()] for r in sft_rows]
+    larger = np.mean([int(r["answer"]) == max(d) for r, d in zip(sft_rows, digits)])
+    assert all(int(r["answer"]) in d for r, d in zip(sft_rows, digits)) and 0.45 < larger < 0.55
+    assert all(int(r["answer"]) == max(int(c) for c in r["problem"] if c.isdigit()) for r in rl_rows)
