@@ -12,6 +12,8 @@
 #   7. convert the result back to HF, plot the metrics; the last line is `run dir: PATH`
 # Assets go to ./outputs/quickstart (configs/ppo_tiny_cpu.yaml and grpo_tiny_cpu.yaml point there), so that
 # afterwards `mindrl-train --config-name ppo_tiny_cpu [key=value ...]` runs on its own from the project root.
+# Environment (for a short form, e.g. in the tests): OUT (assets), RUN_DIR, SFT_ITERS and ITERS (SFT steps and
+# RL iterations; default: the configs' own).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -21,7 +23,8 @@ START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-OUT=./outputs/quickstart
+OUT="${OUT:-./outputs/quickstart}"
+RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny model + synthetic task"
@@ -37,7 +40,11 @@ bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/sft.json" token
 
 echo "== 3/6 SFT warm start"
 "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$OUT/ckpt/base" --tp 1 --pp 1 --overwrite
-"$PY" -m mindrl.cli.sft --config-name sft_tiny_cpu
+SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenizer_name_or_path="$OUT/hf"
+    megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/actor_sft"
+    megatron_training.run_dir="$OUT/sft_run")
+[[ -n "${SFT_ITERS:-}" ]] && SFT_ARGS+=(megatron_training.train_iters="$SFT_ITERS")
+"$PY" -m mindrl.cli.sft --config-name sft_tiny_cpu "${SFT_ARGS[@]}"
 
 echo "== 4/6 convert: SFT -> HF, critic from the SFT trunk (--orm)"
 "$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/actor_sft" --save-dir "$OUT/hf_sft" --overwrite
@@ -45,9 +52,14 @@ echo "== 4/6 convert: SFT -> HF, critic from the SFT trunk (--orm)"
 "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
 
 echo "== 5/6 $ALGO (Ray, vLLM-CPU, integrated workers, TP2)"
-rm -rf "./outputs/${ALGO}_tiny_cpu" "$OUT/ckpt/${ALGO}_actor" "$OUT/ckpt/${ALGO}_critic"
-"$PY" -m mindrl.cli.train --config-name "${ALGO}_tiny_cpu" | tee "$OUT/train.log"
-RUN_DIR=$(grep '^run dir: ' "$OUT/train.log" | tail -1 | sed 's/^run dir: //')
+rm -rf "$RUN_DIR" "$OUT/ckpt/${ALGO}_actor" "$OUT/ckpt/${ALGO}_critic"
+TRAIN_ARGS=(actor_config.load="$OUT/ckpt/actor_sft" actor_config.save="$OUT/ckpt/${ALGO}_actor"
+    rl_config.integrated_mode_config.ref_model_load_path="$OUT/ckpt/actor_sft"
+    megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$OUT/hf_sft"
+    rl_config.run_dir="$RUN_DIR")
+[[ "$ALGO" == ppo ]] && TRAIN_ARGS+=(critic_config.load="$OUT/ckpt/critic" critic_config.save="$OUT/ckpt/${ALGO}_critic")
+[[ -n "${ITERS:-}" ]] && TRAIN_ARGS+=(megatron_training.train_iters="$ITERS")
+"$PY" -m mindrl.cli.train --config-name "${ALGO}_tiny_cpu" "${TRAIN_ARGS[@]}" | tee "$OUT/train.log"
 
 echo "== 6/6 back to HF, plot"
 "$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/${ALGO}_actor" --save-dir "$RUN_DIR/hf" --overwrite

