@@ -43,7 +43,7 @@ def test_tiny_configs_match_the_quickstart():
         )
         assert cfg.megatron_training.global_batch_size == 8 and cfg.rl_config.n_samples_per_prompt == n
         assert cfg.rl_config.max_prompt_length == 64 and cfg.generate_config.sampling_config.max_tokens == 24
-        assert cfg.generate_config.max_model_len == 128 and cfg.megatron_training.train_iters == 20
+        assert cfg.generate_config.max_model_len == 128 and cfg.megatron_training.train_iters == 60
         assert cfg.rl_config.verifier_function == ["acc_for_ppo"] and cfg.ignored_keys == []
         g = cfg.generate_config
         assert g.offload_train_optimizer and g.offload_train_grad and g.offload_train_param

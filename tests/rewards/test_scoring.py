@@ -76,7 +76,9 @@ def test_hanging_sample_times_out_is_counted_and_the_worker_replaced():
     responses = ["ok"] * 5 + ["HANG"] + ["ok"] * 5
     start = time.perf_counter()
     rewards, metrics = score(responses, [None] * 11, ["_test_sleep_if_marked"], [1.0], timeout=1.0)
-    assert time.perf_counter() - start < 30.0  # one timeout, not a stalled batch (the hang is 600 s; slack for a loaded machine)
+    assert (
+        time.perf_counter() - start < 30.0
+    )  # one timeout, not a stalled batch (the hang is 600 s; slack for a loaded machine)
     assert rewards == [1.0] * 5 + [0.0] + [1.0] * 5
     assert metrics["reward/timeouts"] == 1.0 and metrics["reward/worker_restarts"] == 1.0
     assert set(pool.worker_pids()) != before

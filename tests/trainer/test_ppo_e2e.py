@@ -121,11 +121,15 @@ def _no_leftovers() -> None:
 
 
 def test_ppo_tiny_runs(assets, tmp_path):
-    cfg = _config("ppo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2")
+    adaptive = ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"]
+    cfg = _config("ppo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2", *adaptive)
     run_dir, results, lines, rollouts = _train(cfg)
     assert len(results) == 2 and len(lines) == 2
     _check_metrics(lines, cfg, REQUIRED + PPO_ONLY)
     assert lines[0]["actor/pg_clipfrac"] == 0 and lines[0]["actor/ppo_kl"] == 0  # on-policy: ratio exactly 1
+    assert "timing/old_log_p" not in lines[0]  # on-policy: no old-logprob recompute
+    # The adaptive controller raised the KL coefficient (the KL is above its tiny target after one update).
+    assert lines[1]["actor/reward_kl_penalty_coeff"] > lines[0]["actor/reward_kl_penalty_coeff"]
     assert len(rollouts) == 2 * cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
     assert {"prompt", "response", "reward", "acc_for_ppo", "iteration"} <= set(rollouts[0])
     assert os.path.isfile(tmp_path / "ckpt_actor" / "latest_checkpointed_iteration.txt")
@@ -134,13 +138,28 @@ def test_ppo_tiny_runs(assets, tmp_path):
     _no_leftovers()
 
 
-def test_grpo_tiny_runs(assets, tmp_path):
-    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2")
-    assert not cfg.rl_config.needs_critic and cfg.rl_config.kl_coef_in_loss > 0
+def test_grpo_tiny_runs_off_policy(assets, tmp_path):
+    """GRPO with 2 mini-batches x 2 epochs (off-policy after the first step: old logprobs are recomputed) and
+    truncated importance sampling on."""
+    off_policy = ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0"]
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2", *off_policy)
+    assert not cfg.rl_config.needs_critic and cfg.rl_config.kl_coef_in_loss > 0 and not cfg.rl_config.on_policy
     _, results, lines, _ = _train(cfg)
-    _check_metrics(lines, cfg, REQUIRED + ["actor/kl_loss", "timing/reference_model"])
-    assert all(x["actor/kl_loss"] >= 0 for x in lines)
+    keys = ["actor/kl_loss", "timing/reference_model", "timing/old_log_p", "actor/is_weight_mean"]
+    _check_metrics(lines, cfg, REQUIRED + keys)
+    for m in lines:
+        assert m["actor/kl_loss"] >= 0
+        assert m["actor/ppo_kl"] != 0  # later steps see the updated policy against the old one
+        assert 0.5 < m["actor/is_weight_mean"] < 1.5  # pi_old / pi_rollout ~ 1 in fp32
     _no_leftovers()
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_other_estimators_run(assets, tmp_path, estimator):
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1",
+                  f"rl_config.adv_estimator={estimator}", "rl_config.use_tensorboard=false")  # fmt: skip
+    _, _, lines, _ = _train(cfg)
+    _check_metrics(lines, cfg, REQUIRED)
 
 
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2)}
