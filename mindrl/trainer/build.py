@@ -45,12 +45,34 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
     )
 
 
-def _model(role_cfg, cfg, forward_mbs: int | None) -> ModelSettings:
+TRAINER_STATE = "trainer_state.json"
+
+
+def critic_dir(cfg, which: str) -> str:
+    """The critic's `load` or `save` dir: its own, or `<dir>/critic` when it is the actor's (they never overwrite
+    each other, even when both are ./ckpt)."""
+    actor, critic = getattr(cfg.actor_config, which), getattr(cfg.critic_config, which)
+    if critic and actor and os.path.abspath(critic) == os.path.abspath(actor):
+        return os.path.join(critic, "critic")
+    return critic
+
+
+def resume_dir(load: str | None, finetune: bool) -> str | None:
+    """The iteration dir to resume from: `load`'s latest iteration when it holds a training state and
+    finetune is off; None to start from the weights at iteration 0."""
+    if finetune or not load:
+        return None
+    it_dir = mcore_ckpt.iteration_dir(load, mcore_ckpt.read_tracker(load))
+    return it_dir if os.path.isfile(os.path.join(it_dir, "rank_state", "rank_0.pt")) else None
+
+
+def _model(role_cfg, cfg, forward_mbs: int | None, load: str | None = None) -> ModelSettings:
     mt = cfg.megatron_training
     total = total_optimizer_steps(cfg)
     sp = role_cfg.sequence_parallel
+    load = load or role_cfg.load
     return ModelSettings(
-        load=role_cfg.load,
+        load=load,
         tp=role_cfg.tensor_model_parallel_size,
         pp=role_cfg.pipeline_model_parallel_size,
         micro_batch_size=role_cfg.micro_batch_size,
@@ -60,6 +82,9 @@ def _model(role_cfg, cfg, forward_mbs: int | None) -> ModelSettings:
         dtype=mt.dtype,
         sequence_parallel=bool(mt.sequence_parallel if sp is None else sp),
         seed=mt.seed,
+        resume_dir=resume_dir(load, role_cfg.finetune),
+        load_optim=not role_cfg.no_load_optim,
+        load_rng=not role_cfg.no_load_rng,
     )
 
 
@@ -114,7 +139,7 @@ def integrated_settings(cfg) -> IntegratedSettings:
 
 def critic_settings(cfg) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
-    return CriticSettings(critic=_model(cfg.critic_config, cfg, fwd), loss=loss_settings(cfg))
+    return CriticSettings(critic=_model(cfg.critic_config, cfg, fwd, critic_dir(cfg, "load")), loss=loss_settings(cfg))
 
 
 def reward_settings(cfg) -> RewardSettings:

@@ -9,6 +9,7 @@ update -> actor update -> metrics -> checkpoint on cadence.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import math
 import os
@@ -87,6 +88,16 @@ class PPOTrainer:
         self.num_mini = build.num_mini_batches(cfg)
         self.needs_ref = build.needs_reference(cfg)
 
+        if (
+            build.resume_dir(cfg.actor_config.load, cfg.actor_config.finetune)
+            and self.needs_ref
+            and not rl.integrated_mode_config.ref_model_load_path
+        ):
+            raise ValueError(
+                f"resuming from actor_config.load={cfg.actor_config.load!r} (finetune: false) needs "
+                "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "
+                "policy, not the resumed one"
+            )
         self.started_ray = start_ray(rl.ray_address, self.world)
         self.groups: list = []
         try:
@@ -104,11 +115,12 @@ class PPOTrainer:
             if self.critic is not None:
                 self.critic.setup(build.critic_settings(cfg))
             self.rollout: RolloutSource = IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
+            self.iteration = 0
+            self.skipped_in_a_row = 0
+            self._restore(integrated.actor.resume_dir)
         except BaseException:
             self.shutdown()
             raise
-        self.iteration = 0
-        self.skipped_in_a_row = 0
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[IterationResult]:
@@ -129,7 +141,7 @@ class PPOTrainer:
             # print the line only where the logger does not already show it (mindrl-train configures logging)
             console=not logger.isEnabledFor(logging.INFO),
         ) as log:
-            rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval)
+            rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
             while self.iteration < mt.train_iters:
                 self.iteration += 1
                 metrics, rows = self.step(next(batches))
@@ -372,11 +384,54 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------ ends
     def save(self) -> None:
+        """Actor (with the driver's state) and critic at this iteration; each atomic, tracker written last."""
+        from mindrl.workers.checkpointing import begin_iteration, finalize_iteration
+
         a, c = self.cfg.actor_config, self.cfg.critic_config
+        t0 = time.perf_counter()
         if a.save:
-            self.actor.call("save", None, a.save, self.iteration)
+            tmp = begin_iteration(a.save, self.iteration)
+            self.actor.call("save", None, tmp, not a.no_save_optim, not a.no_save_rng)
+            with open(os.path.join(tmp, build.TRAINER_STATE), "w") as f:
+                json.dump(self._trainer_state(), f, indent=2)
+            finalize_iteration(a.save, self.iteration, tmp, a.load)
         if self.critic is not None and c is not None and c.save:
-            self.critic.call("save", None, c.save, self.iteration)
+            save_dir = build.critic_dir(self.cfg, "save")
+            tmp = begin_iteration(save_dir, self.iteration)
+            self.critic.call("save", None, tmp, not c.no_save_optim, not c.no_save_rng)
+            finalize_iteration(save_dir, self.iteration, tmp, build.critic_dir(self.cfg, "load"))
+        logger.info("iteration %d saved in %.1f s", self.iteration, time.perf_counter() - t0)
+
+    def _trainer_state(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "loader": self.loader.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "skipped_in_a_row": self.skipped_in_a_row,
+            "config_name": self.cfg.config_name,
+        }
+
+    def _restore(self, it_dir: str | None) -> None:
+        """The driver's part of a resume: iteration, data order, KL controller."""
+        if it_dir is None:
+            return
+        path = os.path.join(it_dir, build.TRAINER_STATE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is missing: {it_dir} has model state but no trainer state")
+        with open(path) as f:
+            state = json.load(f)
+        self.iteration = int(state["iteration"])
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.skipped_in_a_row = int(state["skipped_in_a_row"])
+        if self.critic is not None:
+            critic_it = build.resume_dir(build.critic_dir(self.cfg, "load"), self.cfg.critic_config.finetune)
+            if critic_it is None or os.path.basename(critic_it) != os.path.basename(it_dir):
+                raise ValueError(
+                    f"the actor resumes from {it_dir} but the critic from {critic_it}: resume both from the same "
+                    "iteration (critic_config.load, finetune: false)"
+                )
+        logger.info("resumed from %s at iteration %d", it_dir, self.iteration)
 
     def shutdown(self) -> None:
         import ray

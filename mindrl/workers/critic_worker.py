@@ -15,6 +15,7 @@ from mindrl.workers.settings import CriticSettings
 class CriticWorker(MegatronRank):
     def setup(self, s: CriticSettings) -> RankInfo:
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
+        from mindrl.workers.checkpointing import load_train_state
         from mindrl.workers.train_setup import build_model_and_optimizer
 
         c = s.critic
@@ -23,6 +24,8 @@ class CriticWorker(MegatronRank):
         self.spec, self.critic, self.optimizer, self.scheduler = build_model_and_optimizer(
             c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel
         )
+        if c.resume_dir is not None:
+            load_train_state(self.critic, self.optimizer, self.scheduler, c.resume_dir, c.load_optim, c.load_rng)
         if getattr(self.critic.module, "mindrl_role", None) != "critic":
             raise ValueError(
                 f"critic_config.load {c.load!r} holds an actor (LM head), not a critic: convert the reward model "
@@ -74,11 +77,12 @@ class CriticWorker(MegatronRank):
             self._offload()
         return self.output(metrics)
 
-    def save(self, save_dir: str, iteration: int) -> None:
-        from mindrl.workers.checkpointing import save_model_iteration
+    def save(self, it_dir: str, optim: bool, rng: bool) -> None:
+        from mindrl.workers.checkpointing import save_train_state
 
         self._onload()
         try:
-            save_model_iteration(self.critic, self.spec, "critic", self.settings.critic, save_dir, iteration)
+            c = self.settings.critic
+            save_train_state(self.critic, self.optimizer, self.scheduler, self.spec, "critic", c, it_dir, optim, rng)
         finally:
             self._offload()

@@ -17,6 +17,7 @@ class IntegratedWorker(MegatronRank):
         from mindrl.checkpoint.mcore_ckpt import build_and_load
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine
+        from mindrl.workers.checkpointing import load_train_state
         from mindrl.workers.hybrid_engine import HybridEngine
         from mindrl.workers.train_setup import build_model_and_optimizer
 
@@ -26,6 +27,8 @@ class IntegratedWorker(MegatronRank):
         self.spec, self.actor, self.optimizer, self.scheduler = build_model_and_optimizer(
             a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel
         )
+        if a.resume_dir is not None:
+            load_train_state(self.actor, self.optimizer, self.scheduler, a.resume_dir, a.load_optim, a.load_rng)
         self.ref = None
         if s.ref_load is not None:
             _, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
@@ -95,10 +98,11 @@ class IntegratedWorker(MegatronRank):
         )
         return self.output(metrics)
 
-    def save(self, save_dir: str, iteration: int) -> None:
-        from mindrl.workers.checkpointing import save_model_iteration
+    def save(self, it_dir: str, optim: bool, rng: bool) -> None:
+        from mindrl.workers.checkpointing import save_train_state
 
-        save_model_iteration(self.actor, self.spec, "actor", self.settings.actor, save_dir, iteration)
+        a = self.settings.actor
+        save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
 
     def shutdown(self) -> None:
         self.hybrid.engine.shutdown()

@@ -29,6 +29,10 @@ class ModelSettings:
     dtype: str = "float32"
     sequence_parallel: bool = False
     seed: int = 1234
+    resume_dir: str | None = None
+    """Iteration directory to restore the optimizer, LR scheduler and RNG from (None: start fresh)."""
+    load_optim: bool = True
+    load_rng: bool = True
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,16 @@ same update)."""
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests.trainer.rl_helpers import _config, _run, _train
+
 pytestmark = pytest.mark.slow  # each run starts Ray and 2-8 worker processes that import vLLM and megatron
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED = [
     "timing/all", "timing/rollout", "timing/reshard_to_infer", "timing/reshard_to_train", "timing/update",
     "timing/adv", "timing/rule_reward", "timing/non_overlap_rule_reward", "actor/pg_loss", "actor/pg_clipfrac",
@@ -27,66 +26,6 @@ REQUIRED = [
 ]  # fmt: skip
 PPO_ONLY = ["critic/vf_loss", "critic/vf_clipfrac", "critic/lr", "critic/grad_norm", "critic/values/mean",
             "timing/critic_model", "timing/update_critic", "timing/reference_model"]  # fmt: skip
-
-
-def _run(*cmd: str) -> None:
-    subprocess.run(
-        cmd, check=True, cwd=ROOT, capture_output=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    )
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed."""
-    d = tmp_path_factory.mktemp("ppo_assets")
-    py = sys.executable
-    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"))
-    # A random (not zero) value head: advantages then carry signal, not whitened rounding noise.
-    _run(
-        py,
-        "tools/make_critic_from_lm.py",
-        "--hf-dir",
-        str(d / "hf"),
-        "--out",
-        str(d / "hf_critic"),
-        "--head-std",
-        "0.05",
-    )
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf"), "--save-dir", str(d / "actor"))
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf_critic"), "--save-dir", str(d / "critic"),
-         "--orm")  # fmt: skip
-    rows = [{"problem": f"Which is larger: {a} or {b}?", "answer": str(max(a, b))} for a in range(1, 9) for b in (3, 7)]
-    (d / "task.json").write_text(json.dumps(rows))
-    _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
-         f"tokenizer_name_or_path={d / 'hf'}", f"output_prefix={d / 'data' / 'train'}", "workers=1",
-         "prompt_type=qwen")  # fmt: skip
-    return d
-
-
-def _config(name: str, assets, run_dir, *overrides: str):
-    from mindrl.config import load_config
-
-    paths = [
-        f"actor_config.load={assets / 'actor'}",
-        f"actor_config.save={run_dir / 'ckpt_actor'}",
-        f"megatron_training.data_path={assets / 'data' / 'train'}",
-        f"megatron_training.tokenizer_name_or_path={assets / 'hf'}",
-        f"rl_config.integrated_mode_config.ref_model_load_path={assets / 'actor'}",
-        f"rl_config.run_dir={run_dir}",
-        "rl_config.log_rollouts_interval=1",
-    ]
-    if name.startswith("ppo"):
-        paths += [f"critic_config.load={assets / 'critic'}", f"critic_config.save={run_dir / 'ckpt_critic'}"]
-    return load_config(name, overrides=[*paths, *overrides])
-
-
-def _train(cfg):
-    from mindrl.trainer.ppo_trainer import train
-
-    run_dir, results = train(cfg)
-    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rollouts = [json.loads(x) for x in open(os.path.join(run_dir, "rollouts.jsonl"))]
-    return run_dir, results, lines, rollouts
 
 
 def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
