@@ -50,14 +50,19 @@ def _check_orm_flag(spec: ModelSpec, orm: bool, where: str) -> None:
         )
 
 
+def _check_pool(pool, world_size: int) -> None:
+    """The caller's pool must be a multiple of TP*PP (extra ranks are DP replicas); checked before any output."""
+    if pool is not None and pool.world_size % world_size:
+        raise ValueError(f"pool of {pool.world_size} ranks cannot host TP*PP = {world_size}")
+
+
 @contextlib.contextmanager
 def _ranks(pool, world_size: int):
-    """The caller's pool (its world must be a multiple of TP*PP: extra ranks are DP replicas) or a new one."""
+    """The caller's pool or a new one of world_size ranks."""
     from mindrl.platform.launch import RankPool
 
     if pool is not None:
-        if pool.world_size % world_size:
-            raise ValueError(f"pool of {pool.world_size} ranks cannot host TP*PP = {world_size}")
+        _check_pool(pool, world_size)
         yield pool
         return
     with RankPool(world_size) as new_pool:
@@ -111,17 +116,29 @@ def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
     return ckpt
 
 
-def _prepare_out_dir(path: str, overwrite: bool) -> None:
+def _prepare_out_dir(path: str, overwrite: bool, input_dir: str) -> str:
+    """Check that `path` may be written and return the sibling `.partial` directory to write into. An existing
+    output is replaced only by `_commit`, after success: a failed conversion leaves it as it was."""
+    out, src = os.path.realpath(path), os.path.realpath(input_dir)
+    if out == src or out.startswith(src + os.sep) or src.startswith(out + os.sep):
+        raise CheckpointError(f"output directory {path!r} overlaps the input {input_dir!r}; choose another --save-dir")
     if os.path.exists(path) and not os.path.isdir(path):
         raise CheckpointError(f"output path {path!r} exists and is not a directory")
-    if os.path.isdir(path) and os.listdir(path):
-        if not overwrite:
-            raise CheckpointError(f"output directory {path!r} is not empty; pass --overwrite to replace it")
-        shutil.rmtree(path)
+    if os.path.isdir(path) and os.listdir(path) and not overwrite:
+        raise CheckpointError(f"output directory {path!r} is not empty; pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     if not os.access(parent, os.W_OK):
         raise CheckpointError(f"cannot write to {parent!r}")
+    partial = path.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)  # left by a killed run
+    return partial
+
+
+def _commit(partial: str, path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)  # empty, or --overwrite (checked by _prepare_out_dir)
+    os.replace(partial, path)
 
 
 def _peak_rss() -> int:
@@ -174,18 +191,24 @@ def hf2mcore(
     spec.validate_layout(tp, pp)
     dtype = str(torch_dtype(dtype or spec.dtype)).replace("torch.", "")
     validate_hf_checkpoint(hf_dir, spec)
-    _prepare_out_dir(save_dir, overwrite)
-    it_dir = mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)
+    _check_pool(pool, tp * pp)
+    partial = _prepare_out_dir(save_dir, overwrite, hf_dir)
+    it_dir = mcore_ckpt.iteration_dir(partial, mcore_ckpt.RELEASE)
     os.makedirs(it_dir)
-    with _ranks(pool, tp * pp) as ranks:
-        results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
-    mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
-    carry_files(hf_dir, os.path.join(save_dir, mcore_ckpt.HF_FILES))
-    mcore_ckpt.write_tracker(save_dir, mcore_ckpt.RELEASE)
+    try:
+        with _ranks(pool, tp * pp) as ranks:
+            results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
+        mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
+        carry_files(hf_dir, os.path.join(partial, mcore_ckpt.HF_FILES))
+        mcore_ckpt.write_tracker(partial, mcore_ckpt.RELEASE)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _commit(partial, save_dir)
     return ConversionStats(
         seconds=time.perf_counter() - t0,
         num_params=sum(r["num_params"] for r in results),
-        bytes_written=_dir_bytes(it_dir),
+        bytes_written=_dir_bytes(mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)),
         ranks=len(results),
         peak_rss_bytes=[r["peak_rss"] for r in results],
         base_rss_bytes=[r["rss_before"] for r in results],
@@ -233,30 +256,37 @@ def mcore2hf(
 ) -> ConversionStats:
     """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer)."""
     t0 = time.perf_counter()
+    if max_shard_size_mb <= 0:
+        raise CheckpointError(f"--max-shard-size-mb must be > 0, got {max_shard_size_mb}")
     spec, _ = mcore_ckpt.read_model_meta(load_dir)
     _check_orm_flag(spec, orm, load_dir)
-    _prepare_out_dir(save_dir, overwrite)
-    partial_dir = save_dir.rstrip("/") + ".partial"
-    shutil.rmtree(partial_dir, ignore_errors=True)
-    with _ranks(pool, 1) as ranks:
-        res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)[0]
-    hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
-    if os.path.isdir(hf_files):
-        carry_files(hf_files, partial_dir)
-    else:  # not converted from HF: write the config we know
-        import json
+    mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
+    partial_dir = _prepare_out_dir(save_dir, overwrite, load_dir)
+    try:
+        with _ranks(pool, 1) as ranks:
+            res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)[0]
+        hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
+        if os.path.isdir(hf_files):
+            carry_files(hf_files, partial_dir)
+        else:  # not converted from HF: write the config we know
+            import json
 
-        with open(os.path.join(partial_dir, "config.json"), "w") as f:
-            json.dump(spec.hf_config, f, indent=2)
-    if os.path.isdir(save_dir):
-        os.rmdir(save_dir)  # empty (checked above)
-    os.replace(partial_dir, save_dir)
+            with open(os.path.join(partial_dir, "config.json"), "w") as f:
+                json.dump(spec.hf_config, f, indent=2)
+    except BaseException:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        raise
+    _commit(partial_dir, save_dir)
     return ConversionStats(
         time.perf_counter() - t0, res["num_params"], res["bytes"], 1, [res["peak_rss"]], [res["rss_before"]]
     )
 
 
 # ------------------------------------------------------------------------------------- check
+# Fields that change the models' shapes: if they differ, the logits cannot be compared at all.
+_SHAPE_FIELDS = ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
 def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool) -> torch.Tensor | None:
     from megatron.core import parallel_state as ps
 
@@ -299,8 +329,17 @@ def check(
     hf_spec = ModelSpec.from_hf_dir(hf_dir)
     if hf_spec.architecture != spec.architecture:
         raise CheckpointError(f"{hf_dir} is {hf_spec.architecture} but {load_dir} holds {spec.architecture}")
+    differ = [
+        f"{k} {getattr(hf_spec, k)} vs {getattr(spec, k)}"
+        for k in _SHAPE_FIELDS
+        if getattr(hf_spec, k) != getattr(spec, k)
+    ]
+    if differ:
+        raise CheckpointError(f"{hf_dir} and {load_dir} hold differently shaped models: {', '.join(differ)}")
+    mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
     tp, pp = tp or meta["tp"], pp or meta["pp"]
     spec.validate_layout(tp, pp)
+    _check_pool(pool, tp * pp)
     input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
     with _ranks(pool, tp * pp) as ranks:
         ours = megatron_outputs(ranks, load_dir, tp, pp, input_ids)

@@ -38,16 +38,23 @@ class HFCheckpoint:
             try:
                 with open(index) as f:
                     weight_map = json.load(f)["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})") from e
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(
+                    f"{index}: 'weight_map' must map tensor names to shard files, got {weight_map!r:.80}"
+                )
+            bad = [(k, v) for k, v in weight_map.items() if not isinstance(v, str) or os.path.basename(v) != v]
+            if bad:
+                raise CheckpointError(f"{index}: 'weight_map' entries must name a shard file in {path!r}: {bad[:3]}")
         elif os.path.isfile(single):
             weight_map = None
         else:
-            bins = [f for f in os.listdir(path) if f.endswith(".bin") or f.endswith(".pt")]
+            bins = sorted(f for f in os.listdir(path) if f.endswith((".bin", ".pt")))
             hint = f" (found {bins[:3]}: re-save it with safe_serialization=True)" if bins else ""
             raise CheckpointError(f"{path!r} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
-        files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE]
+        files = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE]
         self._file_of: dict[str, str] = {}
         for fname in files:
             fpath = os.path.join(path, fname)

@@ -43,13 +43,19 @@ def read_tracker(root: str) -> int | str:
     path = os.path.join(root, TRACKER)
     if not os.path.isfile(path):
         raise CheckpointError(f"{root!r} is not a megatron checkpoint: {TRACKER} is missing (incomplete save?)")
-    text = open(path).read().strip()
+    with open(path, errors="replace") as f:  # a crash can leave binary garbage: say so, not UnicodeDecodeError
+        text = f.read().strip()
     if text == RELEASE:
         return RELEASE
+    if not text:
+        raise CheckpointError(f"{path} is empty (interrupted save?): expected 'release' or an iteration number")
     try:
-        return int(text)
+        iteration = int(text)
     except ValueError:
-        raise CheckpointError(f"{path}: expected 'release' or an iteration number, found {text!r}") from None
+        iteration = -1
+    if iteration < 0:
+        raise CheckpointError(f"{path}: expected 'release' or an iteration number, found {text!r}")
+    return iteration
 
 
 def write_model_meta(it_dir: str, spec: ModelSpec, role: str, tp: int, pp: int, dtype: str) -> None:
@@ -60,13 +66,60 @@ def write_model_meta(it_dir: str, spec: ModelSpec, role: str, tp: int, pp: int, 
 
 def read_model_meta(root: str, iteration: int | str | None = None) -> tuple[ModelSpec, dict]:
     """(spec, meta) of the checkpoint's latest (or given) iteration."""
+    from_tracker = iteration is None
     iteration = read_tracker(root) if iteration is None else iteration
-    path = os.path.join(iteration_dir(root, iteration), MODEL_META)
+    it_dir = iteration_dir(root, iteration)
+    if not os.path.isdir(it_dir):
+        named = f"iteration {iteration!r}" + (f" (named by {os.path.join(root, TRACKER)})" if from_tracker else "")
+        raise CheckpointError(f"{named}, but {it_dir} does not exist (deleted, or the copy is incomplete)")
+    path = os.path.join(it_dir, MODEL_META)
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} is missing: the checkpoint was not written by mindrl or is incomplete")
-    with open(path) as f:
-        meta = json.load(f)
-    return ModelSpec.from_dict(meta["spec"]), meta
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        return ModelSpec.from_dict(meta["spec"]), meta
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except (KeyError, TypeError) as e:  # hand-edited: a key missing, renamed or added
+        raise CheckpointError(f"{path}: not a mindrl model description ({type(e).__name__}: {e})") from None
+
+
+def check_files(it_dir: str) -> None:
+    """Every file dist_checkpointing will read is there, and each shard is as long as `.metadata` says: a
+    copy or save interrupted mid-way fails here, naming the file, not deep inside torch.distributed."""
+    if not os.path.isdir(it_dir):
+        raise CheckpointError(f"checkpoint iteration directory {it_dir!r} does not exist")
+    for name in ("metadata.json", "common.pt"):
+        if not os.path.isfile(os.path.join(it_dir, name)):
+            raise CheckpointError(f"{os.path.join(it_dir, name)} is missing: the checkpoint is incomplete")
+    path = os.path.join(it_dir, "metadata.json")
+    try:
+        with open(path) as f:
+            backend = json.load(f)["sharded_backend"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is corrupted ({type(e).__name__}: {e})") from None
+    if backend != "torch_dist":  # the only format mindrl writes; other backends keep their own layout
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = os.path.join(it_dir, ".metadata")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete")
+    try:
+        storage = FileSystemReader(it_dir).read_metadata().storage_data or {}
+    except Exception as e:  # an unpickling error of some kind
+        raise CheckpointError(f"{path} is truncated or corrupted ({type(e).__name__}: {e})") from None
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        shard = os.path.join(it_dir, name)
+        if not os.path.isfile(shard):
+            raise CheckpointError(f"shard {shard} is missing (listed in {path}): the checkpoint is incomplete")
+        size = os.path.getsize(shard)
+        if size < end:
+            raise CheckpointError(f"shard {shard} is truncated: {size} bytes, but {path} needs {end}")
 
 
 def save_model(model: torch.nn.Module, it_dir: str) -> None:
@@ -82,9 +135,11 @@ def load_model(model: torch.nn.Module, it_dir: str) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    if not os.path.isdir(it_dir):
-        raise CheckpointError(f"checkpoint iteration directory {it_dir!r} does not exist")
-    state = dist_checkpointing.load(model.sharded_state_dict(), it_dir, strict=StrictHandling.RAISE_ALL)
+    check_files(it_dir)
+    try:
+        state = dist_checkpointing.load(model.sharded_state_dict(), it_dir, strict=StrictHandling.RAISE_ALL)
+    except Exception as e:  # e.g. a shard of the right size holding corrupted bytes
+        raise CheckpointError(f"cannot load the model from {it_dir}: {type(e).__name__}: {e}") from e
     model.load_state_dict(state, strict=True)
 
 
