@@ -76,9 +76,17 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # transformers raises OSError/ValueError/... depending on what is missing
         raise ConfigError(f"tokenizer_name_or_path: cannot load a tokenizer from {path}: {e}") from None
+    # Without its vocabulary files, transformers still builds a tokenizer from config.json alone: one that
+    # knows only the special tokens and turns every text into nothing.
+    if len(tokenizer.get_vocab()) <= len(set(tokenizer.all_special_tokens)):
+        raise ConfigError(
+            f"tokenizer_name_or_path: {path} has no tokenizer vocabulary (only {len(tokenizer.get_vocab())} special "
+            f"token(s); files there: {sorted(os.listdir(path))[:8]}); give the directory holding tokenizer.json"
+        )
+    return tokenizer
 
 
 def build_handler(cfg: PreprocessConfig, tokenizer: Any) -> Handler:

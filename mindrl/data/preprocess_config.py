@@ -154,6 +154,8 @@ def load_preprocess_config(path: str | None, overrides: list[str] = ()) -> tuple
                 data = yaml.safe_load(f) or {}
             except yaml.YAMLError as e:
                 raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
         _apply(data, cfg_fields, path, values, ignored)

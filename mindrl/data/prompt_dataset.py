@@ -45,6 +45,23 @@ class PromptBatch:
         return ids, mask
 
 
+def _open_indexed(indexed_dataset_cls: type, path: str) -> Any:
+    """megatron's IndexedDataset, with a truncated or corrupted file named instead of a bare numpy error."""
+    try:
+        ds = indexed_dataset_cls(path)
+    except (ValueError, AssertionError, OSError) as e:
+        raise ValueError(f"{path}.idx is truncated or corrupted ({e}); run mindrl-preprocess again") from None
+    index = ds.index
+    if len(index):  # the .bin must hold the last document the .idx points at
+        end = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+        size = os.path.getsize(path + ".bin")
+        if size < end:
+            raise ValueError(
+                f"{path}.bin is truncated: {size} bytes, its .idx needs {end}; run mindrl-preprocess again"
+            )
+    return ds
+
+
 class PromptDataset:
     """Prompts (+ labels and other extra keys) from `{data_prefix}_packed_{key}_document`.
 
@@ -72,7 +89,7 @@ class PromptDataset:
                     f"packed dataset for '{key}' not found: {path}.{{bin,idx}} (data_path '{data_prefix}'; "
                     "run mindrl-preprocess first, and check dataset_additional_keys)"
                 )
-        self.datasets = {k: IndexedDataset(p) for k, p in paths.items()}
+        self.datasets = {k: _open_indexed(IndexedDataset, p) for k, p in paths.items()}
         lengths = self.datasets["input_ids"].sequence_lengths
         for key in self.extra_keys:
             if len(self.datasets[key]) != len(lengths):

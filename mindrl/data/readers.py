@@ -56,11 +56,14 @@ def _classify(path: str) -> InputFile:
         return InputFile(path, "jsonl")
     if ext == ".json":
         # ".json" is used for both a list and JSON lines (one object per line): the first character decides.
-        with open(path, encoding="utf-8-sig") as f:
-            while True:
-                c = f.read(1)
-                if c == "" or c not in _WS:
-                    break
+        try:
+            with open(path, encoding="utf-8-sig") as f:
+                while True:
+                    c = f.read(1)
+                    if c == "" or c not in _WS:
+                        break
+        except UnicodeDecodeError as e:
+            raise _not_utf8(path, e) from None
         return InputFile(path, "json_list" if c == "[" else "jsonl")
     raise InputError(f"unsupported input format '{ext}' for {path}; supported: {', '.join(SUPPORTED_EXTENSIONS)}")
 
@@ -69,13 +72,25 @@ def iter_rows(files: list[InputFile]) -> Iterator[RawRow]:
     """All rows of all files, in order, streamed."""
     readers = {"jsonl": _iter_jsonl, "json_list": _iter_json_list, "parquet": _iter_parquet}
     for i, f in enumerate(files):
-        for pos, row in readers[f.kind](f.path):
-            yield RawRow(row, i, pos)
+        try:
+            for pos, row in readers[f.kind](f.path):
+                yield RawRow(row, i, pos)
+        except UnicodeDecodeError as e:  # a JSON list is decoded in chunks: the line is not known here
+            raise _not_utf8(f.path, e) from None
+
+
+def _not_utf8(path: str, e: UnicodeDecodeError, where: str = "") -> InputError:
+    return InputError(f"{path}{where}: not UTF-8 text ({e.reason}: byte 0x{e.object[e.start]:02x}); save it as UTF-8")
 
 
 def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, 1):
+    # Bytes, decoded line by line, so that a non-UTF-8 line is reported with its number.
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e, f", line {lineno}") from None
             if not line.strip():
                 continue
             try:
@@ -171,7 +186,14 @@ def _iter_parquet(path: str, batch_rows: int = 1024) -> Iterator[tuple[int, Any]
         raise InputError(f"{path}: not a readable parquet file: {e}") from None
     n = 0
     # Row batches, not the whole table: memory stays at one batch whatever the file size.
-    for batch in pf.iter_batches(batch_size=batch_rows):
+    batches = pf.iter_batches(batch_size=batch_rows)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:  # a corrupted page: pyarrow raises OSError / ArrowInvalid / ...
+            raise InputError(f"{path}: parquet data after row {n} is corrupted: {e}") from None
+        if batch is None:
+            return
         for row in batch.to_pylist():
             n += 1
             yield n, row

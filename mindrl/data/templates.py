@@ -61,6 +61,8 @@ def load_templates(path: str = DEFAULT_TEMPLATES_PATH) -> dict[str, ChatTemplate
             raw = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from e
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object mapping template names to templates")
     known = {f for f in ChatTemplate.__dataclass_fields__ if f != "name"}
@@ -73,6 +75,13 @@ def load_templates(path: str = DEFAULT_TEMPLATES_PATH) -> dict[str, ChatTemplate
         extra = sorted(set(spec) - known)
         if extra:
             raise ValueError(f"{path}: template '{name}' has unknown field(s) {extra}; known: {sorted(known)}")
+        for key, value in spec.items():
+            if key == "stop_words":
+                ok, want = isinstance(value, list) and all(isinstance(w, str) for w in value), "a list of strings"
+            else:
+                ok, want = isinstance(value, str), "a string"
+            if not ok:
+                raise ValueError(f"{path}: template '{name}' field '{key}' must be {want}, got {value!r}")
         for slot in _SLOTS:
             if slot in spec and slot != "prefix" and slot != "assistant" and "{content}" not in spec[slot]:
                 raise ValueError(f"{path}: template '{name}' slot '{slot}' lacks the {{content}} placeholder")
