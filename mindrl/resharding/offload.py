@@ -69,7 +69,10 @@ def _inner_optimizers(optimizer: Any) -> Iterator[torch.optim.Optimizer]:
     elif hasattr(optimizer, "optimizer"):
         yield from _inner_optimizers(optimizer.optimizer)
     else:
-        raise TypeError(f"cannot find the torch optimizer inside {type(optimizer).__name__}")
+        raise TypeError(
+            f"cannot find the torch optimizer inside {type(optimizer).__name__}: expected a torch.optim.Optimizer "
+            "or a megatron optimizer (one with .optimizer or .chained_optimizers)"
+        )
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -101,6 +104,7 @@ class TrainStateOffloader:
         self, model_chunks: Sequence[torch.nn.Module], optimizer: Any = None, config: OffloadConfig | None = None
     ):
         self.model_chunks = list(model_chunks) if isinstance(model_chunks, (list, tuple)) else [model_chunks]
+        list(_inner_optimizers(optimizer))  # an optimizer it cannot unwrap fails here, not at the first rollout
         self.optimizer = optimizer
         self.config = config or OffloadConfig()
         self._host: dict[int, tuple[torch.UntypedStorage, torch.Tensor, str]] = {}  # key -> (storage, host, kind)
@@ -159,7 +163,7 @@ class TrainStateOffloader:
     # ------------------------------------------------------------------------------------ moving
     def offload(self, kinds: Iterable[str] | None = None) -> OffloadStats:
         """Copy the storages of `kinds` (default: the configured ones) to host buffers, then free them."""
-        kinds = tuple(self.config.kinds if kinds is None else kinds)
+        kinds = self.config.kinds if kinds is None else (kinds,) if isinstance(kinds, str) else tuple(kinds)
         unknown = [k for k in kinds if k not in KINDS]
         if unknown:
             raise ValueError(f"unknown offload kinds {unknown}; expected some of {KINDS}")

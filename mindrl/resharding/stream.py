@@ -137,8 +137,8 @@ class WeightStreamer:
                 f"the critic / reward model ({spec.architecture}, role {role!r}) is not streamed to the rollout "
                 "engine: only the actor's weights are resharded for inference"
             )
-        if bucket_size_mb <= 0:
-            raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
+        if not 0 < bucket_size_mb < float("inf"):  # also NaN
+            raise ValueError(f"bucket_size_mb must be > 0 and finite, got {bucket_size_mb}")
         self.model = model
         self.spec = spec
         self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)
