@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 
 import pytest
@@ -20,6 +21,26 @@ EXTRA = {
     "grpo": [],
 }
 RESUME = ["finetune=false", "no_load_optim=false", "no_load_rng=false"]
+EVERY2 = ["megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]
+
+
+_RUNS: dict = {}
+
+
+def _straight_and_half(algo, assets, tmp_path_factory, tmp_path):
+    """(straight run's metrics, a fresh copy of the half run's dir): both computed once per algorithm."""
+    name, extra = f"{algo}_tiny_cpu", EXTRA[algo]
+    if algo not in _RUNS:
+        base = tmp_path_factory.mktemp(f"resume_{algo}")
+        _, _, straight, _ = _train(
+            _config(name, assets, base / "straight", "megatron_training.train_iters=4", *EVERY2, *extra)
+        )
+        _train(_config(name, assets, base / "half", "megatron_training.train_iters=2", *EVERY2, *extra))
+        _RUNS[algo] = (straight, base)
+    straight, base = _RUNS[algo]
+    split_dir = tmp_path / "split"
+    shutil.copytree(base / "half", split_dir)
+    return straight, base / "straight", split_dir
 
 
 def _comparable(m: dict) -> dict:
@@ -27,12 +48,9 @@ def _comparable(m: dict) -> dict:
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_resume_is_exact(assets, tmp_path, algo):
-    name, extra = f"{algo}_tiny_cpu", EXTRA[algo]
-    every2 = ["megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]
-    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
-    _, _, straight, _ = _train(_config(name, assets, straight_dir, "megatron_training.train_iters=4", *every2, *extra))
-    _train(_config(name, assets, split_dir, "megatron_training.train_iters=2", *every2, *extra))
+def test_resume_is_exact(assets, tmp_path_factory, tmp_path, algo):
+    name, extra, every2 = f"{algo}_tiny_cpu", EXTRA[algo], EVERY2
+    straight, straight_dir, split_dir = _straight_and_half(algo, assets, tmp_path_factory, tmp_path)
     resume = [f"actor_config.{k}" for k in RESUME] + ([f"critic_config.{k}" for k in RESUME] if algo == "ppo" else [])
     cfg = _config(
         name, assets, split_dir, "megatron_training.train_iters=4", *every2, *extra, *resume,
@@ -52,9 +70,28 @@ def test_resume_is_exact(assets, tmp_path, algo):
     exported = []
     for d in (straight_dir, split_dir):
         _run(sys.executable, "-m", "mindrl.cli.convert", "mcore2hf", "--load-dir", str(d / "ckpt_actor"),
-             "--save-dir", str(d / "hf"), "--overwrite")  # fmt: skip
-        exported.append(load_file(str(d / "hf" / "model.safetensors")))
+             "--save-dir", str(tmp_path / d.name / "hf"), "--overwrite")  # fmt: skip
+        exported.append(load_file(str(tmp_path / d.name / "hf" / "model.safetensors")))
     assert exported[0].keys() == exported[1].keys()
     assert all(exported[0][k].equal(exported[1][k]) for k in exported[0])
     state = json.load(open(os.path.join(split_dir, "ckpt_actor", "iter_0000004", "trainer_state.json")))
     assert state["iteration"] == 4 and state["loader"]["sampler"]["consumed_samples"] == 32
+
+
+def test_resume_onto_another_layout(assets, tmp_path_factory, tmp_path):
+    """Saved at actor/critic TP2, resumed at PP2 (same 2 devices): optimizer state and weights reshard through
+    dist_checkpointing; the resumed iterations match the straight TP2 run within 1e-5."""
+    name, extra, every2 = "ppo_tiny_cpu", EXTRA["ppo"], EVERY2
+    straight, _, split_dir = _straight_and_half("ppo", assets, tmp_path_factory, tmp_path)
+    layout = [f"{role}_config.{k}={v}" for role in ("actor", "critic")
+              for k, v in (("tensor_model_parallel_size", 1), ("pipeline_model_parallel_size", 2))]  # fmt: skip
+    resume = [f"{role}_config.{k}" for role in ("actor", "critic") for k in RESUME]
+    cfg = _config(
+        name, assets, split_dir, "megatron_training.train_iters=4", *every2, *extra, *resume, *layout,
+        actor_load=split_dir / "ckpt_actor", critic_load=split_dir / "ckpt_critic",
+    )  # fmt: skip
+    _, _, split, _ = _train(cfg)
+    for a, b in zip(straight[2:], split[2:]):
+        a, b = _comparable(a), _comparable(b)
+        bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5)}
+        assert not bad, bad
