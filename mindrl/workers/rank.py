@@ -9,7 +9,6 @@ rank that holds it (tp 0 of the last pipeline stage).
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +25,13 @@ class RankInfo:
 
 
 def node_address() -> tuple[str, int]:
-    """(this node's address, a free port) for rank 0 to host the world's rendezvous."""
+    """(this node's address as Ray knows it, a free port) for rank 0 to host the world's rendezvous: loopback on a
+    private local Ray, the node's cluster address on a multi-node cluster."""
+    import ray
+
     from mindrl.platform.launch import free_port
 
-    host = os.environ.get("MINDRL_MASTER_ADDR") or "127.0.0.1"
-    if host != "127.0.0.1":
-        host = socket.gethostbyname(socket.gethostname())
-    return host, free_port()
+    return ray.util.get_node_ip_address(), free_port()
 
 
 class MegatronRank:
