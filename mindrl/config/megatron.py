@@ -199,6 +199,8 @@ class MegatronTrainingConfig(Section):
     """Iterations (rollout + update) to run (required)."""
     save_interval: int | None = None
     """Checkpoint every this many iterations (and at the end); None or 0: only at the end."""
+    save_total_limit: int | None = None
+    """mindrl addition: keep only the newest this many saved iterations per save dir (None: keep all)."""
     seed: int = 1234
     """Seed of the data order, rollout sampling and model initialisation."""
     data_path: str | None = None
@@ -248,6 +250,8 @@ class MegatronTrainingConfig(Section):
             col.add("seq_length", f"must be >= 1, got {self.seq_length}")
         if self.save_interval is not None and self.save_interval < 0:
             col.add("save_interval", f"must be >= 0 (0 or null: save at the end only), got {self.save_interval}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            col.add("save_total_limit", f"must be >= 1 (or null: keep every iteration), got {self.save_total_limit}")
         if self.tokenizer_type not in TOKENIZER_TYPES:
             col.add("tokenizer_type", f"{self.tokenizer_type!r} is not supported; use PretrainedFromHF")
         if self.stage not in STAGES:

@@ -388,18 +388,19 @@ class PPOTrainer:
         from mindrl.workers.checkpointing import begin_iteration, finalize_iteration
 
         a, c = self.cfg.actor_config, self.cfg.critic_config
+        keep = self.cfg.megatron_training.save_total_limit
         t0 = time.perf_counter()
         if a.save:
             tmp = begin_iteration(a.save, self.iteration)
             self.actor.call("save", None, tmp, not a.no_save_optim, not a.no_save_rng)
             with open(os.path.join(tmp, build.TRAINER_STATE), "w") as f:
                 json.dump(self._trainer_state(), f, indent=2)
-            finalize_iteration(a.save, self.iteration, tmp, a.load)
+            finalize_iteration(a.save, self.iteration, tmp, a.load, keep)
         if self.critic is not None and c is not None and c.save:
             save_dir = build.critic_dir(self.cfg, "save")
             tmp = begin_iteration(save_dir, self.iteration)
             self.critic.call("save", None, tmp, not c.no_save_optim, not c.no_save_rng)
-            finalize_iteration(save_dir, self.iteration, tmp, build.critic_dir(self.cfg, "load"))
+            finalize_iteration(save_dir, self.iteration, tmp, build.critic_dir(self.cfg, "load"), keep)
         logger.info("iteration %d saved in %.1f s", self.iteration, time.perf_counter() - t0)
 
     def _trainer_state(self) -> dict:

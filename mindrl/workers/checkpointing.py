@@ -105,8 +105,11 @@ def begin_iteration(save_dir: str, iteration: int) -> str:
     return tmp
 
 
-def finalize_iteration(save_dir: str, iteration: int, tmp: str, hf_files_from: str | None) -> str:
-    """Move a completely written temporary iteration into place; the tracker is updated last."""
+def finalize_iteration(
+    save_dir: str, iteration: int, tmp: str, hf_files_from: str | None, keep_last: int | None = None
+) -> str:
+    """Move a completely written temporary iteration into place; the tracker is updated last. With keep_last,
+    older complete iterations beyond the newest `keep_last` are then deleted (never the one just written)."""
     final = mcore_ckpt.iteration_dir(save_dir, iteration)
     if hf_files_from:
         from mindrl.checkpoint.hf_io import carry_files
@@ -118,4 +121,17 @@ def finalize_iteration(save_dir: str, iteration: int, tmp: str, hf_files_from: s
         shutil.rmtree(final)
     os.replace(tmp, final)
     mcore_ckpt.write_tracker(save_dir, iteration)
+    if keep_last is not None:
+        for old in saved_iterations(save_dir)[:-keep_last]:
+            if old != iteration:
+                shutil.rmtree(mcore_ckpt.iteration_dir(save_dir, old), ignore_errors=True)
     return final
+
+
+def saved_iterations(save_dir: str) -> list[int]:
+    """The complete (renamed into place) iterations under save_dir, oldest first."""
+    out = []
+    for name in os.listdir(save_dir):
+        if name.startswith("iter_") and name[5:].isdigit() and os.path.isdir(os.path.join(save_dir, name)):
+            out.append(int(name[5:]))
+    return sorted(out)
