@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingAborted, WorkerError) as e:
         print(f"mindrl-train: aborted: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the workers and Ray were shut down on the way out (train's finally)
+        print("mindrl-train: interrupted; resume from the last complete checkpoint (finetune: false)", file=sys.stderr)
+        return 130
     print(f"mindrl-train: {len(results)} iterations in {time.perf_counter() - start:.0f} s")
     print(f"run dir: {run_dir}")
     return 0

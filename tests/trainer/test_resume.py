@@ -95,3 +95,45 @@ def test_resume_onto_another_layout(assets, tmp_path_factory, tmp_path):
         a, b = _comparable(a), _comparable(b)
         bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5)}
         assert not bad, bad
+
+
+def test_ctrl_c_shuts_down_cleanly_and_keeps_the_last_checkpoint(assets, tmp_path):
+    """SIGINT to mindrl-train mid-run: exit 130 with a message, no Ray or worker process and no shared-memory
+    segment left, and the last complete checkpoint loads."""
+    import signal
+    import subprocess
+    import time
+
+    from mindrl.checkpoint import mcore_ckpt
+    from tests.trainer.rl_helpers import ROOT
+
+    cfg = _config(
+        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1000", "megatron_training.save_interval=2"
+    )
+    overrides = [f"{k}={v}" for k, v in (
+        ("actor_config.load", cfg.actor_config.load), ("actor_config.save", cfg.actor_config.save),
+        ("megatron_training.data_path", cfg.megatron_training.data_path),
+        ("megatron_training.tokenizer_name_or_path", cfg.megatron_training.tokenizer_name_or_path),
+        ("rl_config.integrated_mode_config.ref_model_load_path", cfg.actor_config.load),
+        ("rl_config.run_dir", tmp_path), ("megatron_training.train_iters", 1000), ("megatron_training.save_interval", 2),
+    )]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mindrl.cli.train", "--config-name", "grpo_tiny_cpu", *overrides],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    tracker = tmp_path / "ckpt_actor" / mcore_ckpt.TRACKER
+    deadline = time.monotonic() + 300
+    while not (tracker.is_file() and int(tracker.read_text()) >= 4) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    leftovers = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
+    assert not leftovers.strip(), leftovers
+    assert not [f for f in os.listdir("/dev/shm") if "mindrl" in f]
+    it = mcore_ckpt.read_tracker(str(tmp_path / "ckpt_actor"))
+    it_dir = mcore_ckpt.iteration_dir(str(tmp_path / "ckpt_actor"), it)
+    assert it >= 4 and os.path.isfile(os.path.join(it_dir, "trainer_state.json"))
+    mcore_ckpt.read_model_meta(str(tmp_path / "ckpt_actor"))
