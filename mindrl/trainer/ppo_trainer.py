@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -87,6 +86,7 @@ class PPOTrainer:
         self.kl_ctrl = build_kl_controller(rl.kl_ctrl_type, rl.init_kl_coef, rl.kl_target, rl.kl_horizon)
         self.num_mini = build.num_mini_batches(cfg)
         self.needs_ref = build.needs_reference(cfg)
+        self.verifier_names = build.reward_settings(cfg).verifier_function
 
         if (
             build.resume_dir(cfg.actor_config.load, cfg.actor_config.finetune)
@@ -179,7 +179,7 @@ class PPOTrainer:
         fwd = batch.select(["input_ids", "attention_mask", "responses", "response_mask"])
         values_refs = None
         if self.critic is not None:
-            values_refs = self._sharded_async(self.critic, "compute_values", fwd)
+            values_refs = self.critic.sharded_async("compute_values", fwd)
         width = batch["responses"].shape[1]
         if not rl.on_policy:
             t0 = time.perf_counter()
@@ -194,7 +194,7 @@ class PPOTrainer:
             timing["timing/non_overlap_reference_model"] = timing["timing/reference_model"]
         if values_refs is not None:
             t0 = time.perf_counter()
-            parts = self._collect_sharded(self.critic, "compute_values", values_refs)
+            parts = self.critic.collect_sharded(values_refs)
             batch["values"] = _gather_rows([(r, v[0]) for r, v in parts], len(batch), width)
             timing["timing/critic_model"] = max(v[1] for _, v in parts)
             timing["timing/non_overlap_critic_model"] = time.perf_counter() - t0
@@ -304,7 +304,7 @@ class PPOTrainer:
         metrics.update(stats_metrics("response_length", mask.sum(-1)))
         metrics.update(stats_metrics("prompt_length", batch["prompt_lengths"]))
         metrics["reward/mean"] = scores.mean().item()
-        names = build.reward_settings(self.cfg).verifier_function
+        names = self.verifier_names
         for name in names:
             metrics[f"{name}_rewards/mean"] = scored["metrics"].get(f"reward/{name}/mean", 0.0)
         for k in ("reward/timeouts", "reward/errors", "reward/crashes"):
@@ -350,7 +350,7 @@ class PPOTrainer:
         )
 
     def _rollout_rows(self, batch: Batch, scored: dict) -> list[dict]:
-        names = build.reward_settings(self.cfg).verifier_function
+        names = self.verifier_names
         prompts = self.tokenizer.batch_decode(batch.rows_meta["prompt_ids"], skip_special_tokens=False)
         rows = []
         for i, text in enumerate(scored["texts"]):
@@ -360,27 +360,6 @@ class PPOTrainer:
             row["response_length"] = int(batch["response_mask"][i].sum())
             rows.append(row)
         return rows
-
-    def _sharded_async(self, group, method: str, batch: Batch):
-        import ray
-
-        from mindrl.batch import shard_rows
-
-        shards = shard_rows(len(batch), group.dp_size, 1)
-        refs = {d: ray.put(batch.index(rows)) for d, rows in enumerate(shards)}
-        calls = [
-            getattr(a, method).remote(refs[i.dp_rank] if i.is_source else None)
-            for a, i in zip(group.actors, group.infos)
-        ]
-        return shards, calls
-
-    def _collect_sharded(self, group, method: str, pending):
-        from mindrl.workers.group import collect
-
-        shards, calls = pending
-        results = collect(calls, f"{group.name}.{method}", group.actors)
-        out = {i.dp_rank: r for i, r in zip(group.infos, results) if i.is_output}
-        return [(shards[d], out[d]) for d in range(group.dp_size)]
 
     # ------------------------------------------------------------------------------------------------ ends
     def save(self) -> None:
@@ -468,6 +447,4 @@ def train(cfg) -> tuple[str, list[IterationResult]]:
         results = trainer.fit()
     finally:
         trainer.shutdown()
-    if results and not all(math.isfinite(v) for v in results[-1].metrics.values() if isinstance(v, float)):
-        logger.warning("the last iteration logged non-finite metrics")
     return trainer.run_dir, results

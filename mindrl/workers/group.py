@@ -127,12 +127,24 @@ class WorkerGroup:
     def sharded(self, method: str, batch: Batch, num_mini_batches: int = 1, *args: Any) -> list:
         """Send DP shard d (see `shard_rows`) to the source rank of DP group d, then return the output ranks'
         results as [(rows of shard d, result of DP group d), ...]."""
+        return self.collect_sharded(self.sharded_async(method, batch, num_mini_batches, *args))
+
+    def sharded_async(self, method: str, batch: Batch, num_mini_batches: int = 1, *args: Any):
+        """Start `sharded` without waiting (e.g. the critic's values while the actor computes); finish it with
+        `collect_sharded`."""
         import ray
 
         shards = shard_rows(len(batch), self.dp_size, num_mini_batches)
         refs = {d: ray.put(batch.index(rows)) for d, rows in enumerate(shards)}
-        per_rank = [((refs[i.dp_rank] if i.is_source else None), *args) for i in self.infos]
-        results = self.call(method, per_rank)
+        calls = [
+            getattr(actor, method).remote(refs[i.dp_rank] if i.is_source else None, *args)
+            for actor, i in zip(self.actors, self.infos)
+        ]
+        return method, shards, calls
+
+    def collect_sharded(self, pending) -> list:
+        method, shards, calls = pending
+        results = collect(calls, f"{self.name}.{method}", self.actors)
         out = {i.dp_rank: r for i, r in zip(self.infos, results) if i.is_output}
         return [(shards[d], out[d]) for d in range(self.dp_size)]
 
