@@ -144,15 +144,22 @@ def load_model(model: torch.nn.Module, it_dir: str) -> None:
 
 
 def build_and_load(
-    load_dir: str, tp: int, pp: int, dtype: str | None = None, sequence_parallel: bool = False
+    load_dir: str,
+    tp: int,
+    pp: int,
+    dtype: str | None = None,
+    sequence_parallel: bool = False,
+    iteration: int | str | None = None,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
-    with the latest iteration loaded. Collective; call inside a rank. dtype defaults to the saved one."""
+    with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
+    saved one."""
     from mindrl.models.builder import build_model
     from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
-    spec, meta = read_model_meta(load_dir)
+    iteration = read_tracker(load_dir) if iteration is None else iteration
+    spec, meta = read_model_meta(load_dir, iteration)
     model = build_model(
         spec,
         meta["role"],
@@ -160,5 +167,5 @@ def build_and_load(
         sequence_parallel=sequence_parallel,
         perform_initialization=False,
     )
-    load_model(model, iteration_dir(load_dir, read_tracker(load_dir)))
+    load_model(model, iteration_dir(load_dir, iteration))
     return spec, meta, model

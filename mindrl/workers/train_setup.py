@@ -50,8 +50,10 @@ def build_model_and_optimizer(
     total_steps: int,
     dtype: str = "float32",
     sequence_parallel: bool = False,
+    iteration: int | str | None = None,
 ) -> tuple[Any, Any, Any, Any]:
-    """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir, built at TP x PP.
+    """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
+    `iteration`), built at TP x PP.
 
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_steps is None).
     Call inside a rank (torch.distributed initialised); collective."""
@@ -61,7 +63,7 @@ def build_model_and_optimizer(
 
     from mindrl.checkpoint.mcore_ckpt import build_and_load
 
-    spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel)
+    spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration)
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,
