@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a tiny HF Qwen2-architecture checkpoint and a locally trained Qwen2-style BPE tokenizer.
+"""Write a tiny HF Qwen2- (default) or Llama-architecture checkpoint and a locally trained Qwen2-style BPE tokenizer.
 
 No network: the tokenizer is trained on a synthetic math corpus generated here, and the weights are
 random. Every weight (norms and biases included) is randomised, so that a wrong weight mapping always
@@ -7,6 +7,7 @@ shows up as a logit difference.
 
     python tools/make_tiny_model.py --out /tmp/tiny
     python tools/make_tiny_model.py --out /tmp/tiny-rm --orm       # Qwen2ForSequenceClassification, 1 label
+    python tools/make_tiny_model.py --out /tmp/tiny-llama --arch llama --rope-scaling-factor 8   # Llama-3.1 RoPE
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ CHATML_TEMPLATE = (
 )
 
 
+ARCHS = ("qwen2", "llama")
+# The fixed part of a Llama-3.1 "llama3" rope_scaling block (only the factor varies).
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
 @dataclass
 class TinyModelSpec:
     hidden_size: int = 128
@@ -48,8 +54,16 @@ class TinyModelSpec:
     init_std: float = 0.05
     seed: int = 0
     orm: bool = False
+    arch: str = "qwen2"
+    """"qwen2" (q/k/v biases) or "llama" (no biases anywhere)."""
+    rope_scaling_factor: float | None = None
+    """Llama only: Llama-3.1 ("llama3") RoPE scaling with this factor (None: plain RoPE)."""
 
     def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"--arch {self.arch!r} is not one of {', '.join(ARCHS)}")
+        if self.rope_scaling_factor is not None and self.arch != "llama":
+            raise ValueError("--rope-scaling-factor needs --arch llama (Qwen2 checkpoints use plain RoPE)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"--hidden-size {self.hidden_size} must be divisible by --num-heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
@@ -161,7 +175,14 @@ def randomise_(model, std: float, seed: int) -> None:
 def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) -> str:
     """Create the checkpoint + tokenizer in `out` and return `out`."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaForSequenceClassification,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen2ForSequenceClassification,
+    )
 
     spec = spec or TinyModelSpec()
     for k, v in overrides.items():
@@ -171,7 +192,7 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
     tok = make_tokenizer(out, spec.vocab_size, spec.seed)
     if len(tok) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens > --vocab-size {spec.vocab_size}")
-    cfg = Qwen2Config(
+    common = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -182,22 +203,33 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         rope_theta=spec.rope_theta,
         rms_norm_eps=1e-6,
         tie_word_embeddings=spec.tie_word_embeddings,
-        use_sliding_window=False,
         bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
         dtype="float32",
     )
+    if spec.arch == "llama":
+        rope = None
+        if spec.rope_scaling_factor is not None:
+            rope = {"rope_type": "llama3", "factor": float(spec.rope_scaling_factor), **LLAMA3_ROPE}
+        cfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False, rope_scaling=rope)
+        lm_cls, orm_cls = LlamaForCausalLM, LlamaForSequenceClassification
+    else:
+        cfg = Qwen2Config(**common, use_sliding_window=False)
+        lm_cls, orm_cls = Qwen2ForCausalLM, Qwen2ForSequenceClassification
     torch.manual_seed(spec.seed)
     if spec.orm:
         cfg.num_labels = 1
-        model = Qwen2ForSequenceClassification(cfg)
+        model = orm_cls(cfg)
     else:
-        model = Qwen2ForCausalLM(cfg)
+        model = lm_cls(cfg)
     randomise_(model, spec.init_std, spec.seed)
     model.save_pretrained(out, safe_serialization=True)
+    record = asdict(spec)
+    if spec.arch == "qwen2":  # the Qwen2 record predates these fields: keep it byte-identical
+        del record["arch"], record["rope_scaling_factor"]
     with open(os.path.join(out, "tiny_model_spec.json"), "w") as f:
-        json.dump(asdict(spec), f, indent=2)
+        json.dump(record, f, indent=2)
     return out
 
 
@@ -214,7 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tie-word-embeddings", action="store_true")
     p.add_argument("--init-std", type=float, default=d.init_std)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--orm", action="store_true", help="write a Qwen2ForSequenceClassification (num_labels=1)")
+    p.add_argument("--orm", action="store_true", help="write a *ForSequenceClassification (num_labels=1)")
+    p.add_argument("--arch", choices=ARCHS, default=d.arch, help="qwen2 (q/k/v biases, default) or llama (no biases)")
+    p.add_argument(
+        "--rope-scaling-factor", type=float, default=None, help="llama only: Llama-3.1 'llama3' RoPE scaling factor"
+    )
     a = p.parse_args(argv)
     spec = TinyModelSpec(
         hidden_size=a.hidden_size,
@@ -227,13 +263,16 @@ def main(argv: list[str] | None = None) -> None:
         init_std=a.init_std,
         seed=a.seed,
         orm=a.orm,
+        arch=a.arch,
+        rope_scaling_factor=a.rope_scaling_factor,
     )
     try:
         make_tiny_model(a.out, spec)
     except ValueError as e:
         p.error(str(e))
     n = sum(1 for _ in open(os.path.join(a.out, "config.json")))
-    print(f"wrote {'ORM ' if a.orm else ''}tiny Qwen2 model + tokenizer to {a.out} ({n} config lines)")
+    name = {"qwen2": "Qwen2", "llama": "Llama"}[a.arch]
+    print(f"wrote {'ORM ' if a.orm else ''}tiny {name} model + tokenizer to {a.out} ({n} config lines)")
 
 
 if __name__ == "__main__":
