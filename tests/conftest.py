@@ -30,9 +30,8 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
 _POOL = None
 
 
-@pytest.fixture
-def pool():
-    """4 local gloo ranks shared by the whole session; re-created if a failing test tore it down."""
+def shared_pool():
+    """The session's 4 gloo ranks, started on first use; re-created if a failing test tore them down."""
     from mindrl.platform.launch import RankPool
 
     global _POOL
@@ -41,6 +40,84 @@ def pool():
     return _POOL
 
 
+@pytest.fixture
+def pool():
+    """4 local gloo ranks shared by the whole session (see `shared_pool`)."""
+    return shared_pool()
+
+
+@pytest.fixture(scope="session")
+def get_pool():
+    """For module- and session-scoped fixtures, which cannot use the function-scoped `pool`: call it for the
+    shared pool at the moment it is needed (the pool may have been re-created since)."""
+    return shared_pool
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _POOL is not None:
         _POOL.close()
+
+
+# ---- leak check: a test module leaves the process as it found it -------------------------------------------
+
+# Environment variables a test module may change. Each one with its reason.
+_ENV_ALLOWED = {
+    "PYTEST_CURRENT_TEST",  # pytest sets it to the running test's id
+    "TOKENIZERS_PARALLELISM",  # set above and by mindrl.data.preprocess (false): only silences a fork warning
+    "TORCHINDUCTOR_CACHE_DIR",  # torch._inductor records its default cache dir there the first time it is asked
+}
+# mindrl's name -> function registries: (module, attribute). A test may add an entry only for its own
+# duration (monkeypatch / try-finally), never for the rest of the session.
+_REGISTRIES = (("mindrl.rewards.verifiers", "VERIFIERS"), ("mindrl.algorithms.advantages", "ADV_ESTIMATORS"))
+
+
+def _host_snapshot() -> dict:
+    """What a test module must not change for the modules after it."""
+    import sys
+
+    snap = {
+        "os.environ": {k: v for k, v in os.environ.items() if k not in _ENV_ALLOWED},
+        "the default torch.distributed process group": torch.distributed.is_available()
+        and torch.distributed.is_initialized(),
+        "torch.get_num_threads()": torch.get_num_threads(),
+        "torch.set_num_threads": torch.set_num_threads,
+        "torch.Tensor.cuda": torch.Tensor.cuda,  # the megatron CPU shim replaces it (see below)
+    }
+    adapt = sys.modules.get("mindrl.platform.adapt")
+    # The CPU shim is for processes that run megatron (ranks); applied in the pytest process, it stays.
+    snap["the platform shim (mindrl.platform.adapt._APPLIED)"] = sorted(adapt._APPLIED) if adapt else []
+    for module, attr in _REGISTRIES:
+        if module in sys.modules:  # not imported yet: its built-in entries are about to arrive, legitimately
+            snap[f"{module}.{attr}"] = dict(getattr(sys.modules[module], attr)._table)
+    return snap
+
+
+def _describe(before, after) -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        added = {k: after[k] for k in after.keys() - before.keys()}
+        removed = sorted(before.keys() - after.keys())
+        changed = {k: (before[k], after[k]) for k in before.keys() & after.keys() if before[k] is not after[k]}
+        changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+        parts = [f"added {k}={v!r}" for k, v in sorted(added.items())]
+        parts += [f"removed {k}" for k in removed]
+        parts += [f"changed {k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items())]
+        return "; ".join(parts)
+    return f"{before!r} -> {after!r}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leaves_no_trace(request):
+    """Fails (as an error in the module's last teardown) a test module that leaves os.environ, the default
+    process group, torch's thread settings, the platform shim or mindrl's registries changed: the suite must
+    pass in any order and in any subset (pytest-randomly shuffles it)."""
+    before = _host_snapshot()
+    yield
+    after = _host_snapshot()
+    leaks = [f"  {key}: {_describe(before[key], after[key])}" for key in before if before[key] != after.get(key)]
+    for key, table in after.items():  # entries registered from test code stay a leak whatever the order
+        if key.startswith("mindrl.") and key not in before:
+            foreign = sorted(n for n, fn in table.items() if not getattr(fn, "__module__", "").startswith("mindrl."))
+            if foreign:
+                leaks.append(f"  {key}: test-registered entries left behind: {foreign}")
+    if leaks:
+        pytest.fail(f"{request.node.nodeid} left the process changed:\n" + "\n".join(leaks), pytrace=False)

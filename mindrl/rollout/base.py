@@ -208,6 +208,18 @@ def has_tokenizer(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
 
 
+SLEEP_TAGS = ("kv_cache", "weights")
+"""What sleep() frees and wake(tags) rebuilds, part by part."""
+
+
+def check_wake_tags(tags: Sequence[str] | None) -> set[str]:
+    """The parts wake(tags) rebuilds: all for None; unknown tags raise."""
+    wanted = set(SLEEP_TAGS if tags is None else tags)
+    if not wanted <= set(SLEEP_TAGS):
+        raise ValueError(f"wake tags must be among {SLEEP_TAGS}, got {sorted(wanted)}")
+    return wanted
+
+
 @contextlib.contextmanager
 def forked_rng(seed: int | None = None) -> Iterator[None]:
     """Run the block on its own global RNG stream (CPU and device), seeded with `seed` if given, and put the

@@ -20,6 +20,7 @@ from mindrl.rollout.base import (
     RolloutEngine,
     RolloutSample,
     SamplingConfig,
+    check_wake_tags,
     forked_rng,
     has_tokenizer,
     processed_logits,
@@ -51,6 +52,10 @@ class HFEngine(RolloutEngine):
                 f"HFEngine runs the whole model on each rank: infer_tensor_parallel_size must be 1, "
                 f"got {config.infer_tensor_parallel_size}"
             )
+        tok_dir = config.tokenizer or config.model
+        self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
+        if self.has_tokenizer and not has_tokenizer(tok_dir):
+            raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
         self.device = current_platform().device()
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
@@ -66,17 +71,13 @@ class HFEngine(RolloutEngine):
         self.model.to(self.device).eval()
         # A checkpoint's generation_config.json (e.g. top_k=20, temperature=0.7) must not leak into sampling.
         self.model.generation_config = GenerationConfig()
-        tok_dir = config.tokenizer or config.model
-        self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
-        if self.has_tokenizer and not has_tokenizer(tok_dir):
-            raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir) if self.has_tokenizer else None
         self._rng = torch.Generator().manual_seed(self.seed)
         self._closed = False
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the model (tied embeddings: either name lands in the shared tensor)."""
-        self._check_open()
+        self._check_open("load_weights")
         targets = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, tensor in weights:
@@ -97,7 +98,7 @@ class HFEngine(RolloutEngine):
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
     ) -> list[list[RolloutSample]]:
-        self._check_open()
+        self._check_open("generate")
         prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
         seeds = self.check_seeds(seeds, len(prompts))
         if (sampling.detokenize or sampling.stop) and self.tokenizer is None:
@@ -120,6 +121,15 @@ class HFEngine(RolloutEngine):
                 results.extend(self._generate_chunk(prompts[start : start + chunk], sampling))
         return results
 
+    def sleep(self) -> None:
+        """A no-op (`supports_sleep` is False): the model stays where it is."""
+        self._check_open("sleep")
+
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """A no-op (`supports_sleep` is False); tags are still checked."""
+        self._check_open("wake")
+        check_wake_tags(tags)
+
     def shutdown(self) -> None:
         if getattr(self, "_closed", True):
             return
@@ -128,9 +138,9 @@ class HFEngine(RolloutEngine):
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _check_open(self, method: str) -> None:
         if self._closed:
-            raise RuntimeError("this HFEngine was shut down")
+            raise RuntimeError(f"HFEngine.{method}() called after shutdown(): create a new engine")
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[RolloutSample]]:

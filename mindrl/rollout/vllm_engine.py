@@ -20,21 +20,24 @@ import torch
 
 from mindrl.platform import current_platform
 from mindrl.rollout.base import (
+    SLEEP_TAGS,
     TOKENIZER_FILES,
     RolloutConfig,
     RolloutEngine,
     RolloutSample,
     SamplingConfig,
+    check_wake_tags,
     forked_rng,
     has_tokenizer,
 )
 
-_SLEEP_TAGS = ("kv_cache", "weights")
-
 
 class _HostState:
     """What vLLM changes in the host process and we put back: the thread count (and vLLM's replacement of
-    `torch.set_num_threads`) and environment variables other than VLLM_*. (The RNG: `forked_rng`.)"""
+    `torch.set_num_threads`) and environment variables. (The RNG: `forked_rng`.)
+
+    VLLM_* variables are vLLM's own configuration, read again while the engine runs: `restore()` leaves
+    them; `restore_vllm_env()` (at shutdown, on the snapshot taken before the engine existed) puts them back."""
 
     def __init__(self) -> None:
         self.set_num_threads = torch.set_num_threads
@@ -45,11 +48,17 @@ class _HostState:
         torch.set_num_threads = self.set_num_threads
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
+        self._restore_env(lambda key: not key.startswith("VLLM_"))
+
+    def restore_vllm_env(self) -> None:
+        self._restore_env(lambda key: key.startswith("VLLM_"))
+
+    def _restore_env(self, selected) -> None:
         for key in set(os.environ) - set(self.environ):
-            if not key.startswith("VLLM_"):
+            if selected(key):
                 del os.environ[key]
         for key, value in self.environ.items():
-            if os.environ.get(key) != value and not key.startswith("VLLM_"):
+            if os.environ.get(key) != value and selected(key):
                 os.environ[key] = value
 
 
@@ -82,16 +91,22 @@ class VllmEngine(RolloutEngine):
                     "(the engine joins it through vLLM's external_launcher); none is initialised"
                 )
             backend, self.dp_rank, self.tp_rank = None, 0, 0
+            rank_env = {}
         else:
             world, rank = dist.get_world_size(), dist.get_rank()
             if world % tp:
-                raise ValueError(f"infer_tensor_parallel_size={tp} does not divide the world size {world}")
-            env_rank = os.environ.setdefault("RANK", str(rank))
-            local = rank if platform.is_cpu else rank % platform.device_count()
-            os.environ.setdefault("LOCAL_RANK", str(local))
-            if int(env_rank) != rank:
-                raise ValueError(f"env RANK={env_rank} differs from torch.distributed rank {rank}")
+                raise ValueError(
+                    f"infer_tensor_parallel_size={tp} does not divide the torch.distributed world size {world}"
+                )
+            env_rank = os.environ.get("RANK", str(rank))
+            if env_rank.strip() != str(rank):
+                raise ValueError(
+                    f"environment variable RANK={env_rank!r} differs from the torch.distributed rank {rank}: "
+                    "vLLM's external_launcher would join the world as the wrong rank"
+                )
             backend, self.dp_rank, self.tp_rank = "external_launcher", rank // tp, rank % tp
+            # vLLM's external_launcher reads these; set for the engine's creation only (restored below).
+            rank_env = {"RANK": str(rank), "LOCAL_RANK": str(platform.local_rank(rank))}
         self.seed = config.seed + self.dp_rank
         self._shm_ident = _shared_ident() if backend == "external_launcher" else None
 
@@ -102,8 +117,10 @@ class VllmEngine(RolloutEngine):
         batched_tokens = (
             config.max_num_batched_tokens if chunked else max(config.max_num_batched_tokens, config.max_model_len)
         )
-        host = _HostState()
+        host = self._host_before = _HostState()  # shutdown() puts the VLLM_* variables back from it
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core lives in this process
+        for key, value in rank_env.items():
+            os.environ.setdefault(key, value)
         try:
             with forked_rng(), _unique_shm_names(self._shm_ident):
                 from vllm import LLM
@@ -129,6 +146,9 @@ class VllmEngine(RolloutEngine):
                     generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
                     seed=self.seed,
                 )
+        except BaseException:
+            host.restore_vllm_env()  # no engine: nothing of vLLM's configuration stays behind
+            raise
         finally:
             host.restore()
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on
@@ -146,7 +166,7 @@ class VllmEngine(RolloutEngine):
         sampling: SamplingConfig,
         seeds: Sequence[int] | None = None,
     ) -> list[list[RolloutSample]]:
-        self._check_open()
+        self._check_open("generate")
         self._check_awake("weights")
         self._check_awake("kv_cache")
         prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
@@ -188,7 +208,7 @@ class VllmEngine(RolloutEngine):
         layer's weights (CPU: repacking) only when all of them arrive in the same call, and a model split
         over two calls silently ends up wrong. An incomplete stream or an unknown name raises.
         """
-        self._check_open()
+        self._check_open("load_weights")
         self._check_awake("weights")
         seen: set[str] = set()
 
@@ -224,18 +244,16 @@ class VllmEngine(RolloutEngine):
             )
 
     def sleep(self) -> None:
-        self._check_open()
+        self._check_open("sleep")
         if self.supports_sleep and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
-            self._asleep = set(_SLEEP_TAGS)
+            self._asleep = set(SLEEP_TAGS)
 
     def wake(self, tags: Sequence[str] | None = None) -> None:
         """Wake all, or parts: e.g. wake(["weights"]) -> load_weights(...) -> wake(["kv_cache"]) keeps the
         KV cache out of device memory while the weights stream in."""
-        self._check_open()
-        wanted = set(_SLEEP_TAGS if tags is None else tags)
-        if not wanted <= set(_SLEEP_TAGS):
-            raise ValueError(f"wake tags must be among {_SLEEP_TAGS}, got {sorted(wanted)}")
+        self._check_open("wake")
+        wanted = check_wake_tags(tags)
         todo = wanted & self._asleep
         if todo:
             self.llm.wake_up(sorted(todo))
@@ -254,12 +272,13 @@ class VllmEngine(RolloutEngine):
             _unlink_shm(self._shm_ident)
         finally:
             host.restore()
+            self._host_before.restore_vllm_env()
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _check_open(self, method: str) -> None:
         if self._closed:
-            raise RuntimeError("this VllmEngine was shut down")
+            raise RuntimeError(f"VllmEngine.{method}() called after shutdown(): create a new engine")
 
     def _check_awake(self, part: str) -> None:
         if part in self._asleep:

@@ -60,6 +60,9 @@ def host_state() -> dict:
         "set_num_threads": torch.set_num_threads,
         "rng": torch.get_rng_state(),
         "dist": torch.distributed.is_initialized(),
+        # PYTEST_CURRENT_TEST: pytest's own record of the running test
+        "environ": {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "PYTEST_CURRENT_TEST"},
+        "vllm_environ": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},  # kept while an engine lives
     }
 
 

