@@ -30,6 +30,7 @@ setup(
     entry_points={
         "console_scripts": [
             "mindrl-convert=mindrl.cli.convert:main",
+            "mindrl-plan=mindrl.cli.plan:main",
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-sft=mindrl.cli.sft:main",
             "mindrl-train=mindrl.cli.train:main",

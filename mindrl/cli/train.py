@@ -22,11 +22,21 @@ def build_parser() -> argparse.ArgumentParser:
         "tensorboard/).",
     )
     add_config_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (placement, layouts, memory per device, verdict; see mindrl-plan) and exit "
+                   "without starting Ray")  # fmt: skip
+    from mindrl.cli.plan import add_plan_args
+
+    add_plan_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.dry_run:
+        from mindrl.cli.plan import run_plan
+
+        return run_plan(args, prog="mindrl-train --dry-run")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.config import ConfigError
     from mindrl.config.cli import config_from_args

@@ -1,0 +1,28 @@
+"""Dry-run planner: from a validated config, without starting a worker or building a model, where every rank
+sits, each model's layout and the memory of every phase per device, with a verdict (docs/plan.md).
+
+    from mindrl.config import load_config
+    from mindrl.plan import make_plan, to_text
+    print(to_text(make_plan(load_config("ppo_qwen25_32b_A3", check_paths=False))))
+"""
+
+from mindrl.plan.devices import CHOICES, Device, pick_device
+from mindrl.plan.params import PlanError, StageParams, stage_params, total_params
+from mindrl.plan.planner import PHASES, Plan, make_plan, rank_coords
+from mindrl.plan.report import to_json, to_text
+
+__all__ = [
+    "CHOICES",
+    "PHASES",
+    "Device",
+    "Plan",
+    "PlanError",
+    "StageParams",
+    "make_plan",
+    "pick_device",
+    "rank_coords",
+    "stage_params",
+    "to_json",
+    "to_text",
+    "total_params",
+]

@@ -1,0 +1,81 @@
+"""The devices a plan is checked against: their memory, how many sit on a node, and whether the rollout engine
+can release its memory between rollouts (sleep mode)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Device:
+    key: str
+    name: str
+    memory_bytes: int
+    """Memory of one device (for CPU stand-ins: their share of the host's RAM)."""
+    per_node: int
+    """Devices per node (the placement fills one node before the next)."""
+    sleep_mode: bool
+    """The rollout engine frees its weights and KV cache outside rollout (vLLM sleep mode)."""
+
+
+# Accelerators by the name users write in config names and on the command line.
+KNOWN = {
+    "910b": Device("910b", "Ascend 910B", 64 * GIB, 8, True),
+    "a3": Device("a3", "Atlas A3 (one die)", 64 * GIB, 16, True),
+    "h100": Device("h100", "NVIDIA H100", 80 * GIB, 8, True),
+}
+CHOICES = (*KNOWN, "host")
+# The accelerator a platform stands for when neither the command line nor the config name says.
+_PLATFORM_DEFAULT = {"npu": "910b", "cuda": "h100"}
+
+
+def host_memory_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def host_device(world: int) -> Device:
+    """CPU stand-ins: `world` ranks on this host, sharing its RAM equally; no sleep mode on CPU."""
+    return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
+                  max(1, world), False)  # fmt: skip
+
+
+def pick_device(
+    world: int,
+    config_name: str = "",
+    key: str | None = None,
+    memory_gib: float | None = None,
+    per_node: int | None = None,
+) -> tuple[Device, str]:
+    """(device, why it was chosen): `key` if given, else a device named in the config name (..._A3), else the
+    current platform's (npu: 910B, cuda: H100, cpu: the host). memory_gib / per_node override the table."""
+    if key is not None:
+        if key not in CHOICES:
+            raise ValueError(f"unknown device {key!r}; choose one of {', '.join(CHOICES)}")
+        dev, why = (host_device(world) if key == "host" else KNOWN[key]), "--device"
+    else:
+        tags = re.split(r"[^a-z0-9]+", config_name.lower())
+        named = [k for k in KNOWN if k in tags]
+        if named:
+            dev, why = KNOWN[named[0]], f"named in the config name {config_name!r}"
+        else:
+            from mindrl.platform import current_platform
+
+            platform = current_platform().name
+            default = _PLATFORM_DEFAULT.get(platform)
+            dev = KNOWN[default] if default else host_device(world)
+            why = f"the current platform ({platform})"
+    if memory_gib is not None:
+        if memory_gib <= 0:
+            raise ValueError(f"--device-memory-gib must be > 0, got {memory_gib}")
+        dev = Device(dev.key, dev.name, int(memory_gib * GIB), dev.per_node, dev.sleep_mode)
+        why += "; memory from --device-memory-gib"
+    if per_node is not None:
+        if per_node < 1:
+            raise ValueError(f"--devices-per-node must be >= 1, got {per_node}")
+        dev = Device(dev.key, dev.name, dev.memory_bytes, per_node, dev.sleep_mode)
+    return dev, why

@@ -1,0 +1,103 @@
+"""Per-device memory formulas: training state (megatron's accounting), activations (Korthikanti et al. 2022,
+adapted to these decoders) and the rollout engine's weights and KV cache. Every function returns bytes."""
+
+from __future__ import annotations
+
+import math
+
+from mindrl.config.model import ModelArchConfig
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+GRAD_BYTES = 4
+"""mindrl's DDP reduces gradients in fp32 (grad_reduce_in_fp32): a 4-byte main_grad per parameter."""
+KV_BLOCK = 16
+"""vLLM's KV-cache block size in tokens: a sequence occupies whole blocks."""
+
+
+def optimizer_bytes_per_param(dtype: str) -> int:
+    """Megatron's Adam state per parameter: two fp32 moments, plus an fp32 master copy of 16-bit weights
+    (Float16OptimizerWithFloat16Params); fp32 weights are their own master (FP32Optimizer)."""
+    return 8 if dtype == "float32" else 12
+
+
+def optimizer_bytes(params: int, dtype: str, distributed: bool, dp: int) -> int:
+    """Optimizer state of one rank; the distributed optimizer shards it over the DP ranks."""
+    total = params * optimizer_bytes_per_param(dtype)
+    return math.ceil(total / dp) if distributed else total
+
+
+def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int) -> int:
+    """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
+
+    Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", count
+    sbh(34 + 5as/h) bytes per layer for GPT-3 (16-bit, GeLU MLP of 4h, dropout masks). For these decoders
+    (no dropout: mindrl requires 0; SwiGLU MLP of ffn F; GQA with a query and g KV heads of size d), the same
+    accounting gives, in elements of e bytes, per layer:
+        2 norm inputs + 2 norm outputs (= QKV / gate-up inputs)   4 s b h'    (h' = h/t with SP, else h)
+        Q, K, V after RoPE                                         s b (a + 2g) d / t
+        softmax output (for attention x V)                        a s^2 b / t
+        attention context (output projection input)               s b a d / t
+        gate, up (SwiGLU inputs), silu(gate), down-proj input      4 s b F / t
+    """
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    a, g = int(arch.num_attention_heads), arch.num_kv_heads
+    h_local = h // tp if sp and tp > 1 else h
+    per_token = 4 * h_local + ((a + 2 * g) * d + a * d + 4 * f) // tp
+    return e * (s * b * per_token + a * s * s * b // tp)
+
+
+def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
+    """The LM head's vocab-parallel logits (e bytes) and the fp32 log-softmax the loss keeps: s b V/t (e + 4)."""
+    return s * b * (int(arch.padded_vocab_size) // tp) * (e + 4)
+
+
+def train_activation_bytes(
+    arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
+    stage: int, micro_batches: int, recompute: bool,
+) -> int:  # fmt: skip
+    """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
+    min(PP - k, micro-batches) micro-batches in flight, each with its L/PP layers; the last stage of an actor
+    adds the logits of one micro-batch. With full recomputation a layer keeps only its input (s b h' e bytes)
+    and one layer's activations are rebuilt at a time."""
+    layers = int(arch.num_layers) // pp
+    in_flight = max(1, min(pp - stage, micro_batches))
+    full = layer_activation_bytes(arch, s, b, tp, sp, e)
+    if recompute:
+        h_local = int(arch.hidden_size) // tp if sp and tp > 1 else int(arch.hidden_size)
+        body = in_flight * layers * s * b * h_local * e + full
+    else:
+        body = in_flight * layers * full
+    head = logits_bytes(arch, s, b, tp, e) if role != "critic" and stage == pp - 1 else 0
+    return body + head
+
+
+def forward_bytes(arch: ModelArchConfig, role: str, s: int, b: int, tp: int, e: int) -> int:
+    """A forward-only pass (old / reference logprobs, critic values): the logits and their fp32 log-softmax
+    for an actor; one layer's transient activations for the critic."""
+    if role == "critic":
+        return layer_activation_bytes(arch, s, b, tp, False, e)
+    return logits_bytes(arch, s, b, tp, e)
+
+
+def kv_bytes_per_token(arch: ModelArchConfig, infer_tp: int, e: int) -> int:
+    """K and V of every layer for one token on one engine rank (KV heads split over infer TP, replicated
+    when infer TP exceeds them, as vLLM does)."""
+    kv_heads = max(1, arch.num_kv_heads // infer_tp)
+    return 2 * int(arch.num_layers) * kv_heads * arch.head_dim * e
+
+
+def engine_activation_bytes(arch: ModelArchConfig, tokens: int, seqs: int, infer_tp: int, e: int) -> int:
+    """The engine's transient peak for one step of `tokens` batched tokens (what vLLM's profile run reserves
+    besides the weights): one layer's hidden states, QKV, gate/up, and fp32 logits of the sampled positions."""
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    a, g = int(arch.num_attention_heads), arch.num_kv_heads
+    per_token = 2 * h + ((a + 2 * g) * d + 3 * f) // infer_tp
+    return tokens * per_token * e + min(seqs, tokens) * int(arch.padded_vocab_size) // infer_tp * 4
+
+
+def sequences_in_cache(kv_budget: int, max_model_len: int, per_token: int) -> int:
+    """Sequences of max_model_len tokens (whole blocks) the KV budget holds at once."""
+    if kv_budget <= 0:
+        return 0
+    blocks = -(-max_model_len // KV_BLOCK)
+    return kv_budget // (blocks * KV_BLOCK * per_token)

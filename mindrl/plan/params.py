@@ -1,0 +1,70 @@
+"""Parameter counts of the models mindrl builds (megatron-core `GPTModel` with mindrl's local layer spec, see
+`mindrl.models.builder`), per tensor-parallel rank and pipeline stage, from the config's architecture alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.config.model import ModelArchConfig
+
+
+class PlanError(ValueError):
+    """The planner cannot estimate this config; the message names the key that is missing."""
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one rank holds: its share of the embedding, of its stage's layers, the final norm and the
+    output layer (the LM head, its tied copy on the last stage under PP, or the critic's value head)."""
+
+    embedding: int
+    layers: int
+    final_norm: int
+    output: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.layers + self.final_norm + self.output
+
+
+def _vocab(arch: ModelArchConfig) -> int:
+    if not arch.padded_vocab_size:
+        raise PlanError(f"model.{arch.name}.padded_vocab_size is not set: the planner needs the vocabulary size")
+    return int(arch.padded_vocab_size)
+
+
+def layer_params(arch: ModelArchConfig, tp: int) -> int:
+    """One transformer layer on one TP rank: two RMSNorm weights (replicated), the column-parallel QKV
+    projection (query heads + 2 x KV heads, with its bias if add_qkv_bias), the row-parallel output projection,
+    the column-parallel gate+up projection (2 x ffn) and the row-parallel down projection (no linear biases)."""
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    qkv_out = (int(arch.num_attention_heads) + 2 * arch.num_kv_heads) * d // tp
+    qkv = qkv_out * h + (qkv_out if arch.add_qkv_bias else 0)
+    proj = h * int(arch.num_attention_heads) * d // tp
+    mlp = (2 * f // tp) * h + h * (f // tp)
+    return 2 * h + qkv + proj + mlp
+
+
+def stage_params(arch: ModelArchConfig, role: str, tp: int, pp: int, pp_rank: int) -> StageParams:
+    """What one TP rank of pipeline stage `pp_rank` holds. role: 'actor' (also the reference and the rollout
+    engine) or 'critic' (the trunk with a 1 x hidden value head, replicated over TP, instead of the LM head)."""
+    h, v = int(arch.hidden_size), _vocab(arch)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    tied = not arch.untie_embeddings_and_output_weights and role != "critic"
+    if role == "critic":
+        output = h if last else 0
+    elif not last or (tied and pp == 1):  # tied at PP=1: the head reuses the embedding
+        output = 0
+    else:
+        output = v // tp * h  # untied head, or the tied copy megatron keeps on the last stage
+    return StageParams(
+        embedding=v // tp * h if first else 0,
+        layers=int(arch.num_layers) // pp * layer_params(arch, tp),
+        final_norm=h if last else 0,
+        output=output,
+    )
+
+
+def total_params(arch: ModelArchConfig, role: str = "actor") -> int:
+    """The whole model's parameters (TP = PP = 1)."""
+    return stage_params(arch, role, 1, 1, 0).total

@@ -1,0 +1,365 @@
+"""The dry-run plan of a validated config: where every rank sits, each model's layout and what each phase of an
+iteration holds on a device, checked against the device's memory. Starts no worker and builds no model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mindrl.config.root import RLConfig
+from mindrl.plan import memory as mem
+from mindrl.plan.devices import Device, pick_device
+from mindrl.plan.params import stage_params, total_params
+from mindrl.trainer import build
+
+PHASES = ("rollout", "score", "critic_train", "train")
+"""An integrated-mode iteration: rollout (engine awake, training state offloaded as configured), scoring (old /
+reference logprobs and critic values), the critic update, then the actor update."""
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    role: str
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    forward_micro_batch_size: int
+    micro_batches_per_step: int
+    distributed_optimizer: bool
+    dtype: str
+    params_total: int
+    params_per_stage: list[int]
+    """Parameters of one TP rank of each pipeline stage."""
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    infer_tp: int
+    replicas: int
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    params_per_rank: int
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """One device: its node, and the ranks on it as (tp_rank, pp_rank, dp_rank) / (replica, infer_tp_rank)."""
+
+    device: int
+    node: int
+    local: int
+    actor: tuple[int, int, int]
+    critic: tuple[int, int, int] | None
+    engine: tuple[int, int]
+
+
+@dataclass
+class Plan:
+    config_name: str
+    source: str
+    device: Device
+    device_why: str
+    world: int
+    train_seq_len: int
+    layouts: dict[str, ModelLayout]
+    rollout: RolloutLayout
+    placement: list[DeviceSlot]
+    memory: dict[str, dict[str, dict[str, int]]]
+    """role -> phase -> term -> bytes, for the device with the highest peak; 'total' -> phase -> bytes."""
+    peak_device: int
+    kv_cache: dict[str, int]
+    residency: dict[str, dict[str, str]]
+    verdict: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def rank_coords(rank: int, tp: int, pp: int, world: int) -> tuple[int, int, int]:
+    """(tp_rank, pp_rank, dp_rank) of a global rank in megatron's default order 'tp-cp-ep-dp-pp' (TP fastest,
+    then DP, then PP), as parallel_state.initialize_model_parallel lays ranks out."""
+    dp = world // (tp * pp)
+    return rank % tp, rank // (tp * dp), (rank // tp) % dp
+
+
+def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
+    rc, arch = (cfg.critic_config, cfg.critic_model) if role == "critic" else (cfg.actor_config, cfg.model)
+    model_role = "critic" if role == "critic" else "actor"
+    settings = _model_settings(cfg, role)
+    dp = world // (settings.tp * settings.pp)
+    rl = cfg.rl_config
+    return ModelLayout(
+        role=role,
+        tp=settings.tp,
+        pp=settings.pp,
+        dp=dp,
+        vpp=1,  # mindrl splits layers evenly over stages, without virtual stages
+        sequence_parallel=settings.sequence_parallel and settings.tp > 1,
+        micro_batch_size=settings.micro_batch_size,
+        forward_micro_batch_size=settings.forward_micro_batch_size,
+        micro_batches_per_step=max(1, rl.mini_batch_responses // (dp * settings.micro_batch_size)),
+        distributed_optimizer=settings.optim.use_distributed_optimizer,
+        dtype=settings.dtype,
+        params_total=total_params(arch, model_role),
+        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total for s in range(rc.pp)],
+    )
+
+
+def _model_settings(cfg: RLConfig, role: str):
+    """The role's ModelSettings exactly as the trainer derives them (mindrl.trainer.build), without touching
+    the disk (integrated_settings also needs the engine's config.json; a resumed run reads its checkpoint):
+    no resume dir, which changes nothing the plan reads."""
+    from dataclasses import replace
+
+    rl = cfg.rl_config
+    if role == "critic":
+        fwd = getattr(rl, "critic_forward_micro_batch_size", None)
+        return build._model(replace(cfg.critic_config, finetune=True), cfg, fwd, None)
+    return build._model(replace(cfg.actor_config, finetune=True), cfg, rl.actor_forward_micro_batch_size, None)
+
+
+def make_plan(
+    cfg: RLConfig,
+    device: str | None = None,
+    device_memory_gib: float | None = None,
+    devices_per_node: int | None = None,
+) -> Plan:
+    """The plan of `cfg` (from mindrl.config.load_config) on `device` (a key of mindrl.plan.devices.CHOICES;
+    None: named by the config name, else the current platform's)."""
+    rl, gen = cfg.rl_config, cfg.generate_config
+    world = rl.world_size
+    dev, why = pick_device(world, cfg.config_name, device, device_memory_gib, devices_per_node)
+    layouts = {"actor": _layout(cfg, "actor", world)}
+    has_ref, has_critic = build.needs_reference(cfg), rl.needs_critic and cfg.critic_config is not None
+    if has_critic:
+        layouts["critic"] = _layout(cfg, "critic", world)
+    itp = gen.infer_tensor_parallel_size
+    rollout = RolloutLayout(
+        infer_tp=itp,
+        replicas=world // itp,
+        dtype=gen.dtype,
+        max_model_len=gen.max_model_len,
+        max_num_seqs=gen.max_num_seqs,
+        params_per_rank=stage_params(cfg.model, "actor", itp, 1, 0).total,
+    )
+    a, c = layouts["actor"], layouts.get("critic")
+    placement = [
+        DeviceSlot(
+            device=i,
+            node=i // dev.per_node,
+            local=i % dev.per_node,
+            actor=rank_coords(i, a.tp, a.pp, world),
+            critic=None if c is None else rank_coords(i, c.tp, c.pp, world),
+            engine=(i // itp, i % itp),
+        )
+        for i in range(world)
+    ]
+    seq = rl.max_prompt_length + gen.sampling_config.max_tokens
+    plan = Plan(cfg.config_name, cfg.source, dev, why, world, seq, layouts, rollout, placement, {}, 0, {}, {})
+    _fill_memory(plan, cfg, has_ref)
+    _judge(plan, cfg)
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
+    params = lay.params_per_stage[stage]
+    e = mem.DTYPE_BYTES[lay.dtype]
+    return {
+        "weights_bytes": params * e,
+        "grads_bytes": params * mem.GRAD_BYTES,
+        "optimizer_bytes": mem.optimizer_bytes(params, lay.dtype, lay.distributed_optimizer, lay.dp),
+    }
+
+
+def _update_acts(lay: ModelLayout, arch, seq: int, stage: int, recompute: bool) -> int:
+    return mem.train_activation_bytes(
+        arch, "critic" if lay.role == "critic" else "actor", seq, lay.micro_batch_size, lay.tp, lay.pp,
+        lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
+    )  # fmt: skip
+
+
+def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -> dict:
+    rl, gen = cfg.rl_config, cfg.generate_config
+    seq, dev = plan.train_seq_len, plan.device
+    a, c = plan.layouts["actor"], plan.layouts.get("critic")
+    zero = {"weights_bytes": 0, "grads_bytes": 0, "optimizer_bytes": 0}
+    out: dict[str, dict[str, dict[str, int]]] = {"actor": {}, "reference": {}, "critic": {}, "rollout": {}}
+    actor = _state(a, slot.actor[1])
+    ea = mem.DTYPE_BYTES[a.dtype]
+    offload = {"weights_bytes": gen.offload_train_param, "grads_bytes": gen.offload_train_grad,
+               "optimizer_bytes": gen.offload_train_optimizer}  # fmt: skip
+    # The rollout engine: during rollout it takes gpu_memory_utilization of the device (weights, its step
+    # activations, the KV cache in what is left), or an explicit KV size (CPU); it sleeps outside rollout
+    # where the platform has sleep mode.
+    ei = mem.DTYPE_BYTES[gen.dtype]
+    eng_w = plan.rollout.params_per_rank * ei
+    eng_act = mem.engine_activation_bytes(cfg.model, gen.max_num_batched_tokens, gen.max_num_seqs, gen.infer_tensor_parallel_size, ei)  # fmt: skip
+    if gen.kv_cache_memory_gib is not None:
+        kv = int(gen.kv_cache_memory_gib * (1 << 30))
+    elif not dev.sleep_mode:
+        from mindrl.platform import current_platform
+
+        kv = current_platform().rollout_kv_cache_bytes() or int(gen.gpu_memory_utilization * dev.memory_bytes)
+    else:
+        kv = int(gen.gpu_memory_utilization * dev.memory_bytes) - eng_w - eng_act
+    engine = {"weights_bytes": eng_w, "activations_bytes": eng_act, "kv_cache_bytes": max(0, kv)}
+    asleep = engine if not dev.sleep_mode else dict.fromkeys(engine, 0)
+
+    out["actor"]["rollout"] = {k: (0 if offload[k] else v) for k, v in actor.items()}
+    out["rollout"]["rollout"] = engine
+    fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", seq, a.forward_micro_batch_size, a.tp, ea)
+    out["actor"]["score"] = {**actor, "activations_bytes": fwd_a}
+    if has_ref:
+        ref_mbs = rl.ref_forward_micro_batch_size or a.micro_batch_size
+        ref = {"weights_bytes": actor["weights_bytes"],
+               "activations_bytes": mem.forward_bytes(cfg.model, "actor", seq, ref_mbs, a.tp, ea)}  # fmt: skip
+        out["reference"] = {"rollout": dict.fromkeys(ref, 0), "score": ref}
+    out["rollout"]["score"] = asleep
+    if c is not None:
+        critic = _state(c, slot.critic[1])
+        ec = mem.DTYPE_BYTES[c.dtype]
+        cfwd = mem.forward_bytes(cfg.critic_model, "critic", seq, c.forward_micro_batch_size, c.tp, ec)
+        out["critic"] = {
+            "rollout": dict(zero),
+            "score": {**critic, "activations_bytes": cfwd},
+            "critic_train": {
+                **critic,
+                "activations_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], False),
+                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], True),
+            },
+            "train": dict(zero),
+        }
+        out["actor"]["critic_train"] = dict(actor)
+        out["rollout"]["critic_train"] = asleep
+        if has_ref:
+            out["reference"]["critic_train"] = {"weights_bytes": 0, "activations_bytes": 0}
+    out["actor"]["train"] = {
+        **actor,
+        "activations_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], False),
+        "activations_recompute_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], True),
+    }
+    out["rollout"]["train"] = asleep
+    if has_ref:
+        out["reference"]["train"] = {"weights_bytes": 0, "activations_bytes": 0}
+    out = {role: phases for role, phases in out.items() if phases}
+    phases = [p for p in PHASES if any(p in v for v in out.values())]
+    out["total"] = {f"{p}_bytes": _phase_total(out, p) for p in phases}
+    return out
+
+
+def _phase_total(memory: dict, phase: str) -> int:
+    # The recomputation figure is the alternative to activations_bytes (recompute_* keys are not implemented
+    # by mindrl), never added to it.
+    return sum(
+        v for role, phases in memory.items() if role != "total"
+        for k, v in phases.get(phase, {}).items() if k != "activations_recompute_bytes"
+    )  # fmt: skip
+
+
+def _fill_memory(plan: Plan, cfg: RLConfig, has_ref: bool) -> None:
+    seen: dict[tuple, dict] = {}
+    best, best_slot = None, 0
+    for slot in plan.placement:  # devices with the same stages hold the same bytes
+        key = (slot.actor[1], None if slot.critic is None else slot.critic[1])
+        if key not in seen:
+            seen[key] = _device_memory(plan, cfg, slot, has_ref)
+            peak = max(seen[key]["total"].values())
+            if best is None or peak > max(best["total"].values()):
+                best, best_slot = seen[key], slot.device
+    plan.memory, plan.peak_device = best, best_slot
+    gen = cfg.generate_config
+    per_token = mem.kv_bytes_per_token(cfg.model, gen.infer_tensor_parallel_size, mem.DTYPE_BYTES[gen.dtype])
+    budget = best["rollout"]["rollout"]["kv_cache_bytes"]
+    plan.kv_cache = {
+        "budget_bytes": budget,
+        "bytes_per_token": per_token,
+        "sequences_at_max_len": mem.sequences_in_cache(budget, gen.max_model_len, per_token),
+        "max_num_seqs": gen.max_num_seqs,
+    }
+    plan.residency = {
+        "actor": {"rollout": _offload_state(gen), "score": "resident", "critic_train": "resident", "train": "resident"},
+        "reference": {"rollout": "offloaded", "score": "resident", "critic_train": "offloaded", "train": "offloaded"},
+        "critic": {"rollout": "offloaded", "score": "resident", "critic_train": "resident", "train": "offloaded"},
+        "rollout": {p: "awake" if p == "rollout" or not plan.device.sleep_mode else "asleep" for p in PHASES},
+    }
+    plan.residency = {r: {p: s for p, s in v.items() if p in best.get(r, {})} for r, v in plan.residency.items()
+                      if r in best}  # fmt: skip
+
+
+def has_ref_of(plan: Plan) -> bool:
+    return "reference" in plan.memory
+
+
+def _offload_state(gen) -> str:
+    off = [n for n, on in (("params", gen.offload_train_param), ("grads", gen.offload_train_grad),
+                           ("optimizer", gen.offload_train_optimizer)) if on]  # fmt: skip
+    return "offloaded" if len(off) == 3 else "resident" if not off else f"{'+'.join(off)} offloaded"
+
+
+# ------------------------------------------------------------------------------------------------ verdict
+def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, ModelLayout], sleep: bool) -> str:
+    """The config key that would shrink `role.phase.term`, with the direction to move it."""
+    if role == "rollout":
+        if term == "weights_bytes":
+            return "generate_config.infer_tensor_parallel_size (raise it)"
+        if cfg.generate_config.kv_cache_memory_gib is not None or not sleep:
+            return "generate_config.kv_cache_memory_gib (lower it)"
+        return "generate_config.gpu_memory_utilization (lower it; the KV cache takes what is left of it)"
+    section = "critic_config" if role == "critic" else "actor_config"
+    lay = layouts["critic" if role == "critic" else "actor"]
+    if role == "actor" and phase == "rollout":
+        what = {"weights_bytes": "param", "grads_bytes": "grad", "optimizer_bytes": "optimizer"}[term]
+        return f"generate_config.offload_train_{what}: true"
+    if term == "activations_bytes":
+        if phase == "score":
+            name = {"actor": "actor", "reference": "ref", "critic": "critic"}[role]
+            return f"rl_config.{name}_forward_micro_batch_size (lower it)"
+        if lay.micro_batch_size > 1:
+            return f"{section}.micro_batch_size (lower it)"
+        if lay.tp > 1 and not lay.sequence_parallel:
+            return "megatron_training.sequence_parallel: true"
+        return (f"{section}.tensor_model_parallel_size (raise it), or shorter sequences (rl_config.max_prompt_length,"
+                " generate_config.sampling_config.max_tokens); activation recomputation is not implemented")  # fmt: skip
+    if term == "optimizer_bytes" and not lay.distributed_optimizer and lay.dp > 1:
+        return "megatron_training.use_distributed_optimizer: true"
+    return f"{section}.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"
+
+
+def _judge(plan: Plan, cfg: RLConfig) -> None:
+    totals = plan.memory["total"]
+    phase = max(totals, key=totals.get).removesuffix("_bytes")
+    peak, limit = totals[f"{phase}_bytes"], plan.device.memory_bytes
+    terms = [
+        (v, role, k) for role, phases in plan.memory.items() if role != "total"
+        for k, v in phases.get(phase, {}).items() if k != "activations_recompute_bytes"
+    ]  # fmt: skip
+    v, role, term = max(terms)
+    plan.verdict = {
+        "fits": peak <= limit,
+        "peak_phase": phase,
+        "peak_bytes": peak,
+        "device_memory_bytes": limit,
+        "headroom_bytes": limit - peak,
+        "largest_term": f"{role}.{phase}.{term}",
+        "largest_term_bytes": v,
+        "fix": fix_key(cfg, role, phase, term, plan.layouts, plan.device.sleep_mode),
+    }
+    eng = plan.memory["rollout"]["rollout"]
+    if plan.device.sleep_mode and cfg.generate_config.kv_cache_memory_gib is None and eng["kv_cache_bytes"] == 0:
+        plan.verdict["fits"] = False
+        plan.notes.append(
+            "the engine's weights and step activations exceed generate_config.gpu_memory_utilization x device "
+            "memory: no room for a KV cache (raise gpu_memory_utilization or infer_tensor_parallel_size)"
+        )
+    kv = plan.kv_cache
+    if 0 < kv["sequences_at_max_len"] < kv["max_num_seqs"]:
+        plan.notes.append(
+            f"the KV cache holds {kv['sequences_at_max_len']} sequences of max_model_len at once, fewer than "
+            f"max_num_seqs={kv['max_num_seqs']}: vLLM queues (or preempts) the rest"
+        )
+    if not has_ref_of(plan):
+        plan.notes.append("no reference model: the config has no KL term (init_kl_coef 0)")
+    if any(k.startswith("megatron_training.recompute") or ".recompute" in k for k in cfg.ignored_keys):
+        plan.notes.append("recompute_* keys are ignored by mindrl: the verdict counts activations without recomputation")

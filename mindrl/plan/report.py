@@ -1,0 +1,125 @@
+"""The plan as text for people and as one JSON object (`--json`) for scripts: memory.<role>.<phase>.<term> in
+bytes, plus the layouts, placement, KV cache and verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from mindrl.plan.planner import Plan
+
+GIB = float(1 << 30)
+
+
+def to_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "config_name": plan.config_name,
+        "source": plan.source,
+        "device": {**asdict(plan.device), "chosen_by": plan.device_why},
+        "world_size": plan.world,
+        "train_seq_len": plan.train_seq_len,
+        "layouts": {role: asdict(lay) for role, lay in plan.layouts.items()},
+        "rollout": asdict(plan.rollout),
+        "placement": [asdict(s) for s in plan.placement],
+        "memory": plan.memory,
+        "peak_device": plan.peak_device,
+        "kv_cache": plan.kv_cache,
+        "residency": plan.residency,
+        "verdict": plan.verdict,
+        "notes": plan.notes,
+    }
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2.0**20), ("KiB", 1024.0)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _ranges(values: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(out)
+
+
+def _placement_lines(plan: Plan) -> list[str]:
+    lines = []
+    for node in sorted({s.node for s in plan.placement}):
+        slots = [s for s in plan.placement if s.node == node]
+        lines.append(f"  node {node}: devices {_ranges([s.local for s in slots])} (global {_ranges([s.device for s in slots])})")
+        for s in slots:
+            a = f"actor+ref rank {s.device:>3} (tp {s.actor[0]} pp {s.actor[1]} dp {s.actor[2]})"
+            c = "" if s.critic is None else f" | critic rank {s.device:>3} (tp {s.critic[0]} pp {s.critic[1]} dp {s.critic[2]})"
+            e = f" | engine {s.engine[0]} tp {s.engine[1]}"
+            lines.append(f"    dev {s.local:>2}: {a}{c}{e}")
+    return lines
+
+
+def to_text(plan: Plan) -> str:
+    d, v = plan.device, plan.verdict
+    lines = [
+        f"mindrl-plan: {plan.config_name} ({plan.source})",
+        f"device: {d.name}, {d.memory_bytes / GIB:.1f} GiB each, {d.per_node} per node ({plan.device_why}); "
+        f"{plan.world} devices on {-(-plan.world // d.per_node)} node(s)",
+        f"training sequence: up to {plan.train_seq_len} tokens (max_prompt_length + max_tokens)",
+        "",
+        "layouts",
+    ]
+    for role, lay in plan.layouts.items():
+        opt = "distributed" if lay.distributed_optimizer else "replicated"
+        lines.append(
+            f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} DP {lay.dp} VPP {lay.vpp} "
+            f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  mbs {lay.micro_batch_size} x "
+            f"{lay.micro_batches_per_step} per step (fwd mbs {lay.forward_micro_batch_size})  optimizer {opt}  "
+            f"{lay.params_total / 1e9:.3f} B params, {max(lay.params_per_stage) / 1e9:.3f} B per rank"
+        )
+    r = plan.rollout
+    lines.append(
+        f"  {'rollout engine':<16} infer TP {r.infer_tp} x {r.replicas} replicas  {r.dtype}  max_model_len "
+        f"{r.max_model_len}  max_num_seqs {r.max_num_seqs}  {r.params_per_rank / 1e9:.3f} B params per rank"
+    )
+    lines += ["", "placement (Ray fills a node's devices before the next)", *_placement_lines(plan), ""]
+    mem = plan.memory
+    phases = [p.removesuffix("_bytes") for p in mem["total"]]
+    unit, scale = ("GiB", GIB) if max(mem["total"].values()) >= 8 * GIB else ("MiB", 2.0**20)
+    lines.append(f"memory per device in {unit} (device {plan.peak_device}, the highest peak)")
+    lines.append(f"  {'role.term':<36}" + "".join(f"{p:>13}" for p in phases))
+    for role, by_phase in mem.items():
+        if role == "total":
+            continue
+        terms = []
+        for p in phases:
+            terms += [t for t in by_phase.get(p, {}) if t not in terms]
+        for t in terms:
+            cells = "".join(
+                f"{by_phase[p][t] / scale:>13.2f}" if t in by_phase.get(p, {}) else f"{'-':>13}" for p in phases
+            )
+            label = f"{role}.{t.removesuffix('_bytes')}" + (" (alt.)" if "recompute" in t else "")
+            lines.append(f"  {label:<36}{cells}")
+    lines.append(f"  {'total':<36}" + "".join(f"{mem['total'][p + '_bytes'] / scale:>13.2f}" for p in phases))
+    res = "; ".join(f"{role}: " + ", ".join(f"{p} {s}" for p, s in v_.items()) for role, v_ in plan.residency.items())
+    lines.append(f"  residency: {res}")
+    kv = plan.kv_cache
+    lines += [
+        "",
+        f"KV cache: {_size(kv['budget_bytes'])} per device, {_size(kv['bytes_per_token'])} per token "
+        f"-> {kv['sequences_at_max_len']} concurrent sequences of {r.max_model_len} tokens per engine "
+        f"(max_num_seqs {kv['max_num_seqs']})",
+        "",
+    ]
+    verdict = "FITS" if v["fits"] else "DOES NOT FIT"
+    lines.append(
+        f"verdict: {verdict}: peak {_size(v['peak_bytes'])} in phase '{v['peak_phase']}' of "
+        f"{_size(v['device_memory_bytes'])} (headroom {_size(v['headroom_bytes'])})"
+    )
+    lines.append(f"  largest term: {v['largest_term']} = {_size(v['largest_term_bytes'])}; to shrink it: {v['fix']}")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
