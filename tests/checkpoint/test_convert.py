@@ -48,15 +48,13 @@ def test_round_trip_is_bit_exact(tiny_models, pool, tmp_path, variant, tp, pp):
 
 
 @pytest.fixture(scope="module")
-def saved_tp2(tiny_models, tmp_path_factory):
+def saved_tp2(tiny_models, tmp_path_factory, get_pool):
     """Each variant converted once at TP2 (PP1); the parity tests load it at other layouts."""
-    from tests.conftest import _POOL
-
     root = tmp_path_factory.mktemp("tp2")
     out = {}
     for variant in ("untied", "tied", "orm"):
         out[variant] = str(root / variant)
-        convert.hf2mcore(tiny_models[variant], out[variant], 2, 1, orm=variant == "orm", pool=_POOL)
+        convert.hf2mcore(tiny_models[variant], out[variant], 2, 1, orm=variant == "orm", pool=get_pool())
     return out
 
 

@@ -29,12 +29,10 @@ print("RESULT" + json.dumps(res))
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_models, tmp_path_factory):
-    from tests.conftest import _POOL
-
+def exported(tiny_models, tmp_path_factory, get_pool):
     root = tmp_path_factory.mktemp("export")
-    convert.hf2mcore(tiny_models["untied"], str(root / "m"), 2, 2, pool=_POOL)
-    convert.mcore2hf(str(root / "m"), str(root / "hf"), pool=_POOL)
+    convert.hf2mcore(tiny_models["untied"], str(root / "m"), 2, 2, pool=get_pool())
+    convert.mcore2hf(str(root / "m"), str(root / "hf"), pool=get_pool())
     return str(root / "hf")
 
 

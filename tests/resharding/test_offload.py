@@ -13,11 +13,9 @@ from tests.resharding import rank_fns
 
 
 @pytest.fixture(scope="module")
-def saved_untied(tiny_models, tmp_path_factory):
-    from tests.conftest import _POOL
-
+def saved_untied(tiny_models, tmp_path_factory, get_pool):
     out = str(tmp_path_factory.mktemp("offload_src") / "untied")
-    convert.hf2mcore(tiny_models["untied"], out, 2, 1, pool=_POOL)
+    convert.hf2mcore(tiny_models["untied"], out, 2, 1, pool=get_pool())
     return out
 
 

@@ -36,13 +36,11 @@ def peak_bound(s) -> int:
 
 
 @pytest.fixture(scope="module")
-def saved(tiny_models, tmp_path_factory):
+def saved(tiny_models, tmp_path_factory, get_pool):
     """untied / tied converted once at TP2 (the tests load them at every layout: dist-ckpt reshards)."""
-    from tests.conftest import _POOL
-
     root = tmp_path_factory.mktemp("reshard_src")
     return {
-        v: convert.hf2mcore(tiny_models[v], str(root / v), 2, 1, pool=_POOL) and str(root / v)
+        v: convert.hf2mcore(tiny_models[v], str(root / v), 2, 1, pool=get_pool()) and str(root / v)
         for v in ("untied", "tied")
     }
 

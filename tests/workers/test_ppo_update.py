@@ -11,7 +11,6 @@ import os
 import pytest
 import torch
 
-import tests.conftest as conftest
 from mindrl.batch import Batch, pad_rows
 from mindrl.checkpoint import convert
 from mindrl.checkpoint.hf_io import HFCheckpoint
@@ -163,16 +162,13 @@ def make_batch(actor_dir: str, critic_dir: str) -> Batch:
 
 
 @pytest.fixture(scope="module")
-def ckpts(tiny_models, tmp_path_factory) -> dict[str, str]:
+def ckpts(tiny_models, tmp_path_factory, get_pool) -> dict[str, str]:
     """The actor ('untied') and the critic ('orm', --orm) converted once at TP2; every layout loads them
-    (dist-ckpt reshards). Module fixtures run before the function-scoped `pool`, so start the shared pool
-    here the way conftest does (the `pool` fixture then reuses it)."""
-    if conftest._POOL is None or conftest._POOL.closed:
-        conftest._POOL = RankPool(4, timeout_s=600)
+    (dist-ckpt reshards) on the shared pool (`get_pool`: module fixtures cannot use the function-scoped `pool`)."""
     root = tmp_path_factory.mktemp("ppo_ckpts")
     out = {"actor": str(root / "actor"), "critic": str(root / "critic")}
-    convert.hf2mcore(tiny_models["untied"], out["actor"], 2, 1, pool=conftest._POOL)
-    convert.hf2mcore(tiny_models["orm"], out["critic"], 2, 1, orm=True, pool=conftest._POOL)
+    convert.hf2mcore(tiny_models["untied"], out["actor"], 2, 1, pool=get_pool())
+    convert.hf2mcore(tiny_models["orm"], out["critic"], 2, 1, orm=True, pool=get_pool())
     return out
 
 
