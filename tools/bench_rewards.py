@@ -1,13 +1,19 @@
 """Benchmark rule-reward scoring: N typical R1-style responses scored with `acc` and `math_verify`
-through compute_rule_rewards (process pool), against math-verify called directly in one process."""
+through compute_rule_rewards (process pool), against math-verify called directly in one process;
+and answer extraction on pathological text at two sizes (the speed claims the tests leave out)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import statistics
+import sys
 import time
+
+# the pathological inputs are the tests' own (tests/rewards), so the bench measures what they bound
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (gold, [equivalent ways a model writes it]) for the answer forms of MATH/GSM8K-style data; the
 # weights below follow their rough mix (mostly integers), since parse cost differs 50x between forms
@@ -74,8 +80,56 @@ def peer_math_verify(responses: list[str], labels: list[str]) -> list[float]:
     return [1.0 if verify(parse(f"${label}$"), parse(response)) else 0.0 for response, label in zip(responses, labels)]
 
 
+def bench_extraction(repeats: int, sizes: tuple[int, int] = (20_000, 200_000)) -> None:
+    """Median CPU time of the four extraction checks on each pathological text family at two sizes."""
+    from tests.rewards.test_extract import PATHOLOGICAL, _extract_all
+
+    small, large = sizes
+    header = f"{'extraction input':<18}{f'{small} chars ms':>18}{f'{large} chars ms':>18}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    for name, make in sorted(PATHOLOGICAL.items()):
+        medians = []
+        for size in sizes:
+            text, times = make(size), []
+            for _ in range(repeats):
+                t0 = time.process_time()
+                _extract_all(text)
+                times.append(time.process_time() - t0)
+            medians.append(statistics.median(times))
+        ratio = medians[1] / medians[0] if medians[0] > 0 else float("nan")
+        print(f"{name:<18}{medians[0] * 1e3:>18.3f}{medians[1] * 1e3:>18.3f}{ratio:>8.1f}")
+    print(f"(median of {repeats} runs, CPU time; linear scans give a ratio near {large // small})\n")
+
+
+def bench_pathological(repeats: int, workers: int) -> None:
+    """Median wall time of each pathological response through the pool, all verifiers, 10 s timeout."""
+    from mindrl.rewards import score_rule_rewards
+    from tests.rewards.test_scoring import ALL, PATHOLOGICAL
+
+    header = f"{'pathological (pool)':<20}{'median s':>10}{'max s':>8}{'timed out':>11}"
+    print(header)
+    print("-" * len(header))
+    for name, (response, label, _) in sorted(PATHOLOGICAL.items()):
+        times, timeouts = [], 0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            scores = score_rule_rewards([response], [label], ALL, [1.0] * len(ALL), timeout=1.0, num_workers=workers)
+            times.append(time.perf_counter() - t0)
+            timeouts += int(scores.metrics["reward/timeouts"])
+        print(f"{name:<20}{statistics.median(times):>10.3f}{max(times):>8.3f}{timeouts:>11}")
+    print(f"(median of {repeats} runs, 1 s timeout, {workers} workers)\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--suite",
+        choices=("all", "scoring", "extraction"),
+        default="all",
+        help="scoring: batches through the pool vs in-process math-verify; extraction: pathological inputs "
+        "(in-process extraction at two sizes, and through the pool); default all",
+    )
     parser.add_argument("--n", type=int, default=2000, help="responses per batch (default 2000)")
     parser.add_argument("--samples-per-prompt", type=int, default=8, help="responses sharing one label (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row; the median is reported (default 5)")
@@ -87,6 +141,12 @@ def main() -> None:
     from mindrl.rewards import compute_rule_rewards, get_shared_pool, shutdown_shared_pool
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if args.suite in ("all", "extraction"):
+        bench_extraction(args.repeats)
+        bench_pathological(args.repeats, args.workers)
+        if args.suite == "extraction":
+            shutdown_shared_pool()
+            return
     start = time.perf_counter()
     get_shared_pool(args.workers)
     compute_rule_rewards(["\\boxed{1}"] * args.workers, ["1"] * args.workers, ["acc"], [1.0], num_workers=args.workers)

@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from mindrl.rewards.extract import find_last_boxed
+
 
 class _DropTimeoutDisabledWarning(logging.Filter):
     """math-verify warns that its timeout is off; here that is deliberate (see the module docstring)."""
@@ -21,6 +23,24 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 # Longer "answers" are never a final answer, and parsing them can take seconds; treat as unparseable.
 MAX_ANSWER_CHARS = 5000
+# math-verify's LaTeX parser is exponential in `{` nesting (depth 12: ~2 s, depth 20: ~4 s, 30: minutes,
+# found by fuzzing); honest answers nest a few levels (\frac{\sqrt{3}}{2} is 2). Deeper is unparseable.
+MAX_BRACE_DEPTH = 8
+
+
+def too_deeply_nested(text: str, limit: int = MAX_BRACE_DEPTH) -> bool:
+    """True when `{...}` groups in text nest more than `limit` deep (escaped braces counted too)."""
+    if text.count("{") <= limit:
+        return False
+    depth = 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch == "}" and depth:
+            depth -= 1
+    return False
 
 _ANSWER_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
@@ -32,7 +52,7 @@ def parse_answer(answer: str) -> tuple:
     Wrapped in $...$ so that math-verify reads it as LaTeX (its \\boxed{} extraction drops `\\%`).
     Cached: a group of samples usually repeats a handful of answers, and labels repeat per prompt."""
     answer = answer.strip().strip("$").strip()
-    if not answer or len(answer) > MAX_ANSWER_CHARS:
+    if not answer or len(answer) > MAX_ANSWER_CHARS or too_deeply_nested(answer):
         return ()
     return tuple(parse(f"${answer}$", extraction_config=_ANSWER_CONFIG, parsing_timeout=None))
 
@@ -61,6 +81,8 @@ def parse_gold_label(label: str) -> tuple:
     """Parse a dataset label for the `math_verify` verifier: as written if it already carries LaTeX
     delimiters or a \\boxed{}, otherwise as a bare answer wrapped in $...$."""
     text = label.strip()
+    if too_deeply_nested(text):
+        return ()
     if "\\boxed" in text or "$" in text or "\\(" in text or "\\[" in text:
         parsed = tuple(parse(text, parsing_timeout=None))
         if parsed:
@@ -69,7 +91,11 @@ def parse_gold_label(label: str) -> tuple:
 
 
 def parse_response(response: str) -> list:
-    """math-verify extraction of the final answer from a whole response (\\boxed{} first)."""
+    """math-verify extraction of the final answer from a whole response (\\boxed{} first); nothing when
+    the part it would parse (the last \\boxed{}, else the whole text) nests too deeply."""
+    boxed = find_last_boxed(response)
+    if too_deeply_nested(response if boxed is None else boxed[2]):
+        return []
     return parse(response, extraction_config=_ANSWER_CONFIG, parsing_timeout=None)
 
 

@@ -6,11 +6,15 @@ import time
 
 import pytest
 
-from mindrl.rewards import compute_rule_rewards, get_shared_pool, register_verifier
+from mindrl.rewards import compute_rule_rewards, get_shared_pool, register_verifier, score_rule_rewards
+from mindrl.rewards.verifiers import VERIFIERS
 from tests.rewards import pool_helpers  # noqa: F401  (registers the _test_* verifiers)
 
 WORKERS = 2
 GOOD = "<think>2+2</think><answer>\\boxed{4}</answer>"
+# Wall-clock bounds below are hang detectors, far above the real cost, so that a loaded 2-core machine
+# does not fail them; the speed itself is measured by tools/bench_rewards.py.
+HANG_S = 60.0
 
 
 def score(responses, labels, names, weights, timeout=5.0):
@@ -57,10 +61,19 @@ def test_config_errors_are_clear(kwargs, error, match):
         compute_rule_rewards(**args)
 
 
-def test_lambda_verifier_is_rejected_before_scoring():
-    register_verifier("_test_lambda")(lambda r, label: 1.0)
+@pytest.fixture
+def scratch_verifier_name():
+    """A verifier name free for this test, unregistered afterwards so a rerun in the same process works."""
+    name = "_test_lambda"
+    assert name not in VERIFIERS.names(), f"{name!r} left registered by an earlier test"
+    yield name
+    VERIFIERS._table.pop(name, None)
+
+
+def test_lambda_verifier_is_rejected_before_scoring(scratch_verifier_name):
+    register_verifier(scratch_verifier_name)(lambda r, label: 1.0)
     with pytest.raises(ValueError, match="module-level function"):
-        score([GOOD], ["4"], ["_test_lambda"], [1.0])
+        score([GOOD], ["4"], [scratch_verifier_name], [1.0])
 
 
 def test_pool_persists_across_calls():
@@ -76,9 +89,7 @@ def test_hanging_sample_times_out_is_counted_and_the_worker_replaced():
     responses = ["ok"] * 5 + ["HANG"] + ["ok"] * 5
     start = time.perf_counter()
     rewards, metrics = score(responses, [None] * 11, ["_test_sleep_if_marked"], [1.0], timeout=1.0)
-    assert (
-        time.perf_counter() - start < 30.0
-    )  # one timeout, not a stalled batch (the hang is 600 s; slack for a loaded machine)
+    assert time.perf_counter() - start < HANG_S  # one timeout, not a stalled batch (the hang is 600 s)
     assert rewards == [1.0] * 5 + [0.0] + [1.0] * 5
     assert metrics["reward/timeouts"] == 1.0 and metrics["reward/worker_restarts"] == 1.0
     assert set(pool.worker_pids()) != before
@@ -100,34 +111,50 @@ def test_raising_or_nan_verifier_scores_zero_and_counts_as_error():
 
 
 ALL = ["acc", "format", "strict_format", "base_acc", "acc_for_ppo", "math_17k_acc", "math_verify", "gsm8k"]
+# name -> (response, label, the score each verifier in ALL owes it). A None score: the sample may time
+# out instead (a power tower makes sympy evaluate 9^387420489; the pool kills it at the deadline).
 PATHOLOGICAL = {
-    "tower": ("<think>x</think><answer>\\boxed{9^{9^{9^{9}}}}</answer>", "1"),
-    "tower_label": ("\\boxed{1}", "9^{9^{9^{9}}}"),
-    "long_response": ("Let us think. " * 7_200 + "\\boxed{2}", "2"),
-    "nested_braces": ("\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "1"),
-    "invalid_latex": ("\\boxed{\\frac{1}{ \\sqrt[ \\left( } ^^ _ & \\end{array}}", "1"),
-    "unbalanced_boxed": ("the answer is \\boxed{\\frac{1}{2}", "0.5"),
-    "unicode_control": ("\\boxed{\u00bd\u200b\x00\x07\u202e\ud800\U0001f600}\x1b[31m", "0.5"),
-    "empty": ("", ""),
-    "none_label": ("\\boxed{3}", None),
+    # right format, wrong answer: only the format checks pass (gsm8k reads the last number, 9)
+    "tower": ("<think>x</think><answer>\\boxed{9^{9^{9^{9}}}}</answer>", "1", [-0.5, 1, 1, 0, 0, 0, 0, 0]),
+    "tower_label": ("\\boxed{1}", "9^{9^{9^{9}}}", [-0.5, 0, -0.5, 0, 0, 0, 0, 0]),
+    # a right answer after 100 kB of text: every answer check passes, no format check does
+    "long_response": ("Let us think. " * 7_200 + "\\boxed{2}", "2", [1, 0, -0.5, 0, 1, 1, 1, 1]),
+    # 400 nested groups are no answer (math-verify is exponential in the depth); gsm8k sees the number 1
+    "nested_braces": ("\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "1", [-0.5, 0, -0.5, 0, 0, 0, 0, 1]),
+    # unparseable box: no equivalence; gsm8k's last number is the 1 of \frac{1}
+    "invalid_latex": ("\\boxed{\\frac{1}{ \\sqrt[ \\left( } ^^ _ & \\end{array}}", "1", [-0.5, 0, -0.5, 0, 0, 0, 0, 1]),
+    # a truncated box is no answer for the rule verifiers; math-verify still reads \frac{1}{2} = 0.5
+    "unbalanced_boxed": ("the answer is \\boxed{\\frac{1}{2}", "0.5", [-1, 0, -0.5, 0, 0, 0, 1, 0]),
+    # \u00bd wrapped in control characters and a lone surrogate is not 0.5
+    "unicode_control": (
+        "\\boxed{\u00bd\u200b\x00\x07\u202e\ud800\U0001f600}\x1b[31m",
+        "0.5",
+        [-0.5, 0, -0.5, 0, 0, 0, 0, 0],
+    ),
+    "empty": ("", "", [-1, 0, -0.5, 0, 0, 0, 0, 0]),
+    "none_label": ("\\boxed{3}", None, [-0.5, 0, -0.5, 0, 0, 0, 0, 0]),
 }
+MAY_TIME_OUT = {"tower", "tower_label"}
 
 
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
-def test_pathological_input_returns_within_timeout(name):
-    response, label = PATHOLOGICAL[name]
-    timeout = 1.0
+def test_pathological_input_scores_what_it_deserves(name):
+    response, label, expected = PATHOLOGICAL[name]
+    timeout = 1.0 if name in MAY_TIME_OUT else 10.0
     start = time.perf_counter()
-    rewards, metrics = score([response], [label], ALL, [1.0] * len(ALL), timeout=timeout)
-    elapsed = time.perf_counter() - start
-    assert elapsed < timeout + 15, f"{name} took {elapsed:.2f}s"
-    assert len(rewards) == 1 and rewards[0] == rewards[0]  # a number, not NaN
-    if metrics["reward/timeouts"]:
-        assert rewards == [0.0]
+    scores = score_rule_rewards([response], [label], ALL, [1.0] * len(ALL), timeout=timeout, num_workers=WORKERS)
+    assert time.perf_counter() - start < timeout + HANG_S, name
+    assert scores.metrics["reward/errors"] == 0.0 and scores.metrics["reward/crashes"] == 0.0
+    if scores.per_verifier[0] is None:
+        assert name in MAY_TIME_OUT, f"{name} timed out"
+        assert scores.metrics["reward/timeouts"] == 1.0 and scores.rewards == [0.0]
+        return
+    assert dict(zip(ALL, scores.per_verifier[0])) == dict(zip(ALL, map(float, expected)))
+    assert scores.rewards == [pytest.approx(sum(expected))]
 
 
 def test_tower_is_a_timeout_not_a_hang():
-    response, label = PATHOLOGICAL["tower"]
+    response, label, _ = PATHOLOGICAL["tower"]
     rewards, metrics = score([response, GOOD], [label, "4"], ["acc"], [1.0], timeout=1.0)
     assert metrics["reward/timeouts"] == 1.0
     assert rewards == [0.0, 1.0]
