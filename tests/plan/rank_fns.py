@@ -1,0 +1,55 @@
+"""Module-level functions the planner tests run on pool ranks: megatron's own parameter counts and the bytes a
+built model + optimizer really holds."""
+
+from __future__ import annotations
+
+import torch
+
+
+def count_params(hf_dir: str, role: str, tp: int, pp: int) -> dict:
+    """This rank's parameter count in the model mindrl builds (mindrl.models.builder) at TP x PP."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.models.builder import build_model
+    from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, pp)
+    model = build_model(ModelSpec.from_hf_dir(hf_dir), role, dtype="float32", perform_initialization=False)
+    return {
+        "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def _storages(tensors) -> dict[int, int]:
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            s = t.untyped_storage()
+            out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
+    """Build the trainer's model + optimizer (mindrl.workers.train_setup) from `load_dir` at TP x 1, take one
+    optimizer step (so Adam's state exists) and count the distinct storages of weights, gradient buffers and
+    optimizer state on this rank."""
+    from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
+
+    optim = OptimSettings(lr=1e-3, weight_decay=0.01, use_distributed_optimizer=distributed)
+    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=1, dtype="float32")
+    train_steps(ddp, optimizer, spec.vocab_size, steps=1, seed=0, batch=4, seq=16)
+    params = list(ddp.module.parameters())
+    weights = _storages(params)
+    grads = {k: v for k, v in _storages(getattr(p, "main_grad", None) for p in params).items() if k not in weights}
+    inner = optimizer.optimizer
+    state = [t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor) and t.numel() > 1]
+    main = [p for g in inner.param_groups for p in g["params"]]
+    opt = {k: v for k, v in _storages(state + main).items() if k not in weights and k not in grads}
+    return {
+        "params": sum(p.numel() for p in params),
+        "weights_bytes": sum(weights.values()),
+        "grads_bytes": sum(grads.values()),
+        "optimizer_bytes": sum(opt.values()),
+    }

@@ -1,0 +1,84 @@
+"""The planner's parameter counts equal megatron's for the model mindrl builds, and its weights / gradients /
+optimizer bytes are within 10% of what a built tiny model + optimizer holds per rank (4 gloo ranks: run
+under the shared lock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.config import load_config
+from mindrl.plan import make_plan, stage_params
+from tests.conftest import shared_pool
+from tests.plan import rank_fns
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(tiny_models):
+    cfg = load_config("ppo_tiny_cpu", check_paths=False)
+    import json
+    import os
+
+    hf = json.load(open(os.path.join(tiny_models["untied"], "config.json")))
+    arch = cfg.model
+    assert (arch.num_layers, arch.hidden_size, arch.ffn_size, arch.num_attention_heads, arch.num_kv_heads,
+            arch.padded_vocab_size) == (hf["num_hidden_layers"], hf["hidden_size"], hf["intermediate_size"],
+            hf["num_attention_heads"], hf["num_key_value_heads"], hf["vocab_size"])  # fmt: skip
+    return cfg
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("role,variant", [("actor", "untied"), ("actor", "tied"), ("critic", "orm")])
+def test_param_counts_equal_megatron(tiny_cfg, tiny_models, role, variant, tp, pp):
+    from dataclasses import replace
+
+    arch = replace(tiny_cfg.model, untie_embeddings_and_output_weights=variant != "tied")
+    got = shared_pool().run(rank_fns.count_params, tiny_models[variant], role, tp, pp)
+    for rank, r in enumerate(got):
+        want = stage_params(arch, role, tp, pp, r["pp_rank"]).total
+        assert r["params"] == want, f"rank {rank} (pp stage {r['pp_rank']}): megatron {r['params']} != plan {want}"
+
+
+def _convert(tiny_models, tmp_path_factory) -> str:
+    from mindrl.checkpoint import convert
+
+    out = str(tmp_path_factory.mktemp("plan_ckpt") / "actor")
+    convert.hf2mcore(tiny_models["untied"], out, 2, 1, pool=shared_pool())
+    return out
+
+
+@pytest.fixture(scope="module")
+def actor_ckpt(tiny_models, tmp_path_factory):
+    return _convert(tiny_models, tmp_path_factory)
+
+
+# The tiny run's layout (TP2, fp32, replicated optimizer; per-rank bytes do not depend on DP there) and the same
+# with the distributed optimizer over DP2 (4 devices).
+LAYOUTS = {
+    "ppo_tiny_cpu": ([], False),
+    "ppo_tiny_cpu + distributed optimizer, 4 devices": (
+        ["megatron_training.use_distributed_optimizer=true", "rl_config.actor_resource.num_npus=4",
+         "rl_config.critic_resource.num_npus=4"],
+        True,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_storage_estimate_within_10_percent(actor_ckpt, name, capsys):
+    overrides, distributed = LAYOUTS[name]
+    cfg = load_config("ppo_tiny_cpu", overrides=overrides, check_paths=False)
+    plan = make_plan(cfg)
+    est = plan.memory["actor"]["train"]
+    measured = shared_pool().run(rank_fns.measured_storage, actor_ckpt, 2, distributed)
+    lay = plan.layouts["actor"]
+    assert all(m["params"] == lay.params_per_stage[0] for m in measured)
+    rows = []
+    for term in ("weights_bytes", "grads_bytes", "optimizer_bytes"):
+        for rank, m in enumerate(measured):
+            ratio = est[term] / m[term]
+            rows.append(f"{term:<16} rank {rank}: estimated {est[term]:>9} measured {m[term]:>9} ({ratio:.3f})")
+            assert abs(ratio - 1) <= 0.10, rows[-1]
+    total_est = sum(est[t] for t in ("weights_bytes", "grads_bytes", "optimizer_bytes"))
+    total_meas = sum(measured[0][t] for t in ("weights_bytes", "grads_bytes", "optimizer_bytes"))
+    with capsys.disabled():
+        print(f"\n{name}: total estimated {total_est} measured {total_meas}\n  " + "\n  ".join(rows))
