@@ -362,4 +362,6 @@ def _judge(plan: Plan, cfg: RLConfig) -> None:
     if not has_ref_of(plan):
         plan.notes.append("no reference model: the config has no KL term (init_kl_coef 0)")
     if any(k.startswith("megatron_training.recompute") or ".recompute" in k for k in cfg.ignored_keys):
-        plan.notes.append("recompute_* keys are ignored by mindrl: the verdict counts activations without recomputation")
+        plan.notes.append(
+            "recompute_* keys are ignored by mindrl: the verdict counts activations without recomputation"
+        )

@@ -54,10 +54,16 @@ def _placement_lines(plan: Plan) -> list[str]:
     lines = []
     for node in sorted({s.node for s in plan.placement}):
         slots = [s for s in plan.placement if s.node == node]
-        lines.append(f"  node {node}: devices {_ranges([s.local for s in slots])} (global {_ranges([s.device for s in slots])})")
+        lines.append(
+            f"  node {node}: devices {_ranges([s.local for s in slots])} (global {_ranges([s.device for s in slots])})"
+        )
         for s in slots:
             a = f"actor+ref rank {s.device:>3} (tp {s.actor[0]} pp {s.actor[1]} dp {s.actor[2]})"
-            c = "" if s.critic is None else f" | critic rank {s.device:>3} (tp {s.critic[0]} pp {s.critic[1]} dp {s.critic[2]})"
+            c = (
+                ""
+                if s.critic is None
+                else f" | critic rank {s.device:>3} (tp {s.critic[0]} pp {s.critic[1]} dp {s.critic[2]})"
+            )
             e = f" | engine {s.engine[0]} tp {s.engine[1]}"
             lines.append(f"    dev {s.local:>2}: {a}{c}{e}")
     return lines

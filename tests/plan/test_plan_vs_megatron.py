@@ -56,8 +56,11 @@ def actor_ckpt(tiny_models, tmp_path_factory):
 LAYOUTS = {
     "ppo_tiny_cpu": ([], False),
     "ppo_tiny_cpu + distributed optimizer, 4 devices": (
-        ["megatron_training.use_distributed_optimizer=true", "rl_config.actor_resource.num_npus=4",
-         "rl_config.critic_resource.num_npus=4"],
+        [
+            "megatron_training.use_distributed_optimizer=true",
+            "rl_config.actor_resource.num_npus=4",
+            "rl_config.critic_resource.num_npus=4",
+        ],
         True,
     ),  # fmt: skip
 }

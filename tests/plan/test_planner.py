@@ -1,0 +1,177 @@
+"""The planner on every shipped config (seconds, no worker, no model), its numbers against hand computations
+and megatron's formulas, the rank layout against megatron's RankGenerator, the CLI and --json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from mindrl.cli import plan as plan_cli
+from mindrl.config import ConfigError, load_config
+from mindrl.plan import PHASES, make_plan, rank_coords, stage_params, to_json, to_text, total_params
+
+SHIPPED = ["ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_7b_A3", "ppo_tiny_cpu", "grpo_tiny_cpu"]
+
+
+@pytest.fixture(scope="module")
+def cfgs():
+    return {name: load_config(name, check_paths=False) for name in SHIPPED}
+
+
+def _hand_qwen25_32b() -> int:
+    v, h, layers, a, g, d, f = 152064, 5120, 64, 40, 8, 128, 27648
+    per_layer = 2 * h + h * (a + 2 * g) * d + (a + 2 * g) * d + a * d * h + 3 * h * f
+    return 2 * v * h + layers * per_layer + h  # untied embedding + head, final norm
+
+
+def test_qwen25_32b_params_by_hand(cfgs):
+    cfg = cfgs["ppo_qwen25_32b_A3"]
+    assert total_params(cfg.model) == _hand_qwen25_32b() == 32_763_876_352
+    # TP8: every matrix split 8 ways, the 64 x 2 norms and the final norm replicated
+    per_rank = stage_params(cfg.model, "actor", 8, 1, 0).total
+    assert per_rank == (32_763_876_352 - 129 * 5120) // 8 + 129 * 5120
+    critic = total_params(cfg.critic_model, "critic")
+    assert critic == 32_763_876_352 - 152064 * 5120 + 5120  # the value head replaces the LM head
+
+
+def test_megatron_bytes_per_parameter(cfgs):
+    """Megatron's theoretical memory: 18 bytes per parameter (bf16 weight, fp32 grad, fp32 master + 2 Adam
+    moments), 6 + 12/DP with the distributed optimizer."""
+    cfg = cfgs["ppo_qwen25_32b_A3"]
+    plan = make_plan(cfg)
+    lay = plan.layouts["actor"]
+    train = plan.memory["actor"]["train"]
+    n = lay.params_per_stage[0]
+    assert (lay.dp, lay.distributed_optimizer, lay.dtype) == (4, True, "bfloat16")
+    assert train["weights_bytes"] + train["grads_bytes"] + train["optimizer_bytes"] == n * (6 + 12 // 4)
+    plan = make_plan(load_config("ppo_qwen25_32b_A3", overrides=["megatron_training.use_distributed_optimizer=false"],
+                                 check_paths=False))  # fmt: skip
+    train = plan.memory["actor"]["train"]
+    assert train["weights_bytes"] + train["grads_bytes"] + train["optimizer_bytes"] == n * 18
+
+
+def test_rank_layout_is_megatrons():
+    from megatron.core.parallel_state import RankGenerator
+
+    for tp, pp, world in [(8, 1, 32), (2, 2, 16), (2, 1, 2), (1, 4, 8), (4, 2, 16)]:
+        dp = world // (tp * pp)
+        gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+        for kind, index in (("tp", 0), ("pp", 1), ("dp", 2)):
+            for group in gen.get_ranks(kind):
+                coords = [rank_coords(r, tp, pp, world) for r in group]
+                assert [c[index] for c in coords] == list(range(len(group))), (kind, tp, pp, group)
+                others = {c[:index] + c[index + 1 :] for c in coords}
+                assert len(others) == 1, (kind, group)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_plans_in_seconds(cfgs, name):
+    t0 = time.perf_counter()
+    plan = make_plan(cfgs[name])
+    text = to_text(plan)
+    assert time.perf_counter() - t0 < 2.0
+    assert f"mindrl-plan: {name}" in text and "verdict: " in text and "largest term: " in text
+    cfg = cfgs[name]
+    assert len(plan.placement) == cfg.rl_config.world_size
+    assert plan.rollout.replicas == cfg.rl_config.world_size // cfg.generate_config.infer_tensor_parallel_size
+    assert plan.layouts["actor"].dp == cfg.rl_config.actor_dp
+    assert ("critic" in plan.layouts) == cfg.rl_config.needs_critic
+
+
+def test_ppo_32b_verdict_names_the_peak(cfgs):
+    plan = make_plan(cfgs["ppo_qwen25_32b_A3"])
+    v = plan.verdict
+    assert plan.device.key == "a3" and plan.device.memory_bytes == 64 << 30 and plan.device.per_node == 16
+    assert {s.node for s in plan.placement} == {0, 1}
+    # integrated: actor+ref, critic and engine replica of device 9 sit on node 0, local device 9
+    s = plan.placement[9]
+    assert (s.node, s.local, s.actor, s.critic, s.engine) == (0, 9, (1, 0, 1), (1, 0, 1), (1, 1))
+    assert v["peak_bytes"] == max(plan.memory["total"].values())
+    role, phase, term = v["largest_term"].split(".")
+    assert plan.memory[role][phase][term] == v["largest_term_bytes"]
+    assert v["fits"] == (v["peak_bytes"] <= 64 << 30)
+    # the KV cache: what gpu_memory_utilization leaves after the engine's weights and step activations
+    eng = plan.memory["rollout"]["rollout"]
+    assert eng["weights_bytes"] + eng["activations_bytes"] + eng["kv_cache_bytes"] == int(0.4 * (64 << 30))
+    per_token = 2 * 64 * 1 * 128 * 2  # K,V x layers x (8 KV heads / infer TP 8) x head_dim x bf16
+    assert plan.kv_cache["bytes_per_token"] == per_token
+    assert plan.kv_cache["sequences_at_max_len"] == eng["kv_cache_bytes"] // (4096 * per_token)
+
+
+def test_device_memory_override_changes_the_verdict(cfgs):
+    cfg = cfgs["ppo_tiny_cpu"]
+    assert make_plan(cfg, device_memory_gib=64).verdict["fits"]
+    small = make_plan(cfg, device_memory_gib=0.5)
+    assert not small.verdict["fits"]
+    assert small.verdict["largest_term"] == "rollout.score.kv_cache_bytes"
+    assert small.verdict["fix"].startswith("generate_config.kv_cache_memory_gib")
+    h100 = make_plan(cfgs["grpo_qwen25_7b_A3"], device="h100")
+    assert h100.device.memory_bytes == 80 << 30 and h100.device.per_node == 8
+
+
+def test_json_keys_are_integers(cfgs):
+    obj = json.loads(json.dumps(to_json(make_plan(cfgs["ppo_qwen25_32b_A3"]))))
+    mem = obj["memory"]
+    for role in ("actor", "critic", "rollout"):
+        for phase in ("rollout", "train"):
+            for term in ("weights_bytes",):
+                assert isinstance(mem[role][phase][term], int)
+    assert isinstance(mem["actor"]["train"]["optimizer_bytes"], int)
+    assert isinstance(mem["actor"]["train"]["activations_recompute_bytes"], int)
+    assert isinstance(mem["rollout"]["rollout"]["kv_cache_bytes"], int)
+    assert set(mem["total"]) == {f"{p}_bytes" for p in PHASES}
+    for phases in mem.values():
+        for terms in phases.values() if isinstance(phases, dict) else ():
+            for v in terms.values() if isinstance(terms, dict) else [terms]:
+                assert isinstance(v, int) and v >= 0
+    assert isinstance(obj["kv_cache"]["sequences_at_max_len"], int)
+    assert obj["layouts"]["actor"]["tp"] == 8 and obj["rollout"]["replicas"] == 4
+
+
+def test_cli_help_text_and_json(capsys):
+    with pytest.raises(SystemExit) as e:
+        plan_cli.main(["--help"])
+    assert e.value.code == 0 and "--device-memory-gib" in capsys.readouterr().out
+    assert plan_cli.main(["--config-name", "ppo_tiny_cpu"]) == 0
+    assert "verdict: FITS" in capsys.readouterr().out
+    assert plan_cli.main(["--config-name", "ppo_qwen25_32b_A3", "--json"]) in (0, 1)
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["memory"]["actor"]["train"]["weights_bytes"] > 0
+
+
+def test_mindspeed_configs_folder_as_is(tmp_path, capsys):
+    """--config-path to a configs/ folder laid out like MindSpeed-RL's (model/NAME.yaml beside the configs)."""
+    from mindrl.config import default_config_dir
+
+    folder = tmp_path / "configs"
+    shutil.copytree(default_config_dir(), folder)
+    code = plan_cli.main(["--config-name", "grpo_qwen25_32b_A3", "--config-path", str(folder), "--json"])
+    assert code in (0, 1)
+    assert json.loads(capsys.readouterr().out)["source"] == str(folder / "grpo_qwen25_32b_A3.yaml")
+
+
+def test_train_dry_run_starts_nothing(capsys):
+    from mindrl.cli import train
+
+    assert train.main(["--config-name", "ppo_tiny_cpu", "--dry-run", "--no-check-paths"]) == 0
+    assert "verdict: FITS" in capsys.readouterr().out
+    import sys
+
+    ray = sys.modules.get("ray")  # not importing it here: importing Ray alone changes os.environ
+    assert ray is None or not ray.is_initialized()
+
+
+def test_bad_config_gives_the_configs_error(capsys):
+    code = plan_cli.main(["--config-name", "ppo_tiny_cpu", "actor_config.tensor_model_parallel_size=3"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "mindrl-plan: error: " in err and "actor_config.tensor_model_parallel_size" in err
+    with pytest.raises(ConfigError, match="no config 'ppo_tiny_cpuu'.*did you mean"):
+        load_config("ppo_tiny_cpuu", check_paths=False)
+    assert plan_cli.main(["--config-name", "ppo_tiny_cpuu"]) == 2
+    assert "did you mean" in capsys.readouterr().err
+    assert plan_cli.main(["--config-name", "ppo_tiny_cpu", "--device-memory-gib", "-1"]) == 2
+    assert "--device-memory-gib must be > 0" in capsys.readouterr().err
