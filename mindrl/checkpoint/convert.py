@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mindrl.checkpoint import mcore_ckpt
+from mindrl.checkpoint import legacy, mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint, HFShardWriter, carry_files
 from mindrl.models.hf_config import ModelSpec, torch_dtype
 from mindrl.models.weight_map import expected_hf_names, mcore_param_names, param_mapping
@@ -220,13 +220,13 @@ def _dir_bytes(path: str) -> int:
 
 
 # ------------------------------------------------------------------------------------- mcore2hf
-def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int) -> dict:
+def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config: str | None = None) -> dict:
     from tqdm import tqdm
 
     from mindrl.models.weight_map import full_to_hf
 
     rss_before = _peak_rss()
-    spec, meta, model = mcore_ckpt.build_and_load(load_dir, 1, 1)
+    spec, meta, model = mcore_ckpt.build_and_load(load_dir, 1, 1, hf_config=hf_config)
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
     params = dict(model.named_parameters())
@@ -253,19 +253,29 @@ def mcore2hf(
     max_shard_size_mb: int = 5120,
     overwrite: bool = False,
     pool=None,
+    hf_config: str | None = None,
 ) -> ConversionStats:
-    """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer)."""
+    """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer).
+    A legacy per-rank checkpoint (mp_rank_* files) needs `hf_config`, the HF model dir giving its architecture
+    (unless load_dir/hf_files holds a config.json); its config and tokenizer files are carried over."""
     t0 = time.perf_counter()
     if max_shard_size_mb <= 0:
         raise CheckpointError(f"--max-shard-size-mb must be > 0, got {max_shard_size_mb}")
-    spec, _ = mcore_ckpt.read_model_meta(load_dir)
-    _check_orm_flag(spec, orm, load_dir)
-    mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
+    hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
+    if legacy.is_legacy(load_dir):
+        spec, source = legacy.resolve_spec(load_dir, hf_config)
+        _check_orm_flag(spec, orm, f"{load_dir} (by {source})")
+        legacy.LegacyCheckpoint.open(load_dir).check_against(spec, source)
+        if hf_config:  # carry the files from where the architecture came from
+            hf_files = os.path.dirname(source)
+    else:
+        spec, _ = mcore_ckpt.read_model_meta(load_dir)
+        _check_orm_flag(spec, orm, load_dir)
+        mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
     partial_dir = _prepare_out_dir(save_dir, overwrite, load_dir)
     try:
         with _ranks(pool, 1) as ranks:
-            res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024)[0]
-        hf_files = os.path.join(load_dir, mcore_ckpt.HF_FILES)
+            res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024, hf_config)[0]
         if os.path.isdir(hf_files):
             carry_files(hf_files, partial_dir)
         else:  # not converted from HF: write the config we know
@@ -287,22 +297,31 @@ def mcore2hf(
 _SHAPE_FIELDS = ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
 
-def _logits_rank(load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool) -> torch.Tensor | None:
+def _logits_rank(
+    load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool, hf_config: str | None = None
+) -> torch.Tensor | None:
     from megatron.core import parallel_state as ps
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp)
+    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp, hf_config=hf_config)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None
 
 
 def megatron_outputs(
-    pool, load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sequence_parallel: bool = False
+    pool,
+    load_dir: str,
+    tp: int,
+    pp: int,
+    input_ids: torch.Tensor,
+    sequence_parallel: bool = False,
+    hf_config: str | None = None,
 ) -> torch.Tensor:
-    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP, computed on `pool`."""
-    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel)
+    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP, computed on `pool`.
+    hf_config: the HF model dir describing a legacy (mp_rank_*) checkpoint."""
+    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel, hf_config)
     return next(r for r in results if r is not None)
 
 
@@ -324,8 +343,16 @@ def check(
     hf_dir: str, load_dir: str, tp: int | None = None, pp: int | None = None, batch: int = 2, seq_len: int = 64,
     seed: int = 0, pool=None,
 ) -> float:  # fmt: skip
-    """Max |megatron - HF| over the logits (or values) of random tokens; both models in fp32."""
-    spec, meta = mcore_ckpt.read_model_meta(load_dir)
+    """Max |megatron - HF| over the logits (or values) of random tokens; both models in fp32. A legacy
+    (mp_rank_*) checkpoint at load_dir takes its architecture from hf_dir."""
+    is_legacy = legacy.is_legacy(load_dir)
+    if is_legacy:
+        spec, _ = legacy.resolve_spec(load_dir, hf_dir)
+        saved = legacy.LegacyCheckpoint.open(load_dir)
+        saved.check_against(spec, hf_dir)
+        meta = {"tp": saved.tp, "pp": saved.pp}
+    else:
+        spec, meta = mcore_ckpt.read_model_meta(load_dir)
     hf_spec = ModelSpec.from_hf_dir(hf_dir)
     if hf_spec.architecture != spec.architecture:
         raise CheckpointError(f"{hf_dir} is {hf_spec.architecture} but {load_dir} holds {spec.architecture}")
@@ -336,12 +363,13 @@ def check(
     ]
     if differ:
         raise CheckpointError(f"{hf_dir} and {load_dir} hold differently shaped models: {', '.join(differ)}")
-    mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
+    if not is_legacy:
+        mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
     tp, pp = tp or meta["tp"], pp or meta["pp"]
     spec.validate_layout(tp, pp)
     _check_pool(pool, tp * pp)
     input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
     with _ranks(pool, tp * pp) as ranks:
-        ours = megatron_outputs(ranks, load_dir, tp, pp, input_ids)
+        ours = megatron_outputs(ranks, load_dir, tp, pp, input_ids, hf_config=hf_dir if is_legacy else None)
     ref = hf_outputs(hf_dir, input_ids)
     return (ours - ref).abs().max().item()

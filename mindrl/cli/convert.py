@@ -1,7 +1,7 @@
 """mindrl-convert: HF <-> megatron checkpoint conversion and a numerical check of the result.
 
 mindrl-convert hf2mcore --hf-dir H --save-dir M --tp T --pp P [--orm]
-mindrl-convert mcore2hf --load-dir M --save-dir H2 [--orm]
+mindrl-convert mcore2hf --load-dir M --save-dir H2 [--orm] [--hf-config H   (legacy mp_rank_* checkpoints)]
 mindrl-convert check    --hf-dir H --load-dir M [--tp T --pp P] [--tol 1e-5]
 """
 
@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--load-dir", required=True, help="megatron checkpoint directory")
     b.add_argument("--save-dir", required=True, help="HF directory to create")
     b.add_argument("--orm", action="store_true", help="the checkpoint holds a value-head (critic/reward) model")
+    b.add_argument(
+        "--hf-config",
+        help="HF model dir (config.json, tokenizer) describing a legacy megatron checkpoint (mp_rank_XX[_YYY] "
+        "files from MindSpeed-LLM / MindSpeed-RL), which records no architecture; its files are carried over",
+    )
     b.add_argument("--max-shard-size-mb", type=int, default=5120, help="safetensors shard size cap (default 5120)")
     b.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
 
@@ -68,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"in {stats.seconds:.1f} s; peak RSS per rank {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"
             )
         elif args.command == "mcore2hf":
-            stats = convert.mcore2hf(args.load_dir, args.save_dir, args.orm, args.max_shard_size_mb, args.overwrite)
+            stats = convert.mcore2hf(
+                args.load_dir, args.save_dir, args.orm, args.max_shard_size_mb, args.overwrite, hf_config=args.hf_config
+            )
             print(
                 f"mcore2hf: {stats.num_params / 1e6:.1f}M params -> {args.save_dir} in {stats.seconds:.1f} s; "
                 f"peak RSS {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"
