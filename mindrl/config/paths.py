@@ -43,6 +43,19 @@ def check_paths(cfg: RLConfig, col: Collector) -> None:
             _check_tokenizer(col, key, path)
 
 
+def _older_iteration_spec(path: str):
+    from mindrl.checkpoint.hf_io import CheckpointError
+    from mindrl.checkpoint.mcore_ckpt import read_model_meta
+    from mindrl.workers.checkpointing import saved_iterations
+
+    for it in reversed(saved_iterations(path)):
+        try:
+            return read_model_meta(path, it)[0]
+        except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArchConfig, value_model: bool) -> None:
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
@@ -59,8 +72,12 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
     try:
         spec, _meta = read_model_meta(path)
     except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:
-        col.add(key, f"cannot read the checkpoint's model description: {e}")
-        return
+        # A damaged newest iteration: a resume falls back to an older complete one (with a warning), whose
+        # description serves the checks here; with none readable, the error stands.
+        spec = _older_iteration_spec(path)
+        if spec is None:
+            col.add(key, f"cannot read the checkpoint's model description: {e}")
+            return
     if spec.is_value_model != value_model:
         want = "a value model (convert with --orm)" if value_model else "a causal LM"
         col.add(key, f"{path!r} holds a {spec.architecture}, but this role needs {want}")

@@ -7,6 +7,7 @@ import os
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.resharding import OffloadConfig
+from mindrl.trainer.checkpoints import TRAINER_STATE, ResumePoint  # noqa: F401 (TRAINER_STATE: re-exported)
 from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings
@@ -45,9 +46,6 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
     )
 
 
-TRAINER_STATE = "trainer_state.json"
-
-
 def critic_dir(cfg, which: str) -> str:
     """The critic's `load` or `save` dir: its own, or `<dir>/critic` when it is the actor's (they never overwrite
     each other, even when both are ./ckpt)."""
@@ -57,16 +55,7 @@ def critic_dir(cfg, which: str) -> str:
     return critic
 
 
-def resume_dir(load: str | None, finetune: bool) -> str | None:
-    """The iteration dir to resume from: `load`'s latest iteration when it holds a training state and
-    finetune is off; None to start from the weights at iteration 0."""
-    if finetune or not load:
-        return None
-    it_dir = mcore_ckpt.iteration_dir(load, mcore_ckpt.read_tracker(load))
-    return it_dir if os.path.isfile(os.path.join(it_dir, "rank_state", "rank_0.pt")) else None
-
-
-def _model(role_cfg, cfg, forward_mbs: int | None, load: str | None = None) -> ModelSettings:
+def _model(role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None) -> ModelSettings:
     mt = cfg.megatron_training
     total = total_optimizer_steps(cfg)
     sp = role_cfg.sequence_parallel
@@ -82,7 +71,8 @@ def _model(role_cfg, cfg, forward_mbs: int | None, load: str | None = None) -> M
         dtype=mt.dtype,
         sequence_parallel=bool(mt.sequence_parallel if sp is None else sp),
         seed=mt.seed,
-        resume_dir=resume_dir(load, role_cfg.finetune),
+        resume_dir=resume_dir,
+        load_iteration=None if resume_dir is None else int(os.path.basename(resume_dir)[len("iter_") :]),
         load_optim=not role_cfg.no_load_optim,
         load_rng=not role_cfg.no_load_rng,
     )
@@ -122,12 +112,13 @@ def needs_reference(cfg) -> bool:
     return (rl.kl_in_reward and rl.init_kl_coef > 0) or rl.kl_coef_in_loss > 0
 
 
-def integrated_settings(cfg) -> IntegratedSettings:
+def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSettings:
+    """resume: where the run resumes (`checkpoints.find_resume(cfg)`), None to start at iteration 0."""
     rl, gen = cfg.rl_config, cfg.generate_config
     rollout = gen.rollout_config(engine_model_dir(cfg), cfg.megatron_training.seed)
     ref = rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
     return IntegratedSettings(
-        actor=_model(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size),
+        actor=_model(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
         rollout=rollout,
         loss=loss_settings(cfg),
         ref_load=ref if needs_reference(cfg) else None,
@@ -137,9 +128,10 @@ def integrated_settings(cfg) -> IntegratedSettings:
     )
 
 
-def critic_settings(cfg) -> CriticSettings:
+def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
-    return CriticSettings(critic=_model(cfg.critic_config, cfg, fwd, critic_dir(cfg, "load")), loss=loss_settings(cfg))
+    model = _model(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
+    return CriticSettings(critic=model, loss=loss_settings(cfg))
 
 
 def reward_settings(cfg) -> RewardSettings:

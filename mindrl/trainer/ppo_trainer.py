@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from mindrl.algorithms import (
     scores_to_token_level,
 )
 from mindrl.batch import Batch, pad_rows
-from mindrl.trainer import build
+from mindrl.checkpoint import mcore_ckpt
+from mindrl.trainer import build, checkpoints
 from mindrl.trainer.metrics import stats_metrics
 from mindrl.trainer.rollout import IntegratedRollout, RolloutSource
 
@@ -32,7 +34,7 @@ logger = logging.getLogger("mindrl.trainer")
 
 
 class TrainingAborted(RuntimeError):
-    """The run cannot continue (e.g. too many consecutive non-finite updates)."""
+    """The run cannot continue (e.g. too many consecutive non-finite updates, a worker died)."""
 
 
 @dataclass
@@ -57,14 +59,12 @@ class PPOTrainer:
     """Builds the Ray worker groups for `cfg` (a validated `mindrl.config.RLConfig`) and runs the loop."""
 
     def __init__(self, cfg):
-        import ray
         from transformers import AutoTokenizer
 
         from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
         from mindrl.workers.critic_worker import CriticWorker
         from mindrl.workers.group import WorkerGroup, device_placement_group, start_ray
         from mindrl.workers.integrated_worker import IntegratedWorker
-        from mindrl.workers.reward_worker import RuleRewardWorker
 
         self.cfg = cfg
         mt, rl = cfg.megatron_training, cfg.rl_config
@@ -88,11 +88,12 @@ class PPOTrainer:
         self.needs_ref = build.needs_reference(cfg)
         self.verifier_names = build.reward_settings(cfg).verifier_function
 
-        if (
-            build.resume_dir(cfg.actor_config.load, cfg.actor_config.finetune)
-            and self.needs_ref
-            and not rl.integrated_mode_config.ref_model_load_path
-        ):
+        # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
+        self.resume = checkpoints.find_resume(cfg)
+        for what, path in self._save_dirs():
+            checkpoints.check_writable(path, what)
+        self.save_failures = 0
+        if self.resume is not None and self.needs_ref and not rl.integrated_mode_config.ref_model_load_path:
             raise ValueError(
                 f"resuming from actor_config.load={cfg.actor_config.load!r} (finetune: false) needs "
                 "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "
@@ -102,7 +103,7 @@ class PPOTrainer:
         self.groups: list = []
         try:
             self.pg = device_placement_group(self.world)
-            integrated = build.integrated_settings(cfg)
+            integrated = build.integrated_settings(cfg, self.resume)
             # The critic shares the actor's bundles (half a device each), in its own megatron world.
             self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5)
             self.groups.append(self.actor)
@@ -110,14 +111,15 @@ class PPOTrainer:
             if rl.needs_critic:
                 self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=0.5)
                 self.groups.append(self.critic)
-            self.reward = ray.remote(num_cpus=0)(RuleRewardWorker).remote(build.reward_settings(cfg))
+            self.reward = None
+            self._start_reward_worker()
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
             if self.critic is not None:
-                self.critic.setup(build.critic_settings(cfg))
+                self.critic.setup(build.critic_settings(cfg, self.resume))
             self.rollout: RolloutSource = IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
             self.iteration = 0
             self.skipped_in_a_row = 0
-            self._restore(integrated.actor.resume_dir)
+            self._restore(self.resume)
         except BaseException:
             self.shutdown()
             raise
@@ -144,19 +146,47 @@ class PPOTrainer:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
             while self.iteration < mt.train_iters:
                 self.iteration += 1
-                metrics, rows = self.step(next(batches))
+                metrics, rows = self._step_or_abort(next(batches))
+                metrics["checkpoint/save_failures"] = float(self.save_failures)
+                # logged before the save: a resume cuts metrics.jsonl back to the saved iteration
                 log.log(self.iteration, metrics)
                 rollouts.maybe_log(self.iteration, rows)
                 results.append(IterationResult(self.iteration, metrics))
-                if mt.save_interval and self.iteration % mt.save_interval == 0:
-                    self.save()
-            if not mt.save_interval or self.iteration % mt.save_interval:
-                self.save()
+                if mt.save_interval and self.iteration % mt.save_interval == 0 and self.iteration < mt.train_iters:
+                    self._periodic_save()
+            self.save()  # the last iteration is always saved; a failure here fails the run
         return results
+
+    def _step_or_abort(self, prompts) -> tuple[dict[str, float], list[dict]]:
+        """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already
+        killed: no rank is left waiting in a collective)."""
+        from mindrl.workers.group import WorkerError
+
+        try:
+            return self.step(prompts)
+        except WorkerError as e:
+            raise TrainingAborted(f"iteration {self.iteration}: {e}{self._resume_hint()}") from e
+
+    def _periodic_save(self) -> None:
+        """A save on the save_interval cadence. If it cannot be written (full disk...), the run goes on with its
+        state intact and tries again at the next one (counted in checkpoint/save_failures)."""
+        try:
+            self.save()
+        except checkpoints.CheckpointSaveError as e:
+            self.save_failures += 1
+            logger.error("iteration %d was NOT saved (the run goes on; the next save retries): %s", self.iteration, e)
+
+    def _resume_hint(self) -> str:
+        a = self.cfg.actor_config
+        if not a.save or not os.path.isdir(a.save):
+            return ""
+        try:
+            return f"; the last complete checkpoint is iteration {mcore_ckpt.read_tracker(a.save)} in {a.save}"
+        except Exception:
+            return ""
 
     def step(self, prompts) -> tuple[dict[str, float], list[dict]]:
         """One PPO / GRPO iteration on a PromptBatch. Returns (metrics, sampled rows for rollouts.jsonl)."""
-        import ray
 
         rl, mt = self.cfg.rl_config, self.cfg.megatron_training
         timing: dict[str, float] = {}
@@ -199,7 +229,7 @@ class PPOTrainer:
             timing["timing/critic_model"] = max(v[1] for _, v in parts)
             timing["timing/non_overlap_critic_model"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        scored = ray.get(reward_ref)
+        scored = self._collect_scores(reward_ref, batch.rows_meta["response_ids"], labels)
         timing["timing/non_overlap_rule_reward"] = time.perf_counter() - t0
         timing["timing/rule_reward"] = scored["metrics"]["timing/rule_reward"]
         timing["timing/scoring"] = time.perf_counter() - t_score
@@ -233,6 +263,50 @@ class PPOTrainer:
         return metrics, rows
 
     # ------------------------------------------------------------------------------------------------ pieces
+    REWARD_SLACK_S = 60.0
+    """A rule-reward call may take this long beyond its samples' own timeouts before the worker counts as hung."""
+
+    def _start_reward_worker(self) -> None:
+        import ray
+
+        from mindrl.workers.reward_worker import RuleRewardWorker
+
+        self.reward = ray.remote(num_cpus=0)(RuleRewardWorker).remote(build.reward_settings(self.cfg))
+
+    def _collect_scores(self, ref, responses: list[list[int]], labels: list[list[int]]) -> dict:
+        """The reward worker's answer. A worker that died or hangs (past REWARD_SLACK_S plus the worst case of its
+        per-sample timeouts) is replaced; its samples score 0 and are counted in reward/crashes."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        s = build.reward_settings(self.cfg)
+        deadline = self.REWARD_SLACK_S + s.timeout * math.ceil(len(responses) / s.num_workers)
+        t0 = time.perf_counter()
+        try:
+            return ray.get(ref, timeout=deadline)
+        except (RayActorError, GetTimeoutError) as e:
+            what = f"did not answer within {deadline:.0f} s" if isinstance(e, GetTimeoutError) else "died"
+        logger.warning(
+            "iteration %d: the rule-reward worker %s; it is replaced and this batch's %d samples score 0 "
+            "(counted in reward/crashes)",
+            self.iteration,
+            what,
+            len(responses),
+        )
+        ray.kill(self.reward, no_restart=True)
+        self._start_reward_worker()
+        zeros = [0.0] * len(responses)
+        metrics = {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/crashes": float(len(responses))}
+        metrics.update({"reward/worker_restarts": 1.0, "timing/rule_reward": time.perf_counter() - t0})
+        metrics.update({f"reward/{name}/mean": 0.0 for name in self.verifier_names})
+        return {
+            "rewards": zeros,
+            "per_verifier": [None] * len(responses),
+            "texts": self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            "labels": self.tokenizer.batch_decode(labels, skip_special_tokens=True),
+            "metrics": metrics,
+        }
+
     def _make_batch(self, prompt_ids: list[list[int]], samples) -> Batch:
         """The RL batch (see mindrl.batch) from prompts and their n samples each (rows grouped by prompt)."""
         rows_p, rows_r, rows_lp, uid = [], [], [], []
@@ -307,8 +381,8 @@ class PPOTrainer:
         names = self.verifier_names
         for name in names:
             metrics[f"{name}_rewards/mean"] = scored["metrics"].get(f"reward/{name}/mean", 0.0)
-        for k in ("reward/timeouts", "reward/errors", "reward/crashes"):
-            metrics[k] = scored["metrics"][k]
+        for k in ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_restarts"):
+            metrics[k] = float(scored["metrics"].get(k, 0.0))
         return metrics
 
     def _logprob_diff(self, batch: Batch, actor_diff: tuple[float, float, float]) -> dict[str, float]:
@@ -362,25 +436,77 @@ class PPOTrainer:
         return rows
 
     # ------------------------------------------------------------------------------------------------ ends
-    def save(self) -> None:
-        """Actor (with the driver's state) and critic at this iteration; each atomic, tracker written last."""
-        from mindrl.workers.checkpointing import begin_iteration, finalize_iteration
-
+    def _save_targets(self) -> list[tuple[str, str, str, object]]:
+        """(config key, save dir, load dir, role config) of every model this run saves."""
         a, c = self.cfg.actor_config, self.cfg.critic_config
-        keep = self.cfg.megatron_training.save_total_limit
+        out = [("actor_config.save", a.save, a.load, a)] if a.save else []
+        if self.cfg.rl_config.needs_critic and c is not None and c.save:
+            out.append(
+                ("critic_config.save", build.critic_dir(self.cfg, "save"), build.critic_dir(self.cfg, "load"), c)
+            )
+        return out
+
+    def _save_dirs(self) -> list[tuple[str, str]]:
+        return [(key, d) for key, d, _, _ in self._save_targets()]
+
+    def save(self) -> None:
+        """Actor (with the driver's state) and critic at this iteration. Both are written to temporary directories
+        first, then each is renamed into place and its tracker updated; old iterations are pruned only after both
+        trackers moved on, so a crash at any point leaves an iteration that both have complete. A save that cannot
+        fit, or whose files cannot be written, raises CheckpointSaveError and leaves the previous checkpoint and
+        the training state untouched."""
+        from mindrl.workers.checkpointing import begin_iteration, finalize_iteration
+        from mindrl.workers.group import WorkerError
+
+        targets = self._save_targets()
+        if not targets:
+            return
+        it, keep = self.iteration, self.cfg.megatron_training.save_total_limit
         t0 = time.perf_counter()
-        if a.save:
-            tmp = begin_iteration(a.save, self.iteration)
-            self.actor.call("save", None, tmp, not a.no_save_optim, not a.no_save_rng)
-            with open(os.path.join(tmp, build.TRAINER_STATE), "w") as f:
-                json.dump(self._trainer_state(), f, indent=2)
-            finalize_iteration(a.save, self.iteration, tmp, a.load, keep)
-        if self.critic is not None and c is not None and c.save:
-            save_dir = build.critic_dir(self.cfg, "save")
-            tmp = begin_iteration(save_dir, self.iteration)
-            self.critic.call("save", None, tmp, not c.no_save_optim, not c.no_save_rng)
-            finalize_iteration(save_dir, self.iteration, tmp, build.critic_dir(self.cfg, "load"), keep)
-        logger.info("iteration %d saved in %.1f s", self.iteration, time.perf_counter() - t0)
+        self._check_save_space(targets)
+        tmps: list[str] = []
+        try:
+            for key, save_dir, _, rc in targets:
+                tmps.append(begin_iteration(save_dir, it))
+                group = self.actor if key.startswith("actor") else self.critic
+                group.call("save", None, tmps[-1], not rc.no_save_optim, not rc.no_save_rng)
+                if group is self.actor:
+                    with open(os.path.join(tmps[-1], build.TRAINER_STATE), "w") as f:
+                        json.dump(self._trainer_state(), f, indent=2)
+        except OSError as e:
+            self._discard(tmps)
+            raise checkpoints.CheckpointSaveError(
+                f"iteration {it} could not be saved ({e}); the previous checkpoint is intact"
+            ) from e
+        except WorkerError as e:  # a rank failed writing (e.g. the disk filled up): its group is gone
+            self._discard(tmps)
+            raise TrainingAborted(f"iteration {it}: saving failed: {e}{self._resume_hint()}") from e
+        for (_, save_dir, load_dir, _), tmp in zip(targets, tmps):
+            finalize_iteration(save_dir, it, tmp, load_dir)
+        for _, save_dir, _, _ in targets:
+            checkpoints.prune(save_dir, keep, it)
+        logger.info("iteration %d saved in %.1f s", it, time.perf_counter() - t0)
+
+    @staticmethod
+    def _discard(tmps: list[str]) -> None:
+        import shutil
+
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _check_save_space(self, targets) -> None:
+        """Refuse, before any rank writes, a save the disk cannot hold: its size is the last saved iteration's, or
+        for the first save an estimate from the loaded checkpoint (see `checkpoints.estimate_nbytes`)."""
+        by_device: dict[int, list[tuple[str, str, int]]] = {}
+        for key, save_dir, load_dir, rc in targets:
+            checkpoints.check_writable(save_dir, key)
+            need = checkpoints.last_iteration_nbytes(save_dir)
+            if need is None:
+                need = checkpoints.estimate_nbytes(load_dir, self.cfg.megatron_training.dtype, not rc.no_save_optim)
+            by_device.setdefault(os.stat(save_dir).st_dev, []).append((key, save_dir, need or 0))
+        for entries in by_device.values():
+            key, save_dir, _ = entries[0]
+            checkpoints.check_space(save_dir, sum(n for _, _, n in entries), key)
 
     def _trainer_state(self) -> dict:
         return {
@@ -388,29 +514,22 @@ class PPOTrainer:
             "loader": self.loader.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "skipped_in_a_row": self.skipped_in_a_row,
+            "save_failures": self.save_failures,
             "config_name": self.cfg.config_name,
         }
 
-    def _restore(self, it_dir: str | None) -> None:
-        """The driver's part of a resume: iteration, data order, KL controller."""
-        if it_dir is None:
+    def _restore(self, resume: checkpoints.ResumePoint | None) -> None:
+        """The driver's part of a resume: iteration, data order, KL controller (the workers restored theirs)."""
+        if resume is None:
             return
-        path = os.path.join(it_dir, build.TRAINER_STATE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is missing: {it_dir} has model state but no trainer state")
-        with open(path) as f:
+        it_dir = resume.actor_dir
+        with open(os.path.join(it_dir, build.TRAINER_STATE)) as f:  # checked by find_resume
             state = json.load(f)
         self.iteration = int(state["iteration"])
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.skipped_in_a_row = int(state["skipped_in_a_row"])
-        if self.critic is not None:
-            critic_it = build.resume_dir(build.critic_dir(self.cfg, "load"), self.cfg.critic_config.finetune)
-            if critic_it is None or os.path.basename(critic_it) != os.path.basename(it_dir):
-                raise ValueError(
-                    f"the actor resumes from {it_dir} but the critic from {critic_it}: resume both from the same "
-                    "iteration (critic_config.load, finetune: false)"
-                )
+        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
+        self.save_failures = int(state.get("save_failures", 0))
         logger.info("resumed from %s at iteration %d", it_dir, self.iteration)
 
     def shutdown(self) -> None:
@@ -436,7 +555,9 @@ class PPOTrainer:
             remove_placement_group(self.pg)
             self.pg = None
         if getattr(self, "started_ray", False):
-            ray.shutdown()
+            from mindrl.workers.group import stop_ray
+
+            stop_ray()
             self.started_ray = False
 
 

@@ -22,7 +22,7 @@ class CriticWorker(MegatronRank):
         self.settings = s
         info = self.init_layout(c.tp, c.pp, c.seed)
         self.spec, self.critic, self.optimizer, self.scheduler = build_model_and_optimizer(
-            c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel
+            c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel, c.load_iteration
         )
         if c.resume_dir is not None:
             load_train_state(self.critic, self.optimizer, self.scheduler, c.resume_dir, c.load_optim, c.load_rng)

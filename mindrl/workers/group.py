@@ -22,16 +22,22 @@ class WorkerError(RuntimeError):
     """A worker rank raised or died; the message names the group, the method and the rank."""
 
 
+_ENV_BEFORE_RAY: dict[str, str] | None = None
+
+
 def start_ray(address: str | None, num_devices: int) -> bool:
-    """Join the cluster at `address`, or start a private Ray on loopback. Returns True if we started it."""
+    """Join the cluster at `address`, or start a private Ray on loopback. Returns True if this call initialised
+    Ray (False: the caller already had); `stop_ray` undoes it, environment variables included."""
+    global _ENV_BEFORE_RAY
     import ray
 
     if ray.is_initialized():
         return False
+    _ENV_BEFORE_RAY = dict(os.environ)  # ray.init sets RAY_* and PYTHONBREAKPOINT in this process
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
-        return False
+        return True  # connected by us: disconnected by stop_ray (the cluster stays up)
     # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
     num_cpus = max(os.cpu_count() or 1, num_devices + 1)
     ray.init(
@@ -45,6 +51,22 @@ def start_ray(address: str | None, num_devices: int) -> bool:
         configure_logging=False,
     )
     return True
+
+
+def stop_ray() -> None:
+    """Disconnect from (and, if we started it, stop) Ray; restore the environment variables ray.init changed."""
+    global _ENV_BEFORE_RAY
+    import ray
+
+    ray.shutdown()
+    if _ENV_BEFORE_RAY is not None:
+        for key in set(os.environ) - set(_ENV_BEFORE_RAY):
+            if key.startswith("RAY_") or key == "PYTHONBREAKPOINT":
+                del os.environ[key]
+        for key, value in _ENV_BEFORE_RAY.items():
+            if key.startswith("RAY_") or key == "PYTHONBREAKPOINT":
+                os.environ[key] = value
+        _ENV_BEFORE_RAY = None
 
 
 def device_placement_group(num_devices: int, timeout_s: float = 600):
@@ -64,9 +86,24 @@ def device_placement_group(num_devices: int, timeout_s: float = 600):
     return pg
 
 
-def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = ()) -> list:
-    """ray.get in completion order: the first error kills `kill` (the group's actors) and raises WorkerError."""
+def _death_summary(e: Exception) -> str:
+    """Ray's actor-death text is a page long; keep what tells the user what happened."""
+    text = str(e)
+    detail = ""
+    for line in text.splitlines():
+        if "exit detail" in line.lower():
+            detail = line.split(":", 1)[-1].strip()
+            break
+    return "its process died (killed, e.g. by the OOM killer or kill -9, or crashed)" + (
+        f": {detail}" if detail else ""
+    )
+
+
+def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Sequence[str] | None = None) -> list:
+    """ray.get in completion order: the first error kills `kill` (the group's actors) and raises WorkerError
+    naming `what` and the failing rank (labels[i], default "rank i")."""
     import ray
+    from ray.exceptions import RayActorError
 
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
@@ -78,7 +115,10 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = ()) -> list:
             except Exception as e:
                 for actor in kill:
                     ray.kill(actor, no_restart=True)
-                raise WorkerError(f"{what}: rank {index[ref]} failed: {e}") from e
+                who = labels[index[ref]] if labels else f"rank {index[ref]}"
+                if isinstance(e, RayActorError):
+                    raise WorkerError(f"{what}: {who} failed: {_death_summary(e)}") from e
+                raise WorkerError(f"{what}: {who} failed: {e}") from e
     return ray.get(list(refs))
 
 
@@ -99,8 +139,9 @@ class WorkerGroup:
             ).remote()
             for i in range(world_size)
         ]
+        self.pids: list[int | None] = [None] * world_size
         addr, port = self.call_one(0, "node_address")
-        self.call("init_world", [(i, world_size, addr, port, threads) for i in range(world_size)])
+        self.pids = self.call("init_world", [(i, world_size, addr, port, threads) for i in range(world_size)])
         self.infos: list = []
 
     @property
@@ -112,10 +153,15 @@ class WorkerGroup:
         if per_rank_args is None:
             per_rank_args = [args] * len(self.actors)
         refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, per_rank_args)]
-        return collect(refs, f"{self.name}.{method}", self.actors)
+        return collect(refs, f"{self.name}.{method}", self.actors, self.labels())
 
     def call_one(self, rank: int, method: str, *args: Any) -> Any:
-        return collect([getattr(self.actors[rank], method).remote(*args)], f"{self.name}.{method}", self.actors)[0]
+        ref = getattr(self.actors[rank], method).remote(*args)
+        return collect([ref], f"{self.name}.{method}", self.actors, [self.labels()[rank]])[0]
+
+    def labels(self) -> list[str]:
+        """ "rank R (pid P)" of each rank, for error messages."""
+        return [f"rank {r}" + (f" (pid {pid})" if pid else "") for r, pid in enumerate(self.pids)]
 
     def setup(self, settings: Any) -> None:
         self.infos = self.call("setup", None, settings)
@@ -144,7 +190,7 @@ class WorkerGroup:
 
     def collect_sharded(self, pending) -> list:
         method, shards, calls = pending
-        results = collect(calls, f"{self.name}.{method}", self.actors)
+        results = collect(calls, f"{self.name}.{method}", self.actors, self.labels())
         out = {i.dp_rank: r for i, r in zip(self.infos, results) if i.is_output}
         return [(shards[d], out[d]) for d in range(self.dp_size)]
 

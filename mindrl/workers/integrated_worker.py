@@ -25,7 +25,7 @@ class IntegratedWorker(MegatronRank):
         self.settings = s
         info = self.init_layout(a.tp, a.pp, a.seed)
         self.spec, self.actor, self.optimizer, self.scheduler = build_model_and_optimizer(
-            a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel
+            a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel, a.load_iteration
         )
         if a.resume_dir is not None:
             load_train_state(self.actor, self.optimizer, self.scheduler, a.resume_dir, a.load_optim, a.load_rng)

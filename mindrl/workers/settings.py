@@ -31,6 +31,8 @@ class ModelSettings:
     seed: int = 1234
     resume_dir: str | None = None
     """Iteration directory to restore the optimizer, LR scheduler and RNG from (None: start fresh)."""
+    load_iteration: int | None = None
+    """The iteration of `load` to build the model from (None: its tracker's); set when resuming."""
     load_optim: bool = True
     load_rng: bool = True
 

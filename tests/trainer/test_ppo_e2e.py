@@ -38,16 +38,14 @@ def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
         assert math.isclose(m["e2e_tps"], tokens / m["timing/all"], rel_tol=1e-6)
         assert math.isclose(m["update_tps"], tokens / m["timing/update"], rel_tol=1e-6)
         assert math.isclose(m["vllm_tps"], tokens / m["timing/rollout"], rel_tol=1e-6)
+        # The driver's serial phases fit in the iteration; the workers' own rollout phases (each the slowest rank's)
+        # fit in the driver's wait for the rollout, up to that max-of-sums vs sum-of-maxes slack.
         serial = [k for k in m if k.startswith("timing/non_overlap_")]
-        serial += [
-            "timing/rollout",
-            "timing/reshard_to_infer",
-            "timing/reshard_to_train",
-            "timing/update",
-            "timing/adv",
-        ]
+        serial += ["timing/rollout_total", "timing/update", "timing/adv"]
         serial += ["timing/update_critic"] if "timing/update_critic" in m else []
         assert m["timing/all"] >= sum(m[k] for k in serial)
+        inner = m["timing/rollout"] + m["timing/reshard_to_infer"] + m["timing/reshard_to_train"]
+        assert inner <= m["timing/rollout_total"] * 1.05 + 0.05
         assert m["rollout/logprob_diff_mean"] < 1e-3  # fp32: the engine samples from the trained policy
         assert m["actor/skipped_updates"] == 0
 

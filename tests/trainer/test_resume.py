@@ -22,6 +22,7 @@ EXTRA = {
 }
 RESUME = ["finetune=false", "no_load_optim=false", "no_load_rng=false"]
 EVERY2 = ["megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]
+RESUME_ARGS = [f"{role}_config.{k}" for role in ("actor", "critic") for k in RESUME]
 
 
 _RUNS: dict = {}
@@ -137,3 +138,86 @@ def test_ctrl_c_shuts_down_cleanly_and_keeps_the_last_checkpoint(assets, tmp_pat
     it_dir = mcore_ckpt.iteration_dir(str(tmp_path / "ckpt_actor"), it)
     assert it >= 4 and os.path.isfile(os.path.join(it_dir, "trainer_state.json"))
     mcore_ckpt.read_model_meta(str(tmp_path / "ckpt_actor"))
+
+
+# ---- damaged checkpoints: fall back to the newest complete iteration, with a warning; never restart silently ---
+def _truncate_a_shard(it_dir):
+    shard = sorted(p for p in it_dir.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    return shard
+
+
+DAMAGE = {
+    "truncated shard": lambda it: _truncate_a_shard(it).name,
+    "rank state missing": lambda it: (it / "rank_state" / "rank_1.pt").unlink() or "rank_1.pt",
+    "trainer state garbage": lambda it: (it / "trainer_state.json").write_text('{"iterat') and "trainer_state.json",
+    "iteration deleted": lambda it: shutil.rmtree(it) or "does not exist",
+}
+
+
+def _straight_copy(assets, tmp_path_factory, tmp_path):
+    straight, straight_dir, _ = _straight_and_half("ppo", assets, tmp_path_factory, tmp_path)
+    d = tmp_path / "damaged"
+    shutil.copytree(straight_dir, d)
+    return straight, d
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_newest_iteration_falls_back_with_a_warning(assets, tmp_path_factory, tmp_path, damage, caplog):
+    from mindrl.trainer.checkpoints import find_resume
+
+    _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
+    named = DAMAGE[damage](d / "ckpt_actor" / "iter_0000004")
+    cfg = _config("ppo_tiny_cpu", assets, d, *RESUME_ARGS, actor_load=d / "ckpt_actor", critic_load=d / "ckpt_critic")
+    with caplog.at_level("WARNING", logger="mindrl.checkpoint"):
+        point = find_resume(cfg)
+    assert point.iteration == 2 and point.actor_dir.endswith("iter_0000002")
+    assert point.critic_dir.endswith(os.path.join("ckpt_critic", "iter_0000002"))
+    assert "resuming from iteration 2, not the newest" in caplog.text and named in caplog.text
+
+
+def test_critic_behind_the_actor_resumes_both_from_their_common_iteration(assets, tmp_path_factory, tmp_path):
+    """A crash between the actor's and the critic's tracker update leaves the critic one save behind."""
+    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.trainer.checkpoints import find_resume
+
+    _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
+    mcore_ckpt.write_tracker(str(d / "ckpt_critic"), 2)
+    cfg = _config("ppo_tiny_cpu", assets, d, *RESUME_ARGS, actor_load=d / "ckpt_actor", critic_load=d / "ckpt_critic")
+    assert find_resume(cfg).iteration == 2
+
+
+def test_no_complete_iteration_left_is_an_error_naming_the_files(assets, tmp_path_factory, tmp_path):
+    from mindrl.checkpoint.hf_io import CheckpointError
+    from mindrl.trainer.checkpoints import find_resume
+
+    _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
+    s4 = _truncate_a_shard(d / "ckpt_actor" / "iter_0000004")
+    (d / "ckpt_actor" / "iter_0000002" / "trainer_state.json").unlink()
+    cfg = _config("ppo_tiny_cpu", assets, d, *RESUME_ARGS, actor_load=d / "ckpt_actor", critic_load=d / "ckpt_critic")
+    with pytest.raises(CheckpointError) as e:
+        find_resume(cfg)
+    msg = str(e.value)
+    assert "no complete training iteration" in msg and str(s4) in msg and "iter_0000002/trainer_state.json" in msg
+    assert "finetune: true" in msg
+
+
+def test_resume_past_a_damaged_iteration_is_exact(assets, tmp_path_factory, tmp_path):
+    """The newest iteration's shard is truncated: the run resumes from the previous one and the iterations it
+    re-runs equal the straight run's (1e-6); metrics.jsonl is cut back and appended, never duplicated."""
+    straight, d = _straight_copy(assets, tmp_path_factory, tmp_path)
+    _truncate_a_shard(d / "ckpt_actor" / "iter_0000004")
+    cfg = _config(
+        "ppo_tiny_cpu", assets, d, "megatron_training.train_iters=4", *EVERY2, *EXTRA["ppo"], *RESUME_ARGS,
+        actor_load=d / "ckpt_actor", critic_load=d / "ckpt_critic",
+    )  # fmt: skip
+    _, results, split, _ = _train(cfg)
+    assert [r.iteration for r in results] == [3, 4]
+    assert [m["iteration"] for m in split] == [1, 2, 3, 4]
+    for a, b in zip(straight[2:], split[2:]):
+        a, b = _comparable(a), _comparable(b)
+        bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-6)}
+        assert not bad, bad
+    from mindrl.checkpoint import mcore_ckpt
+
+    mcore_ckpt.check_files(str(d / "ckpt_actor" / "iter_0000004"))  # the damaged iteration was rewritten whole

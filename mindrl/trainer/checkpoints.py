@@ -1,0 +1,236 @@
+"""The driver's side of checkpoints: which iteration a run resumes from (falling back past corrupted ones, never
+silently restarting), whether a save can fit, and which old iterations a save makes redundant.
+
+A *training* iteration (what `PPOTrainer.save` writes, see `mindrl.workers.checkpointing`) holds the model, its
+`rank_state/` and usually `optim/`; the actor's also holds `trainer_state.json`. A *weights-only* iteration
+(`mindrl-convert hf2mcore`, `release`) holds the model alone: a run starts from it at iteration 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.checkpoint import mcore_ckpt
+from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.workers.checkpointing import OPTIM_DIR, RANK_STATE_DIR, saved_iterations
+
+logger = logging.getLogger("mindrl.checkpoint")
+
+TRAINER_STATE = "trainer_state.json"
+SAVE_MARGIN = 1.10
+"""A save is refused up front when the disk holds less than this times the expected checkpoint size."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save could not be written (unwritable path, full disk); the previous checkpoint is untouched."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    iteration: int
+    actor_dir: str
+    """The actor's iteration directory (holds trainer_state.json)."""
+    critic_dir: str | None = None
+
+
+def is_train_iteration(it_dir: str) -> bool:
+    """Whether the directory was written by a training save (as opposed to a weights-only conversion)."""
+    return any(os.path.exists(os.path.join(it_dir, n)) for n in (RANK_STATE_DIR, OPTIM_DIR, TRAINER_STATE))
+
+
+def check_train_iteration(it_dir: str, trainer_state: bool) -> None:
+    """Raise CheckpointError naming the first missing, truncated or unreadable file of a training iteration."""
+    root, name = os.path.split(it_dir.rstrip("/"))
+    mcore_ckpt.read_model_meta(root, int(name[5:]) if name.startswith("iter_") else name)
+    mcore_ckpt.check_files(it_dir)
+    optim = os.path.join(it_dir, OPTIM_DIR)
+    if os.path.isdir(optim):
+        mcore_ckpt.check_files(optim)
+    rank0 = os.path.join(it_dir, RANK_STATE_DIR, "rank_0.pt")
+    if not os.path.isfile(rank0):
+        raise CheckpointError(f"{rank0} is missing: no scheduler / RNG state (incomplete copy?)")
+    try:
+        world = int(torch.load(rank0, weights_only=False, map_location="cpu")["world_size"])
+    except Exception as e:  # truncated, or not ours
+        raise CheckpointError(f"{rank0} is truncated or corrupted ({type(e).__name__}: {e})") from None
+    for r in range(1, world):
+        path = os.path.join(it_dir, RANK_STATE_DIR, f"rank_{r}.pt")
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            raise CheckpointError(f"{path} is missing or empty: the save had {world} ranks (incomplete copy?)")
+    if trainer_state:
+        path = os.path.join(it_dir, TRAINER_STATE)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path} is missing: the iteration has model state but no trainer state")
+        try:
+            with open(path) as f:
+                state = json.load(f)
+            missing = [k for k in ("iteration", "loader", "kl_ctrl") if k not in state]
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{path} is truncated or corrupted ({type(e).__name__}: {e})") from None
+        if missing:
+            raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a mindrl trainer state")
+
+
+def _candidates(root: str, what: str, trainer_state: bool) -> tuple[list[int], dict[int, str], bool]:
+    """(complete training iterations of `root` up to its tracker, newest first; {iteration: why rejected};
+    whether root is a weights-only checkpoint to start from at iteration 0)."""
+    try:
+        tracked = mcore_ckpt.read_tracker(root)
+    except CheckpointError as e:
+        if not os.path.isdir(root) or not saved_iterations(root):
+            raise CheckpointError(f"{what}={root!r}: {e}") from None
+        logger.warning("%s: %s; looking for the newest complete iteration instead", what, e)
+        tracked = None
+    if tracked == mcore_ckpt.RELEASE:
+        return [], {}, True
+    tracked_dir = None if tracked is None else mcore_ckpt.iteration_dir(root, tracked)
+    if tracked_dir is not None and os.path.isdir(tracked_dir) and not is_train_iteration(tracked_dir):
+        return [], {}, True
+    good, bad = [], {}
+    if tracked_dir is not None and not os.path.isdir(tracked_dir):
+        bad[int(tracked)] = f"{tracked_dir} does not exist (named by {os.path.join(root, mcore_ckpt.TRACKER)})"
+    for it in reversed(saved_iterations(root)):
+        if tracked is not None and it > int(tracked):
+            continue  # renamed into place but the tracker was never moved on: not committed
+        it_dir = mcore_ckpt.iteration_dir(root, it)
+        if not is_train_iteration(it_dir):
+            continue
+        try:
+            check_train_iteration(it_dir, trainer_state)
+            good.append(it)
+        except CheckpointError as e:
+            bad[it] = str(e)
+    return good, bad, False
+
+
+def find_resume(cfg) -> ResumePoint | None:
+    """Where a run of `cfg` resumes: the newest iteration complete for the actor (and the critic, if the run has
+    one), or None to start from the loaded weights at iteration 0 (finetune: true, or a weights-only checkpoint).
+    A corrupted newest iteration falls back to the previous complete one with a warning; with none left, a
+    CheckpointError names every problem found."""
+    from mindrl.trainer.build import critic_dir
+
+    a = cfg.actor_config
+    if a.finetune or not a.load:
+        return None
+    good, bad, weights_only = _candidates(a.load, "actor_config.load", trainer_state=True)
+    if weights_only:
+        return None
+    critic_root = None
+    if cfg.rl_config.needs_critic:
+        c = cfg.critic_config
+        critic_root = critic_dir(cfg, "load")
+        if c.finetune or not critic_root:
+            raise CheckpointError(
+                f"the actor resumes from actor_config.load={a.load!r} (finetune: false) but the critic does not "
+                f"(critic_config.load={c.load!r}, finetune: {c.finetune}): resume both, or set finetune: true on both"
+            )
+        c_good, c_bad, c_weights_only = _candidates(critic_root, "critic_config.load", trainer_state=False)
+        if c_weights_only:
+            raise CheckpointError(
+                f"the actor resumes from {a.load!r} but the critic's checkpoint {critic_root!r} holds weights only: "
+                "resume both from the same saved run"
+            )
+        for it in good:
+            if it not in c_good:
+                bad.setdefault(it, f"the critic has no complete iteration {it} under {critic_root!r}")
+        bad.update({it: f"critic: {why}" for it, why in c_bad.items() if it not in bad})
+        good = [it for it in good if it in c_good]
+    if not good:
+        problems = "; ".join(f"iteration {it}: {why}" for it, why in sorted(bad.items(), reverse=True))
+        raise CheckpointError(
+            f"actor_config.load={a.load!r} has no complete training iteration to resume from"
+            + (f" ({problems})" if problems else "")
+            + ": fix or remove the damaged files, or set finetune: true to start from weights at iteration 0"
+        )
+    it = good[0]
+    newer = {k: v for k, v in bad.items() if k > it}
+    if newer:
+        logger.warning(
+            "resuming from iteration %d, not the newest: %s",
+            it,
+            "; ".join(f"iteration {k}: {v}" for k, v in sorted(newer.items(), reverse=True)),
+        )
+    return ResumePoint(
+        it,
+        mcore_ckpt.iteration_dir(a.load, it),
+        None if critic_root is None else mcore_ckpt.iteration_dir(critic_root, it),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- saving
+def dir_nbytes(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
+
+
+def last_iteration_nbytes(save_dir: str) -> int | None:
+    """Size of the newest complete iteration under save_dir (what the next save will need), if any."""
+    if not os.path.isdir(save_dir):
+        return None
+    done = saved_iterations(save_dir)
+    return dir_nbytes(mcore_ckpt.iteration_dir(save_dir, done[-1])) if done else None
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def estimate_nbytes(load_dir: str | None, dtype: str, with_optim: bool) -> int | None:
+    """What the first save of a model loaded from load_dir will take: that iteration's size if it is a training
+    save; else its parameter count (weights-only files / their dtype) times the bytes per parameter of the
+    weights in `dtype` plus Adam's fp32 moments (and fp32 main params when training in half precision). None
+    when it cannot be told (then only writability is checked)."""
+    try:
+        it = mcore_ckpt.read_tracker(load_dir)
+        it_dir = mcore_ckpt.iteration_dir(load_dir, it)
+        if is_train_iteration(it_dir):
+            return dir_nbytes(it_dir)
+        _, meta = mcore_ckpt.read_model_meta(load_dir, it)
+        params = dir_nbytes(it_dir) / _DTYPE_BYTES[meta["dtype"]]
+        per_param = _DTYPE_BYTES[dtype] + ((8 if dtype == "float32" else 12) if with_optim else 0)
+        return int(params * per_param)
+    except Exception:  # not ours to judge here: loading reports a broken load dir
+        return None
+
+
+def check_writable(save_dir: str, what: str) -> None:
+    """Create save_dir if needed and write a probe file: an unwritable `save` fails before any work is done."""
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+        probe = os.path.join(save_dir, f".mindrl_write_probe_{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise CheckpointSaveError(f"{what}={save_dir!r} is not writable: {e.strerror or e}") from None
+
+
+def check_space(save_dir: str, need_bytes: int, what: str) -> None:
+    """Refuse a save the disk cannot hold (with a margin), before any rank writes."""
+    free = shutil.disk_usage(save_dir).free
+    if free < need_bytes * SAVE_MARGIN:
+        raise CheckpointSaveError(
+            f"{what}={save_dir!r}: {free / 2**20:.1f} MiB free, but a checkpoint takes about "
+            f"{need_bytes / 2**20:.1f} MiB; free some space or lower megatron_training.save_total_limit"
+        )
+
+
+def prune(save_dir: str, keep_last: int | None, protect: int) -> None:
+    """Delete complete iterations older than the newest `keep_last` (never `protect`, the one just written)."""
+    if keep_last is None:
+        return
+    for old in saved_iterations(save_dir)[:-keep_last]:
+        if old != protect:
+            shutil.rmtree(mcore_ckpt.iteration_dir(save_dir, old), ignore_errors=True)

