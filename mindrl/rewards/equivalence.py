@@ -23,24 +23,28 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 # Longer "answers" are never a final answer, and parsing them can take seconds; treat as unparseable.
 MAX_ANSWER_CHARS = 5000
-# math-verify's LaTeX parser is exponential in `{` nesting (depth 12: ~2 s, depth 20: ~4 s, 30: minutes,
-# found by fuzzing); honest answers nest a few levels (\frac{\sqrt{3}}{2} is 2). Deeper is unparseable.
-MAX_BRACE_DEPTH = 8
+# math-verify's LaTeX parser is super-linear in bracket nesting (found by fuzzing): `{` is exponential
+# (depth 12: ~2 s, 20: ~4 s, 30: minutes), `[` and `\left(` quadratic (depth 60: ~8 s). Honest answers
+# nest a few levels (\left(\frac{\sqrt{3}}{2}, 1\right] is 3); deeper counts as unparseable.
+MAX_BRACKET_DEPTH = 8
+_OPENERS, _CLOSERS = "{[(", "}])"
 
 
-def too_deeply_nested(text: str, limit: int = MAX_BRACE_DEPTH) -> bool:
-    """True when `{...}` groups in text nest more than `limit` deep (escaped braces counted too)."""
-    if text.count("{") <= limit:
+def too_deeply_nested(text: str, limit: int = MAX_BRACKET_DEPTH) -> bool:
+    """True when brackets ({ [ ( in any mix, escaped or not) nest more than `limit` deep in text.
+    Closers are not matched to openers: intervals like [1, 3) close with the other kind."""
+    if sum(text.count(c) for c in _OPENERS) <= limit:
         return False
     depth = 0
     for ch in text:
-        if ch == "{":
+        if ch in _OPENERS:
             depth += 1
             if depth > limit:
                 return True
-        elif ch == "}" and depth:
+        elif ch in _CLOSERS and depth:
             depth -= 1
     return False
+
 
 _ANSWER_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
