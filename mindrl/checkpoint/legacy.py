@@ -30,6 +30,7 @@ from mindrl.models.weight_map import ParamMapping, local_to_full, mcore_param_na
 
 RANK_FILES = ("model_optim_rng.pt", "model_rng.pt")  # model_rng.pt: megatron's name when the optimizer is apart
 _RANK_DIR_RE = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
+_EP_DIR_RE = re.compile(r"^mp_rank_\d{2}_\d{3}_\d{3}$")
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _MODEL_KEY_RE = re.compile(r"^model(\d*)$")
 # Other spellings of mindrl's parameter names: Transformer-Engine layer specs fuse the norms into the linear
@@ -121,7 +122,7 @@ def is_legacy(root: str, iteration: int | str | None = None) -> bool:
     try:
         iteration = mcore_ckpt.read_tracker(root) if iteration is None else iteration
         it_dir = mcore_ckpt.iteration_dir(root, iteration)
-        return any(_RANK_DIR_RE.match(d) for d in os.listdir(it_dir))
+        return any(_RANK_DIR_RE.match(d) or _EP_DIR_RE.match(d) for d in os.listdir(it_dir))
     except (CheckpointError, OSError):
         return False
 
@@ -150,6 +151,7 @@ class LegacyCheckpoint:
     files: dict[tuple[int, int], str] = field(default_factory=dict)  # (tp_rank, pp_rank) -> path
     # global mindrl name -> [(pp_rank, chunk, stage-local legacy key)] (one entry; a tied copy may add one)
     index: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    num_layers: int = 0  # over all stages and chunks
     _cache: dict[tuple[int, int], list[dict]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -157,6 +159,10 @@ class LegacyCheckpoint:
         it_dir, iteration = tracked_iteration(root, iteration)
         ranks = {}
         for d in sorted(os.listdir(it_dir)):
+            if _EP_DIR_RE.match(d):
+                raise CheckpointError(
+                    f"{os.path.join(it_dir, d)}: an expert-parallel (MoE) rank directory; mindrl reads dense models only"
+                )
             m = _RANK_DIR_RE.match(d)
             if m:
                 ranks[(int(m.group(1)), int(m.group(2) or 0))] = (os.path.join(it_dir, d), m.group(2) is not None)
@@ -250,7 +256,10 @@ class LegacyCheckpoint:
             )
         for name in sorted(needed | (tied_copy & set(self.index))):  # a tied copy must be shaped like the embedding
             p, chunk, key = self.index[name][0]
-            have = tuple(self.chunks(0, p)[chunk][key].shape)
+            tensor = self.chunks(0, p)[chunk][key]
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckpointError(f"{self.files[(0, p)]}: {key!r} is a {type(tensor).__name__}, not a tensor")
+            have = tuple(tensor.shape)
             fits, want = _shard_shape_fits(spec, name, self.tp, have)
             if not fits:
                 raise CheckpointError(

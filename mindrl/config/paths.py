@@ -57,6 +57,7 @@ def _older_iteration_spec(path: str):
 
 
 def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArchConfig, value_model: bool) -> None:
+    from mindrl.checkpoint import legacy
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
 
@@ -70,7 +71,7 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
                 "mindrl-convert hf2mcore, or point at a finished save)")  # fmt: skip
         return
     try:
-        spec, _meta = read_model_meta(path)
+        spec = legacy.resolve_spec(path)[0] if legacy.is_legacy(path) else read_model_meta(path)[0]
     except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:
         # A damaged newest iteration: a resume falls back to an older complete one (with a warning), whose
         # description serves the checks here; with none readable, the error stands.

@@ -19,6 +19,7 @@ from mindrl.checkpoint import convert, legacy, mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError, carry_files
 from mindrl.cli.convert import main as convert_cli
 from tests.checkpoint.test_convert import assert_bit_exact
+from tests.config.conftest import assets  # noqa: F401  (fixture)
 
 ITERATION = 40
 
@@ -130,6 +131,7 @@ def test_layout_is_megatrons(pool, legacy_ckpts):
     # Last stage, TP rank 1: layers numbered from 0 within the stage, TP-sharded weights, the output layer.
     assert "decoder.layers.0.self_attention.linear_qkv.weight" in model and "output_layer.weight" in model
     assert not any(k.startswith("decoder.layers.1.") or k.startswith("embedding.") for k in model)
+    assert any(k.endswith("._extra_state") and v is None for k, v in model.items())  # megatron's, skipped on load
     assert tuple(model["decoder.layers.0.mlp.linear_fc1.weight"].shape) == (2 * 256 // 2, 128)  # [gate; up] / TP
 
     ckpt = legacy.LegacyCheckpoint.open(root)
@@ -188,6 +190,37 @@ def test_spec_from_hf_files_and_check(tiny_models, pool, legacy_ckpts, tmp_path)
     assert diff < 1e-5
 
 
+def test_other_spellings_are_read(tiny_models, pool, legacy_ckpts, tmp_path):
+    """Virtual-pipeline chunks (model0 / model1), Transformer-Engine names for the fused norms, `_extra_state`
+    entries, a vocabulary padded by megatron and the `model_rng.pt` file name: the same HF model comes out."""
+    src = legacy.load_rank_file(_rank_file(legacy_ckpts[("untied", 1, 1)], "mp_rank_00"))["model"]
+    te = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+          "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}  # fmt: skip
+    chunks: list[dict] = [{}, {}]
+    for key, tensor in src.items():
+        m = re.match(r"decoder\.layers\.(\d+)\.(.+)$", key)
+        if m:  # layer i -> chunk i, numbered 0 within its chunk
+            layer, suffix = int(m.group(1)), m.group(2)
+            chunks[layer][f"decoder.layers.0.{te.get(suffix, suffix)}"] = tensor  # _extra_state entries: None
+            chunks[layer]["decoder.layers.0.self_attention.core_attention._extra_state"] = torch.zeros(0)
+        elif key.startswith("embedding."):
+            chunks[0][key] = torch.cat([tensor, torch.zeros(128, tensor.shape[1])])  # padded to 1152 rows
+        else:
+            pad = torch.zeros(128, tensor.shape[1]) if key == "output_layer.weight" else None
+            chunks[1][key] = tensor if pad is None else torch.cat([tensor, pad])
+    root = tmp_path / "vpp"
+    path = root / f"iter_{ITERATION:07d}" / "mp_rank_00" / "model_rng.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"model0": chunks[0], "model1": chunks[1], "checkpoint_version": 3.0, "iteration": ITERATION}, path)
+    (root / mcore_ckpt.TRACKER).write_text(str(ITERATION))
+    ckpt = legacy.LegacyCheckpoint.open(str(root))
+    assert ckpt.index["decoder.layers.1.input_layernorm.weight"] == [
+        (0, 1, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight")
+    ]
+    convert.mcore2hf(str(root), str(tmp_path / "hf"), pool=pool, hf_config=tiny_models["untied"])
+    assert_bit_exact(tiny_models["untied"], str(tmp_path / "hf"))
+
+
 # ------------------------------------------------------------------------------------ bad input
 def _rank_file(root: str, name: str) -> str:
     return os.path.join(root, f"iter_{ITERATION:07d}", name, "model_optim_rng.pt")
@@ -203,6 +236,9 @@ def test_missing_rank_dir_is_named(legacy_ckpts, tiny_models, tmp_path, capsys):
     )
     assert code == 2 and "mp_rank_01_000 is missing" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "hf")
+    os.makedirs(os.path.join(root, f"iter_{ITERATION:07d}", "mp_rank_00_000_001"))
+    with pytest.raises(CheckpointError, match=r"mp_rank_00_000_001: an expert-parallel \(MoE\) rank directory"):
+        legacy.LegacyCheckpoint.open(root)
 
 
 def test_missing_rank_file_and_tracker_to_missing_iteration(legacy_ckpts, tmp_path):
@@ -269,3 +305,22 @@ def test_wrong_hf_config_is_named(legacy_ckpts, tiny_models, tmp_path, capsys):
     assert code == 2 and "pass --orm" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match=r"nowhere/config.json' \(given for the legacy checkpoint .*\) does not"):
         legacy.resolve_spec(root, str(tmp_path / "nowhere"))
+
+
+# ------------------------------------------------------------------------------------ trainer config
+def test_config_path_check_accepts_legacy_load(legacy_ckpts, tiny_models, assets, tmp_path):  # noqa: F811
+    """actor_config.load may name a legacy checkpoint: its hf_files/config.json describes the model (checked against
+    the model file like any checkpoint); without one, the error names the key and what to add."""
+    from mindrl.config import ConfigError, load_config
+    from tests.config.conftest import asset_overrides
+
+    root = _copy(legacy_ckpts[("untied", 2, 2)], tmp_path / "legacy")
+    overrides = [*asset_overrides(assets, critic=False), f"actor_config.load={root}"]
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo_tiny_cpu", overrides=overrides)
+    msgs = [i.message for i in e.value.issues if i.key == "actor_config.load"]
+    assert msgs and "does not record the model's architecture" in msgs[0] and "hf_files" in msgs[0], e.value
+    os.makedirs(os.path.join(root, "hf_files"))
+    shutil.copy(os.path.join(tiny_models["untied"], "config.json"), os.path.join(root, "hf_files"))
+    cfg = load_config("grpo_tiny_cpu", overrides=overrides)
+    assert cfg.actor_config.load == root
