@@ -38,7 +38,7 @@ class HFCheckpoint:
             try:
                 with open(index) as f:
                     weight_map = json.load(f)["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
                 raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})") from e
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(

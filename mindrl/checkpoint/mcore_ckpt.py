@@ -76,11 +76,15 @@ def read_model_meta(root: str, iteration: int | str | None = None) -> tuple[Mode
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} is missing: the checkpoint was not written by mindrl or is incomplete")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
         return ModelSpec.from_dict(meta["spec"]), meta
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:  # binary garbage from an interrupted copy
+        raise CheckpointError(f"{path}: not UTF-8 JSON text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: JSON nested too deeply to be a model description") from None
     except (KeyError, TypeError) as e:  # hand-edited: a key missing, renamed or added
         raise CheckpointError(f"{path}: not a mindrl model description ({type(e).__name__}: {e})") from None
 

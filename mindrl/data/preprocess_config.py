@@ -118,6 +118,8 @@ def _close(name: str, known: Any) -> str:
 
 def _apply(values: dict[str, Any], cfg_fields: set[str], source: str, out: dict[str, Any], ignored: list[str]) -> None:
     for key, value in values.items():
+        if not isinstance(key, str):  # YAML reads `1:` or `null:` as a number / None
+            raise ConfigError(f"{source}: key {key!r} is not a name; keys are strings like 'input'")
         if key in cfg_fields:
             out[key] = value
         elif key in IGNORED_MINDSPEED_KEYS:
@@ -156,6 +158,8 @@ def load_preprocess_config(path: str | None, overrides: list[str] = ()) -> tuple
                 raise ConfigError(f"{path}: not valid YAML: {e}") from None
             except UnicodeDecodeError as e:
                 raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
+            except RecursionError:
+                raise ConfigError(f"{path}: nested too deeply to be a config") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
         _apply(data, cfg_fields, path, values, ignored)

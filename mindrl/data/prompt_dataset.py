@@ -46,19 +46,34 @@ class PromptBatch:
 
 
 def _open_indexed(indexed_dataset_cls: type, path: str) -> Any:
-    """megatron's IndexedDataset, with a truncated or corrupted file named instead of a bare numpy error."""
+    """megatron's IndexedDataset, checked against its two files: a truncated or corrupted .idx or .bin is
+    named here, not met later as a bare struct / numpy error while reading a document."""
+    if os.path.getsize(path + ".bin") == 0:
+        raise ValueError(f"{path}.bin is empty (truncated?); run mindrl-preprocess again")
     try:
         ds = indexed_dataset_cls(path)
-    except (ValueError, AssertionError, OSError) as e:
-        raise ValueError(f"{path}.idx is truncated or corrupted ({e}); run mindrl-preprocess again") from None
+    except Exception as e:  # struct.error, AssertionError, ValueError, KeyError ... from megatron and numpy
+        raise ValueError(
+            f"{path}.idx is truncated or corrupted ({type(e).__name__}: {e}); run mindrl-preprocess again"
+        ) from None
     index = ds.index
-    if len(index):  # the .bin must hold the last document the .idx points at
-        end = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
-        size = os.path.getsize(path + ".bin")
-        if size < end:
-            raise ValueError(
-                f"{path}.bin is truncated: {size} bytes, its .idx needs {end}; run mindrl-preprocess again"
-            )
+    if len(index) == 0:
+        raise ValueError(f"{path}.idx holds no documents (corrupted?); run mindrl-preprocess again")
+    # mindrl-preprocess writes the documents back to back: each starts where the previous one ends
+    lengths, pointers = index.sequence_lengths.astype(np.int64), index.sequence_pointers
+    contiguous = (
+        pointers[0] == 0
+        and (lengths >= 0).all()
+        and (pointers[1:] == pointers[:-1] + lengths[:-1] * index.dtype_size).all()
+    )
+    if not contiguous:
+        raise ValueError(
+            f"{path}.idx is truncated or corrupted (its document offsets are not contiguous); run mindrl-preprocess again"
+        )
+    end = int(pointers[-1]) + int(lengths[-1]) * index.dtype_size
+    size = os.path.getsize(path + ".bin")
+    if size < end:  # the .bin must hold the last document the .idx points at
+        raise ValueError(f"{path}.bin is truncated: {size} bytes, its .idx needs {end}; run mindrl-preprocess again")
     return ds
 
 

@@ -94,11 +94,14 @@ def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                row = json.loads(line)
+            except RecursionError:
+                raise InputError(f"{path}, line {lineno}: invalid JSON: nested too deeply") from None
             except json.JSONDecodeError as e:
                 # A pretty-printed single object also lands here: say which shapes are accepted.
                 hint = " (expected a JSON list, or one JSON object per line)" if lineno == 1 else ""
                 raise InputError(f"{path}, line {lineno}, column {e.colno}: invalid JSON: {e.msg}{hint}") from None
+            yield lineno, row
 
 
 def _iter_json_list(path: str, chunk_chars: int = 1 << 20, max_row_chars: int = 64 << 20) -> Iterator[tuple[int, Any]]:
@@ -162,6 +165,8 @@ def _iter_json_list(path: str, chunk_chars: int = 1 << 20, max_row_chars: int = 
                     row, end = decoder.raw_decode(buf, pos)
                     if end < len(buf) or eof:
                         break
+                except RecursionError:
+                    raise fail("nested too deeply", start_line) from None
                 except json.JSONDecodeError as e:
                     if eof or len(buf) - pos > max_row_chars:
                         err_line = start_line + buf.count("\n", pos, e.pos)
