@@ -24,7 +24,74 @@ from mindrl.workers.settings import ModelSettings
 
 OPTIM_DIR = "optim"
 RANK_STATE_DIR = "rank_state"
+# The distributed optimizer's on-disk layout: per-DP-rank bucket shards, so it reloads onto any DP size but only
+# onto the TP / PP it was saved with (megatron's other layouts fail on CPU or lose Adam's `step`).
+DISTOPT_FORMAT = "dp_reshardable"
+PLAIN_FORMAT = "plain"
 logger = logging.getLogger("mindrl.checkpoint")
+
+
+def _distributed_optimizers(optimizer) -> list:
+    """The megatron DistributedOptimizers inside `optimizer` (a chained optimizer or a single one)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [o for o in parts if isinstance(o, DistributedOptimizer)]
+
+
+def _optim_format(optimizer) -> str:
+    return DISTOPT_FORMAT if _distributed_optimizers(optimizer) else PLAIN_FORMAT
+
+
+def _sharded_optim_state(optimizer, model_sd: dict, is_loading: bool) -> dict:
+    if _distributed_optimizers(optimizer):
+        metadata = {"distrib_optim_sharding_type": DISTOPT_FORMAT}
+        return optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
+    return optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+
+
+def _init_distopt_states(optimizer) -> None:
+    """A freshly built DistributedOptimizer has no Adam state yet, and megatron builds its loading state dict from
+    the existing state: create it (zeros) with one no-op step. lr and weight decay are 0 during that step, so the
+    weights are not touched (the checkpoint overwrites the states in place afterwards)."""
+    for dist in _distributed_optimizers(optimizer):
+        inner = dist.optimizer
+        if inner.state:
+            continue
+        saved = [(g["lr"], g.get("weight_decay", 0.0)) for g in inner.param_groups]
+        for g in inner.param_groups:
+            g["lr"], g["weight_decay"] = 0.0, 0.0
+        try:
+            dist._init_optimizer_states_with_dummy_values()
+        finally:
+            for g, (lr, wd) in zip(inner.param_groups, saved):
+                g["lr"], g["weight_decay"] = lr, wd
+
+
+def _saved_steps(optimizer, loaded) -> list[float]:
+    """Adam's step of each DistributedOptimizer as saved (megatron keeps it in the param groups: every parameter
+    of one optimizer takes the same number of steps)."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    per_part = [loaded] if len(parts) == 1 else [loaded[i] for i in range(len(parts))]
+    steps = []
+    for part, state in zip(parts, per_part):
+        if part in _distributed_optimizers(optimizer):
+            values = {g["step"] for g in state["optimizer"]["param_groups"] if g.get("step") is not None}
+            if len(values) != 1:
+                raise CheckpointError(f"optimizer state has param groups at different Adam steps {sorted(values)}")
+            steps.append(float(values.pop()))
+    return steps
+
+
+def _restore_own_steps(optimizer, steps: list[float]) -> None:
+    """Megatron's DistributedOptimizer.load_state_dict gives every parameter the SAME `step` tensor, then copies
+    the stale pre-load step into it along with the bucket states; torch's Adam increments each parameter's step in
+    place, so a shared tensor would also advance once per parameter per step. Either way every later bias
+    correction is wrong. Give each parameter its own tensor holding the saved step."""
+    for dist, step in zip(_distributed_optimizers(optimizer), steps):
+        for state in dist.optimizer.state.values():
+            if "step" in state:
+                state["step"] = torch.tensor(step, dtype=torch.float32)
 
 
 def save_train_state(
@@ -43,9 +110,16 @@ def save_train_state(
         os.makedirs(os.path.join(it_dir, OPTIM_DIR), exist_ok=True)
         torch.distributed.barrier()
         dist_checkpointing.save(
-            optimizer.sharded_state_dict(inner.sharded_state_dict()), os.path.join(it_dir, OPTIM_DIR)
+            _sharded_optim_state(optimizer, inner.sharded_state_dict(), is_loading=False),
+            os.path.join(it_dir, OPTIM_DIR),
         )
-    state = {"scheduler": scheduler.state_dict(), "world_size": torch.distributed.get_world_size()}
+    state = {
+        "scheduler": scheduler.state_dict(),
+        "world_size": torch.distributed.get_world_size(),
+        "optim_format": _optim_format(optimizer) if optim else None,
+        "tp": settings.tp,
+        "pp": settings.pp,
+    }
     if rng:
         state["torch_rng"] = torch.get_rng_state()
         state["megatron_rng"] = tensor_parallel.get_cuda_rng_tracker().get_states()
@@ -58,13 +132,20 @@ def save_train_state(
 
 
 def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng: bool) -> None:
-    """Collective: the optimizer state (any saved layout: dist_checkpointing reshards), then this rank's scheduler
-    and RNG states. The model itself was loaded by build_and_load."""
+    """Collective: the optimizer state (the plain optimizer's from any saved layout, dist_checkpointing reshards;
+    the distributed optimizer's from any DP size at the saved TP/PP), then this rank's scheduler and RNG states.
+    The model itself was loaded by build_and_load. Resumes bit-exactly, Adam's per-parameter steps included."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
     from mindrl.resharding.stream import unwrap
 
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    path = os.path.join(it_dir, RANK_STATE_DIR, f"rank_{rank}.pt")
+    if not os.path.isfile(path):
+        path = os.path.join(it_dir, RANK_STATE_DIR, "rank_0.pt")  # a smaller world than saved: rank 0's scheduler
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing: the checkpoint has no scheduler / RNG state (incomplete save?)")
+    state = torch.load(path, weights_only=False)
     if optim:
         optim_dir = os.path.join(it_dir, OPTIM_DIR)
         if not os.path.isdir(optim_dir):
@@ -72,16 +153,15 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
                 f"{optim_dir} is missing: the checkpoint was saved without optimizer state (no_save_optim); "
                 "set no_load_optim: true to resume with a fresh optimizer"
             )
+        _check_optim_layout(state, optimizer, it_dir)
         inner = unwrap(model)
+        _init_distopt_states(optimizer)
         with torch.no_grad():
-            sharded = optimizer.sharded_state_dict(inner.sharded_state_dict(), is_loading=True)
-            optimizer.load_state_dict(dist_checkpointing.load(sharded, optim_dir))
-    path = os.path.join(it_dir, RANK_STATE_DIR, f"rank_{rank}.pt")
-    if not os.path.isfile(path):
-        path = os.path.join(it_dir, RANK_STATE_DIR, "rank_0.pt")  # a smaller world than saved: rank 0's scheduler
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} is missing: the checkpoint has no scheduler / RNG state (incomplete save?)")
-    state = torch.load(path, weights_only=False)
+            sharded = _sharded_optim_state(optimizer, inner.sharded_state_dict(), is_loading=True)
+            loaded = dist_checkpointing.load(sharded, optim_dir)
+            steps = _saved_steps(optimizer, loaded)
+            optimizer.load_state_dict(loaded)
+        _restore_own_steps(optimizer, steps)
     scheduler.load_state_dict(state["scheduler"])
     if rng and "torch_rng" in state:
         if state["world_size"] != world:
@@ -95,6 +175,29 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
         else:
             torch.set_rng_state(state["torch_rng"])
             tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron_rng"])
+
+
+def _check_optim_layout(state: dict, optimizer, it_dir: str) -> None:
+    """The optimizer state on disk must be loadable by this optimizer: the same kind (distributed or not), and
+    for the distributed optimizer the same TP / PP (its shards follow megatron's gradient buckets)."""
+    from megatron.core import parallel_state as ps
+
+    saved, ours = state.get("optim_format"), _optim_format(optimizer)
+    if saved is None:  # written before the format was recorded: the plain optimizer's layout
+        saved = PLAIN_FORMAT
+    if saved != ours:
+        what = {DISTOPT_FORMAT: "use_distributed_optimizer: true", PLAIN_FORMAT: "use_distributed_optimizer: false"}
+        raise CheckpointError(
+            f"{os.path.join(it_dir, OPTIM_DIR)} was saved with {what[saved]}, this run has {what[ours]}: set it "
+            "back to resume the optimizer, or set no_load_optim: true to start a fresh one"
+        )
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    if ours == DISTOPT_FORMAT and (state.get("tp"), state.get("pp")) != (tp, pp):
+        raise CheckpointError(
+            f"{os.path.join(it_dir, OPTIM_DIR)} holds distributed-optimizer state saved at TP={state.get('tp')} "
+            f"PP={state.get('pp')}; it reloads onto any DP size but only at that TP/PP, and this run has TP={tp} "
+            f"PP={pp}: resume at the saved TP/PP, or set no_load_optim: true"
+        )
 
 
 def begin_iteration(save_dir: str, iteration: int) -> str:
@@ -117,10 +220,15 @@ def finalize_iteration(
         src, target = os.path.join(hf_files_from, mcore_ckpt.HF_FILES), os.path.join(save_dir, mcore_ckpt.HF_FILES)
         if os.path.isdir(src) and not os.path.isdir(target):
             carry_files(src, target)
-    if os.path.isdir(final):
-        shutil.rmtree(final)
+    old = None
+    if os.path.isdir(final):  # re-saving an iteration (e.g. a resumed run's first save): keep it until replaced
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
     mcore_ckpt.write_tracker(save_dir, iteration)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     if keep_last is not None:
         for old in saved_iterations(save_dir)[:-keep_last]:
             if old != iteration:
