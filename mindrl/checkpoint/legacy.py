@@ -9,7 +9,8 @@ trains from: one `torch.save` file per TP x PP rank, read here and loaded into a
 Each file is a dict: `model` (or `model0`, `model1`, ... under virtual pipelining) holds that rank's megatron
 state dict, layer numbers local to its stage; `args`, `iteration`, `checkpoint_version`, `rng_state`,
 `optimizer` ... are not needed to load the weights. Files are unpickled with `weights_only=True` plus a
-short allow-list of plain-data classes (`argparse.Namespace`, numpy arrays): no pickled code ever runs.
+short allow-list of plain-data classes (`argparse.Namespace`, numpy arrays; megatron's enums become inert
+stand-ins): no pickled code ever runs.
 The legacy files carry no HF config, so the architecture comes from an HF config.json (see `resolve_spec`).
 """
 
@@ -58,11 +59,40 @@ def _safe_globals() -> list:
     return allowed
 
 
-def load_rank_file(path: str) -> dict:
-    """One legacy rank file, unpickled with weights_only=True (plus `_safe_globals`). Anything else in the
-    pickle (a class, a function) is refused, naming the file and what it would have imported."""
+# Enums megatron / MindSpeed keep in `args` (e.g. args.attention_backend = AttnBackend.auto). They are read as
+# inert stand-ins under the enum's name: the real class is never imported or called.
+_INERT_RE = re.compile(r"^(megatron|mindspeed|mindspeed_llm|mindspeed_rl)(\.\w+)*\.enums\.\w+$")
+
+
+class InertStandIn:
+    """What an allowed non-tensor object (a megatron enum in `args`) unpickles to: its arguments, nothing run."""
+
+    global_name = ""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<{self.global_name}{self.args!r}>"
+
+
+def _inert_globals(path: str) -> list[tuple[type, str]]:
     try:
-        with torch.serialization.safe_globals(_safe_globals()):
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # unreadable: torch.load below says why
+        return []
+    return [(type(n.rsplit(".", 1)[-1], (InertStandIn,), {"global_name": n}), n) for n in names if _INERT_RE.match(n)]
+
+
+def load_rank_file(path: str) -> dict:
+    """One legacy rank file, unpickled with weights_only=True plus `_safe_globals` (and megatron's enums as
+    inert stand-ins). Anything else in the pickle (a class, a function) is refused, naming the file and what it
+    would have imported."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals() + _inert_globals(path)):
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:  # a pre-zipfile (torch < 1.6) file cannot be memory-mapped
@@ -75,7 +105,7 @@ def load_rank_file(path: str) -> dict:
         except Exception:
             unsafe = []
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in _safe_globals()}
-        names = [u for u in unsafe if u not in allowed] or unsafe
+        names = [u for u in unsafe if u not in allowed and not _INERT_RE.match(u)] or unsafe
         what = f"objects of {names}" if names else "pickled objects other than tensors and plain data"
         raise CheckpointError(
             f"{path}: refused to load: it holds {what}, which torch.load(weights_only=True) will not unpickle "

@@ -37,8 +37,14 @@ def save_legacy_rank(mindrl_dir: str, root: str, tp: int, pp: int) -> str | None
     name = f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "")
     path = os.path.join(root, f"iter_{ITERATION:07d}", name, "model_optim_rng.pt")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    from megatron.core.transformer.enums import AttnBackend
+
     args = argparse.Namespace(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, params_dtype=torch.float32, num_layers=2
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=torch.float32,
+        num_layers=2,
+        attention_backend=AttnBackend.auto,  # megatron's own args hold enums like this one
     )
     rng = {
         "random_rng_state": random.getstate(),
@@ -125,6 +131,8 @@ def test_layout_is_megatrons(pool, legacy_ckpts):
     assert sorted(os.listdir(legacy_ckpts[("untied", 1, 1)] + f"/iter_{ITERATION:07d}")) == ["mp_rank_00"]
     state = legacy.load_rank_file(os.path.join(it_dir, "mp_rank_01_001", "model_optim_rng.pt"))
     assert isinstance(state["args"], argparse.Namespace) and state["args"].tensor_model_parallel_size == 2
+    backend = state["args"].attention_backend  # an inert stand-in: megatron's class was not called
+    assert isinstance(backend, legacy.InertStandIn) and backend.global_name.endswith("enums.AttnBackend")
     assert state["checkpoint_version"] == 3.0 and state["iteration"] == ITERATION
     assert isinstance(state["rng_state"][0]["np_rng_state"][1], np.ndarray)
     model = state["model"]
