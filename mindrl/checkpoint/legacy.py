@@ -50,11 +50,12 @@ def _safe_globals() -> list:
     import numpy as np
 
     allowed: list = [argparse.Namespace, np.ndarray, np.dtype]
-    for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
+    for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2, numpy 1
         try:
             allowed.append(__import__(mod, fromlist=["_reconstruct"])._reconstruct)
+            break
         except (ImportError, AttributeError):
-            pass
+            continue
     allowed += [type(np.dtype(t)) for t in ("uint32", "int64", "float64", "float32")]  # numpy's dtype classes
     return allowed
 
