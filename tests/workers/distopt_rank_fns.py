@@ -1,0 +1,111 @@
+"""Module-level functions the distributed-optimizer tests run on pool ranks: train a megatron model straight, or
+with a save / fresh build / load in the middle, and return everything a resume must restore."""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
+from tests.workers.ppo_rank_fns import full_hf_tensors
+
+
+def inner_optimizers(optimizer) -> list:
+    """The torch optimizers under megatron's (chained) optimizer."""
+    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def optimizer_state(optimizer) -> list[dict[str, torch.Tensor]]:
+    """This rank's optimizer state, in the inner optimizers' parameter order: the parameter it updates (the fp32
+    main shard under bf16 / the distributed optimizer) and its Adam state (step, exp_avg, exp_avg_sq)."""
+    out = []
+    for inner in inner_optimizers(optimizer):
+        for group in inner.param_groups:
+            for p in group["params"]:
+                state = inner.state.get(p, {})
+                entry = {"param": p.detach().clone()}
+                entry.update({k: torch.as_tensor(v).detach().clone() for k, v in state.items()})
+                out.append(entry)
+    return out
+
+
+def step_tensors_shared(optimizer) -> int:
+    """How many parameters share their `step` tensor with another parameter (0 when each has its own)."""
+    seen, shared = {}, 0
+    for inner in inner_optimizers(optimizer):
+        for state in inner.state.values():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor):
+                key = id(step)
+                shared += key in seen
+                seen[key] = True
+    return shared
+
+
+def _build(load_dir: str, tp: int, optim: OptimSettings, dtype: str, total_steps: int):
+    return build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=total_steps, dtype=dtype)
+
+
+def _report(spec, ddp, optimizer, losses: list[float], steps_shared: int | None = None) -> dict:
+    return {
+        "losses": losses,
+        "weights": full_hf_tensors(ddp, spec, grads=False),
+        "optim": optimizer_state(optimizer),
+        "shared_steps": step_tensors_shared(optimizer) if steps_shared is None else steps_shared,
+    }
+
+
+def train_straight(load_dir: str, tp: int, optim: OptimSettings, dtype: str, steps: int, seed: int) -> dict:
+    """`steps` optimizer steps from load_dir (train_steps' random-token LM loss, deterministic per step)."""
+    spec, ddp, optimizer, _ = _build(load_dir, tp, optim, dtype, steps)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, steps, seed)
+    return _report(spec, ddp, optimizer, losses)
+
+
+def train_resumed(
+    load_dir: str, tp: int, optim: OptimSettings, dtype: str, steps: int, seed: int, save_root: str
+) -> dict:
+    """steps // 2 steps, save_train_state into save_root (driver-side rename + tracker as the trainer does),
+    then a fresh model + optimizer built from that checkpoint, load_train_state, and the remaining steps."""
+    from mindrl.workers.checkpointing import begin_iteration, finalize_iteration, load_train_state, save_train_state
+    from mindrl.workers.settings import ModelSettings
+
+    half = steps // 2
+    rank = torch.distributed.get_rank()
+    spec, ddp, optimizer, scheduler = _build(load_dir, tp, optim, dtype, steps)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, half, seed)
+    settings = ModelSettings(load=load_dir, tp=tp, pp=1, optim=optim, total_steps=steps, dtype=dtype)
+    tmp = begin_iteration(save_root, half) if rank == 0 else None
+    tmp_list = [tmp]
+    torch.distributed.broadcast_object_list(tmp_list, src=0)
+    save_train_state(ddp, optimizer, scheduler, spec, "actor", settings, tmp_list[0], optim=True, rng=True)
+    if rank == 0:
+        finalize_iteration(save_root, half, tmp_list[0], None)
+    torch.distributed.barrier()
+    del ddp, optimizer, scheduler
+
+    spec, ddp, optimizer, scheduler = _build(save_root, tp, optim, dtype, steps)
+    from mindrl.checkpoint.mcore_ckpt import iteration_dir
+
+    load_train_state(ddp, optimizer, scheduler, iteration_dir(save_root, half), optim=True, rng=True)
+    shared_after_load = step_tensors_shared(optimizer)
+    losses += train_steps(ddp, optimizer, spec.vocab_size, steps - half, seed, first_step=half)
+    return _report(spec, ddp, optimizer, losses, steps_shared=max(shared_after_load, step_tensors_shared(optimizer)))
+
+
+def ppo_train_rank(load_dir: str, tp: int, batch, loss, optim: OptimSettings, dtype: str, mini: int, epochs: int,
+                   micro_batch_size: int) -> dict:  # fmt: skip
+    """`epochs` x `mini` actor PPO steps (ppo_update, as the driver sends it: this rank's shard_rows shard). Returns
+    the metrics on every rank; the HF-named fp32 weights after training and the clipped gradients of the last step
+    on the DP-0, TP-0 rank (None elsewhere)."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.batch import shard_rows
+    from mindrl.workers.rl_model import ppo_update
+
+    spec, ddp, optimizer, scheduler = _build(load_dir, tp, optim, dtype, mini * epochs)
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    shard = batch.index(shard_rows(len(batch), dp, mini)[dp_rank])
+    metrics = ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, mini, epochs)
+    weights = full_hf_tensors(ddp, spec, grads=False)
+    keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+    return {"metrics": metrics, "weights": weights if keep else None, "dp": dp}
