@@ -227,6 +227,17 @@ def check_space(save_dir: str, need_bytes: int, what: str) -> None:
         )
 
 
+def free_space_note(save_dir: str) -> str:
+    """What a failed save's message says about the disk (torch's writers report a full disk obscurely, e.g.
+    "basic_ios::clear: iostream error")."""
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError as e:
+        return f"{save_dir}: {e.strerror or e}"
+    full = " - the disk is full" if free < 2**20 else ""
+    return f"the disk holding {save_dir} has {free / 2**20:.1f} MiB free{full}"
+
+
 def prune(save_dir: str, keep_last: int | None, protect: int) -> None:
     """Delete complete iterations older than the newest `keep_last` (never `protect`, the one just written)."""
     if keep_last is None:

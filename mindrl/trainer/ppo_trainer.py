@@ -114,6 +114,7 @@ class PPOTrainer:
             self.reward = None
             self._start_reward_worker()
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
+            self.shm_idents = {i for i in self.actor.call("shm_ident") if i}
             if self.critic is not None:
                 self.critic.setup(build.critic_settings(cfg, self.resume))
             self.rollout: RolloutSource = IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
@@ -265,27 +266,44 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------------------------ pieces
     REWARD_SLACK_S = 60.0
     """A rule-reward call may take this long beyond its samples' own timeouts before the worker counts as hung."""
+    REWARD_PING_S = 15.0
+    """While a rule-reward call runs, the worker is pinged this often (and given as long to answer)."""
 
     def _start_reward_worker(self) -> None:
         import ray
 
         from mindrl.workers.reward_worker import RuleRewardWorker
 
-        self.reward = ray.remote(num_cpus=0)(RuleRewardWorker).remote(build.reward_settings(self.cfg))
+        # 2 threads: `ping` is answered while `score` runs, so a hung worker is told from a slow batch.
+        remote = ray.remote(num_cpus=0, max_concurrency=2)(RuleRewardWorker)
+        self.reward = remote.remote(build.reward_settings(self.cfg))
 
     def _collect_scores(self, ref, responses: list[list[int]], labels: list[list[int]]) -> dict:
-        """The reward worker's answer. A worker that died or hangs (past REWARD_SLACK_S plus the worst case of its
-        per-sample timeouts) is replaced; its samples score 0 and are counted in reward/crashes."""
+        """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
+        samples' own timeouts (plus REWARD_SLACK_S) is replaced; its samples score 0 and are counted in
+        reward/crashes."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         s = build.reward_settings(self.cfg)
         deadline = self.REWARD_SLACK_S + s.timeout * math.ceil(len(responses) / s.num_workers)
         t0 = time.perf_counter()
-        try:
-            return ray.get(ref, timeout=deadline)
-        except (RayActorError, GetTimeoutError) as e:
-            what = f"did not answer within {deadline:.0f} s" if isinstance(e, GetTimeoutError) else "died"
+        while True:
+            left = deadline - (time.perf_counter() - t0)
+            try:
+                return ray.get(ref, timeout=max(0.0, min(self.REWARD_PING_S, left)))
+            except RayActorError:
+                what = "died"
+                break
+            except GetTimeoutError:
+                if left <= self.REWARD_PING_S:
+                    what = f"did not answer within {deadline:.0f} s"
+                    break
+            try:
+                ray.get(self.reward.ping.remote(), timeout=self.REWARD_PING_S)
+            except (GetTimeoutError, RayActorError):
+                what = f"stopped answering (no reply to a ping within {self.REWARD_PING_S:.0f} s)"
+                break
         logger.warning(
             "iteration %d: the rule-reward worker %s; it is replaced and this batch's %d samples score 0 "
             "(counted in reward/crashes)",
@@ -480,7 +498,8 @@ class PPOTrainer:
             ) from e
         except WorkerError as e:  # a rank failed writing (e.g. the disk filled up): its group is gone
             self._discard(tmps)
-            raise TrainingAborted(f"iteration {it}: saving failed: {e}{self._resume_hint()}") from e
+            disk = "; ".join(checkpoints.free_space_note(d) for _, d, _, _ in targets)
+            raise TrainingAborted(f"iteration {it}: saving failed: {e} ({disk}){self._resume_hint()}") from e
         for (_, save_dir, load_dir, _), tmp in zip(targets, tmps):
             finalize_iteration(save_dir, it, tmp, load_dir)
         for _, save_dir, _, _ in targets:
@@ -542,6 +561,10 @@ class PPOTrainer:
                 except Exception as e:
                     logger.warning("engine shutdown: %s", e)
             group.shutdown()
+        from mindrl.rollout.vllm_engine import remove_shm_segments
+
+        for ident in getattr(self, "shm_idents", ()):  # those of engines whose process was killed (this host's)
+            remove_shm_segments(ident)
         if getattr(self, "reward", None) is not None:
             try:
                 ray.get(self.reward.shutdown.remote(), timeout=30)

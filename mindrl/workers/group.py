@@ -118,7 +118,9 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Se
                 who = labels[index[ref]] if labels else f"rank {index[ref]}"
                 if isinstance(e, RayActorError):
                     raise WorkerError(f"{what}: {who} failed: {_death_summary(e)}") from e
-                raise WorkerError(f"{what}: {who} failed: {e}") from e
+                cause = getattr(e, "cause", None)  # a RayTaskError: the worker's own exception (traceback chained)
+                why = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(e)
+                raise WorkerError(f"{what}: {who} failed: {why}") from e
     return ray.get(list(refs))
 
 

@@ -104,5 +104,9 @@ class IntegratedWorker(MegatronRank):
         a = self.settings.actor
         save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
 
+    def shm_ident(self) -> str | None:
+        """The rollout engine's shared-memory name, for the driver to clean up if this process gets killed."""
+        return getattr(self.hybrid.engine, "shm_ident", None)
+
     def shutdown(self) -> None:
         self.hybrid.engine.shutdown()

@@ -47,6 +47,10 @@ class RuleRewardWorker:
             "metrics": scores.metrics,
         }
 
+    def ping(self) -> bool:
+        """Answered while `score` runs (the actor has 2 threads): a worker that does not answer is hung."""
+        return True
+
     def shutdown(self) -> None:
         from mindrl.rewards import shutdown_shared_pool
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,3 +75,27 @@ def _train(cfg):
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     rollouts = [json.loads(x) for x in open(os.path.join(run_dir, "rollouts.jsonl"))]
     return run_dir, results, lines, rollouts
+
+
+def ray_processes() -> list[str]:
+    """Live Ray processes on this host. Zombies are dead (they hold nothing): a process orphaned by a killed parent
+    is re-parented to PID 1, which in a container without an init may never reap it."""
+    out = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout.split()
+    live = []
+    for pid in out:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.append(pid)
+    return live
+
+
+def wait_for_no_ray(timeout_s: float) -> list[str]:
+    """[] once no live Ray process is left, else those still alive after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while (procs := ray_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return procs

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.trainer.rl_helpers import _config
+from tests.trainer.rl_helpers import _config, wait_for_no_ray
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +22,8 @@ def _no_leftovers() -> None:
     import ray
 
     assert not ray.is_initialized()
-    deadline = time.monotonic() + 30  # killed actors' processes are reaped asynchronously
-    while time.monotonic() < deadline:
-        procs = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
-        if not procs.strip():
-            break
-        time.sleep(0.5)
-    assert not procs.strip(), procs
+    procs = wait_for_no_ray(30)  # killed actors' processes are reaped asynchronously
+    assert not procs, procs
     assert not glob.glob("/dev/shm/*mindrl*")
 
 
@@ -88,18 +83,20 @@ def test_a_rank_killed_mid_iteration_ends_the_run_naming_it(assets, tmp_path):
 
 
 def test_a_crashed_or_hung_reward_worker_is_replaced_and_its_samples_score_zero(assets, tmp_path):
-    """Iteration 2: the rule-reward worker is killed (-9); iteration 3: it is stopped (SIGSTOP, a hang). Each time
-    it is replaced, that batch scores 0 and is counted; iteration 4 is scored normally by the replacement."""
+    """Iteration 2: the rule-reward worker is killed (-9); iteration 3: it is stopped (SIGSTOP, a hang: it stops
+    answering pings). Each time it is replaced, that batch scores 0 and is counted; iteration 4 is scored normally
+    by the replacement."""
+    import json
+
     import ray
 
     from mindrl.trainer.ppo_trainer import PPOTrainer
 
     cfg = _config(
         "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=4", "megatron_training.save_interval=0",
-        "rl_config.verifier_timeout=0.5",
     )  # fmt: skip
     trainer = PPOTrainer(cfg)
-    trainer.REWARD_SLACK_S = 3.0
+    trainer.REWARD_PING_S = 2.0
     hung = []
     try:
         original = trainer.rollout.generate
@@ -121,10 +118,12 @@ def test_a_crashed_or_hung_reward_worker_is_replaced_and_its_samples_score_zero(
     for it in (2, 3):
         assert m[it]["reward/worker_restarts"] == 1 and m[it]["reward/crashes"] == n, m[it]
         assert m[it]["reward/mean"] == 0
-    assert m[3]["timing/non_overlap_rule_reward"] < 3.0 + 0.5 * n + 30  # the hang is bounded by its deadline
+    assert m[3]["timing/non_overlap_rule_reward"] < 30  # a hang is found by its missed ping, in ~2 x 2 s
     for it in (1, 4):
         assert m[it]["reward/worker_restarts"] == 0 and m[it]["reward/crashes"] == 0
-    assert m[4]["reward/mean"] > 0  # the replacement scores
+    rows = [json.loads(x) for x in open(tmp_path / "rollouts.jsonl")]
+    scored = {it: [r["acc_for_ppo"] is not None for r in rows if r["iteration"] == it] for it in range(1, 5)}
+    assert all(scored[1]) and all(scored[4]) and not any(scored[2]) and not any(scored[3])  # the replacement scores
     for pid in hung:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     _no_leftovers()
@@ -189,7 +188,7 @@ def test_a_disk_that_fills_up_while_ranks_write_stops_the_run_and_keeps_the_last
     assets, tmp_path, small_disk
 ):
     """The space check passes, then the disk fills before the ranks write (another job filled it): the ranks' write
-    fails with ENOSPC, the run stops with an error naming the iteration and the failing save, the half-written
+    fails, the run stops with an error naming the iteration, the failing save and the full disk, the half-written
     iteration is removed and iteration 1 stays the complete one."""
     from mindrl.trainer import checkpoints
     from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
@@ -222,7 +221,8 @@ def test_a_disk_that_fills_up_while_ranks_write_stops_the_run_and_keeps_the_last
         trainer.shutdown()
     msg = str(e.value)
     assert msg.startswith("iteration 2: saving failed: actor.save: rank"), msg
-    assert "No space left on device" in msg and "the last complete checkpoint is iteration 1" in msg
+    assert "has 0.0 MiB free - the disk is full" in msg, msg
+    assert "the last complete checkpoint is iteration 1" in msg
     assert not glob.glob(str(save / "*.tmp"))
     (mnt / "filler").unlink()
     from mindrl.trainer.checkpoints import check_train_iteration
@@ -302,12 +302,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint(asse
 def _no_leftovers_after_kill() -> None:
     """After kill -9 of the driver nothing runs on: Ray's reaper stops the cluster it started. The vLLM engines'
     shared-memory segments cannot be removed by a SIGKILLed process; they are removed here (see docs/trainer.md)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        procs = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
-        if not procs.strip():
-            break
-        time.sleep(0.5)
-    assert not procs.strip(), f"Ray processes outlived the killed driver: {procs}"
+    procs = wait_for_no_ray(120)  # Ray's agents notice their raylet is gone within about a minute
+    assert not procs, f"Ray processes outlived the killed driver: {procs}"
     for path in glob.glob("/dev/shm/*mindrl*"):
         os.unlink(path)

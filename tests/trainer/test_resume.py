@@ -131,8 +131,10 @@ def test_ctrl_c_shuts_down_cleanly_and_keeps_the_last_checkpoint(assets, tmp_pat
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
-    leftovers = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
-    assert not leftovers.strip(), leftovers
+    from tests.trainer.rl_helpers import wait_for_no_ray
+
+    leftovers = wait_for_no_ray(10)
+    assert not leftovers, leftovers
     assert not [f for f in os.listdir("/dev/shm") if "mindrl" in f]
     it = mcore_ckpt.read_tracker(str(tmp_path / "ckpt_actor"))
     it_dir = mcore_ckpt.iteration_dir(str(tmp_path / "ckpt_actor"), it)
