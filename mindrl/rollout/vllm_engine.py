@@ -318,6 +318,11 @@ class VllmEngine(RolloutEngine):
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
         return RolloutSample(ids, logprobs, c.finish_reason, stop_reason, c.text if sampling.detokenize else None, top)
 
+    @property
+    def shm_ident(self) -> str | None:
+        """The name shared by this engine's /dev/shm segments (None: it makes none); see `remove_shm_segments`."""
+        return self._shm_ident
+
     def _protect_world_on_shutdown(self) -> None:
         """vLLM's engine-core shutdown (also run by its GC finalizer) destroys the default process group.
         Replace that finalizer with one that leaves a world we did not create alone."""
@@ -356,6 +361,12 @@ def _unique_shm_names(ident: str | None) -> Iterator[None]:
         yield
     finally:
         executor._distributed_args = original
+
+
+def remove_shm_segments(ident: str | None) -> None:
+    """Remove the /dev/shm segments of the engine whose `shm_ident` this is: for a process that cleans up after
+    an engine whose own process was killed (a SIGKILLed process cannot remove them itself)."""
+    _unlink_shm(ident)
 
 
 def _unlink_shm(ident: str | None) -> None:
