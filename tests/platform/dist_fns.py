@@ -27,6 +27,7 @@ def exit_on_rank(bad_rank, code):
 
 def switch_layouts(layouts):
     """Switch megatron's parallel layout repeatedly; return this rank's thread count after each switch."""
+    import gc
     import threading
 
     from mindrl.platform.launch import init_model_parallel
@@ -39,6 +40,7 @@ def switch_layouts(layouts):
 
         torch.distributed.all_reduce(t, group=ps.get_tensor_model_parallel_group())
         assert t.item() == tp
+        gc.collect()  # groups that earlier tests on this shared rank left in garbage cycles go now, not mid-count
         counts.append(threading.active_count() + _native_threads())
     return counts
 

@@ -89,4 +89,6 @@ def test_rank_pool_reports_a_dead_rank():
 def test_layout_switches_do_not_leak_process_groups(pool):
     """Each megatron layout creates ~dozens of gloo groups (3 threads each): switching must free them."""
     counts = pool.run(dist_fns.switch_layouts, [(1, 1), (2, 1), (1, 2), (2, 2)] * 3)[0]
-    assert counts[4:8] == counts[8:12]  # steady state: the 2nd and 3rd rounds hold the same number of threads
+    # No growth from the 2nd to the 3rd round (a leak adds dozens of threads per round). Not equality: the
+    # pool's ranks are shared, and threads an earlier test started may still be winding down.
+    assert all(third <= second for second, third in zip(counts[4:8], counts[8:12])), counts
