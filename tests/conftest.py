@@ -64,6 +64,7 @@ def pytest_sessionfinish(session, exitstatus):
 _ENV_ALLOWED = {
     "PYTEST_CURRENT_TEST",  # pytest sets it to the running test's id
     "TOKENIZERS_PARALLELISM",  # set above and by mindrl.data.preprocess (false): only silences a fork warning
+    "RAY_CLIENT_MODE",  # set by `import ray` itself, once per process (ray.init's own variables are restored)
     "TORCHINDUCTOR_CACHE_DIR",  # torch._inductor records its default cache dir there the first time it is asked
 }
 # mindrl's name -> function registries: (module, attribute). A test may add an entry only for its own
