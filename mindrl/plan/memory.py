@@ -26,29 +26,38 @@ def optimizer_bytes(params: int, dtype: str, distributed: bool, dp: int) -> int:
     return math.ceil(total / dp) if distributed else total
 
 
+def norm_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int) -> int:
+    """One RMSNorm (statistics in fp32, see mindrl.models.builder): its fp32 input, the normalised e-byte copy
+    and its output (the next linear's input): s b h' (4 + 2e) bytes."""
+    h = int(arch.hidden_size)
+    return s * b * (h // tp if sp and tp > 1 else h) * (4 + 2 * e)
+
+
 def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int) -> int:
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
     Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", count
-    sbh(34 + 5as/h) bytes per layer for GPT-3 (16-bit, GeLU MLP of 4h, dropout masks). For these decoders
-    (no dropout: mindrl requires 0; SwiGLU MLP of ffn F; GQA with a query and g KV heads of size d), the same
-    accounting gives, in elements of e bytes, per layer:
-        2 norm inputs + 2 norm outputs (= QKV / gate-up inputs)   4 s b h'    (h' = h/t with SP, else h)
-        Q, K, V after RoPE                                         s b (a + 2g) d / t
-        softmax output (for attention x V)                        a s^2 b / t
-        attention context (output projection input)               s b a d / t
-        gate, up (SwiGLU inputs), silu(gate), down-proj input      4 s b F / t
+    sbh(34 + 5as/h) bytes per layer for GPT-3 (16-bit, GeLU MLP of 4h, dropout masks). The same accounting for
+    the layers mindrl builds (megatron's local spec: unfused attention with an fp32 softmax; no dropout;
+    SwiGLU MLP of size F; a query heads, g KV heads of size d, expanded to a for the attention products):
+        two RMSNorms (fp32 input, normalised copy, output)   2 s b h' (4 + 2e)     (h' = h/t with SP)
+        Q, K and V (expanded) for the attention products     e s b 3 a d / t
+        the attention context (output projection input)      e s b a d / t
+        gate+up output, silu(gate), up, down-proj input      e s b 5 F / t
+        the fp32 softmax output, and its e-byte copy         a s^2 b / t (4 + e), just 4 when e = 4
+    The tests compare this with the bytes autograd really saves in the tiny model (tests/plan).
     """
-    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
-    a, g = int(arch.num_attention_heads), arch.num_kv_heads
-    h_local = h // tp if sp and tp > 1 else h
-    per_token = 4 * h_local + ((a + 2 * g) * d + a * d + 4 * f) // tp
-    return e * (s * b * per_token + a * s * s * b // tp)
+    d, f = arch.head_dim, arch.ffn_size
+    a = int(arch.num_attention_heads)
+    per_token = e * (4 * a * d + 5 * f) // tp
+    softmax = a * s * s * b // tp * (4 + (e if e < 4 else 0))
+    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e) + s * b * per_token + softmax
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
-    """The LM head's vocab-parallel logits (e bytes) and the fp32 log-softmax the loss keeps: s b V/t (e + 4)."""
-    return s * b * (int(arch.padded_vocab_size) // tp) * (e + 4)
+    """The loss's fp32 softmax over the vocab-parallel logits, s b V/t x 4 bytes (the e-byte logits are cast
+    to fp32 and not kept; `e` is accepted for symmetry with the other terms)."""
+    return s * b * (int(arch.padded_vocab_size) // tp) * 4
 
 
 def train_activation_bytes(
@@ -67,16 +76,19 @@ def train_activation_bytes(
         body = in_flight * layers * s * b * h_local * e + full
     else:
         body = in_flight * layers * full
-    head = logits_bytes(arch, s, b, tp, e) if role != "critic" and stage == pp - 1 else 0
+    head = 0
+    if stage == pp - 1:  # the final norm, and the logits of an actor
+        logits = logits_bytes(arch, s, b, tp, e) if role != "critic" else 0
+        head = norm_activation_bytes(arch, s, b, tp, sp, e) + logits
     return body + head
 
 
 def forward_bytes(arch: ModelArchConfig, role: str, s: int, b: int, tp: int, e: int) -> int:
-    """A forward-only pass (old / reference logprobs, critic values): the logits and their fp32 log-softmax
-    for an actor; one layer's transient activations for the critic."""
+    """A forward-only pass (old / reference logprobs, critic values): the vocab-parallel logits (e bytes) and
+    their fp32 log-softmax for an actor; one layer's transient activations for the critic."""
     if role == "critic":
         return layer_activation_bytes(arch, s, b, tp, False, e)
-    return logits_bytes(arch, s, b, tp, e)
+    return s * b * (int(arch.padded_vocab_size) // tp) * (4 + e)
 
 
 def kv_bytes_per_token(arch: ModelArchConfig, infer_tp: int, e: int) -> int:

@@ -320,8 +320,11 @@ def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, 
             return f"{section}.micro_batch_size (lower it)"
         if lay.tp > 1 and not lay.sequence_parallel:
             return "megatron_training.sequence_parallel: true"
-        return (f"{section}.tensor_model_parallel_size (raise it), or shorter sequences (rl_config.max_prompt_length,"
-                " generate_config.sampling_config.max_tokens); activation recomputation is not implemented")  # fmt: skip
+        arch = cfg.critic_model if role == "critic" else cfg.model
+        shorter = "shorter sequences (rl_config.max_prompt_length, generate_config.sampling_config.max_tokens)"
+        if arch.num_kv_heads % (2 * lay.tp) == 0:
+            return f"{section}.tensor_model_parallel_size (raise it), or {shorter}"
+        return f"{shorter}: TP {lay.tp} is already the most the KV heads allow, and activation recomputation is not implemented"
     if term == "optimizer_bytes" and not lay.distributed_optimizer and lay.dp > 1:
         return "megatron_training.use_distributed_optimizer: true"
     return f"{section}.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"

@@ -53,3 +53,36 @@ def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
         "grads_bytes": sum(grads.values()),
         "optimizer_bytes": sum(opt.values()),
     }
+
+
+def saved_activation_bytes(hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str) -> dict:
+    """Bytes of the distinct non-parameter storages autograd saves for backward in one forward of `batch`
+    sequences of `seq` tokens (the actor with megatron's vocab-parallel cross entropy, or the critic's values)."""
+    from mindrl.models.builder import build_model
+    from mindrl.models.forward import attention_inputs
+    from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, 1)
+    spec = ModelSpec.from_hf_dir(hf_dir)
+    model = build_model(spec, role, dtype=dtype, sequence_parallel=sp)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    position_ids, mask = attention_inputs(inputs, None)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params and s.nbytes():
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if role == "critic":
+            out = model(inputs, position_ids, mask)
+        else:
+            out = model(inputs, position_ids, mask, labels=labels)
+    out.float().sum().backward()
+    return {"saved_bytes": sum(saved.values())}

@@ -106,7 +106,8 @@ def test_device_memory_override_changes_the_verdict(cfgs):
     assert make_plan(cfg, device_memory_gib=64).verdict["fits"]
     small = make_plan(cfg, device_memory_gib=0.5)
     assert not small.verdict["fits"]
-    assert small.verdict["largest_term"] == "rollout.score.kv_cache_bytes"
+    role, phase, term = small.verdict["largest_term"].split(".")  # on CPU the engine never sleeps
+    assert (role, term) == ("rollout", "kv_cache_bytes") and phase == small.verdict["peak_phase"]
     assert small.verdict["fix"].startswith("generate_config.kv_cache_memory_gib")
     h100 = make_plan(cfgs["grpo_qwen25_7b_A3"], device="h100")
     assert h100.device.memory_bytes == 80 << 30 and h100.device.per_node == 8
