@@ -92,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="where models and checkpoints go (default: a temp dir)")
     args = p.parse_args(argv)
 
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)  # the ranks unpickle the function by module name
     from mindrl.platform.launch import RankPool
     from mindrl.trainer.checkpoints import dir_nbytes
+    from tools.bench_checkpoint import _rank_bench
 
     work = args.workdir or tempfile.mkdtemp(prefix="bench_ckpt_")
     rows = []

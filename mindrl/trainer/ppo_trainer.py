@@ -8,6 +8,7 @@ update -> actor update -> metrics -> checkpoint on cadence.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -31,6 +32,28 @@ from mindrl.trainer.metrics import stats_metrics
 from mindrl.trainer.rollout import IntegratedRollout, RolloutSource
 
 logger = logging.getLogger("mindrl.trainer")
+
+
+SHM_RECORD = ".engine_shm.json"
+"""In the run dir while the run's engines live: their /dev/shm names, removed by the next run if this one was
+killed (a SIGKILLed driver cannot clean up; Ray's reaper stops the workers, not their shared memory)."""
+
+
+def _remove_stale_shm(run_dir: str) -> None:
+    from mindrl.rollout.vllm_engine import remove_shm_segments
+
+    path = os.path.join(run_dir, SHM_RECORD)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            idents = [i for i in json.load(f) if isinstance(i, str) and i.startswith("mindrl")]
+    except (OSError, ValueError):
+        idents = []
+    for ident in idents:
+        remove_shm_segments(ident)
+    logger.info("removed the shared memory of a previous run in %s that did not shut down", run_dir)
+    os.remove(path)
 
 
 class TrainingAborted(RuntimeError):
@@ -99,6 +122,7 @@ class PPOTrainer:
                 "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "
                 "policy, not the resumed one"
             )
+        _remove_stale_shm(self.run_dir)
         self.started_ray = start_ray(rl.ray_address, self.world)
         self.groups: list = []
         try:
@@ -115,6 +139,8 @@ class PPOTrainer:
             self._start_reward_worker()
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
             self.shm_idents = {i for i in self.actor.call("shm_ident") if i}
+            with open(os.path.join(self.run_dir, SHM_RECORD), "w") as f:  # for the next run if this one is killed
+                json.dump(sorted(self.shm_idents), f)
             if self.critic is not None:
                 self.critic.setup(build.critic_settings(cfg, self.resume))
             self.rollout: RolloutSource = IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
@@ -565,6 +591,9 @@ class PPOTrainer:
 
         for ident in getattr(self, "shm_idents", ()):  # those of engines whose process was killed (this host's)
             remove_shm_segments(ident)
+        if getattr(self, "shm_idents", None) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.run_dir, SHM_RECORD))
         if getattr(self, "reward", None) is not None:
             try:
                 ray.get(self.reward.shutdown.remote(), timeout=30)
