@@ -28,8 +28,6 @@ KNOWN = {
     "h100": Device("h100", "NVIDIA H100", 80 * GIB, 8, True),
 }
 CHOICES = (*KNOWN, "host")
-# The accelerator a platform stands for when neither the command line nor the config name says.
-_PLATFORM_DEFAULT = {"npu": "910b", "cuda": "h100"}
 
 
 def host_memory_bytes() -> int:
@@ -66,7 +64,7 @@ def pick_device(
             from mindrl.platform import current_platform
 
             platform = current_platform().name
-            default = _PLATFORM_DEFAULT.get(platform)
+            default = current_platform().planner_device
             dev = KNOWN[default] if default else host_device(world)
             why = f"the current platform ({platform})"
     if memory_gib is not None:

@@ -38,6 +38,12 @@ class Platform:
         generators refuse the offset rewind, which kills the engine)."""
         return self.name != "cpu"
 
+    @property
+    def planner_device(self) -> str | None:
+        """The accelerator `mindrl-plan` assumes on this platform when neither its command line nor the config
+        name says (a key of `mindrl.plan.devices.KNOWN`); None: the host's memory (CPU stand-ins)."""
+        return {"npu": "910b", "cuda": "h100"}.get(self.name)
+
     def ray_actor_options(self, fraction: float) -> dict:
         """Ray actor options that claim `fraction` of one device of this platform's placement-group bundle."""
         if self.name == "cpu":
