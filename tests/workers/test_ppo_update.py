@@ -217,6 +217,7 @@ def run_update(
     results = pool.run(
         ppo_rank_fns.ppo_update_rank, load_dir, tp, pp, batch, role, loss, optim, micro_batch_size, mini, weights
     )
+
     def comparable(m: dict) -> dict:  # NaN (e.g. the grad norm of a skipped step) equals NaN here
         return {k: ("nan" if v != v else v) for k, v in m.items()}
 
