@@ -4,10 +4,22 @@ remote rollout server or an asynchronous sampler later. The loop only calls `gen
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mindrl.rollout.base import RolloutSample, SamplingConfig
+from mindrl.serving.client import (
+    PushOutcome,
+    RolloutClient,
+    RolloutServerError,
+    ServerUnreachable,
+    VersionMismatch,
+    samples_in_order,
+)
+
+logger = logging.getLogger("mindrl.rollout")
 
 
 @dataclass
@@ -15,7 +27,8 @@ class RolloutResult:
     samples: list[list[RolloutSample]]
     """Per prompt (in prompt order), `sampling.n` samples with token ids and logprobs."""
     timing: dict[str, float] = field(default_factory=dict)
-    """timing/reshard_to_infer, timing/rollout, timing/reshard_to_train (seconds, slowest rank)."""
+    """Metrics of the call: timing/reshard_to_infer, timing/rollout, timing/reshard_to_train (seconds, slowest rank)
+    integrated; timing/weight_sync, timing/rollout and rollout/weight_sync_bytes ... from servers."""
 
 
 class RolloutSource(abc.ABC):
@@ -55,3 +68,223 @@ class IntegratedRollout(RolloutSource):
             for k, v in t.items():
                 timing[k] = max(timing.get(k, 0.0), v)
         return RolloutResult(samples, timing)
+
+
+class RemoteRolloutError(RuntimeError):
+    """Rollout servers could not serve the current policy (a server gone past `server_timeout`, a refused request,
+    or a version that is not the trainer's); the message names the server's URL."""
+
+
+PushFn = Callable[[int, Sequence[str]], list[PushOutcome]]
+"""push(version, urls): stream the actor's current weights to those servers as `version` (one collective pass over
+the actor's ranks); one outcome per url."""
+
+
+class RemoteRollout(RolloutSource):
+    """Rollout servers (`mindrl-rollout-server`): every call pushes the actor's weights to all servers as version
+    V = previous + 1, then each server samples a contiguous slice of the prompts with `expected_version=V`; the
+    slices come back in prompt order. A server that stops answering is waited for (backoff, `timeout` seconds
+    from its first failure); one that comes back with older weights (restarted) is re-synced before it serves."""
+
+    def __init__(
+        self,
+        clients: Sequence[RolloutClient],
+        push: PushFn,
+        timeout: float,
+        version: int = 0,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        if not clients:
+            raise ValueError("RemoteRollout needs at least one rollout server")
+        self.clients = list(clients)
+        self.by_url = {c.url: c for c in self.clients}
+        self.push = push
+        self.timeout = timeout
+        self.version = version
+        """The weight version the servers hold (all of them, between calls)."""
+        self.sleep = sleep
+        self.resyncs = 0
+        """Full weight pushes to a server beyond the one per iteration (restarted or failed servers), in total."""
+        self.token: str | None = None
+        self.bucket_bytes = 512 << 20
+
+    def attach(self, group) -> RemoteRollout:
+        """Push the weights of the actor's worker group (see `group_pusher`)."""
+        self.push = group_pusher(group, self.clients, self.token, self.bucket_bytes)
+        return self
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
+    ) -> RolloutResult:
+        version = self.version + 1
+        resyncs_before = self.resyncs
+        t0 = time.perf_counter()
+        sent = self._sync(version, [c.url for c in self.clients], {})
+        self.version = version
+        t1 = time.perf_counter()
+        samples, sent_again = self._generate_all(prompts, sampling, seeds, version)
+        t2 = time.perf_counter()
+        return RolloutResult(
+            samples,
+            {
+                "timing/weight_sync": t1 - t0,
+                "timing/rollout": t2 - t1,  # includes any re-sync of a restarted server
+                "rollout/weight_sync_bytes": float(sent + sent_again),
+                "rollout/weight_version": float(version),
+                "rollout/server_resyncs": float(self.resyncs - resyncs_before),
+            },
+        )
+
+    # ------------------------------------------------------------------------------------------------ pieces
+    def _remaining(self, url: str, deadlines: dict[str, float]) -> float:
+        """Seconds left for `url` to recover; its clock starts at its first failure in this call."""
+        deadline = deadlines.setdefault(url, time.monotonic() + self.timeout)
+        return deadline - time.monotonic()
+
+    def _wait(self, url: str, deadlines: dict[str, float], what: str):
+        left = self._remaining(url, deadlines)
+        try:
+            return self.by_url[url].wait_ready(max(left, 0.0), sleep=self.sleep, what=what)
+        except ServerUnreachable as e:
+            raise RemoteRolloutError(
+                f"rollout server {url} is gone: {e} (generate_config.server_timeout={self.timeout:g} s)"
+            ) from e
+
+    def _sync(self, version: int, urls: Sequence[str], deadlines: dict[str, float]) -> int:
+        """Push `version` to `urls` until every one committed it; returns the bytes sent. Servers that do not answer
+        are waited for (and pushed to again) within their deadline."""
+        sent = 0
+        pending = list(urls)
+        while pending:
+            outcomes = self.push(version, pending)
+            sent += sum(o.bytes for o in outcomes)
+            pending = []
+            for o in outcomes:
+                if o.ok:
+                    continue
+                if not o.retryable:
+                    raise RemoteRolloutError(f"weight update of rollout server {o.url} to version {version}: {o.error}")
+                logger.warning("weight push to %s failed (%s); waiting for it", o.url, o.error)
+                health = self._wait(o.url, deadlines, f"to receive weight version {version}")
+                self._check_not_ahead(o.url, health.version, version)
+                if health.version != version:  # else the commit went through and only its answer was lost
+                    pending.append(o.url)
+            self.resyncs += len(pending)
+        return sent
+
+    @staticmethod
+    def _check_not_ahead(url: str, served: int | None, version: int) -> None:
+        if served is not None and served > version:
+            raise RemoteRolloutError(
+                f"rollout server {url} serves weight version {served}, ahead of this trainer's {version}: another "
+                "trainer is updating it (each trainer needs its own servers)"
+            )
+
+    def _generate_all(self, prompts, sampling, seeds, version: int) -> tuple[list[list[RolloutSample]], int]:
+        """Contiguous slices over the servers, concurrently; failed slices are retried after recovery."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        k = len(self.clients)
+        bounds = [len(prompts) * i // k for i in range(k + 1)]  # slice sizes differ by at most one
+        todo = {i: self.clients[i] for i in range(k) if bounds[i + 1] > bounds[i]}
+        done: dict[int, list[list[RolloutSample]]] = {}
+        deadlines: dict[str, float] = {}
+        sent = 0
+        with ThreadPoolExecutor(max_workers=k) as pool:
+            while todo:
+                futures = {
+                    i: pool.submit(
+                        c.generate,
+                        prompts[bounds[i] : bounds[i + 1]],
+                        sampling,
+                        list(seeds[bounds[i] : bounds[i + 1]]),
+                        version,
+                    )
+                    for i, c in todo.items()
+                }
+                failed: dict[int, RolloutClient] = {}
+                for i, fut in futures.items():
+                    try:
+                        done[i] = fut.result().samples
+                    except (ServerUnreachable, VersionMismatch) as e:
+                        logger.warning("rollout on %s failed (%s); recovering", todo[i].url, e)
+                        failed[i] = todo[i]
+                    except RolloutServerError as e:
+                        raise RemoteRolloutError(f"rollout on server {e.url}: {e}") from e
+                stale = []
+                for c in failed.values():
+                    health = self._wait(c.url, deadlines, f"to sample with weight version {version}")
+                    self._check_not_ahead(c.url, health.version, version)
+                    if health.version != version:  # restarted (or a failed commit): older weights
+                        logger.warning(
+                            "rollout server %s is back with weight version %d; re-syncing it to %d",
+                            c.url,
+                            health.version,
+                            version,
+                        )
+                        stale.append(c.url)
+                if stale:
+                    self.resyncs += len(stale)
+                    sent += self._sync(version, stale, deadlines)
+                todo = failed
+        return samples_in_order(done), sent
+
+
+def group_pusher(group, clients: Sequence[RolloutClient], token: str | None, bucket_bytes: int) -> PushFn:
+    """A `PushFn` over the actor's worker group: every rank streams (a collective), and the servers are dealt out
+    round-robin over the ranks so that several servers are sent to in parallel."""
+    timeout = max(c.timeout for c in clients)
+
+    def push(version: int, urls: Sequence[str]) -> list[PushOutcome]:
+        world = group.world_size
+        args = [(version, list(urls[r::world]), token, bucket_bytes, timeout) for r in range(world)]
+        by_url = {o.url: o for outs in group.call("push_weights", args) for o in outs}
+        return [by_url[u] for u in urls]
+
+    return push
+
+
+def connect_servers(gen, needed_len: int) -> RemoteRollout:
+    """Rollout-server mode, before any worker starts: a client per `gen.server_urls` (a validated generate_config),
+    each server waited for (`server_timeout`), its token and its max_model_len checked. The RemoteRollout gets its
+    weight pusher with `attach(actor_group)` once the actor's ranks exist."""
+    token = None
+    if gen.server_token_file:
+        try:
+            with open(gen.server_token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise RemoteRolloutError(f"generate_config.server_token_file: cannot read the token: {e}") from e
+        if not token:
+            raise RemoteRolloutError(f"generate_config.server_token_file: {gen.server_token_file!r} is empty")
+    clients = [RolloutClient(u, token, gen.server_timeout) for u in gen.server_urls]
+    versions = []
+    for c in clients:
+        try:
+            health = c.wait_ready(what="at the start of the run")
+            c.check_token()
+        except RolloutServerError as e:
+            for x in clients:
+                x.close()
+            key = "server_token_file" if e.status == 401 else "server_urls"
+            raise RemoteRolloutError(f"generate_config.{key}: {e}") from e
+        if health.max_model_len < needed_len:
+            raise RemoteRolloutError(
+                f"rollout server {c.url} serves max_model_len={health.max_model_len}, but prompts of "
+                f"rl_config.max_prompt_length plus sampling_config.max_tokens need {needed_len} (start it with "
+                f"--max-model-len {needed_len})"
+            )
+        versions.append(health.version)
+        logger.info("rollout server %s: %s at weight version %d", c.url, health.model, health.version)
+    rollout = RemoteRollout(clients, _unattached, gen.server_timeout, version=max(versions))
+    rollout.token = token
+    rollout.bucket_bytes = int(gen.bucket_size_mb * 1024 * 1024)
+    return rollout
+
+
+def _unattached(version: int, urls: Sequence[str]) -> list[PushOutcome]:
+    raise RuntimeError("RemoteRollout.attach(actor_group) was not called: there is no one to push the weights")

@@ -1,0 +1,163 @@
+"""Rollout-server mode. Fast: RemoteRollout's split, versions, waits and re-syncs over fake servers. Slow: tiny PPO and
+GRPO runs against real mindrl-rollout-server processes on loopback (first iteration equal to integrated mode, a
+server killed and restarted mid-run, a server that never comes back, a wrong token)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.rollout.base import RolloutSample, SamplingConfig
+from mindrl.serving import protocol as p
+from mindrl.serving.client import PushOutcome, RolloutServerError, ServerUnreachable, VersionMismatch
+from mindrl.trainer.rollout import RemoteRollout, RemoteRolloutError
+
+
+class FakeClient:
+    """A server in memory: `down` answers nothing, `restart()` comes back at version 0."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.version = 0
+        self.down = False
+        self.down_for = 0  # health checks that still fail before it is back
+        self.calls: list[list[int]] = []
+        self.timeout = 1.0
+
+    def restart(self) -> None:
+        self.version = 0
+        self.down = False
+
+    def health(self) -> p.Health:
+        if self.down or self.down_for > 0:
+            self.down_for -= 1
+            raise ServerUnreachable(self.url, f"no answer from {self.url}")
+        return p.Health("ok", self.version, "m", 1, 1, 64)
+
+    def wait_ready(self, timeout, sleep, what=""):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.health()
+            except ServerUnreachable as e:
+                if time.monotonic() >= deadline:
+                    raise ServerUnreachable(self.url, f"rollout server {self.url} did not answer ({what})") from e
+                sleep(0.01)
+
+    def generate(self, prompts, sampling, seeds, expected_version):
+        if self.down:
+            raise ServerUnreachable(self.url, f"generate: no answer from {self.url}")
+        if expected_version != self.version:
+            raise VersionMismatch(self.url, "mismatch", 409, p.E_VERSION_MISMATCH, version=self.version)
+        self.calls.append(list(seeds))
+        samples = [[RolloutSample([s, k], [-1.0, -1.0], "length") for k in range(sampling.n)] for s in seeds]
+        return p.GenerateResponse(self.version, samples)
+
+
+class FakePush:
+    def __init__(self, clients):
+        self.by_url = {c.url: c for c in clients}
+        self.log: list[tuple[int, list[str]]] = []
+        self.fatal: str | None = None
+
+    def __call__(self, version, urls):
+        self.log.append((version, list(urls)))
+        outs = []
+        for u in urls:
+            c = self.by_url[u]
+            if self.fatal:
+                outs.append(PushOutcome(u, version, False, error=self.fatal))
+            elif c.down:
+                outs.append(PushOutcome(u, version, False, error=f"no answer from {u}", retryable=True))
+            else:
+                c.version = version
+                outs.append(PushOutcome(u, version, True, bytes=100))
+        return outs
+
+
+def _remote(k: int = 2, timeout: float = 5.0):
+    clients = [FakeClient(f"http://127.0.0.1:{9000 + i}") for i in range(k)]
+    push = FakePush(clients)
+    return RemoteRollout(clients, push, timeout, sleep=lambda s: None), clients, push
+
+
+def test_prompts_split_contiguously_and_come_back_in_order():
+    remote, clients, push = _remote(2)
+    seeds = [10, 11, 12, 13, 14]
+    res = remote.generate([[1]] * 5, SamplingConfig(n=2), seeds)
+    assert [g[0].token_ids[0] for g in res.samples] == seeds and all(len(g) == 2 for g in res.samples)
+    assert clients[0].calls == [[10, 11]] and clients[1].calls == [[12, 13, 14]]
+    assert push.log == [(1, [c.url for c in clients])]
+    assert res.timing["rollout/weight_sync_bytes"] == 200 and res.timing["rollout/weight_version"] == 1
+    assert res.timing["timing/weight_sync"] >= 0 and res.timing["timing/rollout"] >= 0
+    remote.generate([[1]], SamplingConfig(), [3])  # fewer prompts than servers: the first gets none
+    assert clients[0].calls == [[10, 11]] and clients[1].calls[-1] == [3] and remote.version == 2
+
+
+def test_a_restarted_server_is_resynced_before_it_serves_again():
+    remote, clients, push = _remote(2)
+    remote.generate([[1]] * 2, SamplingConfig(), [1, 2])
+    real_generate = clients[1].generate
+
+    def die_and_restart(*a, **kw):  # killed during the request; back (version 0) after two failed health checks
+        clients[1].generate = real_generate
+        clients[1].restart()
+        clients[1].down_for = 2
+        raise ServerUnreachable(clients[1].url, "connection reset")
+
+    clients[1].generate = die_and_restart
+    res = remote.generate([[1]] * 2, SamplingConfig(), [5, 6])
+    assert [g[0].token_ids[0] for g in res.samples] == [5, 6]
+    assert push.log[-2:] == [(2, [c.url for c in clients]), (2, [clients[1].url])] and clients[1].version == 2
+    assert res.timing["rollout/server_resyncs"] == 1 and res.timing["rollout/weight_sync_bytes"] == 300
+    assert clients[1].calls[-1] == [6]
+
+
+def test_a_server_down_at_push_time_is_waited_for_then_pushed_again():
+    remote, clients, push = _remote(1)
+    clients[0].down, clients[0].down_for = True, 0
+    calls = {"n": 0}
+    orig = clients[0].health
+
+    def health():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            clients[0].restart()
+        return orig()
+
+    clients[0].health = health
+    res = remote.generate([[1]], SamplingConfig(), [9])
+    assert push.log == [(1, [clients[0].url]), (1, [clients[0].url])] and res.timing["rollout/server_resyncs"] == 1
+
+
+def test_a_server_that_never_comes_back_stops_the_run_naming_it():
+    remote, clients, _ = _remote(2, timeout=0.2)
+    remote.generate([[1]] * 2, SamplingConfig(), [1, 2])
+    clients[1].down = True
+    with pytest.raises(RemoteRolloutError, match=rf"rollout server {clients[1].url} is gone.*server_timeout=0.2"):
+        remote.generate([[1]] * 2, SamplingConfig(), [1, 2])
+
+
+def test_refusals_are_not_retried_and_a_server_ahead_is_an_error():
+    remote, clients, push = _remote(1)
+    push.fatal = "400 bad_request: unknown weight 'x'"
+    with pytest.raises(RemoteRolloutError, match=rf"weight update of rollout server {clients[0].url}.*unknown weight"):
+        remote.generate([[1]], SamplingConfig(), [1])
+    remote, clients, push = _remote(1)
+
+    def refuse(*a, **kw):
+        raise RolloutServerError(clients[0].url, "generate: 422 bad_request: seeds", 422)
+
+    clients[0].generate = refuse
+    with pytest.raises(RemoteRolloutError, match="422 bad_request"):
+        remote.generate([[1]], SamplingConfig(), [1])
+    remote, clients, push = _remote(1)
+
+    def other_trainer(*a, **kw):
+        clients[0].version = 7  # someone else pushed version 7 between our push and our generate
+        raise VersionMismatch(clients[0].url, "mismatch", 409, p.E_VERSION_MISMATCH, version=7)
+
+    clients[0].generate = other_trainer
+    with pytest.raises(RemoteRolloutError, match="serves weight version 7, ahead of this trainer's 1"):
+        remote.generate([[1]], SamplingConfig(), [1])
