@@ -1,5 +1,5 @@
 """Shared by the trainer's end-to-end tests: tiny assets (policy, critic, a preprocessed task), configs pointing at
-them, and a train-and-read-back helper."""
+them, a train-and-read-back helper, and trainer runs that several test files read (each run once per session)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +101,65 @@ def wait_for_no_ray(timeout_s: float) -> list[str]:
     while (procs := ray_processes()) and time.monotonic() < deadline:
         time.sleep(0.5)
     return procs
+
+
+# ---- trainer runs shared between test files: each runs once per session, on first use ------------------------
+@dataclass
+class SharedRun:
+    cfg: object
+    results: list
+    lines: list[dict]  # metrics.jsonl
+    rollouts: list[dict]  # rollouts.jsonl
+    run_dir: Path
+
+
+# The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; PPO's (with
+# an adaptive KL controller) is also test_ppo_e2e's PPO run for the metrics contract. Read-only: copy to modify.
+STRAIGHT_EXTRA = {
+    "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"],
+    "grpo": [],
+}
+_STRAIGHT: dict[str, SharedRun] = {}
+
+
+def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
+    """`{algo}_tiny_cpu` for 4 iterations, saved at 2 and 4 (TensorBoard on)."""
+    if algo not in _STRAIGHT:
+        run_dir = tmp_path_factory.mktemp(f"straight_{algo}")
+        cfg = _config(
+            f"{algo}_tiny_cpu", assets, run_dir, "megatron_training.train_iters=4", "megatron_training.save_interval=2",
+            *STRAIGHT_EXTRA[algo],
+        )  # fmt: skip
+        _, results, lines, rollouts = _train(cfg)
+        _STRAIGHT[algo] = SharedRun(cfg, results, lines, rollouts, run_dir)
+    return _STRAIGHT[algo]
+
+
+# One PPO iteration at each training layout (tensor x pipeline parallel; inference at TP1): test_ppo_e2e compares
+# them; test_legacy_e2e compares its legacy-checkpoint run against "tp2" (the shipped layout).
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2)}
+_LAYOUT_RUNS: dict[str, SharedRun] = {}
+
+
+def layout_overrides(name: str) -> list[str]:
+    tp, pp = LAYOUTS[name]
+    return [
+        "megatron_training.train_iters=1", f"rl_config.actor_resource.num_npus={tp * pp}",
+        f"rl_config.critic_resource.num_npus={tp * pp}",
+        f"actor_config.tensor_model_parallel_size={tp}", f"actor_config.pipeline_model_parallel_size={pp}",
+        f"critic_config.tensor_model_parallel_size={tp}", f"critic_config.pipeline_model_parallel_size={pp}",
+        "generate_config.infer_tensor_parallel_size=1", "rl_config.use_tensorboard=false",
+        # Adam's first step is lr * g / (|g| + eps): with the default eps a gradient element near 1e-8 turns
+        # layout rounding (1e-9) into a visible weight difference; 1e-6 keeps the comparison well-conditioned.
+        "actor_config.adam_eps=1e-6", "critic_config.adam_eps=1e-6",
+    ]  # fmt: skip
+
+
+def layout_run(assets, tmp_path_factory, name: str) -> SharedRun:
+    """`ppo_tiny_cpu` for one iteration at layout `name` (a key of LAYOUTS), from the session's assets."""
+    if name not in _LAYOUT_RUNS:
+        run_dir = tmp_path_factory.mktemp(f"layout_{name}")
+        cfg = _config("ppo_tiny_cpu", assets, run_dir, *layout_overrides(name))
+        _, results, lines, rollouts = _train(cfg)
+        _LAYOUT_RUNS[name] = SharedRun(cfg, results, lines, rollouts, run_dir)
+    return _LAYOUT_RUNS[name]

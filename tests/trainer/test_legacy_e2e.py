@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.checkpoint.test_legacy import ITERATION, save_legacy_rank
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import _config, _train, layout_overrides, layout_run
 
 
 def _legacy_copy(pool, mindrl_dir: str, root: str) -> str:
@@ -23,17 +23,16 @@ def _legacy_copy(pool, mindrl_dir: str, root: str) -> str:
 
 
 @pytest.mark.slow
-def test_ppo_from_legacy_checkpoints_matches(assets, pool, tmp_path):
+def test_ppo_from_legacy_checkpoints_matches(assets, pool, tmp_path, tmp_path_factory):
+    """The mindrl side is the shared one-iteration PPO run at the shipped layout (rl_helpers.layout_run "tp2", also
+    test_ppo_e2e's); the legacy side runs the same configuration from the legacy copies."""
     actor = _legacy_copy(pool, str(assets / "actor"), str(tmp_path / "legacy_actor"))
     critic = _legacy_copy(pool, str(assets / "critic"), str(tmp_path / "legacy_critic"))
-    common = ("megatron_training.train_iters=1", "rl_config.use_tensorboard=false")
-    runs = []
-    for name, a, c in (("mindrl", None, None), ("legacy", actor, critic)):
-        overrides = [*common, f"rl_config.integrated_mode_config.ref_model_load_path={a or assets / 'actor'}"]
-        cfg = _config("ppo_tiny_cpu", assets, tmp_path / name, *overrides, actor_load=a, critic_load=c)
-        _, _, lines, rollouts = _train(cfg)
-        runs.append((lines[0], rollouts))
-    (base, base_rollouts), (legacy_line, legacy_rollouts) = runs
+    base_run = layout_run(assets, tmp_path_factory, "tp2")
+    overrides = [*layout_overrides("tp2"), f"rl_config.integrated_mode_config.ref_model_load_path={actor}"]
+    cfg = _config("ppo_tiny_cpu", assets, tmp_path / "legacy", *overrides, actor_load=actor, critic_load=critic)
+    _, _, lines, legacy_rollouts = _train(cfg)
+    (base, base_rollouts), legacy_line = (base_run.lines[0], base_run.rollouts), lines[0]
     assert [r["response"] for r in legacy_rollouts] == [r["response"] for r in base_rollouts]
     assert [r["reward"] for r in legacy_rollouts] == [r["reward"] for r in base_rollouts]
     for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm", "actor/entropy"):

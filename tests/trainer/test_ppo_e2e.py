@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, _run, _train
+from tests.trainer.rl_helpers import _config, _run, _train, layout_run, straight_run
 
 pytestmark = pytest.mark.slow  # each run starts Ray and 2-8 worker processes that import vLLM and megatron
 
@@ -57,20 +57,21 @@ def _no_leftovers() -> None:
     assert not glob.glob("/dev/shm/*mindrl*")
 
 
-def test_ppo_tiny_runs(assets, tmp_path):
-    adaptive = ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"]
-    cfg = _config("ppo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2", *adaptive)
-    run_dir, results, lines, rollouts = _train(cfg)
-    assert len(results) == 2 and len(lines) == 2
+def test_ppo_tiny_runs(assets, tmp_path_factory):
+    """PPO with an adaptive KL controller for 4 iterations (test_resume's straight PPO run, shared)."""
+    run = straight_run("ppo", assets, tmp_path_factory)
+    cfg, results, lines, rollouts, run_dir = run.cfg, run.results, run.lines, run.rollouts, run.run_dir
+    assert cfg.rl_config.kl_ctrl_type == "adaptive"
+    assert len(results) == 4 and len(lines) == 4
     _check_metrics(lines, cfg, REQUIRED + PPO_ONLY)
     assert lines[0]["actor/pg_clipfrac"] == 0 and lines[0]["actor/ppo_kl"] == 0  # on-policy: ratio exactly 1
     assert "timing/old_log_p" not in lines[0]  # on-policy: no old-logprob recompute
     # The adaptive controller raised the KL coefficient (the KL is above its tiny target after one update).
     assert lines[1]["actor/reward_kl_penalty_coeff"] > lines[0]["actor/reward_kl_penalty_coeff"]
-    assert len(rollouts) == 2 * cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
+    assert len(rollouts) == 4 * cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
     assert {"prompt", "response", "reward", "acc_for_ppo", "iteration"} <= set(rollouts[0])
-    assert os.path.isfile(tmp_path / "ckpt_actor" / "latest_checkpointed_iteration.txt")
-    assert os.path.isfile(tmp_path / "ckpt_critic" / "latest_checkpointed_iteration.txt")
+    assert os.path.isfile(run_dir / "ckpt_actor" / "latest_checkpointed_iteration.txt")
+    assert os.path.isfile(run_dir / "ckpt_critic" / "latest_checkpointed_iteration.txt")
     assert glob.glob(os.path.join(run_dir, "tensorboard", "events.*"))
     _no_leftovers()
 
@@ -99,29 +100,10 @@ def test_other_estimators_run(assets, tmp_path, estimator):
     _check_metrics(lines, cfg, REQUIRED)
 
 
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2)}
-_LAYOUT_RUNS: dict = {}
-
-
 def _layout_run(assets, tmp_path_factory, name: str):
-    if name not in _LAYOUT_RUNS:
-        tp, pp = LAYOUTS[name]
-        run_dir = tmp_path_factory.mktemp(f"layout_{name}")
-        world = tp * pp
-        cfg = _config(
-            "ppo_tiny_cpu", assets, run_dir,
-            "megatron_training.train_iters=1", f"rl_config.actor_resource.num_npus={world}",
-            f"rl_config.critic_resource.num_npus={world}",
-            f"actor_config.tensor_model_parallel_size={tp}", f"actor_config.pipeline_model_parallel_size={pp}",
-            f"critic_config.tensor_model_parallel_size={tp}", f"critic_config.pipeline_model_parallel_size={pp}",
-            "generate_config.infer_tensor_parallel_size=1", "rl_config.use_tensorboard=false",
-            # Adam's first step is lr * g / (|g| + eps): with the default eps a gradient element near 1e-8 turns
-            # layout rounding (1e-9) into a visible weight difference; 1e-6 keeps the comparison well-conditioned.
-            "actor_config.adam_eps=1e-6", "critic_config.adam_eps=1e-6",
-        )  # fmt: skip
-        _, _, lines, rollouts = _train(cfg)
-        _LAYOUT_RUNS[name] = (lines[0], rollouts, run_dir)
-    return _LAYOUT_RUNS[name]
+    """(first metrics line, rollouts, run dir) of rl_helpers.layout_run (shared with test_legacy_e2e)."""
+    run = layout_run(assets, tmp_path_factory, name)
+    return run.lines[0], run.rollouts, run.run_dir
 
 
 @pytest.mark.parametrize("name", ["tp2", "pp2", "tp2pp2"])

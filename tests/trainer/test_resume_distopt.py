@@ -1,11 +1,13 @@
 """Exact resume through the trainer with megatron's distributed optimizer (as the shipped 32B configs train):
 PPO with a critic and an adaptive KL controller, actor and critic at TP1 x DP2 with their Adam state sharded over
-DP. 4 iterations straight equal 2, stop, resume (finetune: false) for 2, metric for metric (1e-6) and bit for bit
-in the final actor weights."""
+DP. 4 iterations straight equal a resume (finetune: false) from that run's own iteration-2 checkpoint for 2, metric for
+metric (1e-6) and bit for bit in the final actor weights. (A run that stopped at its train_iters and is extended is
+test_resume.py's case; here the stop is a mid-run checkpoint, which saves a third trainer run.)"""
 
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 
 import pytest
@@ -31,8 +33,15 @@ def _comparable(m: dict) -> dict:
 def test_ppo_resume_with_the_distributed_optimizer_is_exact(assets, tmp_path):
     name, common = "ppo_tiny_cpu", [*DISTOPT, *EVERY2, *EXTRA]
     _, _, straight, _ = _train(_config(name, assets, tmp_path / "straight", "megatron_training.train_iters=4", *common))
+    # The run as it stood after iteration 2's save: iteration 4 not written yet (metrics.jsonl is cut back to the
+    # resumed iteration by the resume itself).
+    from mindrl.checkpoint import mcore_ckpt
+
     split_dir = tmp_path / "split"
-    _train(_config(name, assets, split_dir, "megatron_training.train_iters=2", *common))
+    shutil.copytree(tmp_path / "straight", split_dir)
+    for role in ("actor", "critic"):
+        shutil.rmtree(split_dir / f"ckpt_{role}" / "iter_0000004")
+        mcore_ckpt.write_tracker(str(split_dir / f"ckpt_{role}"), 2)
     cfg = _config(
         name, assets, split_dir, "megatron_training.train_iters=4", *common, *RESUME,
         actor_load=split_dir / "ckpt_actor", critic_load=split_dir / "ckpt_critic",
