@@ -44,7 +44,8 @@ class IntegratedModeConfig(Section):
     SECTION: ClassVar[str] = "rl_config.integrated_mode_config"
 
     ref_model_load_path: str | None = None
-    """Reference model checkpoint; None: the actor's `load` (resuming a run keeps the original reference)."""
+    """Reference model checkpoint; None: the actor's `load` (resuming a run keeps the original reference; with
+    sync_ref_model, the synced one saved in the checkpoint)."""
 
 
 @dataclass
@@ -171,6 +172,15 @@ class RLSectionConfig(Section):
     in the reward for gae (PPO), in the loss for the others (GRPO)."""
     max_prompt_length: int = 512
     """Prompts longer than this (in tokens) are dropped from the dataset."""
+    sync_ref_model: bool = False
+    """TR-DPO-style reference updates (TRL's name): after the actor update of every ref_model_sync_steps-th
+    iteration, the reference becomes ref_model_mixup_alpha * actor + (1 - alpha) * reference, parameter by
+    parameter. Needs a reference model (a KL term); the mixed reference is saved with each checkpoint (ref/)."""
+    ref_model_sync_steps: int = 512
+    """K (TR-DPO's tau): with sync_ref_model, the reference is mixed after iterations K, 2K, ... (RL iterations,
+    not optimizer steps as in TRL: an iteration takes num_mini_batches * epochs steps)."""
+    ref_model_mixup_alpha: float = 0.6
+    """alpha in [0, 1] of the mix with sync_ref_model: 1 copies the actor, 0 keeps the reference."""
     actor_forward_micro_batch_size: int | None = None
     """Rows per micro-batch when computing old logprobs; None: actor_config.micro_batch_size."""
     ref_forward_micro_batch_size: int | None = None
@@ -312,6 +322,17 @@ class RLSectionConfig(Section):
                     col.add(key, f"must be > 0 with kl_ctrl_type: adaptive, got {v}")
         if self.init_kl_coef < 0:
             col.add("init_kl_coef", f"must be >= 0, got {self.init_kl_coef}")
+        if self.ref_model_sync_steps < 1:
+            col.add("ref_model_sync_steps", f"must be >= 1 (iterations between reference syncs), got "
+                    f"{self.ref_model_sync_steps}")  # fmt: skip
+        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
+            col.add("ref_model_mixup_alpha", f"must be in [0, 1] (the actor's weight in the mix), got "
+                    f"{self.ref_model_mixup_alpha}")  # fmt: skip
+        if self.sync_ref_model and not self.needs_reference and self.init_kl_coef >= 0:
+            where = "in the reward" if self.kl_in_reward else "in the actor loss"
+            col.add("sync_ref_model", f"is true but the run builds no reference model to sync: the KL term ({where}, "
+                    f"use_kl_in_reward={self.use_kl_in_reward}) is off with init_kl_coef={self.init_kl_coef}; set "
+                    "init_kl_coef > 0, or sync_ref_model: false")  # fmt: skip
 
     def _validate_clip(self, col: Collector) -> None:
         if self.clip_higher_enable is True:
@@ -385,6 +406,11 @@ class RLSectionConfig(Section):
     def kl_coef_in_loss(self) -> float:
         """The actor loss's KL coefficient: init_kl_coef when the KL is in the loss, 0 when it is in the reward."""
         return 0.0 if self.kl_in_reward else float(self.init_kl_coef)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run builds a reference model: a KL term, in the reward or in the loss, with a coefficient."""
+        return (self.kl_in_reward and self.init_kl_coef > 0) or self.kl_coef_in_loss > 0
 
     @property
     def actor_dp(self) -> int:

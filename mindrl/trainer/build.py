@@ -108,15 +108,15 @@ def engine_model_dir(cfg) -> str:
 
 
 def needs_reference(cfg) -> bool:
-    rl = cfg.rl_config
-    return (rl.kl_in_reward and rl.init_kl_coef > 0) or rl.kl_coef_in_loss > 0
+    return cfg.rl_config.needs_reference
 
 
 def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSettings:
     """resume: where the run resumes (`checkpoints.find_resume(cfg)`), None to start at iteration 0."""
     rl, gen = cfg.rl_config, cfg.generate_config
     rollout = gen.rollout_config(engine_model_dir(cfg), cfg.megatron_training.seed)
-    ref = rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
+    # A synced reference (rl_config.sync_ref_model) resumes from the checkpoint's own copy, not the original.
+    ref = (resume and resume.ref_dir) or rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
     return IntegratedSettings(
         actor=_model(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
         rollout=rollout,

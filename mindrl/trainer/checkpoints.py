@@ -2,7 +2,8 @@
 silently restarting), whether a save can fit, and which old iterations a save makes redundant.
 
 A *training* iteration (what `PPOTrainer.save` writes, see `mindrl.workers.checkpointing`) holds the model, its
-`rank_state/` and usually `optim/`; the actor's also holds `trainer_state.json`. A *weights-only* iteration
+`rank_state/` and usually `optim/`; the actor's also holds `trainer_state.json`, and with rl_config.sync_ref_model
+the synced reference model (`ref/`, part of the iteration's completeness). A *weights-only* iteration
 (`mindrl-convert hf2mcore`, `release`) holds the model alone: a run starts from it at iteration 0.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
-from mindrl.workers.checkpointing import OPTIM_DIR, RANK_STATE_DIR, saved_iterations
+from mindrl.workers.checkpointing import OPTIM_DIR, RANK_STATE_DIR, REF_DIR, saved_iterations
 
 logger = logging.getLogger("mindrl.checkpoint")
 
@@ -37,6 +38,9 @@ class ResumePoint:
     actor_dir: str
     """The actor's iteration directory (holds trainer_state.json)."""
     critic_dir: str | None = None
+    ref_dir: str | None = None
+    """The synced reference model saved in the actor's iteration (its ref/, a weights-only checkpoint) when the run
+    syncs it (rl_config.sync_ref_model); None: the reference is built from ref_model_load_path."""
 
 
 def is_train_iteration(it_dir: str) -> bool:
@@ -63,6 +67,7 @@ def check_train_iteration(it_dir: str, trainer_state: bool) -> None:
         path = os.path.join(it_dir, RANK_STATE_DIR, f"rank_{r}.pt")
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise CheckpointError(f"{path} is missing or empty: the save had {world} ranks (incomplete copy?)")
+    ref_saved = False  # the trainer state says the iteration holds a synced reference
     if trainer_state:
         path = os.path.join(it_dir, TRAINER_STATE)
         if not os.path.isfile(path):
@@ -75,6 +80,19 @@ def check_train_iteration(it_dir: str, trainer_state: bool) -> None:
             raise CheckpointError(f"{path} is truncated or corrupted ({type(e).__name__}: {e})") from None
         if missing:
             raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a mindrl trainer state")
+        ref_saved = bool(state.get("reference_saved"))
+    if ref_saved or os.path.isdir(os.path.join(it_dir, REF_DIR)):
+        check_reference(os.path.join(it_dir, REF_DIR))
+
+
+def check_reference(ref_dir: str) -> None:
+    """A synced reference saved with an iteration (`ref/`): tracker, model description and every shard."""
+    if not os.path.isdir(ref_dir):
+        raise CheckpointError(
+            f"{ref_dir} is missing: the run syncs its reference model (rl_config.sync_ref_model) and saved it there"
+        )
+    mcore_ckpt.read_model_meta(ref_dir)  # the tracker and the description
+    mcore_ckpt.check_files(mcore_ckpt.iteration_dir(ref_dir, mcore_ckpt.read_tracker(ref_dir)))
 
 
 def _candidates(root: str, what: str, trainer_state: bool) -> tuple[list[int], dict[int, str], bool]:
@@ -157,11 +175,38 @@ def find_resume(cfg) -> ResumePoint | None:
             it,
             "; ".join(f"iteration {k}: {v}" for k, v in sorted(newer.items(), reverse=True)),
         )
+    actor_dir = mcore_ckpt.iteration_dir(a.load, it)
     return ResumePoint(
         it,
-        mcore_ckpt.iteration_dir(a.load, it),
+        actor_dir,
         None if critic_root is None else mcore_ckpt.iteration_dir(critic_root, it),
+        _synced_reference(cfg, actor_dir),
     )
+
+
+def _synced_reference(cfg, actor_dir: str) -> str | None:
+    """The reference a resumed run continues from: the iteration's synced copy when the run syncs (and saved one),
+    else None (ref_model_load_path, the original reference)."""
+    rl = cfg.rl_config
+    ref, saved = os.path.join(actor_dir, REF_DIR), os.path.isdir(os.path.join(actor_dir, REF_DIR))
+    original = rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
+    if rl.sync_ref_model and rl.needs_reference:
+        if saved:
+            return ref
+        logger.warning(
+            "%s holds no synced reference (ref/: the run was saved without rl_config.sync_ref_model); the reference "
+            "starts again from %r and is synced from here on",
+            actor_dir,
+            original,
+        )
+    elif saved:
+        logger.warning(
+            "%s holds a synced reference (ref/), but rl_config.sync_ref_model is false now: the reference is the "
+            "original %r",
+            actor_dir,
+            original,
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- saving

@@ -4,6 +4,8 @@ to HF, and resumable exactly):
     ITER_DIR/                    the model (dist_checkpointing) + mindrl_model.json   (what build_and_load reads)
     ITER_DIR/optim/              the optimizer state (dist_checkpointing), unless no_save_optim
     ITER_DIR/rank_state/rank_R.pt  per rank: LR scheduler, torch and megatron RNG states (RNG unless no_save_rng)
+    ITER_DIR/ref/                the actor's synced reference model (rl_config.sync_ref_model only): a weights-only
+                                 checkpoint of its own (tracker `release`), loadable and convertible as any other
 
 The workers write into a temporary directory; the driver adds its own state, renames it into place and updates
 the latest-iteration tracker last (`finalize_iteration`), so a crash mid-save leaves the previous checkpoint the
@@ -24,6 +26,7 @@ from mindrl.workers.settings import ModelSettings
 
 OPTIM_DIR = "optim"
 RANK_STATE_DIR = "rank_state"
+REF_DIR = "ref"
 # The distributed optimizer's on-disk layout: per-DP-rank bucket shards, so it reloads onto any DP size but only
 # onto the TP / PP it was saved with (megatron's other layouts fail on CPU or lose Adam's `step`).
 DISTOPT_FORMAT = "dp_reshardable"
@@ -128,6 +131,23 @@ def save_train_state(
     torch.distributed.barrier()
     if rank == 0:
         mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype)
+    torch.distributed.barrier()
+
+
+def save_weights_only(model, spec, role: str, settings: ModelSettings, root: str) -> None:
+    """Collective: `model` as a weights-only checkpoint at root (root/release + a `release` tracker), the form
+    build_and_load and mindrl-convert read. Used for the synced reference model (REF_DIR of an iteration)."""
+    from mindrl.resharding.stream import unwrap
+
+    it_dir = mcore_ckpt.iteration_dir(root, mcore_ckpt.RELEASE)
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(it_dir, exist_ok=True)
+    torch.distributed.barrier()
+    mcore_ckpt.save_model(unwrap(model), it_dir)
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype)
+        mcore_ckpt.write_tracker(root, mcore_ckpt.RELEASE)
     torch.distributed.barrier()
 
 

@@ -31,7 +31,8 @@ class IntegratedWorker(MegatronRank):
             load_train_state(self.actor, self.optimizer, self.scheduler, a.resume_dir, a.load_optim, a.load_rng)
         self.ref = None
         if s.ref_load is not None:
-            _, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
+            # Built at the actor's TP/PP and dtype: each rank's reference shard pairs with its actor shard (sync).
+            self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
             self.ref.eval()
             self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
             self.ref_offloader.offload()
@@ -98,6 +99,31 @@ class IntegratedWorker(MegatronRank):
         )
         return self.output(metrics)
 
+    def sync_reference(self, alpha: float) -> float:
+        """TR-DPO's reference update on this rank's shard: reference <- alpha * actor + (1 - alpha) * reference.
+        Collective only in spirit (no communication: every rank mixes its own shard). Returns the seconds taken."""
+        if self.ref is None:
+            raise RuntimeError("sync_reference was called but no reference model was configured")
+        t0 = time.perf_counter()
+        self.ref_offloader.onload()
+        try:
+            mix_into(self.ref, self.actor, alpha)
+        finally:
+            self.ref_offloader.offload()
+        return time.perf_counter() - t0
+
+    def save_reference(self, root: str) -> None:
+        """Collective: the (synced) reference model as a weights-only checkpoint at root (an iteration's ref/)."""
+        from mindrl.workers.checkpointing import save_weights_only
+
+        if self.ref is None:
+            raise RuntimeError("save_reference was called but no reference model was configured")
+        self.ref_offloader.onload()
+        try:
+            save_weights_only(self.ref, self.ref_spec, "actor", self.settings.actor, root)
+        finally:
+            self.ref_offloader.offload()
+
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
         from mindrl.workers.checkpointing import save_train_state
 
@@ -110,3 +136,34 @@ class IntegratedWorker(MegatronRank):
 
     def shutdown(self) -> None:
         self.hybrid.engine.shutdown()
+
+
+def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
+    """target <- alpha * source + (1 - alpha) * target, parameter by parameter, in place (TR-DPO / TRL's reference
+    update, in TRL's operation order: target * (1 - alpha) + alpha * source). Both are this rank's shards of the
+    same network at the same TP/PP (wrappers such as DDP are looked through). Half-precision weights are mixed in
+    fp32 and rounded once; alpha 1 copies source exactly and alpha 0 leaves target untouched."""
+    from mindrl.resharding.stream import unwrap
+
+    tgt, src = dict(unwrap(target).named_parameters()), dict(unwrap(source).named_parameters())
+    if tgt.keys() != src.keys():
+        only_t, only_s = sorted(tgt.keys() - src.keys()), sorted(src.keys() - tgt.keys())
+        raise ValueError(
+            f"the reference and the actor are different networks (reference only: {only_t[:3]}, actor only: "
+            f"{only_s[:3]}): rl_config.sync_ref_model needs ref_model_load_path to hold the actor's architecture"
+        )
+    bad = [f"{n}: {tuple(t.shape)} vs {tuple(src[n].shape)}" for n, t in tgt.items() if t.shape != src[n].shape]
+    if bad:
+        raise ValueError(f"reference and actor parameter shapes differ ({'; '.join(bad[:3])}): rl_config."
+                         "sync_ref_model needs ref_model_load_path to hold the actor's architecture")  # fmt: skip
+    if alpha == 0.0:
+        return
+    with torch.no_grad():
+        for name, t in tgt.items():
+            s = src[name].detach()
+            if alpha == 1.0:
+                t.copy_(s)
+            elif t.dtype == torch.float32 and s.dtype == torch.float32:
+                t.mul_(1.0 - alpha).add_(s, alpha=alpha)
+            else:
+                t.copy_(t.float().mul_(1.0 - alpha).add_(s.float(), alpha=alpha))
