@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""TRL's side of tools/bench_vs_trl.py: GRPO with `trl.GRPOTrainer` on the benchmark's model and prompts.
+
+Runs in TRL's own environment (./.bench-venv/trl, made by bench_vs_trl.py), never in .venv; imports nothing
+from mindrl but its rule-reward regexes (mindrl/rewards/extract.py, loaded by path: no math_verify there).
+Reads a job JSON (model dir, prompts as text + their token ids, n, new tokens, lr, beta, iterations,
+threads), checks that the tokenizer turns each prompt text into exactly its ids, trains, and writes one
+JSON: per-step wall seconds and the split into generation / scoring (logprobs, reference, rewards) / update.
+
+    .bench-venv/trl/bin/python tools/bench_trl_side.py --job job.json --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_extract():
+    """mindrl/rewards/extract.py by path (its package __init__ imports math_verify, absent here)."""
+    spec = importlib.util.spec_from_file_location("mindrl_extract", os.path.join(ROOT, "mindrl/rewards/extract.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_EXTRACT = _load_extract()
+
+
+def format_reward(completions: list[str], **kwargs) -> list[float]:
+    """mindrl's `format` verifier: 1.0 for `<think>...</think> <answer>...</answer>` spanning the response."""
+    return [1.0 if _EXTRACT.matches_think_answer_format(c) else 0.0 for c in completions]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", required=True, help="the job JSON written by bench_vs_trl.py")
+    p.add_argument("--out", required=True, help="write the result JSON here")
+    p.add_argument("--vllm-colocate", action="store_true", help="generate with TRL's vLLM colocate mode")
+    a = p.parse_args(argv)
+    with open(a.job) as f:
+        job = json.load(f)
+
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(job["model_dir"])
+    for text, ids in zip(job["prompt_texts"], job["prompt_ids"]):
+        got = tok(text)["input_ids"]
+        if got != ids:
+            raise SystemExit(f"TRL's tokenizer turns prompt {text!r} into {got}, not {ids}: the sides would differ")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    new_tokens, n, prompts_per_step = job["new_tokens"], job["n"], job["prompts_per_step"]
+    rows = n * prompts_per_step
+    micro = job["micro_batch_size"]
+    cfg = GRPOConfig(
+        output_dir=job["workdir"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        learning_rate=job["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=job["weight_decay"],
+        max_grad_norm=job["clip_grad"],
+        adam_beta1=job["adam_beta1"],
+        adam_beta2=job["adam_beta2"],
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,  # one optimizer step per generation batch, as mindrl
+        num_generations=n,
+        max_completion_length=new_tokens,
+        generation_kwargs={"min_new_tokens": new_tokens},  # no early stop: exactly new_tokens each
+        temperature=1.0,
+        top_p=1.0,
+        beta=job["beta"],
+        num_iterations=1,
+        max_steps=job["iterations"],
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=1234,
+        use_vllm=a.vllm_colocate,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,
+        vllm_max_model_length=job["max_model_len"],
+    )
+    data = Dataset.from_dict({"prompt": job["prompt_texts"]})
+    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=format_reward, args=cfg, train_dataset=data, processing_class=tok)
+
+    phases = {"rollout": 0.0, "scoring": 0.0}
+    gen, score = trainer._generate, trainer._generate_and_score_completions
+
+    def timed_generate(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return gen(*args, **kwargs)
+        finally:
+            phases["rollout"] += time.perf_counter() - t0
+
+    def timed_score(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return score(*args, **kwargs)
+        finally:
+            phases["scoring"] += time.perf_counter() - t0  # includes the generation; subtracted below
+
+    trainer._generate, trainer._generate_and_score_completions = timed_generate, timed_score
+    steps: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            phases.update(rollout=0.0, scoring=0.0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            wall = time.perf_counter() - self.t0
+            rollout, scoring = phases["rollout"], phases["scoring"] - phases["rollout"]
+            steps.append(
+                {
+                    "step_s": wall,
+                    "phases": {"rollout": rollout, "logprobs_ref_rewards": scoring, "update": wall - rollout - scoring},
+                }
+            )
+            print(f"[trl] step {state.global_step}/{args.max_steps}: {wall:.2f} s (generation {rollout:.2f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    result = {
+        "steps": steps,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "versions": {
+            "trl": __import__("trl").__version__,
+            "transformers": __import__("transformers").__version__,
+            "torch": torch.__version__,
+        },  # fmt: skip
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "threads": torch.get_num_threads(),
+    }
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+#!/usr/bin/env python
+"""Benchmark the actor update alone (`mindrl.workers.rl_model.ppo_update`, real megatron-core on gloo ranks).
+
+One GRPO-shaped batch (prompts x n rows of prompt + response tokens, no padding) goes through one optimizer
+step per iteration at each TP layout on a --world-rank pool (TP1 runs as one rank with all the threads,
+TP2 as two ranks with a thread each, so every layout uses the same cores). Reports medians after a warm-up
+iteration: seconds, tokens/s, FLOPs (6*N*T + attention), MFU against the measured fp32 matmul peak at the
+model's GEMM shapes, and a torch.profiler breakdown of one more iteration (GEMMs, elementwise, optimizer,
+communication, Python / framework) as a table; `--json PATH` writes the numbers.
+
+    python tools/bench_update.py                              # the ~32M model, 16 x 4 rows of 30 + 64 tokens
+    python tools/bench_update.py --tp 1 --iterations 5 --json /tmp/update.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+# ------------------------------------------------------------------------------------------- model shape
+@dataclass
+class ModelShape:
+    """The Qwen2 shape the benchmarks build (tools/make_tiny_model.py); defaults: the ~32M model of issue 16."""
+
+    hidden_size: int = 512
+    num_layers: int = 8
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    intermediate_size: int = 1408
+    vocab_size: int = 8192
+
+    @classmethod
+    def from_hf(cls, hf_dir: str) -> ModelShape:
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            c = json.load(f)
+        return cls(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"],
+                   c["intermediate_size"], c["vocab_size"])  # fmt: skip
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def gemm_shapes(self) -> list[tuple[int, int]]:
+        """(K, N) of every weight matmul: fused QKV, attention output, fused gate+up, down, LM head."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        return [
+            (h, h + 2 * kv),
+            (h, h),
+            (h, 2 * self.intermediate_size),
+            (self.intermediate_size, h),
+            (h, self.vocab_size),
+        ]
+
+    @property
+    def matmul_params(self) -> int:
+        """N: the parameters that sit in matmuls (layers' linear weights + the untied LM head)."""
+        per_layer = sum(k * n for k, n in self.gemm_shapes()[:4])
+        return self.num_layers * per_layer + self.hidden_size * self.vocab_size
+
+    def attention_flops(self, seq_len: int, causal: bool) -> float:
+        """Forward attention-score FLOPs of one sequence: QK^T and AV, 2 * 2 * s^2 * hidden per layer (full
+        square: a masked dense implementation computes it all); causal (a KV-cached decode): half of it."""
+        full = 4.0 * self.num_layers * self.hidden_size * seq_len * seq_len
+        return full / 2 if causal else full
+
+
+def make_model(hf_dir: str, shape: ModelShape) -> str:
+    """Write the benchmark's HF checkpoint (random weights + the local tokenizer) unless it is there."""
+    from tools.make_tiny_model import make_tiny_model
+
+    if not os.path.exists(os.path.join(hf_dir, "config.json")):
+        make_tiny_model(
+            hf_dir,
+            hidden_size=shape.hidden_size,
+            num_layers=shape.num_layers,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            intermediate_size=shape.intermediate_size,
+            vocab_size=shape.vocab_size,
+            init_std=0.02,
+            seed=0,
+        )
+    return hf_dir
+
+
+# ------------------------------------------------------------------------------------------- matmul peak
+def matmul_peak(shape: ModelShape, threads: int, tokens: tuple[int, ...] = (512, 2048), seconds: float = 0.3) -> dict:
+    """Best fp32 torch.matmul rate (GFLOP/s) over [tokens x K] @ [K x N] at the model's GEMM shapes, with
+    `threads` torch threads (restored afterwards). Returns {"peak_gflops", "threads", "shapes": {...}}."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    per_shape = {}
+    try:
+        for m in tokens:
+            for k, n in shape.gemm_shapes():
+                a, b = torch.randn(m, k), torch.randn(k, n)
+                torch.matmul(a, b)  # warm-up (packing, page faults)
+                reps, t0 = 0, time.perf_counter()
+                best = float("inf")
+                while reps < 3 or time.perf_counter() - t0 < seconds:
+                    t1 = time.perf_counter()
+                    torch.matmul(a, b)
+                    best = min(best, time.perf_counter() - t1)
+                    reps += 1
+                per_shape[f"{m}x{k}x{n}"] = 2.0 * m * k * n / best / 1e9
+    finally:
+        torch.set_num_threads(old)
+    return {"peak_gflops": max(per_shape.values()), "threads": threads, "shapes": per_shape}
+
+
+# ------------------------------------------------------------------------------------------- on the ranks
+def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: int, kl: bool, seed: int = 0):
+    """A GRPO batch in the trainer's layout: prompts*n rows, every prompt and response full length (no padding)."""
+    import torch
+
+    from mindrl.batch import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    rows = prompts * n
+    prompt_ids = torch.randint(300, vocab, (prompts, prompt_len), generator=g).repeat_interleave(n, 0)
+    responses = torch.randint(300, vocab, (rows, response_len), generator=g)
+    data = {
+        "input_ids": torch.cat([prompt_ids, responses], 1),
+        "attention_mask": torch.ones(rows, prompt_len + response_len, dtype=torch.long),
+        "responses": responses,
+        "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+        "rollout_log_prob": -torch.rand(rows, response_len, generator=g) * 8,
+        "advantages": torch.randn(rows, 1, generator=g).expand(rows, response_len).contiguous(),
+    }
+    if kl:
+        data["ref_log_prob"] = data["rollout_log_prob"] + 0.1 * torch.randn(rows, response_len, generator=g)
+    return Batch(data, meta={"prompt_length": prompt_len})
+
+
+def _category(name: str, in_optimizer: bool) -> str:
+    low = name.lower()
+    if in_optimizer:
+        return "optimizer"
+    # megatron's TP autograd functions wait on their collectives in their own (self) time
+    if any(s in low for s in ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter",
+                              "gloo", "c10d::", "barrier", "record_param_comms", "modelparallelregion",
+                              "sequenceparallelregion", "asynccommunication")):  # fmt: skip
+        return "communication"
+    if any(s in low for s in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm")):
+        return "gemm"
+    return "elementwise"
+
+
+def _breakdown(prof, wall_s: float) -> dict[str, float]:
+    """Seconds per category from the profiler's events of this (main) thread: each op's self time goes to
+    its category (under the optimizer's range: optimizer); the wall time no op covers is Python / framework."""
+    events = [e for e in prof.events() if e.device_type.name == "CPU"]
+    out = {"gemm": 0.0, "elementwise": 0.0, "optimizer": 0.0, "communication": 0.0}
+    top_level = 0.0
+    for e in events:
+        if e.name.startswith("mindrl::"):
+            continue
+        parent, in_opt = e.cpu_parent, False
+        while parent is not None:
+            if parent.name == "mindrl::optimizer":
+                in_opt = True
+                break
+            parent = parent.cpu_parent
+        out[_category(e.name, in_opt)] += e.self_cpu_time_total / 1e6
+        if e.cpu_parent is None or e.cpu_parent.name.startswith("mindrl::"):
+            top_level += e.cpu_time_total / 1e6
+    out["python"] = max(wall_s - top_level, 0.0)
+    return out
+
+
+def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
+                 profile: bool) -> dict:  # fmt: skip
+    """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from mindrl.batch import shard_rows
+    from mindrl.workers.rl_model import PPOLossSettings, ppo_update
+    from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
+
+    total = iterations + 1 + int(profile)
+    _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, 1, OptimSettings(lr=lr), total_steps=total)
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
+    loss = PPOLossSettings(kl_loss_coef=0.04 if kl else 0.0)
+    step = optimizer.step
+
+    def timed_step(*a, **k):  # a named range, so that the profile can attribute the optimizer's ops
+        with torch.profiler.record_function("mindrl::optimizer"):
+            return step(*a, **k)
+
+    optimizer.step = timed_step
+    times = []
+    for i in range(iterations + 1):
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
+        torch.distributed.barrier()
+        if i:
+            times.append(time.perf_counter() - t0)
+    breakdown = None
+    if profile:
+        torch.distributed.barrier()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
+            wall = time.perf_counter() - t0
+        breakdown = _breakdown(prof, wall)
+        breakdown["wall"] = wall
+        top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+        breakdown["_top_ops"] = top if torch.distributed.get_rank() == 0 else ""
+    return {
+        "times": times,
+        "breakdown": breakdown,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "threads": torch.get_num_threads(),
+    }
+
+
+# ------------------------------------------------------------------------------------------- driver
+def update_flops(shape: ModelShape, rows: int, seq_len: int) -> float:
+    """Forward + backward: 6 * N * tokens + 3 * the (full-square) attention forward."""
+    return 6.0 * shape.matmul_params * rows * seq_len + 3 * rows * shape.attention_flops(seq_len, causal=False)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp", default="1,2", help="tensor-parallel sizes, comma-separated (default 1,2)")
+    p.add_argument("--cores", type=int, default=2, help="cores shared by the ranks: a TPk layout runs k ranks "
+                   "of cores/k threads (default 2)")  # fmt: skip
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=30)
+    p.add_argument("--response-len", type=int, default=64)
+    p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch")
+    p.add_argument("--iterations", type=int, default=3, help="timed updates per layout (after one warm-up)")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--kl", action="store_true", help="a k3 KL term (coef 0.04) against given reference logprobs")
+    p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
+    p.add_argument("--hidden-size", type=int, default=512)
+    p.add_argument("--num-layers", type=int, default=8)
+    p.add_argument("--num-heads", type=int, default=8)
+    p.add_argument("--num-kv-heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=1408)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--hf-dir", default=None, help="benchmark this HF Qwen2 checkpoint (its config.json sets the "
+                   "shape) instead of generating one")  # fmt: skip
+    p.add_argument("--workdir", default=None, help="model and checkpoint folder (default: a temporary one)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    a = p.parse_args(argv)
+    tps = [int(x) for x in a.tp.split(",")]
+    for tp in tps:
+        if a.cores % tp:
+            p.error(f"--tp {tp} does not divide --cores {a.cores}")
+        if a.num_heads % tp or a.num_kv_heads % tp:
+            p.error(f"--tp {tp} must divide the heads ({a.num_heads}) and KV heads ({a.num_kv_heads})")
+
+    from mindrl.checkpoint import convert
+    from mindrl.platform.launch import RankPool
+
+    work = a.workdir or tempfile.mkdtemp(prefix="bench_update_")
+    if a.hf_dir:
+        shape, hf = ModelShape.from_hf(a.hf_dir), a.hf_dir
+    else:
+        shape = ModelShape(a.hidden_size, a.num_layers, a.num_heads, a.num_kv_heads, a.ffn, a.vocab_size)
+        hf = make_model(os.path.join(work, "hf"), shape)
+    seq = a.prompt_len + a.response_len
+    rows = a.prompts * a.n
+    tokens = rows * seq
+    flops = update_flops(shape, rows, seq)
+    peak = matmul_peak(shape, a.cores, tokens=(a.micro_batch_size * seq, 2048))
+    print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; batch {rows} rows x {seq} tokens = {tokens}; "
+          f"{flops / 1e12:.3f} TFLOP per update; matmul peak {peak['peak_gflops']:.1f} GFLOP/s "
+          f"({a.cores} threads)", flush=True)  # fmt: skip
+    batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, a.vocab_size, a.kl)
+    from tools.bench_update import _update_rank  # importable by the ranks (not __main__)
+
+    results = []
+    for tp in tps:
+        ckpt = os.path.join(work, f"mcore_tp{tp}")
+        with RankPool(tp, threads=a.cores // tp, timeout_s=3600) as pool:
+            if not os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
+                convert.hf2mcore(hf, ckpt, tp, 1, overwrite=True, pool=pool)
+            print(f"TP{tp}: {tp} rank(s) x {a.cores // tp} thread(s), {a.iterations} timed updates ...", flush=True)
+            res = pool.run(_update_rank, ckpt, tp, batch, a.iterations, a.micro_batch_size, a.lr, a.kl,
+                           not a.no_profile)  # fmt: skip
+        per_iter = [max(r["times"][i] for r in res) for i in range(a.iterations)]  # the slowest rank counts
+        step_s = statistics.median(per_iter)
+        row = {
+            "tp": tp,
+            "ranks": tp,
+            "threads_per_rank": res[0]["threads"],
+            "step_s": step_s,
+            "times": per_iter,
+            "tokens_per_s": tokens / step_s,
+            "flops": flops,
+            "gflops": flops / step_s / 1e9,
+            "mfu": flops / step_s / 1e9 / peak["peak_gflops"],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in res),
+            "profile": None,
+        }
+        if res[0]["breakdown"] is not None:
+            b = dict(res[0]["breakdown"])
+            top = b.pop("_top_ops")
+            row["profile"] = b
+            if top:
+                print(top, flush=True)
+        results.append(row)
+        print(f"TP{tp}: {step_s:.3f} s/update, {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}", flush=True)
+
+    cats = ("gemm", "elementwise", "optimizer", "communication", "python")
+    print(f"\n{'layout':<8}{'ranks x thr':>12}{'update s':>10}{'tokens/s':>10}{'GFLOP/s':>9}{'MFU':>7}"
+          f"{'RSS MiB':>9}  profile (rank 0, one update): " + ", ".join(cats))  # fmt: skip
+    for r in results:
+        prof = r["profile"]
+        split = "-" if prof is None else "  ".join(
+            f"{c} {prof[c]:.2f}s ({prof[c] / prof['wall']:.0%})" for c in cats)  # fmt: skip
+        print(f"TP{r['tp']:<6}{r['ranks']:>6} x {r['threads_per_rank']:<4}{r['step_s']:>10.3f}"
+              f"{r['tokens_per_s']:>10.0f}{r['gflops']:>9.1f}{r['mfu']:>7.1%}{r['peak_rss_mb']:>9.0f}  {split}")  # fmt: skip
+    print(
+        f"FLOPs per update = 6*N*T + attention = {flops:.3e}; MFU = achieved / matmul peak "
+        f"{peak['peak_gflops']:.1f} GFLOP/s (best fp32 torch.matmul at the model's GEMM shapes, {a.cores} threads)"
+    )
+    out = {
+        "peak_gflops": peak["peak_gflops"],
+        "matmul": peak,
+        "model": asdict(shape) | {"matmul_params": shape.matmul_params},
+        "batch": {"rows": rows, "seq_len": seq, "tokens": tokens, "micro_batch_size": a.micro_batch_size},
+        "kl": a.kl,
+        "iterations": a.iterations,
+        "results": results,
+    }
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"wrote {a.json}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

