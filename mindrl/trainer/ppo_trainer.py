@@ -116,7 +116,9 @@ class PPOTrainer:
         for what, path in self._save_dirs():
             checkpoints.check_writable(path, what)
         self.save_failures = 0
-        if self.resume is not None and self.needs_ref and not rl.integrated_mode_config.ref_model_load_path:
+        self.sync_ref = rl.sync_ref_model and self.needs_ref
+        original_ref = self.resume is not None and self.resume.ref_dir is None  # not a synced one from the checkpoint
+        if original_ref and self.needs_ref and not rl.integrated_mode_config.ref_model_load_path:
             raise ValueError(
                 f"resuming from actor_config.load={cfg.actor_config.load!r} (finetune: false) needs "
                 "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "
@@ -282,6 +284,11 @@ class PPOTrainer:
         metrics.update(self._logprob_diff(batch, actor_metrics.pop("_logprob_diff")))
         metrics.update(actor_metrics)
         self._check_skipped(metrics)
+        if self.sync_ref:  # TR-DPO: after the actor update of iterations K, 2K, ... (saved with this iteration)
+            synced = self.iteration % rl.ref_model_sync_steps == 0
+            if synced:
+                timing["timing/ref_sync"] = max(self.actor.call("sync_reference", None, rl.ref_model_mixup_alpha))
+            metrics["actor/ref_synced"] = float(synced)
 
         timing["timing/all"] = time.perf_counter() - t_all
         metrics.update(timing)
@@ -514,6 +521,10 @@ class PPOTrainer:
                 tmps.append(begin_iteration(save_dir, it))
                 group = self.actor if key.startswith("actor") else self.critic
                 group.call("save", None, tmps[-1], not rc.no_save_optim, not rc.no_save_rng)
+                if group is self.actor and self.sync_ref:
+                    from mindrl.workers.checkpointing import REF_DIR
+
+                    group.call("save_reference", None, os.path.join(tmps[-1], REF_DIR))
                 if group is self.actor:
                     with open(os.path.join(tmps[-1], build.TRAINER_STATE), "w") as f:
                         json.dump(self._trainer_state(), f, indent=2)
@@ -560,6 +571,7 @@ class PPOTrainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "skipped_in_a_row": self.skipped_in_a_row,
             "save_failures": self.save_failures,
+            "reference_saved": self.sync_ref,
             "config_name": self.cfg.config_name,
         }
 
