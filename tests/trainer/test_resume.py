@@ -1,6 +1,8 @@
 """Exact resume: N iterations straight equal N/2, stop, resume (load: the run's own checkpoints, finetune: false)
 for N/2, metric for metric (1e-6) and bit for bit in the final weights; the resume lands on an epoch boundary of
-the prompt sampler (16 prompts, 8 per iteration)."""
+the prompt sampler (16 prompts, 8 per iteration). PPO stops as a finished run of N/2 iterations that is extended;
+GRPO (off-policy: 2 mini-batches x 2 epochs) stops at the straight run's own mid-run checkpoint (one trainer
+run fewer)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,11 @@ import sys
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, _run, _train
+from tests.trainer.rl_helpers import STRAIGHT_EXTRA, _config, _run, _train, straight_run
 
 pytestmark = pytest.mark.slow
 
-EXTRA = {
-    "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"],
-    "grpo": [],
-}
+EXTRA = STRAIGHT_EXTRA  # the straight runs' extra overrides (adaptive KL for PPO, off-policy GRPO)
 RESUME = ["finetune=false", "no_load_optim=false", "no_load_rng=false"]
 EVERY2 = ["megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]
 RESUME_ARGS = [f"{role}_config.{k}" for role in ("actor", "critic") for k in RESUME]
@@ -29,19 +28,26 @@ _RUNS: dict = {}
 
 
 def _straight_and_half(algo, assets, tmp_path_factory, tmp_path):
-    """(straight run's metrics, a fresh copy of the half run's dir): both computed once per algorithm."""
+    """(straight run's metrics, its dir, a fresh copy of the half run's dir): computed once per algorithm (the
+    straight run is rl_helpers.straight_run, shared with test_ppo_e2e). PPO's half run is a run of train_iters=2 (a
+    finished run to extend); GRPO's is the straight run as it stood after iteration 2's save (iteration 4 not
+    written yet; the resume cuts metrics.jsonl back to iteration 2)."""
     name, extra = f"{algo}_tiny_cpu", EXTRA[algo]
-    if algo not in _RUNS:
-        base = tmp_path_factory.mktemp(f"resume_{algo}")
-        _, _, straight, _ = _train(
-            _config(name, assets, base / "straight", "megatron_training.train_iters=4", *EVERY2, *extra)
-        )
-        _train(_config(name, assets, base / "half", "megatron_training.train_iters=2", *EVERY2, *extra))
-        _RUNS[algo] = (straight, base)
-    straight, base = _RUNS[algo]
+    straight = straight_run(algo, assets, tmp_path_factory)
+    if algo == "ppo" and algo not in _RUNS:
+        half = tmp_path_factory.mktemp(f"resume_{algo}") / "half"
+        _train(_config(name, assets, half, "megatron_training.train_iters=2", *EVERY2, *extra))
+        _RUNS[algo] = half
     split_dir = tmp_path / "split"
-    shutil.copytree(base / "half", split_dir)
-    return straight, base / "straight", split_dir
+    if algo == "ppo":
+        shutil.copytree(_RUNS[algo], split_dir)
+    else:
+        from mindrl.checkpoint import mcore_ckpt
+
+        shutil.copytree(straight.run_dir, split_dir)
+        shutil.rmtree(split_dir / "ckpt_actor" / "iter_0000004")
+        mcore_ckpt.write_tracker(str(split_dir / "ckpt_actor"), 2)
+    return straight.lines, straight.run_dir, split_dir
 
 
 def _comparable(m: dict) -> dict:
@@ -98,48 +104,7 @@ def test_resume_onto_another_layout(assets, tmp_path_factory, tmp_path):
         assert not bad, bad
 
 
-def test_ctrl_c_shuts_down_cleanly_and_keeps_the_last_checkpoint(assets, tmp_path):
-    """SIGINT to mindrl-train mid-run: exit 130 with a message, no Ray or worker process and no shared-memory
-    segment left, and the last complete checkpoint loads."""
-    import signal
-    import subprocess
-    import time
-
-    from mindrl.checkpoint import mcore_ckpt
-    from tests.trainer.rl_helpers import ROOT
-
-    cfg = _config(
-        "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1000", "megatron_training.save_interval=2"
-    )
-    overrides = [f"{k}={v}" for k, v in (
-        ("actor_config.load", cfg.actor_config.load), ("actor_config.save", cfg.actor_config.save),
-        ("megatron_training.data_path", cfg.megatron_training.data_path),
-        ("megatron_training.tokenizer_name_or_path", cfg.megatron_training.tokenizer_name_or_path),
-        ("rl_config.integrated_mode_config.ref_model_load_path", cfg.actor_config.load),
-        ("rl_config.run_dir", tmp_path), ("megatron_training.train_iters", 1000), ("megatron_training.save_interval", 2),
-    )]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mindrl.cli.train", "--config-name", "grpo_tiny_cpu", *overrides],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    tracker = tmp_path / "ckpt_actor" / mcore_ckpt.TRACKER
-    deadline = time.monotonic() + 300
-    while not (tracker.is_file() and int(tracker.read_text()) >= 4) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 130, err[-3000:]
-    assert "interrupted" in err
-    from tests.trainer.rl_helpers import wait_for_no_ray
-
-    leftovers = wait_for_no_ray(10)
-    assert not leftovers, leftovers
-    assert not [f for f in os.listdir("/dev/shm") if "mindrl" in f]
-    it = mcore_ckpt.read_tracker(str(tmp_path / "ckpt_actor"))
-    it_dir = mcore_ckpt.iteration_dir(str(tmp_path / "ckpt_actor"), it)
-    assert it >= 4 and os.path.isfile(os.path.join(it_dir, "trainer_state.json"))
-    mcore_ckpt.read_model_meta(str(tmp_path / "ckpt_actor"))
+# Ctrl-C (SIGINT) of mindrl-train mid-run: the last run of test_faults.py's kill -9 chain.
 
 
 # ---- damaged checkpoints: fall back to the newest complete iteration, with a warning; never restart silently ---
