@@ -10,8 +10,7 @@ from mindrl.config.errors import Collector
 from mindrl.config.section import Section, ignored_field
 from mindrl.rollout.base import DTYPES, RolloutConfig, SamplingConfig
 
-ROLLOUT_MODES = ("integrated",)
-RESERVED_ROLLOUT_MODES = ("server",)
+ROLLOUT_MODES = ("integrated", "server")
 
 
 @dataclass
@@ -119,8 +118,17 @@ class GenerateConfig(Section):
     enable_chunked_prefill: bool | None = None
     """Split long prefills over steps; None: the platform's default (mindrl addition)."""
     rollout_mode: str = "integrated"
-    """Where rollout runs (mindrl addition): 'integrated' (the engine inside the actor's processes) is the only
-    mode now; 'server' (a remote rollout server) is reserved."""
+    """Where rollout runs (mindrl addition): 'integrated' (the engine inside the actor's processes) or 'server'
+    (mindrl-rollout-server processes at server_urls; the actor pushes its weights to them every iteration)."""
+    server_urls: list[str] = field(default_factory=list)
+    """rollout_mode 'server': the rollout servers' base URLs, e.g. http://10.0.0.5:8000; the prompts are split
+    over them (mindrl addition)."""
+    server_timeout: float = 300.0
+    """rollout_mode 'server': seconds to wait for a server that does not answer (at start, and after a failure
+    mid-run) before the run stops; also the longest one request may take (mindrl addition)."""
+    server_token_file: str | None = None
+    """rollout_mode 'server': a file holding the servers' token (their --token-file); None: no token (mindrl
+    addition)."""
     kv_cache_memory_gib: float | None = None
     """Explicit KV-cache size per engine in GiB, e.g. on CPU; None: the platform default (mindrl addition)."""
     bucket_size_mb: float = 512.0
@@ -142,16 +150,44 @@ class GenerateConfig(Section):
             col.add("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             col.add("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.rollout_mode in RESERVED_ROLLOUT_MODES:
-            col.add("rollout_mode", f"{self.rollout_mode!r} is not yet supported; use 'integrated'")
-        elif self.rollout_mode not in ROLLOUT_MODES:
+        if self.rollout_mode not in ROLLOUT_MODES:
             col.add("rollout_mode", f"{self.rollout_mode!r} is not one of {', '.join(ROLLOUT_MODES)}")
+        self._validate_server(col)
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             col.add("kv_cache_memory_gib", f"must be > 0 (or null), got {self.kv_cache_memory_gib}")
         if self.bucket_size_mb <= 0:
             col.add("bucket_size_mb", f"must be > 0, got {self.bucket_size_mb}")
         if self.sleep_level not in (1, 2):
             col.add("sleep_level", f"must be 1 or 2, got {self.sleep_level}")
+
+    def _validate_server(self, col: Collector) -> None:
+        from urllib.parse import urlsplit
+
+        if self.rollout_mode == "server" and not self.server_urls:
+            col.add("server_urls", "rollout_mode 'server' needs at least one rollout server URL, e.g. "
+                    "server_urls: [http://127.0.0.1:8000] (start one with mindrl-rollout-server --model HF_DIR)")  # fmt: skip
+        seen = set()
+        for i, url in enumerate(self.server_urls):
+            try:
+                parts = urlsplit(url)
+                port = parts.port
+            except ValueError as e:
+                col.add(f"server_urls[{i}]", f"{url!r} is not a URL: {e}")
+                continue
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                col.add(f"server_urls[{i}]", f"{url!r} must look like http://HOST:PORT")
+            elif port is None:
+                col.add(f"server_urls[{i}]", f"{url!r} names no port (mindrl-rollout-server's default is 8000)")
+            elif parts.path.strip("/") or parts.query:
+                col.add(f"server_urls[{i}]", f"{url!r} must be the server's base URL, without a path")
+            key = url.rstrip("/")
+            if key in seen:
+                col.add(f"server_urls[{i}]", f"{url!r} is listed twice")
+            seen.add(key)
+        if not self.server_timeout > 0:
+            col.add("server_timeout", f"must be > 0 seconds, got {self.server_timeout}")
+        if self.server_token_file is not None and not self.server_token_file:
+            col.add("server_token_file", "must be a file path or null")
 
     # -- builders for mindrl.rollout -----------------------------------------------------------------
     def sampling(self, n: int) -> SamplingConfig:

@@ -61,6 +61,7 @@ class PushOutcome:
     bytes: int = 0  # tensor bytes sent
     num_buckets: int = 0
     num_tensors: int = 0
+    commit_seconds: float = 0.0  # the server's own time to apply the weights (its load into the engine)
     error: str | None = None
     retryable: bool = False  # the server did not answer (a retry after it is back may succeed)
 
@@ -187,7 +188,12 @@ class RolloutClient:
     def check_token(self) -> None:
         """An authenticated request that changes nothing (abort of a transfer that does not exist): a 401 here is a
         wrong or missing token, found before any training."""
-        self._post(p.WEIGHTS_ABORT, {"transfer_id": "mindrl-token-check"}, "token check")
+        try:
+            self._post(p.WEIGHTS_ABORT, {"transfer_id": "mindrl-token-check"}, "token check")
+        except RolloutServerError as e:
+            if e.status == 401 or e.status is None or e.status >= 500:
+                raise
+            # any other refusal of the request came after the token was accepted
 
     def generate(
         self,
@@ -319,7 +325,7 @@ def push_to_servers(
     for i in list(state):
         o = outcomes[i]
         try:
-            clients[i].commit(state[i]["tid"], version, o.num_buckets, o.num_tensors)
+            o.commit_seconds = clients[i].commit(state[i]["tid"], version, o.num_buckets, o.num_tensors).seconds
         except RolloutServerError as e:
             fail(i, e)
             continue

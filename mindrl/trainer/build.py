@@ -125,6 +125,7 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         ref_forward_micro_batch_size=rl.ref_forward_micro_batch_size or cfg.actor_config.micro_batch_size,
         offload=OffloadConfig.from_generate_config(gen),
         bucket_size_mb=gen.bucket_size_mb,
+        remote_rollout=gen.rollout_mode == "server",
     )
 
 

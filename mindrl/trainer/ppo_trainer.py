@@ -29,7 +29,7 @@ from mindrl.batch import Batch, pad_rows
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.trainer import build, checkpoints
 from mindrl.trainer.metrics import stats_metrics
-from mindrl.trainer.rollout import IntegratedRollout, RolloutSource
+from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -125,6 +125,9 @@ class PPOTrainer:
                 "policy, not the resumed one"
             )
         _remove_stale_shm(self.run_dir)
+        self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
+        if cfg.generate_config.rollout_mode == "server":
+            self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
         self.started_ray = start_ray(rl.ray_address, self.world)
         self.groups: list = []
         try:
@@ -145,7 +148,11 @@ class PPOTrainer:
                 json.dump(sorted(self.shm_idents), f)
             if self.critic is not None:
                 self.critic.setup(build.critic_settings(cfg, self.resume))
-            self.rollout: RolloutSource = IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
+            self.rollout: RolloutSource = (
+                self.remote.attach(self.actor)
+                if self.remote is not None
+                else IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
+            )
             self.iteration = 0
             self.skipped_in_a_row = 0
             self._restore(self.resume)
@@ -193,7 +200,7 @@ class PPOTrainer:
 
         try:
             return self.step(prompts)
-        except WorkerError as e:
+        except (WorkerError, RemoteRolloutError) as e:
             raise TrainingAborted(f"iteration {self.iteration}: {e}{self._resume_hint()}") from e
 
     def _periodic_save(self) -> None:

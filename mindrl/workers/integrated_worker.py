@@ -36,6 +36,12 @@ class IntegratedWorker(MegatronRank):
             self.ref.eval()
             self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
             self.ref_offloader.offload()
+        self.hybrid = None
+        if s.remote_rollout:  # the rollout servers hold the engines: only the weight stream lives here
+            from mindrl.resharding import WeightStreamer
+
+            self.streamer = WeightStreamer(self.actor, self.spec, s.bucket_size_mb)
+            return info
         engine = VllmEngine(s.rollout)
         self.hybrid = HybridEngine(self.actor, self.spec, self.optimizer, engine, s.offload, s.bucket_size_mb)
         # Engine replicas: consecutive groups of infer-TP ranks; their first rank receives the prompts.
@@ -61,6 +67,20 @@ class IntegratedWorker(MegatronRank):
             "timing/reshard_to_train": stats.onload_s,
         }
         return (samples if self.rank % itp == 0 else None), timing
+
+    def push_weights(self, version: int, urls: list[str], token: str | None, bucket_bytes: int, timeout: float) -> list:
+        """Rollout-server mode, collective over all ranks: stream the actor's weights in the inference layout (full HF
+        tensors on every rank) and push them as `version` to `urls`, this rank's share of the servers (possibly
+        none: the rank still takes part in the stream). One `PushOutcome` per url; a failing server does not fail
+        the call (the driver decides whether to wait for it)."""
+        from mindrl.serving.client import RolloutClient, push_to_servers
+
+        clients = [RolloutClient(u, token, timeout) for u in urls]
+        try:
+            return push_to_servers(clients, version, self.streamer.stream(), bucket_bytes)
+        finally:
+            for c in clients:
+                c.close()
 
     def compute_log_prob(self, shard: Batch | None, reference: bool) -> tuple[torch.Tensor | None, float]:
         """This DP shard's response logprobs under the actor (old_log_prob) or the reference model."""
@@ -132,10 +152,11 @@ class IntegratedWorker(MegatronRank):
 
     def shm_ident(self) -> str | None:
         """The rollout engine's shared-memory name, for the driver to clean up if this process gets killed."""
-        return getattr(self.hybrid.engine, "shm_ident", None)
+        return getattr(self.hybrid.engine, "shm_ident", None) if self.hybrid is not None else None
 
     def shutdown(self) -> None:
-        self.hybrid.engine.shutdown()
+        if getattr(self, "hybrid", None) is not None:
+            self.hybrid.engine.shutdown()
 
 
 def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:

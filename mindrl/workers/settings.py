@@ -50,6 +50,8 @@ class IntegratedSettings:
     ref_forward_micro_batch_size: int = 1
     offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(True, True, False))
     bucket_size_mb: float = 512
+    remote_rollout: bool = False
+    """Rollout runs on rollout servers: no engine is built here; `push_weights` streams the weights to them."""
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def test_forbidden_and_unsupported_keys():
     issue(err, "rl_config.filter_groups_enable", "not supported", "DAPO dynamic sampling")
     issue(err, "megatron_training.context_parallel_size", "not supported", "context parallelism", "set it to 1")
     issue(err, "rl_config.use_integrated_worker", "integrated mode")
-    issue(err, "generate_config.rollout_mode", "'server' is not yet supported")
+    issue(err, "generate_config.server_urls", "rollout_mode 'server' needs at least one rollout server URL")
     issue(err, "generate_config.enable_expert_parallel", "not supported")
     issue(err, "rl_config.reward_resource", "must not be set")
 

@@ -10,7 +10,14 @@ import yaml
 from mindrl.config import RLConfig, load_config
 from tests.config.conftest import asset_overrides
 
-SHIPPED = ["ppo_tiny_cpu", "grpo_tiny_cpu", "ppo_qwen25_32b_A3", "grpo_qwen25_7b_A3", "grpo_qwen25_32b_A3"]
+SHIPPED = [
+    "ppo_tiny_cpu",
+    "ppo_tiny_cpu_server",
+    "grpo_tiny_cpu",
+    "ppo_qwen25_32b_A3",
+    "grpo_qwen25_7b_A3",
+    "grpo_qwen25_32b_A3",
+]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

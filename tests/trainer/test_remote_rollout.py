@@ -1,6 +1,5 @@
-"""Rollout-server mode. Fast: RemoteRollout's split, versions, waits and re-syncs over fake servers. Slow: tiny PPO and
-GRPO runs against real mindrl-rollout-server processes on loopback (first iteration equal to integrated mode, a
-server killed and restarted mid-run, a server that never comes back, a wrong token)."""
+"""Rollout-server mode: RemoteRollout's split, versions, waits and re-syncs over fake servers; the weight push dealt
+over the actor's ranks; the server keys' validation."""
 
 from __future__ import annotations
 
@@ -161,3 +160,46 @@ def test_refusals_are_not_retried_and_a_server_ahead_is_an_error():
     clients[0].generate = other_trainer
     with pytest.raises(RemoteRolloutError, match="serves weight version 7, ahead of this trainer's 1"):
         remote.generate([[1]], SamplingConfig(), [1])
+
+
+def test_group_pusher_deals_servers_over_the_ranks():
+    from types import SimpleNamespace as NS
+
+    from mindrl.trainer.rollout import group_pusher
+
+    calls = []
+
+    class Group:
+        world_size = 2
+
+        def call(self, method, args):
+            calls.append((method, args))
+            return [[PushOutcome(u, a[0], True) for u in a[1]] for a in args]
+
+    clients = [NS(url=u, timeout=5.0) for u in ("http://a:1", "http://b:1", "http://c:1")]
+    push = group_pusher(Group(), clients, "tok", 123)
+    assert [o.url for o in push(3, ["http://c:1", "http://a:1", "http://b:1"])] == ["http://c:1", "http://a:1",
+                                                                                    "http://b:1"]  # fmt: skip
+    # every rank streams (a collective); rank 0 sends to the 1st and 3rd server, rank 1 to the 2nd
+    assert calls == [("push_weights", [(3, ["http://c:1", "http://b:1"], "tok", 123, 5.0),
+                                       (3, ["http://a:1"], "tok", 123, 5.0)])]  # fmt: skip
+
+
+def test_server_keys_are_validated_at_load():
+    from mindrl.config import ConfigError, load_config
+
+    urls = "[http://127.0.0.1:8000,'ftp://h:1',http://h:1/v1,http://h,http://127.0.0.1:8000/]"
+    with pytest.raises(ConfigError) as e:
+        load_config("ppo_tiny_cpu_server", overrides=[f"generate_config.server_urls={urls}",
+                    "generate_config.server_timeout=0"], check_paths=False)  # fmt: skip
+    text = str(e.value)
+    for fragment in (
+        "server_urls[1]: 'ftp://h:1' must look like http://HOST:PORT",
+        "server_urls[2]: 'http://h:1/v1' must be the server's base URL, without a path",
+        "server_urls[3]: 'http://h' names no port",
+        "server_urls[4]: 'http://127.0.0.1:8000/' is listed twice",
+        "generate_config.server_timeout: must be > 0 seconds",
+    ):
+        assert fragment in text, (fragment, text)
+    cfg = load_config("ppo_tiny_cpu_server", check_paths=False)
+    assert cfg.generate_config.server_urls == ["http://127.0.0.1:8000"] and cfg.generate_config.server_timeout == 300
