@@ -25,18 +25,23 @@ class WorkerError(RuntimeError):
 _ENV_BEFORE_RAY: dict[str, str] | None = None
 
 
-def start_ray(address: str | None, num_devices: int) -> bool:
+def start_ray(address: str | None, num_devices: int, runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster at `address`, or start a private Ray on loopback. Returns True if this call initialised
-    Ray (False: the caller already had); `stop_ray` undoes it, environment variables included."""
+    Ray (False: the caller already had, with its own runtime_env); `stop_ray` undoes it, environment variables
+    included. Workers get configs/envs/runtime_env.yaml (or $MINDRL_RUNTIME_ENV) merged with this process's
+    environment and `runtime_env` (see `mindrl.workers.runtime_env`)."""
     global _ENV_BEFORE_RAY
     import ray
 
+    from mindrl.workers.runtime_env import build_runtime_env
+
     if ray.is_initialized():
         return False
+    env = build_runtime_env(runtime_env)  # before ray.init: a malformed file fails with nothing started
+    logger.info(env.describe())
     _ENV_BEFORE_RAY = dict(os.environ)  # ray.init sets RAY_* and PYTHONBREAKPOINT in this process
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        ray.init(address=address, runtime_env=env.runtime_env, log_to_driver=True)
         return True  # connected by us: disconnected by stop_ray (the cluster stays up)
     # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
     num_cpus = max(os.cpu_count() or 1, num_devices + 1)
@@ -46,7 +51,7 @@ def start_ray(address: str | None, num_devices: int) -> bool:
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
         object_store_memory=256 * 1024 * 1024,
-        runtime_env=env,
+        runtime_env=env.runtime_env,
         log_to_driver=True,
         configure_logging=False,
     )
@@ -83,7 +88,19 @@ def device_placement_group(num_devices: int, timeout_s: float = 600):
             f"could not reserve {num_devices} x {bundle} within {timeout_s:.0f} s; the cluster has "
             f"{ray.cluster_resources()} (are all nodes' devices registered with Ray?)"
         )
+    _log_placement(pg)
     return pg
+
+
+def _log_placement(pg) -> None:
+    """One line: the node (address) of each bundle, i.e. of each rank of the groups built on `pg`."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    by_bundle = placement_group_table(pg).get("bundles_to_node_id", {})
+    where = [f"{i}->{ips.get(by_bundle[i], by_bundle[i][:8])}" for i in sorted(by_bundle)]
+    logger.info("placement: rank->node %s (%d node(s))", " ".join(where), len(set(by_bundle.values())))
 
 
 def _death_summary(e: Exception) -> str:

@@ -1,0 +1,98 @@
+"""The Ray workers' environment: configs/envs/runtime_env.yaml (or MINDRL_RUNTIME_ENV) merged with the user's
+environment and an explicit runtime_env; malformed files named; a Ray worker sees the file's variables."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mindrl.workers.runtime_env import ENV_VAR, REQUIRED, RuntimeEnvError, build_runtime_env, default_path
+
+
+def _file(tmp_path, text: str) -> str:
+    path = tmp_path / "env.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_shipped_file_is_read_by_default():
+    env = build_runtime_env(environ={})
+    assert env.path == default_path() and os.path.isfile(env.path)
+    vars_ = env.runtime_env["env_vars"]
+    assert vars_["HCCL_HOST_SOCKET_PORT_RANGE"] == "auto" and vars_["HCCL_NPU_SOCKET_PORT_RANGE"] == "auto"
+    assert vars_["TOKENIZERS_PARALLELISM"] == "false"
+    assert all(vars_[k] == v for k, v in REQUIRED.items())
+    assert all(isinstance(v, str) for v in vars_.values())
+
+
+def test_precedence_file_then_environment_then_explicit_then_required(tmp_path):
+    path = _file(tmp_path, "env_vars:\n  A: from_file\n  B: from_file\n  C: from_file\n  FLAG: true\n  N: 8\n")
+    environ = {ENV_VAR: path, "B": "from_env", "C": "from_env", "UNRELATED": "x"}
+    explicit = {"env_vars": {"C": "explicit", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, "working_dir": "/w"}
+    env = build_runtime_env(explicit, environ)
+    assert env.runtime_env["env_vars"] == {
+        "A": "from_file",  # only in the file
+        "B": "from_env",  # the user's environment wins over the file
+        "C": "explicit",  # an explicit runtime_env wins over both
+        "FLAG": "true",  # YAML booleans and numbers become the strings the user wrote
+        "N": "8",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # required by mindrl, whatever the caller says
+    }
+    assert "UNRELATED" not in env.runtime_env["env_vars"]  # the environment only overrides the file's keys
+    assert env.runtime_env["working_dir"] == "/w"  # other runtime_env keys pass through
+    assert env.from_environ == ["B", "C"] and "2 taken from this environment" in env.describe()
+
+
+def test_empty_setting_disables_the_file():
+    env = build_runtime_env(environ={ENV_VAR: ""})
+    assert env.path is None and env.runtime_env["env_vars"] == REQUIRED
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("env_vars:\n  A: [1, 2]\n", "env_vars.A: the value must be a string or number"),
+        ("env_vars:\n  A:\n", "env_vars.A: the value must be a string or number"),
+        ("env_vars:\n  BAD-NAME: x\n", "env_vars.BAD-NAME: not a valid environment variable name"),
+        ("env_vars: [A, B]\n", "'env_vars' must be a mapping"),
+        ("pip: [numpy]\nenv_vars: {}\n", "unsupported key(s) ['pip']"),
+        ("- A\n", "expected a mapping with 'env_vars'"),
+        ("env_vars: {A: 'x'\n", "not valid YAML"),
+        (
+            "env_vars:\n  VLLM_ENABLE_V1_MULTIPROCESSING: '1'\n",
+            "env_vars.VLLM_ENABLE_V1_MULTIPROCESSING='1': mindrl requires",
+        ),
+    ],
+)
+def test_malformed_file_names_file_and_key(tmp_path, text, expected):
+    path = _file(tmp_path, text)
+    with pytest.raises(RuntimeEnvError) as e:
+        build_runtime_env(environ={ENV_VAR: path})
+    assert path in str(e.value) and expected in str(e.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(RuntimeEnvError, match=f"{tmp_path}/nope.yaml \\({ENV_VAR}\\): cannot read it"):
+        build_runtime_env(environ={ENV_VAR: str(tmp_path / "nope.yaml")})
+
+
+def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
+    """start_ray hands the merged variables to Ray: a task on a worker process reads them."""
+    import ray
+
+    from mindrl.workers.group import start_ray, stop_ray
+
+    monkeypatch.setenv(ENV_VAR, _file(tmp_path, "env_vars:\n  MINDRL_PROBE_A: file\n  MINDRL_PROBE_B: file\n"))
+    monkeypatch.setenv("MINDRL_PROBE_B", "user")
+    assert start_ray(None, 1)
+    try:
+
+        @ray.remote(num_cpus=0)
+        def probe() -> tuple:
+            return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B")
+
+        pid, a, b = ray.get(probe.remote(), timeout=120)
+        assert pid != os.getpid() and (a, b) == ("file", "user")
+    finally:
+        stop_ray()
