@@ -113,11 +113,12 @@ class SharedRun:
     run_dir: Path
 
 
-# The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; PPO's (with
-# an adaptive KL controller) is also test_ppo_e2e's PPO run for the metrics contract. Read-only: copy to modify.
+# The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; they are
+# also test_ppo_e2e's PPO run (an adaptive KL controller) and GRPO run (off-policy: 2 mini-batches x 2 epochs, old
+# logprobs recomputed, truncated importance sampling) for the metrics contract. Read-only: copy to modify.
 STRAIGHT_EXTRA = {
     "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"],
-    "grpo": [],
+    "grpo": ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0"],
 }
 _STRAIGHT: dict[str, SharedRun] = {}
 

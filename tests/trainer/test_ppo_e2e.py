@@ -76,13 +76,15 @@ def test_ppo_tiny_runs(assets, tmp_path_factory):
     _no_leftovers()
 
 
-def test_grpo_tiny_runs_off_policy(assets, tmp_path):
+def test_grpo_tiny_runs_off_policy(assets, tmp_path_factory):
     """GRPO with 2 mini-batches x 2 epochs (off-policy after the first step: old logprobs are recomputed) and
-    truncated importance sampling on."""
-    off_policy = ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0"]
-    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2", *off_policy)
-    assert not cfg.rl_config.needs_critic and cfg.rl_config.kl_coef_in_loss > 0 and not cfg.rl_config.on_policy
-    _, results, lines, _ = _train(cfg)
+    truncated importance sampling on, for 4 iterations (test_resume's straight GRPO run, shared)."""
+    run = straight_run("grpo", assets, tmp_path_factory)
+    cfg, lines = run.cfg, run.lines
+    rl = cfg.rl_config
+    assert (rl.mini_batch_size, rl.epochs, rl.rollout_is_threshold) == (4, 2, 2.0)
+    assert not rl.needs_critic and rl.kl_coef_in_loss > 0 and not rl.on_policy
+    assert len(lines) == 4
     keys = ["actor/kl_loss", "timing/reference_model", "timing/old_log_p", "actor/is_weight_mean"]
     _check_metrics(lines, cfg, REQUIRED + keys)
     for m in lines:
