@@ -1,0 +1,615 @@
+"""The rollout server: one `VllmEngine` behind HTTP (FastAPI + uvicorn) with generation, atomic versioned
+weight updates and an OpenAI-compatible `/v1/completions`; the wire format is `mindrl.serving.protocol`.
+
+Every engine call (creation, generate, load_weights, shutdown) runs on one dedicated thread, in arrival order:
+that single thread is the lock that keeps a generate from ever seeing half-applied weights, and keeps vLLM's
+in-process engine on the thread it was built on. Weight buckets are decoded and checked off that thread, so
+uploads overlap generation; they are staged in host memory and applied only by a commit whose counts match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import difflib
+import hmac
+import ipaddress
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from mindrl.rollout.base import RolloutConfig, RolloutEngine, RolloutSample, SamplingConfig
+from mindrl.serving import protocol as P
+from mindrl.serving.protocol import ServerError, bad_request
+
+LOG_PREFIX = "mindrl-rollout-server:"
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or "localhost"; any other name counts as exposed."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServerConfig:
+    """What `mindrl-rollout-server` serves and how; validated before any engine is built."""
+
+    model: str
+    """HF model dir; the server starts from its weights (version 0)."""
+    host: str = "127.0.0.1"
+    """Address to bind. Anything but loopback needs a token."""
+    port: int = 8000
+    """TCP port; 0 picks a free one (the ready line names it)."""
+    token: str | None = None
+    """Bearer token required on every request but /health (None: no auth, loopback only)."""
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    dtype: str = "bfloat16"
+    seed: int = 1234
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across requests that share a prompt prefix (reset on every weight commit)."""
+    kv_cache_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"mindrl-rollout-server: {msg}")
+
+        if not is_loopback(self.host) and not self.token:
+            bad(
+                f"--host {self.host} is not a loopback address and no token is set: anyone who can reach it "
+                "could replace the weights. Pass --token-file FILE (clients send 'Authorization: Bearer <token>') "
+                "or bind 127.0.0.1"
+            )
+        if self.token is not None and not self.token.strip():
+            bad("the token is empty (check --token-file)")
+        if not (0 <= self.port < 65536):
+            bad(f"--port must be in [0, 65535], got {self.port}")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                bad(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if self.tensor_parallel_size > 1:  # needs a spawned world of ranks with rank 0 serving: not built yet
+            bad(f"--tensor-parallel-size {self.tensor_parallel_size}: only 1 is supported yet")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            bad(f"--model {self.model} has no config.json: pass an HF model directory")
+
+
+@dataclass
+class _Transfer:
+    """A weight update being received: buckets staged in host memory until the commit."""
+
+    id: str
+    version: int
+    buckets: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    bytes: int = 0
+
+
+@dataclass
+class WeightSpec:
+    """The model's HF weight names, their shapes, and the names a complete update must carry."""
+
+    shapes: dict[str, tuple[int, ...]]
+    required: set[str]
+
+    @classmethod
+    def of(cls, model_dir: str) -> WeightSpec:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from mindrl.rollout.vllm_engine import _hf_weight_names  # the engine's own notion of names and ties
+
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        names, required, _ = _hf_weight_names(hf_config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+        state = model.state_dict()
+        shapes = {n: tuple(state[n].shape) for n in names if n in state}
+        for n in names - state.keys():  # a tied name absent from the state dict: shaped like its source
+            shapes[n] = tuple(state["model.embed_tokens.weight"].shape)
+        return cls(shapes, required)
+
+    def check(self, name: str, tensor: torch.Tensor) -> None:
+        if name not in self.shapes:
+            close = difflib.get_close_matches(name, sorted(self.shapes), n=3)
+            raise bad_request(f"weight {name!r} is not a weight of the model (close matches: {close})")
+        if tuple(tensor.shape) != self.shapes[name]:
+            raise bad_request(
+                f"weight {name!r} has shape {list(tensor.shape)}, the model's is {list(self.shapes[name])}"
+            )
+        if not tensor.is_floating_point():
+            raise bad_request(f"weight {name!r} has dtype {tensor.dtype}; weights must be floating point")
+
+
+class RolloutServer:
+    """The engine, its weight version and the HTTP app. Build it (loads the engine), then `serve`."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.version = 0
+        self._broken: str | None = None  # set when a commit failed midway: weights unknown, refuse to serve
+        self._transfer: _Transfer | None = None
+        # The engine thread: every engine call, in order (see the module docstring).
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindrl-engine")
+        self.engine = None
+        building = self._thread.submit(self._make_engine)
+        try:
+            self.engine = building.result()
+        except BaseException:  # e.g. SIGTERM while loading: the build finishes on its thread, then shut it down
+            self._thread.submit(_shutdown_if_built, building)
+            self._thread.shutdown(wait=True)
+            raise
+        self.weights = WeightSpec.of(config.model)
+        self.tokenizer = None
+        if self.engine.has_tokenizer:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.app = self._make_app()
+
+    def engine_config(self, replica: int = 0) -> RolloutConfig:
+        c = self.config
+        return RolloutConfig(
+            model=c.model,
+            load_format="auto",
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            enable_prefix_caching=c.enable_prefix_caching,
+            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            seed=c.seed + replica,  # replicas sample different streams for unseeded requests
+        )
+
+    def _make_engine(self):
+        d = self.config.data_parallel_size
+        if d == 1:
+            return make_engine(self.engine_config())
+        return Replicas([self.engine_config(i) for i in range(d)], make_engine)
+
+    def close(self) -> None:
+        """Shut the engine down (after any queued engine call); idempotent."""
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            self._thread.submit(engine.shutdown).result()
+        self._thread.shutdown(wait=True)
+
+    # ---- engine-thread jobs -----------------------------------------------------------------------------
+
+    async def _on_engine(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _check_servable(self) -> None:
+        if self._broken:
+            raise ServerError(503, P.E_UNAVAILABLE, self._broken)
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None, expected: int | None
+    ) -> tuple[int, list[list[RolloutSample]]]:
+        self._check_servable()
+        # Checked here, on the engine thread, so no commit can land between the check and the generation.
+        if expected is not None and expected != self.version:
+            raise ServerError(
+                409,
+                P.E_VERSION_MISMATCH,
+                f"the server serves weight version {self.version}, the request expects {expected}",
+                version=self.version,
+                expected=expected,
+            )
+        try:
+            samples = self.engine.generate(prompts, sampling, seeds) if prompts else []
+        except (ValueError, TypeError) as e:  # the engine's checks of prompts against the model
+            raise bad_request(str(e)) from None
+        return self.version, samples
+
+    def _apply(self, t: _Transfer) -> dict[str, Any]:
+        if t.version <= self.version:
+            raise ServerError(409, P.E_CONFLICT, f"version {t.version} is not newer than the served {self.version}")
+        start = time.perf_counter()
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for k in sorted(t.buckets):
+                yield from t.buckets[k].items()
+
+        try:
+            self.engine.load_weights(stream())
+        except Exception as e:
+            # Checked complete before, so this is the engine failing: some layers may hold new weights.
+            self._broken = (
+                f"a weight commit (version {t.version}) failed while applying ({type(e).__name__}: {e}); the "
+                f"weights are in an unknown state: push a complete update again"
+            )
+            raise ServerError(500, P.E_INTERNAL, self._broken) from None
+        self.version = t.version
+        self._broken = None
+        return {"version": self.version, "seconds": time.perf_counter() - start, "bytes": t.bytes}
+
+    # ---- HTTP -------------------------------------------------------------------------------------------
+
+    def _make_app(self) -> FastAPI:
+        # FastAPI reads the handlers' annotations (Request, Response) from this module's globals.
+        app = FastAPI(title="mindrl rollout server", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def reply(obj: Any, status: int = 200) -> Response:
+            return Response(P.dumps(obj), status_code=status, media_type="application/json")
+
+        @app.exception_handler(ServerError)
+        async def server_error(request: Request, e: ServerError) -> Response:
+            return reply(e.to_json(), e.status)
+
+        @app.exception_handler(Exception)
+        async def internal_error(request: Request, e: Exception) -> Response:
+            return reply({"error": P.E_INTERNAL, "message": f"{type(e).__name__}: {e}"}, 500)
+
+        async def json_body(request: Request) -> Any:
+            return P.loads(await request.body())
+
+        @app.get(P.HEALTH)
+        async def health() -> Response:
+            c = self.config
+            h = P.Health(
+                status="ok" if not self._broken else "broken",
+                version=self.version,
+                model=c.model,
+                tensor_parallel_size=c.tensor_parallel_size,
+                data_parallel_size=c.data_parallel_size,
+                max_model_len=c.max_model_len,
+            )
+            return reply(h.__dict__)
+
+        @app.post(P.GENERATE)
+        async def generate(request: Request) -> Response:
+            self._auth(request)
+            req = P.GenerateRequest.from_json(await json_body(request))
+            version, samples = await self._on_engine(
+                self._generate, req.prompts, req.sampling, req.seeds, req.expected_version
+            )
+            return reply(P.GenerateResponse(version, samples).to_json())
+
+        @app.post(P.WEIGHTS_BEGIN)
+        async def begin(request: Request) -> Response:
+            self._auth(request)
+            d = await json_body(request)
+            P._check_keys(d, {"version"}, "begin request", ("version",))
+            version = d["version"]
+            if not P._is_int(version):
+                raise bad_request(f"version must be an integer, got {version!r}", 422)
+            if version <= self.version:
+                raise ServerError(
+                    409, P.E_CONFLICT, f"version {version} is not newer than the served version {self.version}"
+                )
+            self._transfer = _Transfer(secrets.token_hex(8), version)  # drops any unfinished transfer
+            return reply({"transfer_id": self._transfer.id})
+
+        @app.post(P.WEIGHTS_BUCKET)
+        async def bucket(request: Request) -> Response:
+            self._auth(request)
+            transfer_id = request.query_params.get("transfer_id")
+            index = request.query_params.get("index")
+            if transfer_id is None or index is None or not index.isdigit():
+                raise bad_request(
+                    f"{P.WEIGHTS_BUCKET} needs query parameters transfer_id=ID and index=K (K >= 0), got "
+                    f"transfer_id={transfer_id!r} index={index!r}"
+                )
+            index = int(index)
+            t = self._current(transfer_id)
+            if index in t.buckets:
+                raise ServerError(409, P.E_CONFLICT, f"bucket {index} of transfer {transfer_id} was already received")
+            data = await request.body()
+            tensors = await asyncio.to_thread(P.decode_bucket, data)
+            for name, tensor in tensors.items():
+                self.weights.check(name, tensor)
+                if name in t.names:
+                    raise bad_request(f"weight {name!r} was already sent in an earlier bucket of this transfer")
+            t = self._current(transfer_id)  # a begin or abort may have replaced it while decoding
+            t.buckets[index] = tensors
+            t.names.update(tensors)
+            t.bytes += P.bucket_bytes(tensors)
+            return reply({"transfer_id": t.id, "index": index, "num_tensors": len(tensors)})
+
+        @app.post(P.WEIGHTS_COMMIT)
+        async def commit(request: Request) -> Response:
+            self._auth(request)
+            req = P.CommitRequest.from_json(await json_body(request))
+            t = self._current(req.transfer_id)
+            problems = []
+            if req.version != t.version:
+                problems.append(f"version {req.version} != {t.version} given at begin")
+            if sorted(t.buckets) != list(range(req.num_buckets)):
+                problems.append(f"expected buckets 0..{req.num_buckets - 1}, received {sorted(t.buckets)}")
+            if req.num_tensors != len(t.names):
+                problems.append(f"expected {req.num_tensors} tensors, received {len(t.names)}")
+            missing = self.weights.required - t.names
+            if not problems and missing:
+                problems.append(f"the update lacks {len(missing)} of the model's weights, e.g. {sorted(missing)[:3]}")
+            if problems:  # the transfer stays staged: missing buckets may still arrive
+                raise ServerError(
+                    409, P.E_CONFLICT, f"commit of transfer {t.id} refused, nothing applied: " + "; ".join(problems)
+                )
+            self._transfer = None
+            return reply(await self._on_engine(self._apply, t))
+
+        @app.post(P.WEIGHTS_ABORT)
+        async def abort(request: Request) -> Response:
+            self._auth(request)
+            d = await json_body(request)
+            P._check_keys(d, {"transfer_id"}, "abort request", ("transfer_id",))
+            aborted = self._transfer is not None and self._transfer.id == d["transfer_id"]
+            if aborted:
+                self._transfer = None
+            return reply({"aborted": aborted})
+
+        @app.post(P.COMPLETIONS)
+        async def completions(request: Request) -> Response:
+            self._auth(request)
+            prompt, sampling, name = self._completion_request(await json_body(request))
+            version, samples = await self._on_engine(self._generate, [prompt], sampling, None, None)
+            return reply(self._completion_response(name, prompt, samples[0], version, sampling.logprobs))
+
+        return app
+
+    def _auth(self, request) -> None:
+        token = self.config.token
+        if token is None:
+            return
+        got = request.headers.get(P.AUTH_HEADER, "")
+        if not got.startswith(P.BEARER) or not hmac.compare_digest(got[len(P.BEARER) :].encode(), token.encode()):
+            raise ServerError(
+                401,
+                P.E_UNAUTHORIZED,
+                "missing or wrong token: send 'Authorization: Bearer <token>' with the server's token",
+            )
+
+    def _current(self, transfer_id: str) -> _Transfer:
+        t = self._transfer
+        if t is None or t.id != transfer_id:
+            now = f"the open transfer is {t.id}" if t else "no transfer is open"
+            raise ServerError(
+                409, P.E_CONFLICT, f"unknown transfer {transfer_id!r} ({now}; a new begin discards the old one)"
+            )
+        return t
+
+    # ---- /v1/completions --------------------------------------------------------------------------------
+
+    COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "stream"}
+
+    def _completion_request(self, d: Any) -> tuple[list[int], SamplingConfig, str]:
+        P._check_keys(d, self.COMPLETION_FIELDS, "completion request", ("prompt",))
+        name = self.config.model
+        if d.get("model") not in (None, name, name.rstrip("/").rsplit("/", 1)[-1]):
+            raise ServerError(
+                404, P.E_BAD_REQUEST, f"model {d['model']!r} is not served here; this server serves {name!r}"
+            )
+        if d.get("stream"):
+            raise bad_request("stream=true is not supported")
+        prompt = d["prompt"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise bad_request(f"a text prompt needs a tokenizer; {name} has none: send token ids")
+            prompt = self.tokenizer.encode(prompt)
+        else:
+            prompt = P._int_list(prompt, "prompt (a string or a list of token ids)")
+        logprobs = d.get("logprobs")
+        if logprobs is not None and (not P._is_int(logprobs) or logprobs < 0):
+            raise bad_request(f"logprobs must be a non-negative integer or null, got {logprobs!r}", 422)
+        fields = {k: d[k] for k in ("temperature", "top_p", "n", "seed") if d.get(k) is not None}
+        fields["max_tokens"] = d.get("max_tokens", 16)  # OpenAI's default
+        fields["logprobs"] = logprobs or 0
+        fields["detokenize"] = self.tokenizer is not None
+        return prompt, P.sampling_from_json(fields, "completion request"), name
+
+    def _completion_response(
+        self, name: str, prompt: list[int], samples: list[RolloutSample], version: int, logprobs: int
+    ) -> dict[str, Any]:
+        def piece(t: int) -> str:
+            return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
+
+        choices = []
+        for i, s in enumerate(samples):
+            lp = {
+                "tokens": [piece(t) for t in s.token_ids],
+                "token_logprobs": [P.finite_or_none(x) for x in s.logprobs],
+                "top_logprobs": (
+                    [{piece(t): P.finite_or_none(x) for t, x in pos.items()} for pos in s.top_logprobs]
+                    if s.top_logprobs is not None
+                    else None
+                ),
+            }
+            choices.append(
+                {
+                    "index": i,
+                    "text": s.text,
+                    "token_ids": s.token_ids,
+                    "logprobs": lp if logprobs else None,
+                    "finish_reason": s.finish_reason,
+                }
+            )
+        completion = sum(len(s.token_ids) for s in samples)
+        return {
+            "id": f"cmpl-{secrets.token_hex(12)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion,
+                "total_tokens": len(prompt) + completion,
+            },
+            "mindrl_version": version,
+        }
+
+    # ---- serving ----------------------------------------------------------------------------------------
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Serve HTTP on a bound socket until SIGTERM/SIGINT (uvicorn's graceful shutdown)."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=30, lifespan="off")
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(
+                f"{LOG_PREFIX} serving {self.config.model} on http://{shown}:{port} (version {self.version})",
+                flush=True,
+            )
+        await task
+
+
+def make_engine(config: RolloutConfig) -> RolloutEngine:
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    return VllmEngine(config)
+
+
+class Replicas(RolloutEngine):
+    """`data_parallel_size` engines, one per child process (vLLM keeps one engine per process): a prompt batch
+    is split into contiguous chunks, one per replica, and reassembled in prompt order; a weight update goes to
+    every replica. Called from the server's engine thread only, so the replicas always hold one version."""
+
+    def __init__(self, configs: list[RolloutConfig], factory: Callable[[RolloutConfig], RolloutEngine]):
+        import multiprocessing as mp
+
+        super().__init__(configs[0])
+        ctx = mp.get_context("spawn")  # no fork of a process that already runs threads
+        self.conns, self.procs = [], []
+        try:
+            for i, config in enumerate(configs):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(
+                    target=_replica_main, args=(child, config, factory), name=f"replica-{i}", daemon=True
+                )
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            infos = self._gather(range(len(configs)), "start")
+        except BaseException:
+            self.shutdown()
+            raise
+        self.has_tokenizer = infos[0]["has_tokenizer"]
+        self.vocab_size = infos[0]["vocab_size"]
+
+    def _gather(self, which, what: str) -> list:
+        out = []
+        for i in which:
+            try:
+                status, value = self.conns[i].recv()
+            except (EOFError, OSError):
+                raise RuntimeError(
+                    f"engine replica {i} died during {what} (exit code {self.procs[i].exitcode})"
+                ) from None
+            out.append((status, value))
+        for status, value in out:  # every reply is read first, so the pipes stay in step
+            if status == "error":
+                kind, message = value
+                raise (ValueError if kind == "ValueError" else RuntimeError)(message)
+        return [value for _, value in out]
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None
+    ) -> list[list[RolloutSample]]:
+        # Checked here, on the whole batch, so an error names the prompt's index in the request, not in a chunk.
+        prompt_token_ids = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
+        seeds = self.check_seeds(seeds, len(prompt_token_ids))
+        n, d = len(prompt_token_ids), len(self.conns)
+        bounds = [i * n // d for i in range(d + 1)]
+        busy = [i for i in range(d) if bounds[i + 1] > bounds[i]]
+        for i in busy:
+            lo, hi = bounds[i], bounds[i + 1]
+            self.conns[i].send(
+                ("generate", (prompt_token_ids[lo:hi], sampling, None if seeds is None else seeds[lo:hi]))
+            )
+        return [s for chunk in self._gather(busy, "generate") for s in chunk]
+
+    def load_weights(self, weights) -> None:
+        tensors = list(weights)
+        for conn in self.conns:
+            conn.send(("load_weights", tensors))
+        self._gather(range(len(self.conns)), "load_weights")
+
+    def shutdown(self) -> None:
+        """Stop every replica (each shuts its engine down); idempotent."""
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                try:
+                    conn.send(("shutdown", None))
+                except OSError:
+                    pass
+        for proc in self.procs:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.procs, self.conns = [], []
+
+
+def _replica_main(conn, config: RolloutConfig, factory: Callable[[RolloutConfig], RolloutEngine]) -> None:
+    """A replica process: build the engine, then serve the parent's calls until shutdown or the pipe closes."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process handles Ctrl-C and shuts us down
+    torch.set_num_threads(1)
+    try:
+        engine = factory(config)
+        conn.send(("ok", {"has_tokenizer": engine.has_tokenizer, "vocab_size": engine.vocab_size}))
+    except Exception as e:
+        conn.send(("error", (type(e).__name__, f"{type(e).__name__}: {e}")))
+        return
+    try:
+        while True:
+            try:
+                method, args = conn.recv()
+            except EOFError:  # the server died: nothing left to serve
+                return
+            if method == "shutdown":
+                return
+            try:
+                if method == "generate":
+                    result = engine.generate(*args)
+                else:
+                    result = engine.load_weights(args)
+                conn.send(("ok", result))
+            except Exception as e:
+                kind = "ValueError" if isinstance(e, (ValueError, TypeError)) else type(e).__name__
+                conn.send(("error", (kind, str(e) if kind == "ValueError" else f"{type(e).__name__}: {e}")))
+    finally:
+        engine.shutdown()
+
+
+def _shutdown_if_built(building: concurrent.futures.Future) -> None:
+    if building.exception() is None:
+        building.result().shutdown()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (bound before the slow engine start, so a busy port fails at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"{LOG_PREFIX} cannot bind {host}:{port}: {e.strerror}") from None
+    sock.listen(128)
+    return sock
