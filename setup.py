@@ -32,6 +32,7 @@ setup(
             "mindrl-convert=mindrl.cli.convert:main",
             "mindrl-plan=mindrl.cli.plan:main",
             "mindrl-preprocess=mindrl.cli.preprocess:main",
+            "mindrl-rollout-server=mindrl.cli.rollout_server:main",
             "mindrl-sft=mindrl.cli.sft:main",
             "mindrl-train=mindrl.cli.train:main",
         ]
