@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; batch {rows} rows x {seq} tokens = {tokens}; "
           f"{flops / 1e12:.3f} TFLOP per update; matmul peak {peak['peak_gflops']:.1f} GFLOP/s "
           f"({a.cores} threads)", flush=True)  # fmt: skip
-    batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, a.vocab_size, a.kl)
+    batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, shape.vocab_size, a.kl)
     from tools.bench_update import _update_rank  # importable by the ranks (not __main__)
 
     results = []
