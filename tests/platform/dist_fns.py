@@ -49,3 +49,15 @@ def _native_threads():
     import os
 
     return len(os.listdir("/proc/self/task"))
+
+
+def report_pid_then_block(path):
+    """Write this rank's pid, then block: rank 0 in a barrier that rank 1 never joins."""
+    import os
+    import time
+
+    with open(f"{path}.{torch.distributed.get_rank()}", "w") as f:
+        f.write(str(os.getpid()))
+    if torch.distributed.get_rank() == 0:
+        torch.distributed.barrier()
+    time.sleep(3600)

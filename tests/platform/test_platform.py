@@ -92,3 +92,36 @@ def test_layout_switches_do_not_leak_process_groups(pool):
     # No growth from the 2nd to the 3rd round (a leak adds dozens of threads per round). Not equality: the
     # pool's ranks are shared, and threads an earlier test started may still be winding down.
     assert all(third <= second for second, third in zip(counts[4:8], counts[8:12])), counts
+
+
+def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
+    """kill -9 of the process that owns a RankPool (an OOM, a killed test) must not leave its ranks behind,
+    even while they sit in a collective or a long call."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = (
+        "from mindrl.platform.launch import RankPool\n"
+        "from tests.platform import dist_fns\n"
+        f"RankPool(2).run(dist_fns.report_pid_then_block, {str(tmp_path / 'pid')!r})\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    try:
+        files = [tmp_path / f"pid.{r}" for r in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(f.exists() and f.read_text() for f in files):
+            assert driver.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.2)
+        pids = [int(f.read_text()) for f in files]
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
+        assert not alive, f"ranks {[p.pid for p in alive]} outlived their pool"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
