@@ -35,6 +35,8 @@ def check_paths(cfg: RLConfig, col: Collector) -> None:
         _check_checkpoint(col, "critic_config.load", cfg.critic_config.load, cfg.critic_model, value_model=True)
     if mt.data_path and not col.is_bad("megatron_training.data_path"):
         _check_dataset(col, mt.data_path, mt.dataset_additional_keys)
+    if rl.runtime_env_path:
+        _check_runtime_env(col, rl.runtime_env_path)
     for key, path in (
         ("megatron_training.tokenizer_name_or_path", mt.tokenizer_name_or_path),
         ("generate_config.tokenizer_name_or_path", cfg.generate_config.tokenizer_name_or_path),
@@ -123,3 +125,16 @@ def _check_tokenizer(col: Collector, key: str, path: str) -> None:
         col.add(key, f"tokenizer directory {_p(path)} does not exist")
     elif not has_tokenizer(path):
         col.add(key, f"{_p(path)} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+
+
+def _check_runtime_env(col: Collector, path: str) -> None:
+    from mindrl.workers.runtime_env import RuntimeEnvError, read_env_file
+
+    key = "rl_config.runtime_env_path"
+    if not os.path.isfile(path):
+        col.add(key, f"runtime env file {_p(path)} does not exist")
+        return
+    try:
+        read_env_file(path)
+    except RuntimeEnvError as e:
+        col.add(key, str(e))

@@ -60,7 +60,6 @@ class RLSectionConfig(Section):
         "num_cpus_for_local_task": "Ray CPU reservations are derived by mindrl",
         "num_cpus_for_placement_group": "Ray CPU reservations are derived by mindrl",
         "hccl_buffersize": "an HCCL tuning knob; set HCCL_BUFFSIZE in the environment on Ascend",
-        "runtime_env_path": "mindrl workers inherit the driver's environment; export the variables before launch",
         **dict.fromkeys(
             [
                 "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size",
@@ -237,6 +236,9 @@ class RLSectionConfig(Section):
     """Metrics, rollouts and TensorBoard go here; None: ./outputs/<config_name>."""
     ray_address: str | None = None
     """Ray cluster to join; None: start a local Ray on 127.0.0.1."""
+    runtime_env_path: str | None = None
+    """YAML file whose `env_vars` every Ray worker gets (MindSpeed-RL's key). None: $MINDRL_RUNTIME_ENV, else the
+    shipped configs/envs/runtime_env.yaml. The driver's own environment wins for the file's keys."""
     num_cpu_devices: int | None = None
     """CPU stand-in devices to expose when running on CPU; None: actor_resource.num_npus."""
 

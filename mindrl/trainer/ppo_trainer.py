@@ -128,7 +128,7 @@ class PPOTrainer:
         self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
         if cfg.generate_config.rollout_mode == "server":
             self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
-        self.started_ray = start_ray(rl.ray_address, self.world)
+        self.started_ray = start_ray(rl.ray_address, self.world, runtime_env_path=rl.runtime_env_path)
         self.groups: list = []
         try:
             self.pg = device_placement_group(self.world)

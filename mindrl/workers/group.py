@@ -25,7 +25,12 @@ class WorkerError(RuntimeError):
 _ENV_BEFORE_RAY: dict[str, str] | None = None
 
 
-def start_ray(address: str | None, num_devices: int, runtime_env: dict[str, Any] | None = None) -> bool:
+def start_ray(
+    address: str | None,
+    num_devices: int,
+    runtime_env: dict[str, Any] | None = None,
+    runtime_env_path: str | None = None,
+) -> bool:
     """Join the cluster at `address`, or start a private Ray on loopback. Returns True if this call initialised
     Ray (False: the caller already had, with its own runtime_env); `stop_ray` undoes it, environment variables
     included. Workers get configs/envs/runtime_env.yaml (or $MINDRL_RUNTIME_ENV) merged with this process's
@@ -37,7 +42,9 @@ def start_ray(address: str | None, num_devices: int, runtime_env: dict[str, Any]
 
     if ray.is_initialized():
         return False
-    env = build_runtime_env(runtime_env)  # before ray.init: a malformed file fails with nothing started
+    env = build_runtime_env(
+        runtime_env, path=runtime_env_path
+    )  # before ray.init: a malformed file fails with nothing started
     logger.info(env.describe())
     _ENV_BEFORE_RAY = dict(os.environ)  # ray.init sets RAY_* and PYTHONBREAKPOINT in this process
     if address:

@@ -81,11 +81,15 @@ def read_env_file(path: str) -> dict[str, str]:
     return out
 
 
-def build_runtime_env(explicit: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> RuntimeEnv:
-    """Merge the file (MINDRL_RUNTIME_ENV, default `default_path()`), `environ` (default os.environ) for the file's
-    keys, `explicit` (a ray runtime_env dict; its other keys pass through) and REQUIRED."""
+def build_runtime_env(
+    explicit: dict[str, Any] | None = None, environ: dict[str, str] | None = None, path: str | None = None
+) -> RuntimeEnv:
+    """Merge the file (`path`, i.e. rl_config.runtime_env_path; else MINDRL_RUNTIME_ENV; else `default_path()`),
+    `environ` (default os.environ) for the file's keys, `explicit` (a ray runtime_env dict; its other keys pass
+    through) and REQUIRED."""
     environ = dict(os.environ) if environ is None else environ
-    path: str | None = environ.get(ENV_VAR)
+    if path is None:
+        path = environ.get(ENV_VAR)
     if path is None:
         path = default_path()
         if not os.path.isfile(path):  # an installed package without the repo's configs/: nothing to read

@@ -77,3 +77,16 @@ def test_tokenizer_dir_needs_tokenizer_files(assets, tmp_path):
 def test_check_paths_false_skips_them():
     cfg = load_config("grpo_tiny_cpu", check_paths=False, overrides=["actor_config.load=/no/such/dir"])
     assert cfg.actor_config.load == "/no/such/dir"
+
+
+def test_runtime_env_path_checked_at_load(assets, tmp_path):
+    bad = tmp_path / "env.yaml"
+    bad.write_text("env_vars:\n  BAD-NAME: x\n")
+    err = _err("ppo_tiny_cpu", [*asset_overrides(assets), f"rl_config.runtime_env_path={tmp_path / 'none.yaml'}"])
+    assert "does not exist" in _messages(err, "rl_config.runtime_env_path")
+    err = _err("ppo_tiny_cpu", [*asset_overrides(assets), f"rl_config.runtime_env_path={bad}"])
+    assert "env_vars.BAD-NAME: not a valid environment variable name" in _messages(err, "rl_config.runtime_env_path")
+    good = tmp_path / "good.yaml"
+    good.write_text("env_vars:\n  A: '1'\n")
+    cfg = load_config("ppo_tiny_cpu", overrides=[*asset_overrides(assets), f"rl_config.runtime_env_path={good}"])
+    assert cfg.rl_config.runtime_env_path == str(good)

@@ -96,3 +96,10 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
         assert pid != os.getpid() and (a, b) == ("file", "user")
     finally:
         stop_ray()
+
+
+def test_config_key_names_the_file_over_the_environment_setting(tmp_path):
+    """rl_config.runtime_env_path (MindSpeed-RL's key) picks the file; MINDRL_RUNTIME_ENV is the fallback."""
+    chosen = _file(tmp_path, "env_vars:\n  A: from_config_file\n")
+    env = build_runtime_env(environ={ENV_VAR: default_path()}, path=chosen)
+    assert env.path == chosen and env.runtime_env["env_vars"]["A"] == "from_config_file"
