@@ -1,7 +1,11 @@
-"""Rollout-server mode: RemoteRollout's split, versions, waits and re-syncs over fake servers; the weight push dealt
-over the actor's ranks; the server keys' validation."""
+"""Rollout-server mode. Fast: RemoteRollout's split, versions, waits and re-syncs over fake servers. Slow: tiny PPO and
+GRPO runs against real mindrl-rollout-server processes on loopback (first iteration equal to integrated mode, a
+server killed and restarted mid-run, a server that never comes back, a wrong token)."""
 
 from __future__ import annotations
+
+import json
+import socket
 
 import pytest
 
@@ -9,6 +13,7 @@ from mindrl.rollout.base import RolloutSample, SamplingConfig
 from mindrl.serving import protocol as p
 from mindrl.serving.client import PushOutcome, RolloutServerError, ServerUnreachable, VersionMismatch
 from mindrl.trainer.rollout import RemoteRollout, RemoteRolloutError
+from tests.trainer.rl_helpers import _config, _train, straight_run
 
 
 class FakeClient:
@@ -203,3 +208,146 @@ def test_server_keys_are_validated_at_load():
         assert fragment in text, (fragment, text)
     cfg = load_config("ppo_tiny_cpu_server", check_paths=False)
     assert cfg.generate_config.server_urls == ["http://127.0.0.1:8000"] and cfg.generate_config.server_timeout == 300
+
+
+# ---- real servers, real trainer ---------------------------------------------------------------------------------
+# Server engine settings as the tiny configs' integrated engine (fp32, no prefix caching, same batch budget), so the
+# same seeds sample the same tokens.
+ENGINE_ARGS = ("--max-model-len", "128", "--max-num-seqs", "32", "--max-num-batched-tokens", "2048",
+               "--no-prefix-caching", "--dtype", "float32")  # fmt: skip
+TOKEN = "tiny-secret"
+
+
+@pytest.fixture(scope="module")
+def servers(assets):
+    """Two rollout servers on the tiny policy's HF dir, with a token; tests that kill one put its replacement (or
+    None) in the dict, and whatever is there at the end is stopped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.serving.conftest import start_server
+
+    with ThreadPoolExecutor(2) as pool:
+        started = list(pool.map(lambda _: start_server(str(assets / "hf"), token=TOKEN, extra_args=ENGINE_ARGS), "ab"))
+    handles = dict(zip("ab", started))
+    yield handles
+    for h in handles.values():
+        if h is not None:
+            h.stop()
+
+
+def _server_config(name, assets, run_dir, urls, *overrides, token=TOKEN):
+    token_file = run_dir / "token"
+    token_file.write_text(token + "\n")
+    return _config(name, assets, run_dir, "generate_config.rollout_mode=server",
+                   f"generate_config.server_urls=[{','.join(urls)}]", f"generate_config.server_token_file={token_file}",
+                   "rl_config.use_tensorboard=false", *overrides)  # fmt: skip
+
+
+def _kill_during(monkeypatch, url: str, then) -> list:
+    """Patch RolloutClient.generate: the run's second request to `url` (iteration 2's) first calls `then()` (which
+    stops the server). Returns the versions the requests to `url` expected."""
+    from mindrl.serving.client import RolloutClient
+
+    real = RolloutClient.generate
+    hits: list = []
+
+    def generate(self, prompts, sampling, seeds=None, expected_version=None):
+        if self.url == url:
+            hits.append(expected_version)
+            if len(hits) == 2:
+                then()
+        return real(self, prompts, sampling, seeds, expected_version)
+
+    monkeypatch.setattr(RolloutClient, "generate", generate)
+    return hits
+
+
+def _same_first_iteration(lines, rollouts, integrated) -> None:
+    """Iteration 1 sampled the same tokens, with the same rewards, as the integrated run (same seeds)."""
+    first = [r for r in rollouts if r["iteration"] == 1]
+    ref = [r for r in integrated.rollouts if r["iteration"] == 1]
+    assert len(first) == len(ref) == 8 * integrated.cfg.rl_config.n_samples_per_prompt
+    assert [r["response"] for r in first] == [r["response"] for r in ref]
+    assert [r["reward"] for r in first] == [r["reward"] for r in ref]
+    assert lines[0]["reward/mean"] == integrated.lines[0]["reward/mean"]
+
+
+@pytest.mark.slow
+def test_ppo_one_server_killed_and_restarted_mid_run(assets, servers, tmp_path, tmp_path_factory, monkeypatch):
+    """PPO against one server: its first iteration is the integrated run's (the session's shared straight run). The
+    server is stopped as iteration 2 is about to sample and restarted on the same port: the run waits for it,
+    re-syncs it, and finishes."""
+    import threading
+
+    from mindrl.serving.client import RolloutClient
+    from tests.serving.conftest import start_server
+
+    old = servers["a"]
+    port = int(old.url.rsplit(":", 1)[1])
+    restarted = threading.Thread(
+        target=lambda: servers.__setitem__(
+            "a", start_server(str(assets / "hf"), port=port, token=TOKEN, extra_args=ENGINE_ARGS)
+        )
+    )
+
+    def kill_and_restart():
+        old.stop()
+        restarted.start()
+
+    hits = _kill_during(monkeypatch, old.url, kill_and_restart)
+    cfg = _server_config("ppo_tiny_cpu", assets, tmp_path, [old.url], "megatron_training.train_iters=2",
+                         "generate_config.server_timeout=120")  # fmt: skip
+    _, results, lines, rollouts = _train(cfg)
+    restarted.join()
+    assert len(hits) == 3 and hits[1] == hits[2] and len(results) == 2  # iteration 2's request went out twice
+    _same_first_iteration(lines, rollouts, straight_run("ppo", assets, tmp_path_factory))
+    assert lines[0]["rollout/server_resyncs"] == 0 and lines[1]["rollout/server_resyncs"] == 1
+    for m in lines:
+        assert m["rollout/weight_sync_bytes"] > 0 and m["timing/weight_sync"] > 0 and m["timing/rollout"] > 0
+        assert m["rollout/logprob_diff_mean"] < 1e-3  # the server samples from the policy being trained
+    # the re-synced server serves the trainer's last version (one push per iteration)
+    assert RolloutClient(servers["a"].url).health().version == hits[2] == lines[1]["rollout/weight_version"]
+    assert "timing/reshard_to_infer" not in lines[0]
+
+
+@pytest.mark.slow
+def test_grpo_two_servers_then_one_never_comes_back(assets, servers, tmp_path, tmp_path_factory, monkeypatch):
+    """GRPO split over two servers: its first iteration equals integrated mode. Then server b dies for good as
+    iteration 2 samples: after server_timeout the run stops with an error naming it, iteration 1's checkpoint
+    intact."""
+    from mindrl.trainer.ppo_trainer import TrainingAborted
+
+    b = servers["b"]
+    _kill_during(monkeypatch, b.url, lambda: (b.stop(), servers.__setitem__("b", None)))
+    cfg = _server_config("grpo_tiny_cpu", assets, tmp_path, [servers["a"].url, b.url], "megatron_training.train_iters=2",
+                         "megatron_training.save_interval=1", "generate_config.server_timeout=10")  # fmt: skip
+    with pytest.raises(TrainingAborted, match=rf"iteration 2: rollout server {b.url} is gone.*server_timeout=10") as e:
+        _train(cfg)
+    assert "the last complete checkpoint is iteration 1" in str(e.value)
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    rollouts = [json.loads(x) for x in open(tmp_path / "rollouts.jsonl")]
+    assert len(lines) == 1
+    _same_first_iteration(lines, rollouts, straight_run("grpo", assets, tmp_path_factory))
+    assert (tmp_path / "ckpt_actor" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+@pytest.mark.slow
+def test_wrong_token_and_absent_server_stop_before_any_worker(assets, servers, tmp_path):
+    import ray
+
+    from mindrl.trainer.ppo_trainer import PPOTrainer
+    from mindrl.trainer.rollout import RemoteRolloutError
+
+    url = servers["a"].url if servers["a"] is not None else None
+    if url is not None:
+        cfg = _server_config("grpo_tiny_cpu", assets, tmp_path, [url], token="wrong")
+        with pytest.raises(RemoteRolloutError, match=rf"server_token_file: token check: {url} answered 401"):
+            PPOTrainer(cfg)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    absent = f"http://127.0.0.1:{port}"
+    cfg = _server_config("grpo_tiny_cpu", assets, tmp_path, [absent], "generate_config.server_timeout=1")
+    with pytest.raises(RemoteRolloutError, match=rf"server_urls: rollout server {absent} did not answer within 1 s"):
+        PPOTrainer(cfg)
+    assert not ray.is_initialized()
