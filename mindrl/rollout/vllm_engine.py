@@ -167,6 +167,7 @@ class VllmEngine(RolloutEngine):
         # TP peers (they must sample the same tokens), and keep the host's untouched.
         self._rng = torch.Generator().manual_seed(self.seed)
         self._protect_world_on_shutdown()
+        self._shm_segments = _created_mq_segments()
         self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
         self._closed = False
         _LIVE_ENGINES.add(self)
@@ -323,6 +324,12 @@ class VllmEngine(RolloutEngine):
         """The name shared by this engine's /dev/shm segments (None: it makes none); see `remove_shm_segments`."""
         return self._shm_ident
 
+    @property
+    def shm_segments(self) -> list[str]:
+        """The /dev/shm segments vLLM's message-queue broadcasters created in this process (e.g. `psm_1a2b3c4d`).
+        vLLM removes them when the engine is garbage collected; a SIGKILLed process leaves them (24 MiB each)."""
+        return list(self._shm_segments)
+
     def _protect_world_on_shutdown(self) -> None:
         """vLLM's engine-core shutdown (also run by its GC finalizer) destroys the default process group.
         Replace that finalizer with one that leaves a world we did not create alone."""
@@ -361,6 +368,18 @@ def _unique_shm_names(ident: str | None) -> Iterator[None]:
         yield
     finally:
         executor._distributed_args = original
+
+
+def _created_mq_segments() -> list[str]:
+    from vllm.distributed import parallel_state
+
+    names = []
+    for ref in list(parallel_state._groups.values()):
+        buffer = getattr(getattr(ref(), "mq_broadcaster", None), "buffer", None)
+        shm = getattr(buffer, "shared_memory", None)
+        if shm is not None and getattr(buffer, "is_creator", False):
+            names.append(shm.name.lstrip("/"))
+    return names
 
 
 def remove_shm_segments(ident: str | None) -> None:

@@ -39,6 +39,9 @@ SHM_RECORD = ".engine_shm.json"
 killed (a SIGKILLed driver cannot clean up; Ray's reaper stops the workers, not their shared memory)."""
 
 
+SHM_PREFIXES = ("mindrl", "psm_")  # our engines' TP segments; vLLM's message-queue buffers (Python's default names)
+
+
 def _remove_stale_shm(run_dir: str) -> None:
     from mindrl.rollout.vllm_engine import remove_shm_segments
 
@@ -47,7 +50,7 @@ def _remove_stale_shm(run_dir: str) -> None:
         return
     try:
         with open(path) as f:
-            idents = [i for i in json.load(f) if isinstance(i, str) and i.startswith("mindrl")]
+            idents = [i for i in json.load(f) if isinstance(i, str) and i.startswith(SHM_PREFIXES)]
     except (OSError, ValueError):
         idents = []
     for ident in idents:
@@ -143,7 +146,7 @@ class PPOTrainer:
             self.reward = None
             self._start_reward_worker()
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
-            self.shm_idents = {i for i in self.actor.call("shm_ident") if i}
+            self.shm_idents = {i for names in self.actor.call("shm_names") for i in names}
             with open(os.path.join(self.run_dir, SHM_RECORD), "w") as f:  # for the next run if this one is killed
                 json.dump(sorted(self.shm_idents), f)
             if self.critic is not None:

@@ -150,9 +150,11 @@ class IntegratedWorker(MegatronRank):
         a = self.settings.actor
         save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
 
-    def shm_ident(self) -> str | None:
-        """The rollout engine's shared-memory name, for the driver to clean up if this process gets killed."""
-        return getattr(self.hybrid.engine, "shm_ident", None) if self.hybrid is not None else None
+    def shm_names(self) -> list[str]:
+        """The rollout engine's shared-memory names, for the driver to clean up if this process gets killed."""
+        engine = self.hybrid.engine if self.hybrid is not None else None
+        names = [getattr(engine, "shm_ident", None), *getattr(engine, "shm_segments", ())]
+        return [n for n in names if n]
 
     def shutdown(self) -> None:
         if getattr(self, "hybrid", None) is not None:

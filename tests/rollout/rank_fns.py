@@ -49,11 +49,14 @@ def _rollouts(model_dir: str, tps: list[int], prompts: list[list[int]], sampling
         outs = [engine.generate(prompts, s) for s in samplings]
         ident = engine._shm_ident
         shm_during = sorted(os.path.basename(f) for f in glob.glob(f"/dev/shm/*{ident}*"))
+        segments = engine.shm_segments  # vLLM's message-queue buffers this rank created
+        segments_during = [os.path.exists(f"/dev/shm/{s}") for s in segments]
         results[tp] = dict(outs=outs, dp_rank=engine.dp_rank, tp_rank=engine.tp_rank, seed=engine.seed)
         results[tp].update(_tp_transport(), kernels=loaded_vllm_kernels())
         engine.shutdown()
         torch.distributed.barrier()
         results[tp]["shm"] = (ident, shm_during, glob.glob(f"/dev/shm/*{ident}*"))
+        results[tp]["segments"] = (segments, segments_during, [os.path.exists(f"/dev/shm/{s}") for s in segments])
     t = torch.tensor([torch.distributed.get_rank() + 1.0])
     torch.distributed.all_reduce(t)  # the default process group is still usable
     barrier_ok = torch.distributed.barrier() is None

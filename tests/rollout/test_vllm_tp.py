@@ -86,6 +86,13 @@ def assert_tp_shm_kept_clean(runs: list[dict]) -> None:
     else:
         assert all(r["shm"][1] == [] for r in tp2)
     assert all(r["results"][tp]["shm"][2] == [] for r in runs for tp in (2, 1))
+    # vLLM's TP message-queue buffer: created by the group's first rank, named so a killed run's can be removed
+    # (the driver records `shm_segments`), and gone after a clean shutdown.
+    for r in runs:
+        names, during, after = r["results"][2]["segments"]
+        assert len(names) == (1 if r["results"][2]["tp_rank"] == 0 else 0), r["results"][2]["segments"]
+        assert during == [True] * len(names) and after == [False] * len(names)
+    assert all(r["results"][1]["segments"][0] == [] for r in runs)
 
 
 def _avx2_kernels_missing() -> str | None:

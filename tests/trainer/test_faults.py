@@ -306,7 +306,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
 
     def engine_shm() -> list[str]:  # the engines' shared memory, left by a SIGKILL until the next run removes it
         idents = json.load(open(tmp_path / ".engine_shm.json"))
-        assert idents
+        assert any(i.startswith("mindrl") for i in idents) and any(i.startswith("psm_") for i in idents), idents
         return idents
 
     def resumed(err: str, last: int, killed: list[str]) -> None:
