@@ -72,7 +72,16 @@ def apply(platform: Platform) -> None:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         if platform.name == "cpu":
             _apply_cpu()
+        _orphan_safe_checkpoint_writer()
         _APPLIED.add(platform.name)
+
+
+def _orphan_safe_checkpoint_writer() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from mindrl.platform.orphans import checkpoint_results_queue
+
+    filesystem_async._get_write_results_queue = checkpoint_results_queue
 
 
 def _apply_npu() -> None:

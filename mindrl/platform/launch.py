@@ -13,7 +13,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from mindrl.platform.detect import current_platform
+from mindrl.platform.orphans import exit_with_parent
 
 
 class RankError(RuntimeError):
@@ -101,7 +101,7 @@ def _rank_main() -> None:
     from multiprocessing.connection import Client
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    _exit_with_parent(os.getppid())
+    exit_with_parent(os.getppid())  # a pool killed by SIGKILL must not leave its ranks behind
     conn = Client(_pool_address(), authkey=bytes.fromhex(os.environ.pop("MINDRL_POOL_KEY")))
     _send(conn, rank)
     torch.set_num_threads(int(os.environ.get("MINDRL_RANK_THREADS", "1")))
@@ -128,18 +128,6 @@ def _rank_main() -> None:
             _send(conn, ("err", _pack_error(rank, e)))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
-    """A rank outlives a pool whose process was killed (kill -9, OOM) while the rank sat in a collective or
-    in rendezvous (up to the process-group timeout): it would linger forever. Exit once re-parented."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="mindrl-parent-watch", daemon=True).start()
 
 
 def _send(conn, obj) -> None:

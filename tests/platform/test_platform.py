@@ -125,3 +125,41 @@ def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_megatron_checkpoint_writer_helper_exits_with_its_owner(tmp_path):
+    """megatron's async filesystem writer starts a spawned Manager server once per process and never stops it; a
+    SIGKILLed worker used to leave it running forever. After `apply()` it is ours and ends with its owner."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = (
+        "import os, time\n"
+        "from mindrl.platform import current_platform\n"
+        "current_platform().apply()\n"
+        "from megatron.core.dist_checkpointing.strategies import filesystem_async as fa\n"
+        "q = fa._get_write_results_queue()\n"
+        "q.put(1); assert q.get() == 1\n"
+        "assert fa._get_write_results_queue() is q\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(q._manager._process.pid))\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    try:
+        pid_file, deadline = tmp_path / "pid", time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert owner.poll() is None and time.monotonic() < deadline, "the owner did not start its queue"
+            time.sleep(0.2)
+        server = psutil.Process(int(pid_file.read_text()))
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        gone, alive = psutil.wait_procs([server], timeout=15)
+        assert not alive, f"the Manager server {server.pid} outlived its owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
