@@ -628,6 +628,8 @@ class PPOTrainer:
 
             remove_placement_group(self.pg)
             self.pg = None
+        if getattr(self, "remote", None) is not None:  # the rollout servers' HTTP connections
+            self.remote.close()
         if getattr(self, "started_ray", False):
             from mindrl.workers.group import stop_ray
 
