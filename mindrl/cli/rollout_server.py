@@ -10,6 +10,7 @@ import asyncio
 import signal
 import sys
 
+from mindrl.serving.protocol import read_token
 from mindrl.serving.server import LOG_PREFIX, ServerConfig
 
 
@@ -57,10 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     token = None
     if args.token_file:
         try:
-            with open(args.token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            print(f"{LOG_PREFIX} error: cannot read --token-file {args.token_file}: {e.strerror}", file=sys.stderr)
+            token = read_token(args.token_file)
+        except ValueError as e:
+            print(f"{LOG_PREFIX} error: --token-file: {e}", file=sys.stderr)
             return 2
     try:
         config = ServerConfig(

@@ -87,7 +87,7 @@ class VllmEngine(RolloutEngine):
         self.supports_sleep = platform.has_sleep_mode
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
-        self._weight_names, self._required_names, self._tied_from = _hf_weight_names(hf_config)
+        self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
         tok_dir = config.tokenizer or config.model
         self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
         if self.has_tokenizer and not has_tokenizer(tok_dir):
@@ -397,7 +397,7 @@ def _unlink_shm(ident: str | None) -> None:
             os.unlink(path)
 
 
-def _hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]]:
+def hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]]:
     """(every HF weight name of the model, the names a complete stream must contain, tie source -> tied
     names): from a meta-device model, so no memory is spent. A tied lm_head may be left out of the stream."""
     from transformers import AutoModelForCausalLM

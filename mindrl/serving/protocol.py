@@ -80,6 +80,19 @@ def bad_request(message: str, status: int = 400) -> ServerError:
 # ---- JSON encoding ----------------------------------------------------------------------------------------
 
 
+def read_token(path: str) -> str:
+    """The bearer token in `path` (stripped), for the server and the trainer alike; ValueError naming the file if it
+    cannot be read or holds no token."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    if not token:
+        raise ValueError(f"{path} is empty")
+    return token
+
+
 def dumps(obj: Any) -> bytes:
     """JSON bytes. NaN/±Infinity are written as Python's json does (a truncated top logprob may be -inf);
     both ends are Python, whose json reads them back."""

@@ -112,10 +112,10 @@ class WeightSpec:
     def of(cls, model_dir: str) -> WeightSpec:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from mindrl.rollout.vllm_engine import _hf_weight_names  # the engine's own notion of names and ties
+        from mindrl.rollout.vllm_engine import hf_weight_names  # the engine's own notion of names and ties
 
         hf_config = AutoConfig.from_pretrained(model_dir)
-        names, required, _ = _hf_weight_names(hf_config)
+        names, required, _ = hf_weight_names(hf_config)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
         state = model.state_dict()

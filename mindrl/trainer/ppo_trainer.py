@@ -119,7 +119,7 @@ class PPOTrainer:
         for what, path in self._save_dirs():
             checkpoints.check_writable(path, what)
         self.save_failures = 0
-        self.sync_ref = rl.sync_ref_model and self.needs_ref
+        self.sync_ref = rl.sync_ref_model  # validated at load: only with a reference model
         original_ref = self.resume is not None and self.resume.ref_dir is None  # not a synced one from the checkpoint
         if original_ref and self.needs_ref and not rl.integrated_mode_config.ref_model_load_path:
             raise ValueError(

@@ -18,6 +18,7 @@ from mindrl.serving.client import (
     VersionMismatch,
     samples_in_order,
 )
+from mindrl.serving.protocol import read_token
 
 logger = logging.getLogger("mindrl.rollout")
 
@@ -255,35 +256,38 @@ def connect_servers(gen, needed_len: int) -> RemoteRollout:
     token = None
     if gen.server_token_file:
         try:
-            with open(gen.server_token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise RemoteRolloutError(f"generate_config.server_token_file: cannot read the token: {e}") from e
-        if not token:
-            raise RemoteRolloutError(f"generate_config.server_token_file: {gen.server_token_file!r} is empty")
+            token = read_token(gen.server_token_file)
+        except ValueError as e:
+            raise RemoteRolloutError(f"generate_config.server_token_file: {e}") from None
     clients = [RolloutClient(u, token, gen.server_timeout) for u in gen.server_urls]
-    versions = []
-    for c in clients:
-        try:
-            health = c.wait_ready(what="at the start of the run")
-            c.check_token()
-        except RolloutServerError as e:
-            for x in clients:
-                x.close()
-            key = "server_token_file" if e.status == 401 else "server_urls"
-            raise RemoteRolloutError(f"generate_config.{key}: {e}") from e
-        if health.max_model_len < needed_len:
-            raise RemoteRolloutError(
-                f"rollout server {c.url} serves max_model_len={health.max_model_len}, but prompts of "
-                f"rl_config.max_prompt_length plus sampling_config.max_tokens need {needed_len} (start it with "
-                f"--max-model-len {needed_len})"
-            )
-        versions.append(health.version)
-        logger.info("rollout server %s: %s at weight version %d", c.url, health.model, health.version)
+    try:
+        versions = [_check_server(c, needed_len) for c in clients]
+    except BaseException:
+        for c in clients:
+            c.close()
+        raise
     rollout = RemoteRollout(clients, _unattached, gen.server_timeout, version=max(versions))
     rollout.token = token
     rollout.bucket_bytes = int(gen.bucket_size_mb * 1024 * 1024)
     return rollout
+
+
+def _check_server(c: RolloutClient, needed_len: int) -> int:
+    """Wait for the server, check the token and max_model_len; returns the weight version it holds."""
+    try:
+        health = c.wait_ready(what="at the start of the run")
+        c.check_token()
+    except RolloutServerError as e:
+        key = "server_token_file" if e.status == 401 else "server_urls"
+        raise RemoteRolloutError(f"generate_config.{key}: {e}") from e
+    if health.max_model_len < needed_len:
+        raise RemoteRolloutError(
+            f"rollout server {c.url} serves max_model_len={health.max_model_len}, but prompts of "
+            f"rl_config.max_prompt_length plus sampling_config.max_tokens need {needed_len} (start it with "
+            f"--max-model-len {needed_len})"
+        )
+    logger.info("rollout server %s: %s at weight version %d", c.url, health.model, health.version)
+    return health.version
 
 
 def _unattached(version: int, urls: Sequence[str]) -> list[PushOutcome]:

@@ -186,3 +186,16 @@ def test_push_to_a_vanished_server_is_retryable_and_push_weights_raises():
         client(s).push_weights(1, iter(_weights()))
     del s.fail[p.WEIGHTS_BEGIN]
     assert client(s).push_weights(1, iter(_weights())).num_buckets == 1 and s.version == 1
+
+
+def test_token_file_is_read_once_for_server_and_trainer(tmp_path):
+    from mindrl.serving.protocol import read_token
+
+    good, empty = tmp_path / "token", tmp_path / "empty"
+    good.write_text("  s3cret\n")
+    empty.write_text("\n")
+    assert read_token(str(good)) == "s3cret"
+    with pytest.raises(ValueError, match=f"{empty} is empty"):
+        read_token(str(empty))
+    with pytest.raises(ValueError, match="cannot read .*missing"):
+        read_token(str(tmp_path / "missing"))

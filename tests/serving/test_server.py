@@ -61,7 +61,7 @@ def test_help():
         (["--tensor-parallel-size", "2"], "only 1 is supported yet"),
         (["--data-parallel-size", "0"], "must be an integer >= 1"),
         (["--model", "/nonexistent/model"], "has no config.json"),
-        (["--token-file", "/nonexistent/token"], "cannot read --token-file"),
+        (["--token-file", "/nonexistent/token"], "--token-file: cannot read"),
     ],
 )
 def test_refuses_to_start(args, message, serving_models):
