@@ -1,7 +1,7 @@
 """The trainer end to end through mindrl-train's code path: real Ray, megatron-core on gloo, vLLM-CPU integrated
 workers, the critic on the same bundles and the rule-reward worker; tiny PPO and GRPO runs, the metrics contract,
-and layout invariance of the first iteration (TP1, TP2, PP2, TP2xPP2 sample the same tokens and compute the
-same update)."""
+and layout invariance of the first iteration (TP1, TP2, TP2xPP2 sample the same tokens and compute the same
+update; pure PP2 is checked against TP2 over two iterations by test_resume.py::test_resume_onto_another_layout)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def _layout_run(assets, tmp_path_factory, name: str):
     return run.lines[0], run.rollouts, run.run_dir
 
 
-@pytest.mark.parametrize("name", ["tp2", "pp2", "tp2pp2"])
+@pytest.mark.parametrize("name", ["tp2", "tp2pp2"])
 def test_first_iteration_is_layout_invariant(assets, tmp_path_factory, name):
     base, base_rollouts, base_dir = _layout_run(assets, tmp_path_factory, "tp1")
     other, other_rollouts, other_dir = _layout_run(assets, tmp_path_factory, name)
