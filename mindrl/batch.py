@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+"""The tensors of P + R columns (prompt then response); see `Batch.reframe`."""
+
 
 @dataclass
 class Batch:
@@ -83,6 +86,40 @@ class Batch:
     def update(self, tensors: dict[str, torch.Tensor]) -> None:
         for k, v in tensors.items():
             self[k] = v
+
+    def reframe(self, prompt_width: int, response_width: int) -> Batch:
+        """The same rows in an RL layout of prompt width `prompt_width` and response width `response_width`:
+        the sequence tensors (SEQUENCE_KEYS) keep their last prompt_width prompt columns (left-extended with
+        padding, mask 0, if wider than P) and their first response_width response columns; every other tensor
+        of R columns keeps its first response_width. Only padding may be cut: a real token there is an error."""
+        p, r = self.meta["prompt_length"], self["responses"].shape[1]
+        if not 1 <= response_width <= r or prompt_width < 1:
+            raise ValueError(f"reframe: widths ({prompt_width}, {response_width}) for a batch of ({p}, {r})")
+        mask = self["attention_mask"]
+        if mask[:, : max(p - prompt_width, 0)].any() or mask[:, p + response_width :].any():
+            raise ValueError(f"reframe to ({prompt_width}, {response_width}) would cut real tokens of ({p}, {r})")
+        tensors = {}
+        for k, v in self.tensors.items():
+            if k in SEQUENCE_KEYS:
+                v = v[:, max(p - prompt_width, 0) : p + response_width]
+                if prompt_width > p:
+                    v = torch.cat([v.new_zeros((v.shape[0], prompt_width - p, *v.shape[2:])), v], 1)
+            elif v.dim() >= 2 and v.shape[1] == r:
+                v = v[:, :response_width]
+            tensors[k] = v
+        return Batch(tensors, dict(self.rows_meta), {**self.meta, "prompt_length": prompt_width})
+
+    def real_widths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt, response) widths of each row without its padding: the columns from its first real prompt
+        token to P, and from P to its last real response token (attention_mask or response_mask)."""
+        p = self.meta["prompt_length"]
+        mask = self["attention_mask"].bool()
+        zero = torch.zeros((len(self), 1), dtype=torch.long)  # a column of 0 so that an empty part has width 0
+        prompt = torch.cat([zero, mask[:, :p] * torch.arange(p, 0, -1)], 1)
+        response = torch.cat(
+            [zero, (mask[:, p:] | self["response_mask"].bool()) * torch.arange(1, mask.shape[1] - p + 1)], 1
+        )
+        return prompt.amax(1), response.amax(1)
 
 
 def shard_rows(num_rows: int, dp: int, num_mini_batches: int = 1) -> list[list[int]]:

@@ -9,6 +9,8 @@ import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Trainer worker ranks: 1 torch thread each, as every multi-process test (mindrl.workers.group.worker_threads).
+os.environ.setdefault("MINDRL_WORKER_THREADS", "1")
 
 # name -> make_tiny_model overrides. Small but complete: GQA (4 heads / 2 kv heads), head_dim 32.
 TINY_VARIANTS = {

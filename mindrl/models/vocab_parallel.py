@@ -13,12 +13,17 @@ from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_para
 
 
 def vocab_parallel_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(labels), entropy or None) under softmax(logits / temperature) over the full vocabulary.
 
     logits: (..., vocab / TP) this rank's vocabulary slice (any float dtype; computed in fp32);
-    labels: (...) int64 full-vocabulary ids. Differentiable w.r.t. logits."""
+    labels: (...) int64 full-vocabulary ids. Differentiable w.r.t. logits; the entropy only with entropy_grad
+    (without it, a metric: computed without building its graph over the vocabulary)."""
     x = logits.float()
     if temperature != 1.0:
         x = x / temperature
@@ -37,7 +42,10 @@ def vocab_parallel_logprobs(
     local_idx = (labels - start).clamp(0, local_vocab - 1)
     picked = z.gather(-1, local_idx.unsqueeze(-1)).squeeze(-1) * in_slice
     sum_exp = exp.sum(dim=-1)
-    weighted = (exp * z).sum(dim=-1) if with_entropy else None
+    weighted = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            weighted = (exp * z).sum(dim=-1)
     if tp > 1:
         sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
         picked = reduce_from_tensor_model_parallel_region(picked)
@@ -45,5 +53,7 @@ def vocab_parallel_logprobs(
             weighted = reduce_from_tensor_model_parallel_region(weighted)
     log_z = sum_exp.log()
     logprobs = picked - log_z
-    entropy = log_z - weighted / sum_exp if with_entropy else None
+    entropy = None
+    if with_entropy:
+        entropy = log_z - weighted / sum_exp if entropy_grad else log_z.detach() - weighted / sum_exp.detach()
     return logprobs, entropy

@@ -81,6 +81,19 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     return stats_metrics(prefix, values[mask.bool()])
 
 
+def _token_metrics(role: str, counts: tuple[float, float, float]) -> dict[str, float]:
+    """perf/* for the update's positions (see `mindrl.workers.rl_model._Plan`): the actor's unprefixed, the
+    critic's as perf/critic_*. Its forward passes cut micro-batches the same way."""
+    computed, real, untrimmed = counts
+    prefix = "perf/" if role == "actor" else "perf/critic_"
+    return {
+        f"{prefix}computed_tokens": computed,
+        f"{prefix}real_tokens": real,
+        f"{prefix}untrimmed_tokens": untrimmed,
+        f"{prefix}padding_ratio": 1.0 - real / computed if computed else 0.0,
+    }
+
+
 class PPOTrainer:
     """Builds the Ray worker groups for `cfg` (a validated `mindrl.config.RLConfig`) and runs the loop."""
 
@@ -89,7 +102,7 @@ class PPOTrainer:
 
         from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
         from mindrl.workers.critic_worker import CriticWorker
-        from mindrl.workers.group import WorkerGroup, device_placement_group, start_ray
+        from mindrl.workers.group import WorkerGroup, device_placement_group, start_ray, worker_threads
         from mindrl.workers.integrated_worker import IntegratedWorker
 
         self.cfg = cfg
@@ -136,12 +149,14 @@ class PPOTrainer:
         try:
             self.pg = device_placement_group(self.world)
             integrated = build.integrated_settings(cfg, self.resume)
-            # The critic shares the actor's bundles (half a device each), in its own megatron world.
-            self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5)
+            # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get the
+            # node's cores shared among the world's ranks (they run in turn), not Ray's default of one thread.
+            threads = worker_threads(self.world)
+            self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5, threads=threads)
             self.groups.append(self.actor)
             self.critic = None
             if rl.needs_critic:
-                self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=0.5)
+                self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=0.5, threads=threads)
                 self.groups.append(self.critic)
             self.reward = None
             self._start_reward_worker()
@@ -285,13 +300,16 @@ class PPOTrainer:
             t0 = time.perf_counter()
             keys = ["input_ids", "attention_mask", "responses", "response_mask", "values", "returns"]
             parts = self.critic.sharded("update_critic", batch.select(keys), self.num_mini, self.num_mini, rl.epochs)
-            metrics.update(parts[0][1])
+            critic_metrics = dict(parts[0][1])
+            metrics.update(_token_metrics("critic", critic_metrics.pop("_tokens")))
+            metrics.update(critic_metrics)
             timing["timing/update_critic"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         parts = self.actor.sharded("update_actor", batch.select(train_keys), self.num_mini, self.num_mini, rl.epochs)
         actor_metrics = dict(parts[0][1])
         timing["timing/update"] = time.perf_counter() - t0
         metrics.update(self._logprob_diff(batch, actor_metrics.pop("_logprob_diff")))
+        metrics.update(_token_metrics("actor", actor_metrics.pop("_tokens")))
         metrics.update(actor_metrics)
         self._check_skipped(metrics)
         if self.sync_ref:  # TR-DPO: after the actor update of iterations K, 2K, ... (saved with this iteration)

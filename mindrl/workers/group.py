@@ -148,6 +148,27 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Se
     return ray.get(list(refs))
 
 
+THREADS_ENV = "MINDRL_WORKER_THREADS"
+
+
+def worker_threads(ranks_per_node: int) -> int:
+    """Torch threads for each of `ranks_per_node` worker ranks on one node: $MINDRL_WORKER_THREADS if set (the
+    tests pin 1), else the node's cores shared among its ranks (at least 1): a world-1 run uses every core.
+
+    The actor's and the critic's ranks share the cores: they run in turn (only the critic's values overlap
+    the actor's logprob passes). The rollout engine in the same process runs on these threads too."""
+    value = os.environ.get(THREADS_ENV)
+    if value:
+        try:
+            threads = int(value)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise ValueError(f"${THREADS_ENV}={value!r}: expected a positive number of threads")
+        return threads
+    return max(1, (os.cpu_count() or 1) // max(1, ranks_per_node))
+
+
 class WorkerGroup:
     """`world_size` ranks of one model, one per bundle of `pg`, each claiming `fraction` of its device."""
 

@@ -3,23 +3,31 @@ values, and PPO updates through megatron's pipeline schedule. Runs inside a rank
 collective over the model's world. The losses themselves come from `mindrl.algorithms`.
 
 Response token t of a row sits at column P + t of input_ids (P = the batch's prompt width) and is predicted
-by the output at column P + t - 1, so the outputs for the responses are columns [P - 1, P - 1 + R).
+by the output at column P + t - 1, so the outputs for the responses are columns [P - 1, P - 1 + R). Each
+micro-batch is cut to its own rows' widths first (`_plan`: no padding computed beyond its longest row), and the
+output layer runs on those response columns only (`_response_head`).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_model_config
 
 from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_mean, policy_loss, value_loss
 from mindrl.batch import Batch
 from mindrl.models.forward import attention_inputs
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
+
+SAVINGS = True
+"""Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
+coefficient is 0. False: the plain path (every micro-batch at the batch's widths), kept for equality tests."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,10 @@ class PPOLossSettings:
     """The sampling temperature: logprobs are those of softmax(logits / temperature)."""
 
 
-def _response_slice(output: torch.Tensor, mb: Batch) -> torch.Tensor:
+def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch.Tensor:
+    """The outputs that predict the response tokens; head_sliced: the output layer only ran on those already."""
+    if head_sliced:
+        return output
     p, r = mb.meta["prompt_length"], mb["responses"].shape[1]
     return output[:, p - 1 : p - 1 + r]
 
@@ -52,8 +63,46 @@ def _model_inputs(mb: Batch):
     return ids, position_ids, mask
 
 
+def _output_layer(model) -> torch.nn.Module | None:
+    """The model's output layer through its wrappers (DDP, Float16Module); None off the last pipeline stage."""
+    while not hasattr(model, "output_layer"):
+        if not hasattr(model, "module"):
+            return None
+        model = model.module
+    return model.output_layer
+
+
+@contextmanager
+def _response_head(model, mb: Batch):
+    """Apply the output layer (LM head or value head) to the response positions only: a pre-hook cuts the
+    decoder's hidden states [s, b, h] to rows [P - 1, P - 1 + R) before it. Yields whether it did: not off the
+    last pipeline stage (no output layer) nor under sequence parallelism (each TP rank holds s / TP rows there;
+    the outputs are sliced afterwards instead)."""
+    head = _output_layer(model)
+    if not SAVINGS or head is None or get_model_config(model).sequence_parallel:
+        yield False
+        return
+    start, length = mb.meta["prompt_length"] - 1, mb["responses"].shape[1]
+
+    def cut(module, args, kwargs):
+        return (args[0][start : start + length], *args[1:]), kwargs
+
+    handle = head.register_forward_pre_hook(cut, with_kwargs=True)
+    try:
+        yield True
+    finally:
+        handle.remove()
+
+
+def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
+    """(the model's outputs for micro-batch mb, whether they cover the response positions only)."""
+    with _response_head(model, mb) as sliced:
+        return model(*_model_inputs(mb)), sliced
+
+
 def _schedule(model, micro: list[Batch], step_fn, forward_only: bool, collect: bool = False):
-    width = micro[0]["input_ids"].shape[1]
+    # The width only shapes the pipeline's P2P buffers: with PP > 1 every micro-batch has the same (_plan).
+    width = max(mb["input_ids"].shape[1] for mb in micro)
     return get_forward_backward_func()(
         forward_step_func=step_fn,
         data_iterator=iter(micro),
@@ -66,12 +115,64 @@ def _schedule(model, micro: list[Batch], step_fn, forward_only: bool, collect: b
     )
 
 
-def _micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
+@dataclass
+class _Plan:
+    """A batch cut into micro-batches of rows of similar length, each trimmed to its own widths."""
+
+    micro: list[Batch]
+    order: torch.Tensor
+    """Row of the batch behind each row of the concatenated micro-batches."""
+    response_width: int
+    """The batch's R, to which per-row outputs are padded back."""
+    computed_tokens: int
+    """Positions the model runs on: sum over micro-batches of rows x width."""
+    real_tokens: int
+    untrimmed_tokens: int
+    """rows x (P + R): what the batch's own rectangle would have cost."""
+
+    def restore(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """Per-micro-batch (rows, width) outputs -> (batch rows, R) in the batch's row order, zero-padded."""
+        r = self.response_width
+        flat = torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outputs])
+        out = torch.empty_like(flat)
+        out[self.order] = flat
+        return out
+
+
+def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
+    """Micro-batches without padding waste: rows sorted by real length (longest first), each micro-batch cut
+    to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
+    shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
+    parallelism the width is rounded up to a multiple of TP (more prompt padding)."""
     n = len(batch)
     mbs = min(micro_batch_size, n)
     if n % mbs:
         raise ValueError(f"{n} rows do not split into micro-batches of {mbs}")
-    return batch.split(n // mbs)
+    p_len, r_len = batch.real_widths()
+    uniform = ps.get_pipeline_model_parallel_world_size() > 1
+    multiple = ps.get_tensor_model_parallel_world_size() if get_model_config(model).sequence_parallel else 1
+    if not SAVINGS:
+        micro = batch.split(n // mbs)
+        tokens = n * batch["input_ids"].shape[1]
+        return _Plan(micro, torch.arange(n), batch["responses"].shape[1], tokens, real_tokens(batch), tokens)
+    if uniform:
+        order = torch.arange(n)
+    else:  # stable: ties keep the batch's order
+        order = torch.sort(p_len + r_len, descending=True, stable=True).indices
+    micro, computed = [], 0
+    for k in range(0, n, mbs):
+        rows = order[k : k + mbs]
+        span = order if uniform else rows
+        pw, rw = max(1, int(p_len[span].max())), max(1, int(r_len[span].max()))
+        pw += -(pw + rw) % multiple
+        micro.append(batch.index(rows).reframe(pw, rw))
+        computed += len(rows) * (pw + rw)
+    untrimmed = n * batch["input_ids"].shape[1]
+    return _Plan(micro, order, batch["responses"].shape[1], computed, real_tokens(batch), untrimmed)
+
+
+def real_tokens(batch: Batch) -> int:
+    return int(batch["attention_mask"].sum())
 
 
 # ---------------------------------------------------------------------------------------------- forward only
@@ -83,10 +184,10 @@ def response_logprobs(model, batch: Batch, micro_batch_size: int, temperature: f
 
     def step(data_iterator, model):
         mb = next(data_iterator)
-        output = model(*_model_inputs(mb))
+        output, sliced = _forward(model, mb)
 
         def collect(output_tensor, non_loss_data=True):
-            lp, _ = vocab_parallel_logprobs(_response_slice(output_tensor, mb), mb["responses"], temperature)
+            lp, _ = vocab_parallel_logprobs(_response_slice(output_tensor, mb, sliced), mb["responses"], temperature)
             return lp * mb["response_mask"]
 
         return output, collect
@@ -100,10 +201,10 @@ def response_values(model, batch: Batch, micro_batch_size: int) -> torch.Tensor 
 
     def step(data_iterator, model):
         mb = next(data_iterator)
-        output = model(*_model_inputs(mb))
+        output, sliced = _forward(model, mb)
 
         def collect(output_tensor, non_loss_data=True):
-            return _response_slice(output_tensor, mb).squeeze(-1).float() * mb["response_mask"]
+            return _response_slice(output_tensor, mb, sliced).squeeze(-1).float() * mb["response_mask"]
 
         return output, collect
 
@@ -111,13 +212,14 @@ def response_values(model, batch: Batch, micro_batch_size: int) -> torch.Tensor 
 
 
 def _forward_only(model, batch: Batch, micro_batch_size: int, step) -> torch.Tensor | None:
+    plan = _plan(model, batch, micro_batch_size)
     was_training = model.training
     model.eval()
     try:
-        outputs = _schedule(model, _micro_batches(batch, micro_batch_size), step, forward_only=True, collect=True)
+        outputs = _schedule(model, plan.micro, step, forward_only=True, collect=True)
     finally:
         model.train(was_training)
-    return torch.cat(outputs) if ps.is_pipeline_last_stage() else None
+    return plan.restore(outputs) if ps.is_pipeline_last_stage() else None
 
 
 # ---------------------------------------------------------------------------------------------- updates
@@ -130,10 +232,13 @@ def _global_counts(batch: Batch) -> tuple[float, float]:
     return float(t[0]), float(t[1])
 
 
-def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, output: torch.Tensor):
+def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced: bool, output: torch.Tensor):
     mask = mb["response_mask"]
-    logits = _response_slice(output, mb)
-    log_prob, entropy = vocab_parallel_logprobs(logits, mb["responses"], s.temperature, with_entropy=True)
+    logits = _response_slice(output, mb, sliced)
+    # With entropy_coeff 0 the entropy is only a metric: no graph over the vocabulary is built for it.
+    log_prob, entropy = vocab_parallel_logprobs(
+        logits, mb["responses"], s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0 or not SAVINGS
+    )
     # Exactly on-policy (no old-logprob recompute): the old policy is the current one, the ratio is 1.
     old = mb["old_log_prob"] if "old_log_prob" in mb else log_prob.detach()
     is_weights = None
@@ -178,9 +283,9 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, output
     return loss * num_micro, {k: v.detach().clone() for k, v in metrics.items()}
 
 
-def _critic_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, output: torch.Tensor):
+def _critic_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced: bool, output: torch.Tensor):
     mask = mb["response_mask"]
-    vpreds = _response_slice(output, mb).squeeze(-1).float()
+    vpreds = _response_slice(output, mb, sliced).squeeze(-1).float()
     loss, m = value_loss(vpreds, mb["returns"], mb["values"], mask, s.cliprange_value, s.loss_agg_mode, **agg)
     share = mask.sum() / agg["global_num_tokens"]
     metrics = {"critic/vf_loss": loss.detach() / agg["dp_size"], "critic/vf_clipfrac": m["vf_clipfrac"] * share}
@@ -216,27 +321,37 @@ def ppo_update(
     mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic".
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
-    `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients)."""
+    `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients), and
+    "_tokens": (computed, real, untrimmed) positions over all micro-batches and DP ranks (see `_Plan`)."""
     loss_fn = _actor_loss if role == "actor" else _critic_loss
     dp = ps.get_data_parallel_world_size()
     sums: dict[str, float] = {}
     grad_norms: list[float] = []
     diff_sum, diff_max, diff_count = 0.0, 0.0, 0.0
     steps = skipped = 0
+    token_counts = torch.zeros(3, dtype=torch.float64)  # computed, real, untrimmed
     ddp.train()
     for _ in range(epochs):
         for mini in shard.split(num_mini_batches):
             tokens, seqs = _global_counts(mini)
-            agg = {"global_num_tokens": max(tokens, 1.0), "global_num_seqs": max(seqs, 1.0), "dp_size": dp}
-            micro = _micro_batches(mini, micro_batch_size)
+            # Global denominators (micro-batches are trimmed, so also the batch's R for the *-norm mode).
+            agg = {
+                "global_num_tokens": max(tokens, 1.0),
+                "global_num_seqs": max(seqs, 1.0),
+                "loss_scale_factor": float(mini["responses"].shape[1]),
+                "dp_size": dp,
+            }
+            plan = _plan(ddp, mini, micro_batch_size)
+            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens])
 
-            def step(data_iterator, model, _n=len(micro), _agg=agg):
+            def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
                 mb = next(data_iterator)
-                return model(*_model_inputs(mb)), partial(loss_fn, mb, settings, _agg, _n)
+                output, sliced = _forward(model, mb)
+                return output, partial(loss_fn, mb, settings, _agg, _n, sliced)
 
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
-            outs = _schedule(ddp, micro, step, forward_only=False)
+            outs = _schedule(ddp, plan.micro, step, forward_only=False)
             local: dict[str, float] = {}
             for out in outs:  # last stage only
                 for k, v in out.items():
@@ -265,6 +380,8 @@ def ppo_update(
     metrics[f"{role}/skipped_updates"] = float(skipped)
     if role == "actor":
         metrics["_logprob_diff"] = (diff_sum, diff_count, diff_max)
+    torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
+    metrics["_tokens"] = tuple(token_counts.tolist())
     return metrics
 
 

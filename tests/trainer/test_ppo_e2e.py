@@ -22,10 +22,11 @@ REQUIRED = [
     "actor/ppo_kl", "actor/entropy", "actor/lr", "actor/grad_norm", "critic/score/mean", "critic/advantages/mean",
     "critic/returns/mean", "response_length/mean", "response_length/max", "response_length/min",
     "prompt_length/mean", "acc_for_ppo_rewards/mean", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
-    "e2e_tps", "update_tps", "vllm_tps",
+    "e2e_tps", "update_tps", "vllm_tps", "perf/computed_tokens", "perf/real_tokens", "perf/padding_ratio",
 ]  # fmt: skip
 PPO_ONLY = ["critic/vf_loss", "critic/vf_clipfrac", "critic/lr", "critic/grad_norm", "critic/values/mean",
-            "timing/critic_model", "timing/update_critic", "timing/reference_model"]  # fmt: skip
+            "timing/critic_model", "timing/update_critic", "timing/reference_model",
+            "perf/critic_computed_tokens"]  # fmt: skip
 
 
 def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
@@ -48,6 +49,7 @@ def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
         assert inner <= m["timing/rollout_total"] * 1.05 + 0.05
         assert m["rollout/logprob_diff_mean"] < 1e-3  # fp32: the engine samples from the trained policy
         assert m["actor/skipped_updates"] == 0
+        assert 0 < m["perf/real_tokens"] <= m["perf/computed_tokens"] <= m["perf/untrimmed_tokens"]
 
 
 def _no_leftovers() -> None:

@@ -65,3 +65,43 @@ def ppo_update_rank(
         "grads": grads if keep else None,
         "weights": after if keep else None,
     }
+
+
+def savings_vs_plain_rank(
+    load_dir: str, tp: int, pp: int, batch: Batch, role: str, loss: PPOLossSettings, micro_batch_size: int
+) -> dict:
+    """The same forward pass (logprobs or values) and one `ppo_update` from the same loaded weights, on the plain
+    path (`rl_model.SAVINGS` off: micro-batches at the batch's widths, output layer on every position, entropy
+    graph always) and on the saving one. Returns {"plain" | "savings": {"forward", "metrics", "grads", "weights"}}
+    with full tensors on the DP-0, TP-0 rank of each pipeline stage (forward: this DP rank's rows on the last
+    stage), None elsewhere."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.workers import rl_model
+
+    # A large adam_eps: Adam's first step is ~sign(g), which rounding flips where g is near 0.
+    optim = OptimSettings(lr=1e-3, clip_grad=1e9, adam_eps=1e-6)
+    out = {}
+    try:
+        for name, savings in (("plain", False), ("savings", True)):
+            rl_model.SAVINGS = savings
+            spec, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, pp, optim, total_steps=1)
+            dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+            shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
+            if role == "actor":
+                fwd = rl_model.response_logprobs(ddp, shard, micro_batch_size, loss.temperature)
+            else:
+                fwd = rl_model.response_values(ddp, shard, micro_batch_size)
+            metrics = ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, 1, 1)
+            grads = full_hf_tensors(ddp, spec, grads=True)
+            weights = full_hf_tensors(ddp, spec, grads=False)
+            keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+            out[name] = {
+                "forward": fwd if keep else None,
+                "metrics": metrics,
+                "grads": grads if keep else None,
+                "weights": weights if keep else None,
+            }
+    finally:
+        rl_model.SAVINGS = True
+    return out
