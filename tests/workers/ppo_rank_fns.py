@@ -68,7 +68,14 @@ def ppo_update_rank(
 
 
 def savings_vs_plain_rank(
-    load_dir: str, tp: int, pp: int, batch: Batch, role: str, loss: PPOLossSettings, micro_batch_size: int
+    load_dir: str,
+    tp: int,
+    pp: int,
+    batch: Batch,
+    role: str,
+    loss: PPOLossSettings,
+    micro_batch_size: int,
+    sequence_parallel: bool = False,
 ) -> dict:
     """The same forward pass (logprobs or values) and one `ppo_update` from the same loaded weights, on the plain
     path (`rl_model.SAVINGS` off: micro-batches at the batch's widths, output layer on every position, entropy
@@ -85,7 +92,9 @@ def savings_vs_plain_rank(
     try:
         for name, savings in (("plain", False), ("savings", True)):
             rl_model.SAVINGS = savings
-            spec, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, pp, optim, total_steps=1)
+            spec, ddp, optimizer, scheduler = build_model_and_optimizer(
+                load_dir, tp, pp, optim, total_steps=1, sequence_parallel=sequence_parallel
+            )
             dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
             shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
             if role == "actor":

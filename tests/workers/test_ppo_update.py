@@ -353,23 +353,25 @@ def test_update_is_micro_batch_invariant(pool, ckpts, rl_batch, role):
 
 
 @pytest.mark.parametrize(
-    "role,tp,pp,mbs,loss",
+    "role,tp,pp,mbs,loss,sp",
     [
-        pytest.param("actor", 2, 1, 2, replace(ACTOR_LOSS, entropy_coeff=0.0), id="actor-tp2-no-entropy-bonus"),
+        pytest.param("actor", 2, 1, 2, replace(ACTOR_LOSS, entropy_coeff=0.0), False, id="actor-tp2-no-entropy-bonus"),
         pytest.param(
-            "actor", 1, 2, 2, replace(ACTOR_LOSS, loss_agg_mode="seq-mean-token-sum-norm"), id="actor-pp2-norm"
+            "actor", 1, 2, 2, replace(ACTOR_LOSS, loss_agg_mode="seq-mean-token-sum-norm"), False, id="actor-pp2-norm"
         ),
-        pytest.param("critic", 1, 1, 1, CRITIC_LOSS, id="critic-tp1"),
+        pytest.param("actor", 2, 1, 1, ACTOR_LOSS, True, id="actor-tp2-sequence-parallel"),
+        pytest.param("critic", 1, 1, 1, CRITIC_LOSS, False, id="critic-tp1"),
     ],
 )
-def test_savings_equal_the_plain_path(pool, ckpts, rl_batch, role, tp, pp, mbs, loss):
+def test_savings_equal_the_plain_path(pool, tiny_models, ckpts, rl_batch, role, tp, pp, mbs, loss, sp):
     """Micro-batches sorted by length and cut to their own widths, the output layer on the response positions
     only, and (entropy_coeff 0) the entropy as a grad-free metric give the plain path's logprobs / values,
     metrics within 1e-6 relative, gradients within 1e-5 per tensor (measured 1.2e-6: other GEMM shapes round
-    otherwise) and updated weights within 1e-5 (measured 6e-6), while computing fewer positions (the rows'
+    otherwise) and the weight update within 1e-4 (measured 1.5e-5 to 4.4e-5), while computing fewer positions (the rows'
     lengths differ 8x). PP2 keeps one width per schedule call (the batch's longest row); seq-mean-token-sum-norm keeps
-    the batch's R as its constant."""
-    runs = pool.run(ppo_rank_fns.savings_vs_plain_rank, ckpts[role], tp, pp, rl_batch, role, loss, mbs)
+    the batch's R as its constant; sequence parallelism rounds each width up to a multiple of TP (and keeps the
+    output layer on every position)."""
+    runs = pool.run(ppo_rank_fns.savings_vs_plain_rank, ckpts[role], tp, pp, rl_batch, role, loss, mbs, sp)
 
     def close(got: torch.Tensor | float, want: torch.Tensor | float) -> bool:  # 1e-6 of the magnitude (fp32)
         got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
@@ -395,12 +397,15 @@ def test_savings_equal_the_plain_path(pool, ckpts, rl_batch, role, tp, pp, mbs, 
     }
     grad_diffs = rel_diffs(merged["savings", "grads"], merged["plain", "grads"])
     want, got = merged["plain", "weights"], merged["savings", "weights"]
-    weight_diff = max((got[k] - want[k]).abs().max().item() for k in want)
-    print(f"savings vs plain: gradient {max(grad_diffs.values()):.2g} relative, weights {weight_diff:.2g} absolute")
+    before = HFCheckpoint(tiny_models["untied" if role == "actor" else "orm"])
+    num = sum(((got[k] - want[k]).norm() ** 2).item() for k in want)
+    den = sum(((want[k] - before.get(k).float()).norm() ** 2).item() for k in want)
+    update_diff = math.sqrt(num / den)
+    print(f"savings vs plain: gradient {max(grad_diffs.values()):.2g}, weight update {update_diff:.2g} (relative)")
     assert max(grad_diffs.values()) < 1e-5, sorted(grad_diffs.items(), key=lambda kv: -kv[1])[:5]
-    # Adam's first step is ~lr * g / (|g| + eps): where g is near eps it magnifies the gradients' rounding (the
-    # DP-invariance test's bound).
-    assert weight_diff < 1e-5
+    # Adam's first step is ~lr * g / (|g| + eps): where g is near eps it magnifies the gradients' rounding (as
+    # in test_bf16_distopt's distributed-optimizer bound).
+    assert update_diff < 1e-4
 
 
 def test_nonfinite_update_is_skipped(pool, tiny_models, ckpts, rl_batch):
