@@ -149,9 +149,9 @@ class PPOTrainer:
         try:
             self.pg = device_placement_group(self.world)
             integrated = build.integrated_settings(cfg, self.resume)
-            # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get the
-            # node's cores shared among the world's ranks (they run in turn), not Ray's default of one thread.
-            threads = worker_threads(self.world)
+            # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get their
+            # node's cores shared among the ranks there (they run in turn), not one thread each.
+            threads = worker_threads(self.pg, self.world)
             self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5, threads=threads)
             self.groups.append(self.actor)
             self.critic = None

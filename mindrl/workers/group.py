@@ -151,12 +151,16 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Se
 THREADS_ENV = "MINDRL_WORKER_THREADS"
 
 
-def worker_threads(ranks_per_node: int) -> int:
-    """Torch threads for each of `ranks_per_node` worker ranks on one node: $MINDRL_WORKER_THREADS if set (the
-    tests pin 1), else the node's cores shared among its ranks (at least 1): a world-1 run uses every core.
+def worker_threads(pg, world_size: int) -> list[int]:
+    """Torch threads for each rank of a group on `pg`: $MINDRL_WORKER_THREADS if set (the tests pin 1), else its
+    node's CPUs (as Ray counts them) shared among the group's ranks on that node, at least 1: a world-1 run uses
+    every core instead of one.
 
     The actor's and the critic's ranks share the cores: they run in turn (only the critic's values overlap
     the actor's logprob passes). The rollout engine in the same process runs on these threads too."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
     value = os.environ.get(THREADS_ENV)
     if value:
         try:
@@ -165,14 +169,18 @@ def worker_threads(ranks_per_node: int) -> int:
             threads = 0
         if threads < 1:
             raise ValueError(f"${THREADS_ENV}={value!r}: expected a positive number of threads")
-        return threads
-    return max(1, (os.cpu_count() or 1) // max(1, ranks_per_node))
+        return [threads] * world_size
+    by_bundle = placement_group_table(pg).get("bundles_to_node_id", {})
+    nodes = [by_bundle.get(i) for i in range(world_size)]
+    cpus = {n["NodeID"]: n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive", True)}
+    return [max(1, int(cpus.get(node) or os.cpu_count() or 1) // nodes.count(node)) for node in nodes]
 
 
 class WorkerGroup:
-    """`world_size` ranks of one model, one per bundle of `pg`, each claiming `fraction` of its device."""
+    """`world_size` ranks of one model, one per bundle of `pg`, each claiming `fraction` of its device, with
+    `threads` torch threads (one count for all ranks, or one per rank)."""
 
-    def __init__(self, cls: type, name: str, pg, world_size: int, fraction: float, threads: int = 1):
+    def __init__(self, cls: type, name: str, pg, world_size: int, fraction: float, threads: int | list[int] = 1):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -188,7 +196,8 @@ class WorkerGroup:
         ]
         self.pids: list[int | None] = [None] * world_size
         addr, port = self.call_one(0, "node_address")
-        self.pids = self.call("init_world", [(i, world_size, addr, port, threads) for i in range(world_size)])
+        per_rank = threads if isinstance(threads, list) else [threads] * world_size
+        self.pids = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
         self.infos: list = []
 
     @property
