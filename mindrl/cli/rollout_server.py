@@ -11,7 +11,7 @@ import signal
 import sys
 
 from mindrl.serving.protocol import read_token
-from mindrl.serving.server import LOG_PREFIX, ServerConfig
+from mindrl.serving.server import DEFAULT_MAX_BODY_MB, LOG_PREFIX, ServerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=1234, help="engine RNG seed (for requests without seeds)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks across requests")
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=DEFAULT_MAX_BODY_MB,
+        help=f"largest request body accepted, in MiB (413 above; default {DEFAULT_MAX_BODY_MB:g}: above the "
+        "trainer's weight buckets, generate_config.bucket_size_mb)",
+    )
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV cache size (default: the platform's)")
     return p
 
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             enable_prefix_caching=not args.no_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            max_body_mb=args.max_body_mb,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

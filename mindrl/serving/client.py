@@ -92,6 +92,7 @@ class RolloutClient:
             raise ValueError(f"rollout server URL {url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
+        self.max_body_bytes: int | None = None  # the server's request body limit, learnt at `begin`
         headers = {p.AUTH_HEADER: p.BEARER + token} if token else {}
         # trust_env=False: an HTTP(S)_PROXY meant for the internet must not capture the cluster-internal servers.
         self._http = httpx.Client(
@@ -229,9 +230,11 @@ class RolloutClient:
         return resp
 
     def begin(self, version: int) -> str:
-        return str(
-            self._post(p.WEIGHTS_BEGIN, {"version": version}, f"weight update to version {version}")["transfer_id"]
-        )
+        """Open a transfer; the answer also gives the server's body limit (`max_body_bytes`, None if not said)."""
+        body = self._post(p.WEIGHTS_BEGIN, {"version": version}, f"weight update to version {version}")
+        limit = body.get("max_body_bytes")
+        self.max_body_bytes = limit if isinstance(limit, int) else None
+        return str(body["transfer_id"])
 
     def send_bucket(self, transfer_id: str, index: int, data: bytes) -> None:
         self._request(
@@ -312,6 +315,20 @@ def push_to_servers(
         data = p.encode_bucket(bucket)
         nbytes = p.bucket_bytes(bucket)
         for i in list(state):
+            limit = clients[i].max_body_bytes
+            if limit is not None and len(data) > limit:  # refused anyway: say why instead of a reset connection
+                fail(
+                    i,
+                    RolloutServerError(
+                        clients[i].url,
+                        f"weight bucket {index} ({len(data)} bytes, {len(bucket)} tensors) exceeds {clients[i].url}'s "
+                        f"request body limit of {limit} bytes: lower generate_config.bucket_size_mb "
+                        f"(now {bucket_bytes / (1 << 20):g}) or restart the server with a larger --max-body-mb",
+                        413,
+                        p.E_TOO_LARGE,
+                    ),
+                )
+                continue
             try:
                 clients[i].send_bucket(state[i]["tid"], index, data)
             except RolloutServerError as e:

@@ -46,6 +46,7 @@ E_BAD_REQUEST = "bad_request"  # 400/422: malformed body, bad field, unknown wei
 E_UNAUTHORIZED = "unauthorized"  # 401: token missing or wrong
 E_VERSION_MISMATCH = "version_mismatch"  # 409 on /generate: the server serves another weight version
 E_CONFLICT = "conflict"  # 409 on /weights/*: stale version, unknown transfer, count mismatch
+E_TOO_LARGE = "too_large"  # 413: the request body exceeds the server's --max-body-mb
 E_UNAVAILABLE = "unavailable"  # 503: the server cannot serve (a failed commit left the weights unknown)
 E_INTERNAL = "internal"  # 500
 
@@ -118,6 +119,8 @@ class Health:
     data_parallel_size: int
     max_model_len: int
     protocol: int = PROTOCOL_VERSION
+    max_body_bytes: int | None = None
+    """The largest request body the server accepts (None: a server that does not say)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Health:

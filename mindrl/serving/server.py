@@ -31,6 +31,9 @@ from mindrl.serving import protocol as P
 from mindrl.serving.protocol import ServerError, bad_request
 
 LOG_PREFIX = "mindrl-rollout-server:"
+DEFAULT_MAX_BODY_MB = 2048.0
+"""Four times the trainer's default bucket (generate_config.bucket_size_mb 512): a bucket overshoots its size only
+by one tensor, and a tensor larger than a bucket travels alone."""
 
 
 def is_loopback(host: str) -> bool:
@@ -65,6 +68,12 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests that share a prompt prefix (reset on every weight commit)."""
     kv_cache_memory_bytes: int | None = None
+    max_body_mb: float = DEFAULT_MAX_BODY_MB
+    """Largest request body accepted (413 above it): bounds the host memory one request can take."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * (1 << 20))
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -86,6 +95,8 @@ class ServerConfig:
                 bad(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
         if self.tensor_parallel_size > 1:  # needs a spawned world of ranks with rank 0 serving: not built yet
             bad(f"--tensor-parallel-size {self.tensor_parallel_size}: only 1 is supported yet")
+        if not (isinstance(self.max_body_mb, (int, float)) and self.max_body_mb > 0):
+            bad(f"--max-body-mb must be > 0, got {self.max_body_mb!r}")
         if not os.path.isfile(os.path.join(self.model, "config.json")):
             bad(f"--model {self.model} has no config.json: pass an HF model directory")
 
@@ -257,7 +268,7 @@ class RolloutServer:
             return reply({"error": P.E_INTERNAL, "message": f"{type(e).__name__}: {e}"}, 500)
 
         async def json_body(request: Request) -> Any:
-            return P.loads(await request.body())
+            return P.loads(await self._read_body(request))
 
         @app.get(P.HEALTH)
         async def health() -> Response:
@@ -269,6 +280,7 @@ class RolloutServer:
                 tensor_parallel_size=c.tensor_parallel_size,
                 data_parallel_size=c.data_parallel_size,
                 max_model_len=c.max_model_len,
+                max_body_bytes=c.max_body_bytes,
             )
             return reply(h.__dict__)
 
@@ -294,7 +306,7 @@ class RolloutServer:
                     409, P.E_CONFLICT, f"version {version} is not newer than the served version {self.version}"
                 )
             self._transfer = _Transfer(secrets.token_hex(8), version)  # drops any unfinished transfer
-            return reply({"transfer_id": self._transfer.id})
+            return reply({"transfer_id": self._transfer.id, "max_body_bytes": self.config.max_body_bytes})
 
         @app.post(P.WEIGHTS_BUCKET)
         async def bucket(request: Request) -> Response:
@@ -310,7 +322,7 @@ class RolloutServer:
             t = self._current(transfer_id)
             if index in t.buckets:
                 raise ServerError(409, P.E_CONFLICT, f"bucket {index} of transfer {transfer_id} was already received")
-            data = await request.body()
+            data = await self._read_body(request)
             tensors = await asyncio.to_thread(P.decode_bucket, data)
             for name, tensor in tensors.items():
                 self.weights.check(name, tensor)
@@ -374,6 +386,32 @@ class RolloutServer:
                 P.E_UNAUTHORIZED,
                 "missing or wrong token: send 'Authorization: Bearer <token>' with the server's token",
             )
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 once it exceeds --max-body-mb: a declared Content-Length before reading
+        anything, a chunked body as soon as the running total passes the limit (never buffered whole)."""
+        limit = self.config.max_body_bytes
+
+        def too_large(size: str) -> ServerError:
+            return ServerError(
+                413,
+                P.E_TOO_LARGE,
+                f"request body of {size} exceeds the server's limit of {limit} bytes ({self.config.max_body_mb:g} MiB, "
+                "--max-body-mb): send smaller weight buckets (generate_config.bucket_size_mb) or fewer prompts per "
+                "request, or restart the server with a larger --max-body-mb",
+                limit=limit,
+            )
+
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large(f"{int(declared)} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"more than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _current(self, transfer_id: str) -> _Transfer:
         t = self._transfer

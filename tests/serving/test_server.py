@@ -14,11 +14,12 @@ from mindrl.serving import protocol as P
 from tests.serving.conftest import REPO, start_server
 
 TOKEN = "test-token-0123"
+MAX_BODY_MB = 4  # above the tiny model's whole weights (~2 MiB), so only the body-limit test hits it
 
 
 @pytest.fixture(scope="module")
 def server(serving_models):
-    handle = start_server(serving_models["a"], token=TOKEN)
+    handle = start_server(serving_models["a"], token=TOKEN, extra_args=("--max-body-mb", str(MAX_BODY_MB)))
     yield handle
     assert handle.stop() == 0, handle.output()[-3000:]
     assert "mindrl-rollout-server: stopped" in handle.output()
@@ -60,6 +61,7 @@ def test_help():
         (["--host", "0.0.0.0"], "not a loopback address and no token"),
         (["--tensor-parallel-size", "2"], "only 1 is supported yet"),
         (["--data-parallel-size", "0"], "must be an integer >= 1"),
+        (["--max-body-mb", "0"], "--max-body-mb must be > 0"),
         (["--model", "/nonexistent/model"], "has no config.json"),
         (["--token-file", "/nonexistent/token"], "--token-file: cannot read"),
     ],
@@ -77,6 +79,47 @@ def test_health(server):
     h = P.Health.from_json(r.json())
     assert h.status == "ok" and h.version >= 0 and h.model.endswith("a")
     assert (h.tensor_parallel_size, h.data_parallel_size, h.max_model_len) == (1, 1, 256)
+    assert h.max_body_bytes == MAX_BODY_MB << 20
+
+
+def test_body_limit(server, client):
+    """A body over --max-body-mb is refused with 413 naming the limit: a declared Content-Length before a byte of
+    it is read, a chunked body once its running total passes the limit; the client refuses such a bucket itself."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from mindrl.serving.client import RolloutClient, RolloutServerError
+
+    limit = MAX_BODY_MB << 20
+    u = urlsplit(server.url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:  # headers only: the body never comes
+        s.sendall(
+            f"POST {P.GENERATE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n".encode()
+        )
+        head = b""
+        while b"--max-body-mb" not in head and (chunk := s.recv(65536)):  # until the message or the close
+            head += chunk
+        head = head.decode()
+    assert head.startswith("HTTP/1.1 413") and f"limit of {limit} bytes" in head and "--max-body-mb" in head, head
+
+    def chunks():
+        for _ in range(MAX_BODY_MB * 4 + 1):
+            yield b" " * (256 << 10)
+
+    tid = client.post(P.WEIGHTS_BEGIN, json={"version": 10**6}).json()["transfer_id"]
+    r = client.post(P.WEIGHTS_BUCKET, params={"transfer_id": tid, "index": 0}, content=chunks())
+    body = error(r, 413)
+    assert body["error"] == P.E_TOO_LARGE and body["limit"] == limit and "more than" in body["message"]
+    assert client.post(P.WEIGHTS_ABORT, json={"transfer_id": tid}).json() == {"aborted": True}
+
+    version = client.get(P.HEALTH).json()["version"]
+    with RolloutClient(server.url, TOKEN, timeout=60) as c:
+        big = torch.zeros(limit // 4 + 1)
+        with pytest.raises(RolloutServerError, match="--max-body-mb") as e:
+            c.push_weights(version + 1, iter([("model.norm.weight", big)]), bucket_bytes=1 << 20)
+        assert "bucket_size_mb" in str(e.value)
+    assert client.get(P.HEALTH).json()["version"] == version
 
 
 def test_generate_shapes_and_seeded_determinism(client):
