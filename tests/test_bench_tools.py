@@ -54,3 +54,34 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     assert set(prof) >= {"gemm", "elementwise", "optimizer", "communication", "python", "wall"}
     assert prof["gemm"] > 0 and prof["optimizer"] > 0
     assert "TP1" in stdout and "MFU" in stdout
+
+
+def test_bench_soak_analysis():
+    """bench_soak's analysis on synthetic samples: a flat run passes; growing time, RSS or fds fail."""
+    from tools.bench_soak import Sample, analyze
+
+    def run(n=40, time_growth=0.0, rss_per_it=0.0, fd_growth=0):
+        times = [5.0] + [1.0 + time_growth * i for i in range(1, n)]  # the first iteration is warm-up
+        samples = [Sample(t=i, iteration=i // 2, rss_mb=1000 + rss_per_it * (i // 2) + (i % 3), fds=100 + fd_growth * (i // 2),
+                          threads=50, procs=6, shm=3) for i in range(2 * n)]  # fmt: skip
+        return analyze(times, samples, window=10)
+
+    flat = run()
+    assert flat["passed"], flat["checks"]
+    assert flat["first_window"] == [2, 11] and flat["last_window"] == [31, 40]
+    assert flat["time_first_s"] == flat["time_last_s"] == 1.0  # the 5 s warm-up is excluded
+    assert abs(flat["rss_slope_last_mb_per_100"]) < 10
+    leak = run(rss_per_it=1.0)  # 1 MiB per iteration = 100 MiB per 100
+    assert not leak["passed"] and not leak["checks"]["rss"]
+    assert 90 < leak["rss_slope_last_mb_per_100"] < 110
+    slow = run(time_growth=0.02)
+    assert not slow["checks"]["time"] and slow["checks"]["rss"]
+    assert not run(fd_growth=2)["checks"]["fds"]
+    with pytest.raises(ValueError, match="at least 3"):
+        analyze([1.0, 1.0], [], window=10)
+
+
+def test_bench_soak_help():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_soak.py"), "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0 and "usage:" in out.stdout and "/dev/shm" in out.stdout
