@@ -134,3 +134,29 @@ def test_sync_reference_is_the_exact_mix(pool, sync_ckpts, tmp_path, tp, pp):
             assert r["mismatch_error"] and "different networks" in r["mismatch_error"], r["mismatch_error"]
             assert "output_layer.weight" in r["mismatch_error"]
     check_reference(str(tmp_path / "ref"))  # what a resume checks: complete, loadable
+
+
+@pytest.mark.parametrize("source_dtype", [torch.bfloat16, torch.float32])
+def test_bf16_mix_is_computed_in_fp32_and_rounded_once(source_dtype):
+    """bf16 reference weights: the mix is computed in fp32 from the exact bf16 values and rounded to bf16 once,
+    equal to that direct computation bit for bit, and (for alpha 0.3) not what mixing in bf16 arithmetic gives."""
+    from mindrl.workers.integrated_worker import mix_into
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    actor = torch.nn.Linear(64, 64).to(source_dtype)
+    with torch.no_grad():
+        for module in (ref, actor):
+            for p in module.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+    before = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    src = dict(actor.named_parameters())
+    alpha = 0.3
+    mix_into(ref, actor, alpha)
+    for n, p in ref.named_parameters():
+        assert p.dtype == torch.bfloat16
+        # TRL's operation order, as the fp32 test above (add with alpha rounds differently from a separate product)
+        exact = before[n].float().mul(1.0 - alpha).add(src[n].detach().float(), alpha=alpha).to(torch.bfloat16)
+        assert p.equal(exact), n
+        in_bf16 = before[n].mul(1.0 - alpha).add(src[n].detach().to(torch.bfloat16), alpha=alpha)
+        assert not p.equal(in_bf16), n  # two roundings differ somewhere: the test can tell the two paths apart
