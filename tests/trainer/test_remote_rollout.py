@@ -216,6 +216,7 @@ def test_server_keys_are_validated_at_load():
 ENGINE_ARGS = ("--max-model-len", "128", "--max-num-seqs", "32", "--max-num-batched-tokens", "2048",
                "--no-prefix-caching", "--dtype", "float32")  # fmt: skip
 TOKEN = "tiny-secret"
+REF_SYNC = ("rl_config.sync_ref_model=true", "rl_config.ref_model_sync_steps=1", "rl_config.ref_model_mixup_alpha=0.5")
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +277,9 @@ def _same_first_iteration(lines, rollouts, integrated) -> None:
 def test_ppo_one_server_killed_and_restarted_mid_run(assets, servers, tmp_path, tmp_path_factory, monkeypatch):
     """PPO against one server: its first iteration is the integrated run's (the session's shared straight run). The
     server is stopped as iteration 2 is about to sample and restarted on the same port: the run waits for it,
-    re-syncs it, and finishes."""
+    re-syncs it, and finishes. The run also syncs its reference every iteration (TR-DPO, alpha 0.5; the GRPO side
+    is tests/trainer/test_ref_sync_e2e.py): after iteration 1 the reference is halfway to the actor, so iteration
+    2's reward KL is well below the straight run's, whose reference stays the initial policy."""
     import threading
 
     from mindrl.serving.client import RolloutClient
@@ -296,11 +299,16 @@ def test_ppo_one_server_killed_and_restarted_mid_run(assets, servers, tmp_path, 
 
     hits = _kill_during(monkeypatch, old.url, kill_and_restart)
     cfg = _server_config("ppo_tiny_cpu", assets, tmp_path, [old.url], "megatron_training.train_iters=2",
-                         "generate_config.server_timeout=120")  # fmt: skip
+                         "generate_config.server_timeout=120", *REF_SYNC)  # fmt: skip
     _, results, lines, rollouts = _train(cfg)
     restarted.join()
     assert len(hits) == 3 and hits[1] == hits[2] and len(results) == 2  # iteration 2's request went out twice
-    _same_first_iteration(lines, rollouts, straight_run("ppo", assets, tmp_path_factory))
+    straight = straight_run("ppo", assets, tmp_path_factory)
+    _same_first_iteration(lines, rollouts, straight)
+    assert [m["actor/ref_synced"] for m in lines] == [1.0, 1.0] and all(m["timing/ref_sync"] > 0 for m in lines)
+    # KL(actor || (actor + initial) / 2) is about a quarter of KL(actor || initial) (quadratic near 0).
+    kl, kl_straight = lines[1]["actor/reward_kl_penalty"], straight.lines[1]["actor/reward_kl_penalty"]
+    assert 0 < kl < 0.5 * kl_straight, (kl, kl_straight)
     assert lines[0]["rollout/server_resyncs"] == 0 and lines[1]["rollout/server_resyncs"] == 1
     for m in lines:
         assert m["rollout/weight_sync_bytes"] > 0 and m["timing/weight_sync"] > 0 and m["timing/rollout"] > 0
