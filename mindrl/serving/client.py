@@ -251,14 +251,45 @@ class RolloutClient:
         body = self._post(p.WEIGHTS_COMMIT, req.to_json(), f"commit of weight version {version}")
         return p.CommitResponse(int(body["version"]), float(body.get("seconds", 0.0)), int(body.get("bytes", 0)))
 
+    def open_channel(
+        self, transfer_id: str, master_addr: str, master_port: int, backend: str, timeout_s: float
+    ) -> None:
+        """Ask the server to join transfer `transfer_id`'s dist channel (it starts joining, then answers)."""
+        req = {"transfer_id": transfer_id, "master_addr": master_addr, "master_port": master_port,
+               "backend": backend, "timeout_s": timeout_s}  # fmt: skip
+        self._post(p.WEIGHTS_DIST_OPEN, req, "opening the weight channel")
+
+    def announce_bucket(self, transfer_id: str, index: int, meta: list) -> None:
+        """Dist channel: bucket `index`'s names, dtypes and shapes (`channel.meta_to_json`); its bytes follow by
+        broadcast."""
+        req = {"transfer_id": transfer_id, "index": index, "tensors": meta}
+        self._post(p.WEIGHTS_DIST_BUCKET, req, f"weight bucket {index}")
+
+    def channel_sender(self, transfer_id: str):
+        """The trainer's end of a dist channel to this server (`channel.ChannelSender`), joined; its collectives and
+        the server's wait at most this client's timeout."""
+        from urllib.parse import urlsplit
+
+        from mindrl.serving.channel import ChannelSender
+
+        u = urlsplit(self.url)
+        return ChannelSender(
+            u.hostname, u.port or 80, self.timeout, f"mindrl-{transfer_id}",
+            lambda addr, port, backend: self.open_channel(transfer_id, addr, port, backend, self.timeout),
+        )  # fmt: skip
+
     def abort(self, transfer_id: str) -> None:
         self._post(p.WEIGHTS_ABORT, {"transfer_id": transfer_id}, "abort of a weight update")
 
     def push_weights(
-        self, version: int, weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 512 << 20
+        self,
+        version: int,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int = 512 << 20,
+        transfer: str = "http",
     ) -> PushOutcome:
         """begin -> buckets of about `bucket_bytes` -> commit as `version`; raises on failure (after an abort)."""
-        (out,) = push_to_servers([self], version, weights, bucket_bytes)
+        (out,) = push_to_servers([self], version, weights, bucket_bytes, transfer)
         if not out.ok:
             cls = ServerUnreachable if out.retryable else RolloutServerError
             raise cls(self.url, out.error or "weight push failed")
@@ -285,10 +316,16 @@ def push_to_servers(
     version: int,
     weights: Iterable[tuple[str, torch.Tensor]],
     bucket_bytes: int,
+    transfer: str = "http",
 ) -> list[PushOutcome]:
-    """Push one pass of `weights` to every client as `version`, each bucket serialized once. A server that fails is
-    dropped (its transfer aborted if it still answers) and the others go on; the iterator is always exhausted (it
-    may be a collective stream that every rank must drain). One outcome per client, in order."""
+    """Push one pass of `weights` to every client as `version`, each bucket serialized once: `transfer` "http" sends
+    safetensors bodies, "dist" announces each bucket over HTTP and broadcasts its bytes over a process group per
+    server (mindrl.serving.channel). A server that fails is dropped (its transfer aborted if it still answers) and
+    the others go on; the iterator is always exhausted (it may be a collective stream that every rank must drain).
+    One outcome per client, in order."""
+    if transfer not in ("http", "dist"):
+        raise ValueError(f"transfer must be 'http' or 'dist', got {transfer!r}")
+    dist = transfer == "dist"
     t0 = time.perf_counter()
     state: dict[int, dict[str, Any]] = {}
     outcomes = [PushOutcome(c.url, version, ok=False) for c in clients]
@@ -296,7 +333,10 @@ def push_to_servers(
     def fail(i: int, e: Exception) -> None:
         outcomes[i].error = str(e)
         outcomes[i].retryable = isinstance(e, ServerUnreachable)
-        tid = state.pop(i, {}).get("tid")
+        st = state.pop(i, {})
+        if st.get("sender") is not None:
+            st["sender"].close()
+        tid = st.get("tid")
         if tid is not None and not outcomes[i].retryable:
             try:
                 clients[i].abort(tid)
@@ -306,14 +346,20 @@ def push_to_servers(
     for i, c in enumerate(clients):
         try:
             state[i] = {"tid": c.begin(version)}
+            if dist:
+                state[i]["sender"] = _joined(c, state[i]["tid"])
         except RolloutServerError as e:
             fail(i, e)
     index = 0
     for bucket in _buckets(weights, bucket_bytes):
         if not state:
             continue  # nobody left to send to: keep draining the stream
-        data = p.encode_bucket(bucket)
         nbytes = p.bucket_bytes(bucket)
+        if dist:
+            _send_dist(clients, state, index, bucket, fail, outcomes, nbytes)
+            index += 1
+            continue
+        data = p.encode_bucket(bucket)
         for i in list(state):
             limit = clients[i].max_body_bytes
             if limit is not None and len(data) > limit:  # refused anyway: say why instead of a reset connection
@@ -348,7 +394,43 @@ def push_to_servers(
             continue
         o.ok = True
         o.seconds = time.perf_counter() - t0
+        if state[i].get("sender") is not None:
+            state[i]["sender"].close()
     return outcomes
+
+
+def _joined(client: RolloutClient, transfer_id: str):
+    """The dist channel's sender, joined with the server; a failure to join is a ServerUnreachable."""
+    try:
+        return client.channel_sender(transfer_id)
+    except RolloutServerError:
+        raise
+    except Exception as e:  # the store or the group: a timeout or a refused connection
+        raise ServerUnreachable(client.url, f"weight channel to {client.url}: {type(e).__name__}: {e}") from e
+
+
+def _send_dist(clients, state, index: int, bucket, fail, outcomes, nbytes: int) -> None:
+    """One bucket over every open channel: announced over HTTP, then its bytes in one broadcast."""
+    from mindrl.serving.channel import bucket_meta, meta_to_json, pack
+
+    meta = meta_to_json(bucket_meta(bucket))
+    flat = None
+    for i in list(state):
+        c, sender = clients[i], state[i]["sender"]
+        try:
+            c.announce_bucket(state[i]["tid"], index, meta)
+            if flat is None:
+                flat = pack(bucket, sender.device)
+            try:
+                sender.send(flat)
+            except RuntimeError as e:  # the server died or timed out mid-broadcast
+                raise ServerUnreachable(c.url, f"weight bucket {index}: channel to {c.url} failed: {e}") from e
+        except RolloutServerError as e:
+            fail(i, e)
+            continue
+        outcomes[i].num_buckets += 1
+        outcomes[i].num_tensors += len(bucket)
+        outcomes[i].bytes += nbytes
 
 
 def samples_in_order(parts: Mapping[int, list[list[RolloutSample]]]) -> list[list[RolloutSample]]:

@@ -8,6 +8,8 @@ Protocol (JSON over HTTP; see docs/rollout_server.md):
     POST /weights/bucket?transfer_id=ID&index=K    body: encode_bucket({hf_name: tensor})
     POST /weights/commit    CommitRequest          -> {"version": V, "seconds": s, "bytes": b}
     POST /weights/abort     {"transfer_id": ID}    -> {"aborted": bool}
+    POST /weights/dist/open    {"transfer_id", "master_addr", "master_port", "backend", "timeout_s"}  (channel.py)
+    POST /weights/dist/bucket  {"transfer_id", "index", "tensors": [[name, dtype, shape], ...]}, then a broadcast
     POST /v1/completions    OpenAI subset          -> OpenAI-shaped, plus "mindrl_version"
 Every error body is {"error": CODE, "message": TEXT, ...}; see `ServerError`.
 """
@@ -35,6 +37,8 @@ WEIGHTS_BEGIN = "/weights/begin"
 WEIGHTS_BUCKET = "/weights/bucket"
 WEIGHTS_COMMIT = "/weights/commit"
 WEIGHTS_ABORT = "/weights/abort"
+WEIGHTS_DIST_OPEN = "/weights/dist/open"
+WEIGHTS_DIST_BUCKET = "/weights/dist/bucket"
 COMPLETIONS = "/v1/completions"
 
 AUTH_HEADER = "Authorization"

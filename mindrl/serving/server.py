@@ -26,7 +26,9 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from mindrl.platform import current_platform
 from mindrl.rollout.base import RolloutConfig, RolloutEngine, RolloutSample, SamplingConfig
+from mindrl.serving import channel as C
 from mindrl.serving import protocol as P
 from mindrl.serving.protocol import ServerError, bad_request
 
@@ -110,6 +112,14 @@ class _Transfer:
     buckets: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
     bytes: int = 0
+    pending: set[int] = field(default_factory=set)
+    """Dist channel: the bucket indices announced (received or not yet)."""
+    channel: Any = None
+    """The dist channel's receiver (`channel.ChannelReceiver`) when the tensors come by broadcast, else None."""
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
 
 
 @dataclass
@@ -155,6 +165,9 @@ class RolloutServer:
         self.version = 0
         self._broken: str | None = None  # set when a commit failed midway: weights unknown, refuse to serve
         self._transfer: _Transfer | None = None
+        self._discarded: tuple[str, str] | None = (
+            None  # (transfer id, why) of the last transfer a channel failure dropped
+        )
         # The engine thread: every engine call, in order (see the module docstring).
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindrl-engine")
         self.engine = None
@@ -195,6 +208,7 @@ class RolloutServer:
 
     def close(self) -> None:
         """Shut the engine down (after any queued engine call); idempotent."""
+        self._drop_transfer()
         if self.engine is not None:
             engine, self.engine = self.engine, None
             self._thread.submit(engine.shutdown).result()
@@ -305,6 +319,7 @@ class RolloutServer:
                 raise ServerError(
                     409, P.E_CONFLICT, f"version {version} is not newer than the served version {self.version}"
                 )
+            self._drop_transfer()
             self._transfer = _Transfer(secrets.token_hex(8), version)  # drops any unfinished transfer
             return reply({"transfer_id": self._transfer.id, "max_body_bytes": self.config.max_body_bytes})
 
@@ -320,6 +335,8 @@ class RolloutServer:
                 )
             index = int(index)
             t = self._current(transfer_id)
+            if t.channel is not None:
+                raise ServerError(409, P.E_CONFLICT, f"transfer {transfer_id} receives its tensors by the dist channel")
             if index in t.buckets:
                 raise ServerError(409, P.E_CONFLICT, f"bucket {index} of transfer {transfer_id} was already received")
             data = await self._read_body(request)
@@ -339,6 +356,13 @@ class RolloutServer:
             self._auth(request)
             req = P.CommitRequest.from_json(await json_body(request))
             t = self._current(req.transfer_id)
+            if t.channel is not None:  # every announced bucket received (each wait bounded by the channel timeout)
+                failed = await asyncio.to_thread(t.channel.drain)
+                if failed:
+                    self._channel_failed(t.id, failed)
+                    raise ServerError(
+                        409, P.E_CONFLICT, f"commit of transfer {t.id} refused, nothing applied: {failed}"
+                    )
             problems = []
             if req.version != t.version:
                 problems.append(f"version {req.version} != {t.version} given at begin")
@@ -353,7 +377,7 @@ class RolloutServer:
                 raise ServerError(
                     409, P.E_CONFLICT, f"commit of transfer {t.id} refused, nothing applied: " + "; ".join(problems)
                 )
-            self._transfer = None
+            self._drop_transfer()
             return reply(await self._on_engine(self._apply, t))
 
         @app.post(P.WEIGHTS_ABORT)
@@ -363,8 +387,70 @@ class RolloutServer:
             P._check_keys(d, {"transfer_id"}, "abort request", ("transfer_id",))
             aborted = self._transfer is not None and self._transfer.id == d["transfer_id"]
             if aborted:
-                self._transfer = None
+                self._drop_transfer()
             return reply({"aborted": aborted})
+
+        @app.post(P.WEIGHTS_DIST_OPEN)
+        async def dist_open(request: Request) -> Response:
+            self._auth(request)
+            d = await json_body(request)
+            keys = ("transfer_id", "master_addr", "master_port", "backend", "timeout_s")
+            P._check_keys(d, set(keys), "channel open request", keys)
+            t = self._current(d["transfer_id"])
+            addr, port, timeout_s = d["master_addr"], d["master_port"], d["timeout_s"]
+            if not isinstance(addr, str) or not addr:
+                raise bad_request(f"master_addr must be a host address, got {addr!r}", 422)
+            if not P._is_int(port) or not 0 < port < 65536:
+                raise bad_request(f"master_port must be in [1, 65535], got {port!r}", 422)
+            if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= C.MAX_TIMEOUT_S:
+                raise bad_request(f"timeout_s must be in (0, {C.MAX_TIMEOUT_S:g}] seconds, got {timeout_s!r}", 422)
+            backend = current_platform().dist_backend
+            if d["backend"] != backend:
+                raise ServerError(
+                    409,
+                    P.E_CONFLICT,
+                    f"the trainer's channel backend {d['backend']!r} is not this server's {backend!r} (another "
+                    "platform): set generate_config.weight_transfer: http",
+                )
+            if t.channel is not None or t.buckets:
+                raise ServerError(409, P.E_CONFLICT, f"transfer {t.id} already has a channel or HTTP buckets")
+            loop = asyncio.get_running_loop()
+            t.channel = C.ChannelReceiver(
+                addr, port, float(timeout_s), f"mindrl-{t.id}",
+                on_error=lambda why: loop.call_soon_threadsafe(self._channel_failed, t.id, why),
+            )  # fmt: skip
+            return reply({"transfer_id": t.id, "backend": backend})
+
+        @app.post(P.WEIGHTS_DIST_BUCKET)
+        async def dist_bucket(request: Request) -> Response:
+            self._auth(request)
+            d = await json_body(request)
+            P._check_keys(d, {"transfer_id", "index", "tensors"}, "dist bucket", ("transfer_id", "index", "tensors"))
+            t = self._current(d["transfer_id"])
+            if t.channel is None:
+                raise ServerError(
+                    409, P.E_CONFLICT, f"transfer {t.id} has no channel: POST {P.WEIGHTS_DIST_OPEN} first"
+                )
+            index = d["index"]
+            if not P._is_int(index) or index < 0:
+                raise bad_request(f"index must be a non-negative integer, got {index!r}", 422)
+            if index in t.pending:
+                raise ServerError(409, P.E_CONFLICT, f"bucket {index} of transfer {t.id} was already announced")
+            meta = C.meta_from_json(d["tensors"])
+            names = [m.name for m in meta]
+            for m in meta:
+                self.weights.check(m.name, torch.empty(m.shape, dtype=C.DTYPES[m.dtype], device="meta"))
+                if m.name in t.names or names.count(m.name) > 1:
+                    raise bad_request(f"weight {m.name!r} was already sent in this transfer")
+            t.pending.add(index)
+            t.names.update(names)
+
+            def received(tensors: dict[str, torch.Tensor]) -> None:  # on the channel's thread
+                t.buckets[index] = tensors
+                t.bytes += P.bucket_bytes(tensors)
+
+            t.channel.receive(index, meta, received)
+            return reply({"transfer_id": t.id, "index": index, "num_tensors": len(meta)})
 
         @app.post(P.COMPLETIONS)
         async def completions(request: Request) -> Response:
@@ -413,8 +499,23 @@ class RolloutServer:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _drop_transfer(self) -> None:
+        if self._transfer is not None:
+            self._transfer.close()
+            self._transfer = None
+
+    def _channel_failed(self, transfer_id: str, why: str) -> None:
+        """A dist channel failed (the sender died or timed out): its transfer is discarded, the served version stays."""
+        if self._transfer is not None and self._transfer.id == transfer_id:
+            version = self._transfer.version
+            self._drop_transfer()
+            self._discarded = (transfer_id, why)
+            print(f"{LOG_PREFIX} weight transfer {transfer_id} (version {version}) discarded: {why}", flush=True)
+
     def _current(self, transfer_id: str) -> _Transfer:
         t = self._transfer
+        if self._discarded is not None and self._discarded[0] == transfer_id:
+            raise ServerError(409, P.E_CONFLICT, f"transfer {transfer_id} was discarded: {self._discarded[1]}")
         if t is None or t.id != transfer_id:
             now = f"the open transfer is {t.id}" if t else "no transfer is open"
             raise ServerError(

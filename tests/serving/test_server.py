@@ -303,3 +303,66 @@ def test_data_parallel(serving_models):
             assert [ss[0].token_ids for ss in after.samples] == [helpers.hf_greedy(model_b, p, 6) for p in PROMPTS]
     finally:
         assert handle.stop() == 0, handle.output()[-3000:]
+
+
+DYING_SENDER = """
+import os, sys, torch
+from mindrl.serving.client import RolloutClient
+from mindrl.serving.channel import bucket_meta, meta_to_json
+url, token, version = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = RolloutClient(url, token, timeout=30)
+tid = c.begin(version)
+sender = c.channel_sender(tid)
+bucket = {"model.norm.weight": torch.ones(128)}
+c.announce_bucket(tid, 0, meta_to_json(bucket_meta(bucket)))
+print(tid, flush=True)
+os._exit(3)  # dies with the broadcast announced and never sent
+"""
+
+
+def test_dist_channel(server, client, serving_models):
+    """Weights by the torch.distributed channel: a complete update commits and serves model A's greedy tokens; a
+    sender that dies mid-transfer, and one that stops sending, make the server discard the staged version (after
+    the channel timeout at most) and keep serving the old one."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from mindrl.serving.channel import bucket_meta, meta_to_json
+    from mindrl.serving.client import RolloutClient, RolloutServerError
+    from tests.rollout import helpers
+
+    v = client.get(P.HEALTH).json()["version"]
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    before = generate(client, PROMPTS, **greedy)
+
+    # A sender process that dies after announcing a bucket: the server sees the peer gone and discards the transfer.
+    out = subprocess.run([sys.executable, "-c", DYING_SENDER, server.url, TOKEN, str(v + 1)], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert out.returncode == 3, out.stderr
+    tid = out.stdout.split()[-1]
+    commit = {"transfer_id": tid, "version": v + 1, "num_buckets": 1, "num_tensors": 1}
+    r = client.post(P.WEIGHTS_COMMIT, json=commit)
+    assert "nothing applied" in error(r, 409)["message"] or "discarded" in r.json()["message"]
+    assert f"weight transfer {tid} (version {v + 1}) discarded" in server.output()
+    assert generate(client, PROMPTS, expected_version=v, **greedy).samples == before.samples
+
+    # A sender that stays connected but never broadcasts: the receive times out (3 s) and the transfer is discarded.
+    with RolloutClient(server.url, TOKEN, timeout=3) as c:
+        tid = c.begin(v + 1)
+        sender = c.channel_sender(tid)
+        bucket = {"model.norm.weight": torch.ones(128)}
+        c.announce_bucket(tid, 0, meta_to_json(bucket_meta(bucket)))
+        with pytest.raises(RolloutServerError, match="discarded|nothing applied"):
+            c.commit(tid, v + 1, 1, 1)
+        sender.close()
+    assert client.get(P.HEALTH).json()["version"] == v
+
+    # A complete update by the channel (model A's weights, in several buckets).
+    weights_a = load_file(f"{serving_models['a']}/model.safetensors")
+    with RolloutClient(server.url, TOKEN, timeout=60) as c:
+        out = c.push_weights(v + 1, iter(sorted(weights_a.items())), bucket_bytes=256 << 10, transfer="dist")
+    assert out.ok and out.num_buckets > 2 and out.bytes == sum(t.numel() * 4 for t in weights_a.values())
+    after = generate(client, PROMPTS, expected_version=v + 1, **greedy)
+    model_a = AutoModelForCausalLM.from_pretrained(serving_models["a"], dtype=torch.float32).eval()
+    for prompt, ss in zip(PROMPTS, after.samples):
+        assert ss[0].token_ids == helpers.hf_greedy(model_a, prompt, 8)
