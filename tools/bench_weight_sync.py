@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Benchmark rollout-server weight sync: one full push of a ~32M-parameter Qwen2 actor (the model of
-tools/bench_reshard.py) from a megatron rank (TP1) to a real `mindrl-rollout-server` over loopback HTTP, against the
-in-process reshard of the same weights (the stream copied into preallocated slots: bench_reshard's TP1xPP1 figure).
+tools/bench_reshard.py) from a megatron rank (TP1) to a real `mindrl-rollout-server` over loopback, by HTTP bodies and
+by the torch.distributed channel (generate_config.weight_transfer http / dist), against the in-process reshard of the
+same weights (the stream copied into preallocated slots: bench_reshard's TP1xPP1 figure).
 
-Per bucket size, medians over --repeats (after one warm-up) of: the in-process reshard; the push (stream ->
-safetensors buckets -> HTTP -> the server stages them -> commit, which loads them into vLLM); the server's own
-commit time (its load_weights). GB/s = model bytes / seconds. Prints a table and a final JSON line.
+Per bucket size and transfer, medians over --repeats (after one warm-up) of: the in-process reshard; the push
+(stream -> buckets -> HTTP bodies, or HTTP metadata + one broadcast per bucket -> the server stages them -> commit,
+which loads them into vLLM); the server's own commit time (its load_weights). GB/s = model bytes / seconds. Prints a
+table and a final JSON line.
 
     python tools/bench_weight_sync.py --bucket-mb 8,64,512 --repeats 3
 """
@@ -25,8 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+TRANSFERS = ("http", "dist")
+
+
 def _bench_rank(load_dir: str, url: str, bucket_mbs: list[float], repeats: int) -> dict:
-    """On the (single) rank: in-process reshard vs push to the server, per bucket size."""
+    """On the (single) rank: in-process reshard vs push to the server (each transfer), per bucket size."""
     import torch
 
     from mindrl.checkpoint.mcore_ckpt import build_and_load
@@ -47,25 +52,29 @@ def _bench_rank(load_dir: str, url: str, bucket_mbs: list[float], repeats: int) 
     out: dict = {"buckets": {}}
     for mb in bucket_mbs:
         streamer = WeightStreamer(model, spec, mb)
-        local, push, commit, nbuckets = [], [], [], 0
+        local, nbuckets = [], 0
+        push: dict[str, list[float]] = {t: [] for t in TRANSFERS}
+        commit: dict[str, list[float]] = {t: [] for t in TRANSFERS}
         for r in range(repeats + 1):  # the first pass is a warm-up
             t0 = time.perf_counter()
             stats = streamer.load_into(consume)
             dt = time.perf_counter() - t0
-            version += 1
-            t0 = time.perf_counter()
-            res = client.push_weights(version, streamer.stream(), int(mb * 2**20))
-            dp = time.perf_counter() - t0
             if r:
                 local.append(dt)
-                push.append(dp)
-                commit.append(res.commit_seconds)
-            nbuckets = res.num_buckets
+            for transfer in TRANSFERS:
+                version += 1
+                t0 = time.perf_counter()
+                res = client.push_weights(version, streamer.stream(), int(mb * 2**20), transfer)
+                dp = time.perf_counter() - t0
+                if r:
+                    push[transfer].append(dp)
+                    commit[transfer].append(res.commit_seconds)
+                nbuckets = res.num_buckets
         out["buckets"][mb] = {
             "local_s": statistics.median(local),
-            "push_s": statistics.median(push),
-            "commit_s": statistics.median(commit),
-            "http_buckets": nbuckets,
+            **{f"push_{t}_s": statistics.median(push[t]) for t in TRANSFERS},
+            "commit_s": statistics.median(commit["http"] + commit["dist"]),
+            "buckets": nbuckets,
         }
         out["model_bytes"] = stats.bytes_emitted
     client.close()
@@ -122,18 +131,21 @@ def main(argv: list[str] | None = None) -> None:
         server.wait(120)
     gb = res["model_bytes"] / 1e9
     rows = []
-    print(f"\nmodel {res['model_bytes'] / 2**20:.1f} MiB; loopback HTTP, TP1 actor -> 1 server; medians of {a.repeats}")
-    print(f"{'bucket MiB':>10}{'HTTP buckets':>14}{'in-process s':>14}{'GB/s':>8}{'push s':>9}{'GB/s':>8}"
-          f"{'commit s':>10}{'push/in-proc':>14}")  # fmt: skip
+    print(f"\nmodel {res['model_bytes'] / 2**20:.1f} MiB; loopback, TP1 actor -> 1 server; medians of {a.repeats}")
+    print(f"{'bucket MiB':>10}{'buckets':>9}{'in-process s':>14}{'GB/s':>7}{'http s':>9}{'GB/s':>7}{'dist s':>9}"
+          f"{'GB/s':>7}{'commit s':>10}{'http/dist':>11}")  # fmt: skip
     for mb in buckets:
         r = res["buckets"][mb]
-        row = {"bucket_mb": mb, **r, "local_gbps": gb / r["local_s"], "push_gbps": gb / r["push_s"]}
+        row = {"bucket_mb": mb, **r, "local_gbps": gb / r["local_s"]}
+        row.update({f"push_{t}_gbps": gb / r[f"push_{t}_s"] for t in ("http", "dist")})
         rows.append(row)
-        print(f"{mb:>10g}{r['http_buckets']:>14}{r['local_s']:>14.3f}{row['local_gbps']:>8.2f}{r['push_s']:>9.3f}"
-              f"{row['push_gbps']:>8.2f}{r['commit_s']:>10.3f}{r['push_s'] / r['local_s']:>14.1f}")  # fmt: skip
+        print(f"{mb:>10g}{r['buckets']:>9}{r['local_s']:>14.3f}{row['local_gbps']:>7.2f}{r['push_http_s']:>9.3f}"
+              f"{row['push_http_gbps']:>7.2f}{r['push_dist_s']:>9.3f}{row['push_dist_gbps']:>7.2f}"
+              f"{r['commit_s']:>10.3f}{r['push_http_s'] / r['push_dist_s']:>11.1f}")  # fmt: skip
     print(
-        "push = stream + safetensors + HTTP + commit (the server's load into vLLM, 'commit s'); in-process = the "
-        "stream copied into preallocated slots (bench_reshard TP1xPP1)"
+        "http = stream + safetensors + HTTP bodies + commit; dist = stream + HTTP metadata + one broadcast per bucket "
+        "(the platform's backend) + commit; commit = the server's load into vLLM; in-process = the stream copied "
+        "into preallocated slots (bench_reshard TP1xPP1)"
     )
     print(json.dumps({"params": num_params, "model_bytes": res["model_bytes"], "repeats": a.repeats, "results": rows}))
 
