@@ -24,8 +24,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token-file)")
     p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default 8000)")
     p.add_argument("--token-file", help="file holding the bearer token clients must send (content stripped)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="inference TP (only 1 supported yet)")
-    p.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas (only 1 supported yet)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="inference TP: a world of this many engine ranks (child processes) serving as one engine",
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="engine replicas, one child process each; a batch is split across them",
+    )
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + response tokens, at most")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences decoded at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="most tokens in one engine step")

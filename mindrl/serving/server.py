@@ -95,8 +95,9 @@ class ServerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 bad(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
-        if self.tensor_parallel_size > 1:  # needs a spawned world of ranks with rank 0 serving: not built yet
-            bad(f"--tensor-parallel-size {self.tensor_parallel_size}: only 1 is supported yet")
+        if self.tensor_parallel_size > 1 and self.data_parallel_size > 1:
+            bad("--tensor-parallel-size > 1 with --data-parallel-size > 1 is not supported yet: run one server per "
+                "TP group and list them all in the trainer's server_urls")  # fmt: skip
         if not (isinstance(self.max_body_mb, (int, float)) and self.max_body_mb > 0):
             bad(f"--max-body-mb must be > 0, got {self.max_body_mb!r}")
         if not os.path.isfile(os.path.join(self.model, "config.json")):
@@ -190,6 +191,7 @@ class RolloutServer:
         c = self.config
         return RolloutConfig(
             model=c.model,
+            infer_tensor_parallel_size=c.tensor_parallel_size,
             load_format="auto",
             dtype=c.dtype,
             max_model_len=c.max_model_len,
@@ -201,7 +203,9 @@ class RolloutServer:
         )
 
     def _make_engine(self):
-        d = self.config.data_parallel_size
+        d, t = self.config.data_parallel_size, self.config.tensor_parallel_size
+        if t > 1:  # one world of t ranks, each running the same engine steps (vLLM's external_launcher)
+            return Replicas([self.engine_config()] * t, make_engine, tensor_parallel=True)
         if d == 1:
             return make_engine(self.engine_config())
         return Replicas([self.engine_config(i) for i in range(d)], make_engine)
@@ -621,22 +625,34 @@ def make_engine(config: RolloutConfig) -> RolloutEngine:
 
 
 class Replicas(RolloutEngine):
-    """`data_parallel_size` engines, one per child process (vLLM keeps one engine per process): a prompt batch
-    is split into contiguous chunks, one per replica, and reassembled in prompt order; a weight update goes to
-    every replica. Called from the server's engine thread only, so the replicas always hold one version."""
+    """Engines in child processes (vLLM keeps one engine per process), called from the server's engine thread only,
+    so they always hold one version. `data_parallel_size` replicas: a prompt batch is split into contiguous chunks,
+    one per replica, and reassembled in prompt order. `tensor_parallel=True`: the processes are the ranks of one
+    torch.distributed world (the platform's backend, on loopback) sharing one TP engine; each gets the whole batch
+    (vLLM's external_launcher runs the same steps on every rank) and rank 0's samples are the answer. A weight update
+    goes to every process (each rank takes the full HF tensors; vLLM shards them)."""
 
-    def __init__(self, configs: list[RolloutConfig], factory: Callable[[RolloutConfig], RolloutEngine]):
+    def __init__(
+        self,
+        configs: list[RolloutConfig],
+        factory: Callable[[RolloutConfig], RolloutEngine],
+        tensor_parallel: bool = False,
+    ):
+        import functools
         import multiprocessing as mp
 
         super().__init__(configs[0])
+        self.tensor_parallel = tensor_parallel
         ctx = mp.get_context("spawn")  # no fork of a process that already runs threads
         self.conns, self.procs = [], []
+        port = _free_port() if tensor_parallel else 0
         try:
             for i, config in enumerate(configs):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(
-                    target=_replica_main, args=(child, config, factory), name=f"replica-{i}", daemon=True
+                make = (
+                    functools.partial(_tp_rank_engine, factory, i, len(configs), port) if tensor_parallel else factory
                 )
+                proc = ctx.Process(target=_replica_main, args=(child, config, make), name=f"replica-{i}", daemon=True)
                 proc.start()
                 child.close()
                 self.conns.append(parent)
@@ -670,6 +686,10 @@ class Replicas(RolloutEngine):
         # Checked here, on the whole batch, so an error names the prompt's index in the request, not in a chunk.
         prompt_token_ids = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
         seeds = self.check_seeds(seeds, len(prompt_token_ids))
+        if self.tensor_parallel:
+            for conn in self.conns:
+                conn.send(("generate", (prompt_token_ids, sampling, seeds)))
+            return self._gather(range(len(self.conns)), "generate")[0]
         n, d = len(prompt_token_ids), len(self.conns)
         bounds = [i * n // d for i in range(d + 1)]
         busy = [i for i in range(d) if bounds[i + 1] > bounds[i]]
@@ -733,6 +753,31 @@ def _replica_main(conn, config: RolloutConfig, factory: Callable[[RolloutConfig]
                 conn.send(("error", (kind, str(e) if kind == "ValueError" else f"{type(e).__name__}: {e}")))
     finally:
         engine.shutdown()
+        if torch.distributed.is_initialized():  # a TP rank's world (see _tp_rank_engine)
+            torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tp_rank_engine(
+    factory: Callable[[RolloutConfig], RolloutEngine], rank: int, world: int, port: int, config: RolloutConfig
+) -> RolloutEngine:
+    """In a TP rank's process: join the loopback world of the server's ranks, then build the engine (which joins
+    that world through vLLM's external_launcher)."""
+    import torch.distributed as dist
+
+    from mindrl.platform import current_platform
+
+    platform = current_platform()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(platform.local_rank(rank)))  # fmt: skip
+    platform.set_device(platform.local_rank(rank))
+    dist.init_process_group(platform.dist_backend, rank=rank, world_size=world)
+    return factory(config)
 
 
 def _shutdown_if_built(building: concurrent.futures.Future) -> None:

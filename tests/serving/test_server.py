@@ -59,7 +59,7 @@ def test_help():
     "args, message",
     [
         (["--host", "0.0.0.0"], "not a loopback address and no token"),
-        (["--tensor-parallel-size", "2"], "only 1 is supported yet"),
+        (["--tensor-parallel-size", "2", "--data-parallel-size", "2"], "is not supported yet"),
         (["--data-parallel-size", "0"], "must be an integer >= 1"),
         (["--max-body-mb", "0"], "--max-body-mb must be > 0"),
         (["--model", "/nonexistent/model"], "has no config.json"),
@@ -366,3 +366,31 @@ def test_dist_channel(server, client, serving_models):
     model_a = AutoModelForCausalLM.from_pretrained(serving_models["a"], dtype=torch.float32).eval()
     for prompt, ss in zip(PROMPTS, after.samples):
         assert ss[0].token_ids == helpers.hf_greedy(model_a, prompt, 8)
+
+
+@pytest.mark.slow
+def test_tensor_parallel(serving_models):
+    """--tensor-parallel-size 2: one engine over a world of two ranks; greedy tokens equal HF's for model A, and
+    after a push (by the dist channel) for model B."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from mindrl.serving.client import RolloutClient
+    from tests.rollout import helpers
+
+    handle = start_server(serving_models["a"], extra_args=("--tensor-parallel-size", "2", "--dtype", "float32"))
+    try:
+        with httpx.Client(base_url=handle.url, timeout=120) as c:
+            assert c.get(P.HEALTH).json()["tensor_parallel_size"] == 2
+            greedy = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+            for key, version in (("a", 0), ("b", 1)):
+                if version:
+                    weights = load_file(f"{serving_models[key]}/model.safetensors")
+                    with RolloutClient(handle.url, timeout=60) as rc:
+                        assert rc.push_weights(version, iter(weights.items()), transfer="dist").ok
+                out = generate(c, PROMPTS, expected_version=version, **greedy)
+                model = AutoModelForCausalLM.from_pretrained(serving_models[key], dtype=torch.float32).eval()
+                assert [ss[0].token_ids for ss in out.samples] == [helpers.hf_greedy(model, p, 6) for p in PROMPTS]
+                assert helpers.max_logprob_diff(model, PROMPTS, out.samples, P.SamplingConfig(**greedy)) < 1e-4
+    finally:
+        assert handle.stop() == 0, handle.output()[-3000:]
