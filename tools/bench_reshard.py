@@ -2,7 +2,8 @@
 """Benchmark train -> infer resharding (`mindrl.resharding.WeightStreamer`) on a ~30M-parameter Qwen2 model.
 
 For each train layout (TP x PP on a pool of --world ranks) and each bucket size, times one full pass of
-the weight stream (PP broadcast, TP all-gather, HF un-fuse; the consumer copies each tensor into a
+the weight stream (PP broadcast, TP all-gather, HF un-fuse; through shared memory between same-host CPU ranks,
+or gloo with MINDRL_RESHARD_SHM=0; the consumer copies each tensor into a
 preallocated slot, as a rollout engine's load_weights does) against one memcpy of the model's bytes on
 the same ranks at the same time, and reports the ratio, plus the peak extra bytes the stream held live.
 Medians over --repeats (after one warm-up); the slowest rank counts. Prints a table and a final JSON line.
@@ -82,6 +83,7 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
             "largest_param_bytes": stats.largest_param_bytes,
             "shards_seconds": statistics.median(shard_times) if shard_times else None,
             "shards_peak_extra_bytes": max(shard_peaks) if shard_peaks else None,
+            "transport": stats.transport,
         }
         out["model_bytes"] = stats.bytes_emitted
     src = torch.randint(0, 255, (out["model_bytes"],), dtype=torch.uint8, device=platform.device())
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                     "num_buckets": per[0]["num_buckets"],
                     "largest_param_bytes": per[0]["largest_param_bytes"],
                     "model_bytes": res[0]["model_bytes"],
+                    "transport": per[0]["transport"],
                     "shards_s": None if per[0]["shards_seconds"] is None else max(x["shards_seconds"] for x in per),
                     "shards_peak_extra_bytes": None
                     if per[0]["shards_peak_extra_bytes"] is None
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                 row["ratio"] = row["reshard_s"] / row["memcpy_s"]
                 rows.append(row)
                 print(f"TP{tp}xPP{pp} bucket {mb:g} MiB: reshard {row['reshard_s']:.3f}s "
-                      f"({row['ratio']:.1f}x memcpy)", flush=True)  # fmt: skip
+                      f"({row['ratio']:.1f}x memcpy, {row['transport']})", flush=True)  # fmt: skip
 
     print(f"\n{'layout':<9}{'bucket MiB':>11}{'buckets':>9}{'reshard s':>11}{'memcpy s':>10}{'ratio':>8}"
           f"{'peak extra MiB':>16}{'own-shard s':>13}{'its peak MiB':>14}")  # fmt: skip

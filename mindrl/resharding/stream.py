@@ -7,7 +7,9 @@ Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unles
   3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
   4. per parameter, `local_to_full` reassembles the TP=1 tensor and `full_to_hf` un-fuses QKV / gate-up.
 Every rank runs the same collectives in the same order (the plan is global, from one metadata exchange),
-so a rank whose stage owns nothing in a bucket still takes part. Peak extra memory is one gathered bucket,
+so a rank whose stage owns nothing in a bucket still takes part. On CPU with the whole model-parallel group
+on one host, steps 2-3 go through shared memory instead (`transport == "shm"`): each rank packs into its
+own mapped segment, one barrier, and peers read the owner stage's slots in place (no gloo copies). Peak extra memory is one gathered bucket,
 one reassembled parameter, and the item the consumer still holds while it asks for the next one (at most
 one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
 """
@@ -15,7 +17,10 @@ one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +53,7 @@ class ReshardStats:
     largest_param_bytes: int = 0  # largest full (TP=1) megatron parameter
     peak_extra_bytes: int = 0  # max bytes of live streamer-allocated buffers (see _LiveBytes)
     bucket_sizes: list[int] = field(default_factory=list)  # gathered bytes per bucket
+    transport: str = "gloo"  # "shm": same-host CPU ranks read each other's slots in place; "none": TP1 x PP1
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,9 @@ class WeightStreamer:
         self.device = current_platform().device()
         self.stats = ReshardStats(bucket_bytes=self.bucket_bytes)
         self._plan = self._make_plan()
+        self._shm: dict[tuple[int, int], torch.Tensor] | None = None  # (pp_rank, tp_rank) -> mapped segment
+        self._shm_slot = 0  # bytes of this rank's segment: the largest bucket's slot
+        self._setup_shm()
 
     # ----------------------------------------------------------------------------------- planning
     def _make_plan(self) -> list[list[_Param]]:
@@ -182,6 +191,64 @@ class WeightStreamer:
             size += nbytes
         return buckets
 
+    # ------------------------------------------------------------------------------ shared memory
+    def _setup_shm(self) -> None:
+        """Map every model-parallel peer's segment when all of them are CPU ranks on this host (collective
+        over the model-parallel group). Segments are unlinked once mapped: nothing stays in /dev/shm, and
+        the memory goes when the last rank drops its mapping. MINDRL_RESHARD_SHM=0 keeps gloo."""
+        from megatron.core import parallel_state as ps
+
+        if self.tp * self.pp == 1 or os.environ.get("MINDRL_RESHARD_SHM", "1") == "0":
+            return
+        slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
+        self._shm_slot = slot
+        group = ps.get_model_parallel_group()
+        usable = current_platform().is_cpu and os.path.isdir("/dev/shm")
+        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if usable else ""
+        try:
+            if path:
+                with open(path, "wb") as f:
+                    f.truncate(self._shm_slot)
+            me = (self.pp_rank, self.tp_rank, _host_id(), path)
+            peers: list[Any] = [None] * torch.distributed.get_world_size(group)
+            torch.distributed.all_gather_object(peers, me, group=group)
+            if all(p[3] and p[2] == me[2] for p in peers):
+                self._shm = {
+                    (pp, tp): torch.from_file(f, shared=True, size=self._shm_slot, dtype=torch.uint8)
+                    for pp, tp, _, f in peers
+                }
+                self.stats.transport = "shm"
+            torch.distributed.barrier(group=group)  # every peer has mapped my segment: unlink it
+        finally:
+            if path:
+                os.unlink(path)
+
+    def _shm_bucket(self, bucket: list[_Param], params: dict[str, torch.Tensor], gather_tp: bool) -> list[torch.Tensor]:
+        """The owner stage's TP slots of this bucket, read in place from shared memory: one flat view per
+        TP rank (gather_tp=False: this rank's only). One buffer, two barriers: the first waits until every
+        peer has read the previous bucket (this stream's or the last one's), the second until the owner
+        stage has written this one."""
+        from megatron.core import parallel_state as ps
+
+        assert self._shm is not None
+        group = ps.get_model_parallel_group()
+        numel = sum(p.local_numel for p in bucket)
+        dtype = bucket[0].dtype
+
+        def slot(pp: int, tp: int) -> torch.Tensor:
+            return self._shm[(pp, tp)][: numel * dtype.itemsize].view(dtype)
+
+        owner = bucket[0].stage
+        torch.distributed.barrier(group=group)
+        if self.pp_rank == owner:
+            mine, offset = slot(owner, self.tp_rank), 0
+            with torch.no_grad():
+                for p in bucket:
+                    mine[offset : offset + p.local_numel].copy_(params[p.name].detach().reshape(-1))
+                    offset += p.local_numel
+        torch.distributed.barrier(group=group)
+        return [slot(owner, r) for r in (range(self.tp) if gather_tp else [self.tp_rank])]
+
     # ---------------------------------------------------------------------------------- streaming
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (hf_name, tensor) for the whole model, in HF file order. Collective: every rank must
@@ -198,7 +265,11 @@ class WeightStreamer:
         return self._stream(gather_tp=False)
 
     def _stream(self, gather_tp: bool) -> Iterator[tuple[str, torch.Tensor, int | None]]:
-        stats = ReshardStats(bucket_bytes=self.bucket_bytes, largest_param_bytes=self.stats.largest_param_bytes)
+        stats = ReshardStats(
+            bucket_bytes=self.bucket_bytes,
+            largest_param_bytes=self.stats.largest_param_bytes,
+            transport="shm" if self._shm is not None else "none" if self.tp * self.pp == 1 else "gloo",
+        )
         live = _LiveBytes()
         t0 = time.perf_counter()
         params = local_params(self.model, self.spec)
@@ -208,20 +279,33 @@ class WeightStreamer:
             spec = dataclasses.replace(
                 spec, num_heads=spec.num_heads // self.tp, num_kv_heads=spec.num_kv_heads // self.tp
             )
+        direct = self.tp * self.pp == 1  # nothing to exchange: emit views of the parameters themselves
         for bucket in self._plan:
-            gathered = self._gather_bucket(bucket, params, live, gather_tp)
+            if direct:
+                shards_of, gathered = [], None
+            elif self._shm is not None:
+                shards_of = self._shm_bucket(bucket, params, gather_tp)
+                gathered = None
+            else:
+                gathered = self._gather_bucket(bucket, params, live, gather_tp)
+                shards_of = list(gathered.view(rows, gathered.numel() // rows).unbind(0))
             stats.num_buckets += 1
-            stats.bucket_sizes.append(gathered.nbytes)
-            shards_of = gathered.view(rows, gathered.numel() // rows)
+            stats.bucket_sizes.append(sum(t.nbytes for t in shards_of))
             offset = 0
             for i, p in enumerate(bucket):
                 n = p.local_numel
-                shards = [shards_of[r, offset : offset + n].view(p.local_shape) for r in range(rows)]
+                if direct:  # the parameter itself: a consumer that keeps it past offload must copy it
+                    shards = [params[p.name].detach()]
+                else:
+                    shards = [shards_of[r][offset : offset + n].view(p.local_shape) for r in range(rows)]
                 offset += n
                 mapping = param_mapping(self.spec, p.name)
                 full = local_to_full(mapping, shards)  # gather_tp=False: this rank's shard itself
                 aliases_bucket = full.data_ptr() == shards[0].data_ptr()
-                if aliases_bucket and i == len(bucket) - 1 and len(bucket) > 1:
+                if direct:
+                    aliases_bucket = True  # no streamer buffer: nothing to pin, nothing to count
+                elif aliases_bucket and (gathered is None or (i == len(bucket) - 1 and len(bucket) > 1)):
+                    # Shared memory is rewritten by the next bucket: an emitted view of it must be a copy.
                     # A consumer's for-loop holds the last item while it asks for the next one: make
                     # that item a copy, so it does not pin this whole bucket while the next is gathered.
                     full = full.clone()
@@ -236,7 +320,7 @@ class WeightStreamer:
                 del full, shards
             del gathered, shards_of
         stats.seconds = time.perf_counter() - t0
-        stats.peak_extra_bytes = live.peak
+        stats.peak_extra_bytes = live.peak + (self._shm_slot if self._shm is not None else 0)  # own segment
         self.stats = stats
 
     def _gather_bucket(
@@ -272,6 +356,15 @@ class WeightStreamer:
         for _ in it:
             pass
         return self.stats
+
+
+def _host_id() -> str:
+    """This machine (same boot): ranks with equal ids can share memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return socket.gethostname() + ":" + f.read().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def stream_weights(

@@ -7,13 +7,24 @@ import torch
 from mindrl.workers.train_setup import build_trainer, train_steps
 
 
-def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -> dict:
-    """Load the checkpoint at TP x PP, stream it, return {hf_name: tensor copy} and the stream's stats."""
+def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float, shm: bool = True) -> dict:
+    """Load the checkpoint at TP x PP, stream it, return {hf_name: tensor copy} and the stream's stats.
+    shm=False: the gloo transport (MINDRL_RESHARD_SHM=0 while the streamer is built)."""
+    import os
+
     from mindrl.checkpoint.mcore_ckpt import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)
-    streamer = WeightStreamer(model, spec, bucket_size_mb)
+    old = os.environ.get("MINDRL_RESHARD_SHM")
+    os.environ["MINDRL_RESHARD_SHM"] = "1" if shm else "0"
+    try:
+        streamer = WeightStreamer(model, spec, bucket_size_mb)
+    finally:
+        if old is None:
+            del os.environ["MINDRL_RESHARD_SHM"]
+        else:
+            os.environ["MINDRL_RESHARD_SHM"] = old
     out = {}
     for name, tensor in streamer.stream():
         assert name not in out, f"{name} emitted twice"

@@ -60,6 +60,18 @@ def test_stream_is_bit_exact_on_every_rank(pool, tiny_models, saved, variant, tp
         assert stats.peak_extra_bytes <= peak_bound(stats)
 
 
+@pytest.mark.parametrize("tp,pp", [(2, 2), (1, 2)])
+def test_gloo_and_shared_memory_transports_agree(pool, tiny_models, saved, tp, pp):
+    """Same-host CPU ranks exchange buckets through shared memory; MINDRL_RESHARD_SHM=0 keeps gloo. Both
+    are bit-exact, and shared memory leaves nothing in /dev/shm (the leak check) and stays in the bound."""
+    want = hf_tensors(tiny_models["untied"])
+    for shm, transport in ((True, "shm"), (False, "gloo")):
+        for rank, res in enumerate(pool.run(rank_fns.stream_checkpoint, saved["untied"], tp, pp, 0.25, shm)):
+            assert res["stats"].transport == transport, (rank, res["stats"].transport)
+            assert_same_tensors(res["tensors"], want, f"TP{tp}xPP{pp} {transport} rank {rank}")
+            assert res["stats"].peak_extra_bytes <= peak_bound(res["stats"])
+
+
 @pytest.mark.parametrize("variant", ["untied", "tied"])
 def test_stream_after_training_equals_mcore2hf_export(pool, tiny_models, saved, tmp_path, variant):
     """TP2xPP2 (tied embeddings split over stages): after K real optimizer steps the stream carries
