@@ -18,6 +18,7 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
+from mindrl.models.attention import SDPAttention
 from mindrl.models.hf_config import ModelSpec
 
 ROLES = ("actor", "critic")
@@ -58,9 +59,12 @@ class ValueHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight), None
 
 
-def layer_spec(config) -> ModuleSpec:
-    """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm."""
+def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
+    """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm; core attention as one
+    fused SDPA call (sdpa=False keeps megatron's DotProductAttention, the reference for parity tests)."""
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if sdpa:
+        layer.submodules.self_attention.submodules.core_attention = SDPAttention
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     num_layers = get_num_layers_to_build(config)
