@@ -200,11 +200,12 @@ class WeightStreamer:
 
         if self.tp * self.pp == 1 or os.environ.get("MINDRL_RESHARD_SHM", "1") == "0":
             return
+        if not current_platform().is_cpu:  # device tensors: the collectives are the fast path there
+            return
         slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
         self._shm_slot = slot
         group = ps.get_model_parallel_group()
-        usable = current_platform().is_cpu and os.path.isdir("/dev/shm")
-        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if usable else ""
+        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if os.path.isdir("/dev/shm") else ""
         try:
             if path:
                 with open(path, "wb") as f:
@@ -253,7 +254,8 @@ class WeightStreamer:
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (hf_name, tensor) for the whole model, in HF file order. Collective: every rank must
         exhaust it (see `load_into`). Emitted tensors are views into the current bucket (valid until the
-        consumer drops them; copy them to keep them past the next item)."""
+        consumer drops them; copy them to keep them past the next item); at TP1 x PP1 they are views of
+        the parameters themselves (copy them before the params are offloaded or updated)."""
         for hf_name, tensor, _ in self._stream(gather_tp=True):
             yield hf_name, tensor
 
