@@ -11,6 +11,7 @@ from mindrl.config.section import Section, ignored_field
 from mindrl.rollout.base import DTYPES, RolloutConfig, SamplingConfig
 
 ROLLOUT_MODES = ("integrated", "server")
+WEIGHT_TRANSFERS = ("auto", "http", "dist")
 
 
 @dataclass
@@ -129,6 +130,10 @@ class GenerateConfig(Section):
     server_token_file: str | None = None
     """rollout_mode 'server': a file holding the servers' token (their --token-file); None: no token (mindrl
     addition)."""
+    weight_transfer: str = "auto"
+    """rollout_mode 'server': how weights reach the servers (mindrl addition): 'http' (safetensors bodies), 'dist'
+    (a torch.distributed group per server, the platform's backend; bucket metadata over HTTP) or 'auto' (the
+    platform's measured fastest: dist; docs/rollout_server.md)."""
     kv_cache_memory_gib: float | None = None
     """Explicit KV-cache size per engine in GiB, e.g. on CPU; None: the platform default (mindrl addition)."""
     bucket_size_mb: float = 512.0
@@ -184,6 +189,8 @@ class GenerateConfig(Section):
             if key in seen:
                 col.add(f"server_urls[{i}]", f"{url!r} is listed twice")
             seen.add(key)
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            col.add("weight_transfer", f"{self.weight_transfer!r} is not one of {', '.join(WEIGHT_TRANSFERS)}")
         if not self.server_timeout > 0:
             col.add("server_timeout", f"must be > 0 seconds, got {self.server_timeout}")
         if self.server_token_file is not None and not self.server_token_file:

@@ -108,10 +108,11 @@ class RemoteRollout(RolloutSource):
         """Full weight pushes to a server beyond the one per iteration (restarted or failed servers), in total."""
         self.token: str | None = None
         self.bucket_bytes = 512 << 20
+        self.transfer = "auto"
 
     def attach(self, group) -> RemoteRollout:
         """Push the weights of the actor's worker group (see `group_pusher`)."""
-        self.push = group_pusher(group, self.clients, self.token, self.bucket_bytes)
+        self.push = group_pusher(group, self.clients, self.token, self.bucket_bytes, self.transfer)
         return self
 
     def close(self) -> None:
@@ -235,14 +236,17 @@ class RemoteRollout(RolloutSource):
         return samples_in_order(done), sent
 
 
-def group_pusher(group, clients: Sequence[RolloutClient], token: str | None, bucket_bytes: int) -> PushFn:
+def group_pusher(
+    group, clients: Sequence[RolloutClient], token: str | None, bucket_bytes: int, transfer: str = "auto"
+) -> PushFn:
     """A `PushFn` over the actor's worker group: every rank streams (a collective), and the servers are dealt out
-    round-robin over the ranks so that several servers are sent to in parallel."""
+    round-robin over the ranks so that several servers are sent to in parallel, by `transfer` (resolved on the
+    ranks: "auto" is their platform's choice)."""
     timeout = max(c.timeout for c in clients)
 
     def push(version: int, urls: Sequence[str]) -> list[PushOutcome]:
         world = group.world_size
-        args = [(version, list(urls[r::world]), token, bucket_bytes, timeout) for r in range(world)]
+        args = [(version, list(urls[r::world]), token, bucket_bytes, timeout, transfer) for r in range(world)]
         by_url = {o.url: o for outs in group.call("push_weights", args) for o in outs}
         return [by_url[u] for u in urls]
 
@@ -269,6 +273,7 @@ def connect_servers(gen, needed_len: int) -> RemoteRollout:
     rollout = RemoteRollout(clients, _unattached, gen.server_timeout, version=max(versions))
     rollout.token = token
     rollout.bucket_bytes = int(gen.bucket_size_mb * 1024 * 1024)
+    rollout.transfer = gen.weight_transfer
     return rollout
 
 

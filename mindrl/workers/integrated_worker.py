@@ -68,16 +68,27 @@ class IntegratedWorker(MegatronRank):
         }
         return (samples if self.rank % itp == 0 else None), timing
 
-    def push_weights(self, version: int, urls: list[str], token: str | None, bucket_bytes: int, timeout: float) -> list:
+    def push_weights(
+        self,
+        version: int,
+        urls: list[str],
+        token: str | None,
+        bucket_bytes: int,
+        timeout: float,
+        transfer: str = "http",
+    ) -> list:
         """Rollout-server mode, collective over all ranks: stream the actor's weights in the inference layout (full HF
         tensors on every rank) and push them as `version` to `urls`, this rank's share of the servers (possibly
-        none: the rank still takes part in the stream). One `PushOutcome` per url; a failing server does not fail
-        the call (the driver decides whether to wait for it)."""
+        none: the rank still takes part in the stream), by `transfer` ("http", "dist", or "auto": this platform's
+        choice). One `PushOutcome` per url; a failing server does not fail the call (the driver decides)."""
+        from mindrl.platform import current_platform
         from mindrl.serving.client import RolloutClient, push_to_servers
 
+        if transfer == "auto":
+            transfer = current_platform().weight_transfer
         clients = [RolloutClient(u, token, timeout) for u in urls]
         try:
-            return push_to_servers(clients, version, self.streamer.stream(), bucket_bytes)
+            return push_to_servers(clients, version, self.streamer.stream(), bucket_bytes, transfer)
         finally:
             for c in clients:
                 c.close()

@@ -357,6 +357,14 @@ def test_dist_channel(server, client, serving_models):
         sender.close()
     assert client.get(P.HEALTH).json()["version"] == v
 
+    # Another platform's backend is refused, naming the way out; so is a channel for an unknown transfer.
+    tid = client.post(P.WEIGHTS_BEGIN, json={"version": v + 1}).json()["transfer_id"]
+    req = {"transfer_id": tid, "master_addr": "127.0.0.1", "master_port": 1, "backend": "nope", "timeout_s": 1}
+    assert "weight_transfer: http" in error(client.post(P.WEIGHTS_DIST_OPEN, json=req), 409)["message"]
+    r = client.post(P.WEIGHTS_DIST_BUCKET, json={"transfer_id": tid, "index": 0, "tensors": [["x", "float32", [1]]]})
+    assert "has no channel" in error(r, 409)["message"]
+    client.post(P.WEIGHTS_ABORT, json={"transfer_id": tid})
+
     # A complete update by the channel (model A's weights, in several buckets).
     weights_a = load_file(f"{serving_models['a']}/model.safetensors")
     with RolloutClient(server.url, TOKEN, timeout=60) as c:

@@ -182,12 +182,12 @@ def test_group_pusher_deals_servers_over_the_ranks():
             return [[PushOutcome(u, a[0], True) for u in a[1]] for a in args]
 
     clients = [NS(url=u, timeout=5.0) for u in ("http://a:1", "http://b:1", "http://c:1")]
-    push = group_pusher(Group(), clients, "tok", 123)
+    push = group_pusher(Group(), clients, "tok", 123, "dist")
     assert [o.url for o in push(3, ["http://c:1", "http://a:1", "http://b:1"])] == ["http://c:1", "http://a:1",
                                                                                     "http://b:1"]  # fmt: skip
     # every rank streams (a collective); rank 0 sends to the 1st and 3rd server, rank 1 to the 2nd
-    assert calls == [("push_weights", [(3, ["http://c:1", "http://b:1"], "tok", 123, 5.0),
-                                       (3, ["http://a:1"], "tok", 123, 5.0)])]  # fmt: skip
+    assert calls == [("push_weights", [(3, ["http://c:1", "http://b:1"], "tok", 123, 5.0, "dist"),
+                                       (3, ["http://a:1"], "tok", 123, 5.0, "dist")])]  # fmt: skip
 
 
 def test_server_keys_are_validated_at_load():
@@ -196,7 +196,8 @@ def test_server_keys_are_validated_at_load():
     urls = "[http://127.0.0.1:8000,'ftp://h:1',http://h:1/v1,http://h,http://127.0.0.1:8000/]"
     with pytest.raises(ConfigError) as e:
         load_config("ppo_tiny_cpu_server", overrides=[f"generate_config.server_urls={urls}",
-                    "generate_config.server_timeout=0"], check_paths=False)  # fmt: skip
+                    "generate_config.server_timeout=0", "generate_config.weight_transfer=tcp"],
+                    check_paths=False)  # fmt: skip
     text = str(e.value)
     for fragment in (
         "server_urls[1]: 'ftp://h:1' must look like http://HOST:PORT",
@@ -204,10 +205,12 @@ def test_server_keys_are_validated_at_load():
         "server_urls[3]: 'http://h' names no port",
         "server_urls[4]: 'http://127.0.0.1:8000/' is listed twice",
         "generate_config.server_timeout: must be > 0 seconds",
+        "generate_config.weight_transfer: 'tcp' is not one of auto, http, dist",
     ):
         assert fragment in text, (fragment, text)
     cfg = load_config("ppo_tiny_cpu_server", check_paths=False)
     assert cfg.generate_config.server_urls == ["http://127.0.0.1:8000"] and cfg.generate_config.server_timeout == 300
+    assert cfg.generate_config.weight_transfer == "auto"
 
 
 # ---- real servers, real trainer ---------------------------------------------------------------------------------
