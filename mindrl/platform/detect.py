@@ -63,8 +63,8 @@ class Platform:
     @property
     def weight_transfer(self) -> str:
         """What `generate_config.weight_transfer: auto` picks: "dist" (a process group of this platform's backend)
-        or "http" (safetensors buckets). On CPU (gloo) dist measured 1.9-2.8x faster at 64-512 MiB buckets and even at 8
-        MiB (tools/bench_weight_sync.py, docs/rollout_server.md); on devices the collective moves device memory with
+        or "http" (safetensors buckets). On CPU (gloo) dist measured 1.3x (8 MiB buckets) to 4x (512 MiB) faster than
+        http (tools/bench_weight_sync.py, docs/rollout_server.md); on devices the collective moves device memory with
         no host copy or serialization, so it is picked there too (not measured: no multi-device host)."""
         return "dist"
 
