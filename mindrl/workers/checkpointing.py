@@ -27,9 +27,11 @@ from mindrl.workers.settings import ModelSettings
 OPTIM_DIR = "optim"
 RANK_STATE_DIR = "rank_state"
 REF_DIR = "ref"
-# The distributed optimizer's on-disk layout: per-DP-rank bucket shards, so it reloads onto any DP size but only
-# onto the TP / PP it was saved with (megatron's other layouts fail on CPU or lose Adam's `step`).
-DISTOPT_FORMAT = "dp_reshardable"
+# The distributed optimizer's on-disk layout. megatron's `fully_reshardable` keeps each parameter's state in model
+# space (keyed like the model's tensors), so it reloads onto any TP / PP / DP; `dp_reshardable` (per-DP-rank bucket
+# shards, the layout of older checkpoints) reloads only at the TP / PP it was saved with.
+DISTOPT_FORMAT = "fully_reshardable"
+DP_ONLY_FORMAT = "dp_reshardable"
 PLAIN_FORMAT = "plain"
 logger = logging.getLogger("mindrl.checkpoint")
 
@@ -46,9 +48,9 @@ def _optim_format(optimizer) -> str:
     return DISTOPT_FORMAT if _distributed_optimizers(optimizer) else PLAIN_FORMAT
 
 
-def _sharded_optim_state(optimizer, model_sd: dict, is_loading: bool) -> dict:
+def _sharded_optim_state(optimizer, model_sd: dict, is_loading: bool, fmt: str | None = None) -> dict:
     if _distributed_optimizers(optimizer):
-        metadata = {"distrib_optim_sharding_type": DISTOPT_FORMAT}
+        metadata = {"distrib_optim_sharding_type": fmt or DISTOPT_FORMAT}
         return optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
     return optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
 
@@ -93,8 +95,30 @@ def _restore_own_steps(optimizer, steps: list[float]) -> None:
     correction is wrong. Give each parameter its own tensor holding the saved step."""
     for dist, step in zip(_distributed_optimizers(optimizer), steps):
         for state in dist.optimizer.state.values():
-            if "step" in state:
-                state["step"] = torch.tensor(step, dtype=torch.float32)
+            state["step"] = torch.tensor(step, dtype=torch.float32)
+
+
+def _split_param_states(optimizer, loaded) -> list:
+    """Take the model-space parameter states out of `loaded` (megatron's load_state_dict would copy into every
+    live state key, `step` included, which the model-space layout does not hold): [(dist optimizer, state)]."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    per_part = [loaded] if len(parts) == 1 else [loaded[i] for i in range(len(parts))]
+    dists = _distributed_optimizers(optimizer)
+    out = []
+    for part, state in zip(parts, per_part):
+        if part in dists:
+            out.append((part, state.pop("param_state")))
+            state.pop("param_state_sharding_type", None)
+    return out
+
+
+def _drop_steps(optimizer) -> None:
+    """megatron's model-space loader copies every state key it finds on the live optimizer from the checkpoint,
+    which holds no per-parameter `step` (megatron keeps it in the param groups): drop it here, it is restored
+    from the saved param groups by _restore_own_steps."""
+    for dist in _distributed_optimizers(optimizer):
+        for state in dist.optimizer.state.values():
+            state.pop("step", None)
 
 
 def save_train_state(
@@ -176,11 +200,16 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
         _check_optim_layout(state, optimizer, it_dir)
         inner = unwrap(model)
         _init_distopt_states(optimizer)
+        fmt = state.get("optim_format") or PLAIN_FORMAT
         with torch.no_grad():
-            sharded = _sharded_optim_state(optimizer, inner.sharded_state_dict(), is_loading=True)
+            sharded = _sharded_optim_state(optimizer, inner.sharded_state_dict(), is_loading=True, fmt=fmt)
             loaded = dist_checkpointing.load(sharded, optim_dir)
             steps = _saved_steps(optimizer, loaded)
+            param_states = _split_param_states(optimizer, loaded) if fmt == DISTOPT_FORMAT else []
             optimizer.load_state_dict(loaded)
+            _drop_steps(optimizer)
+            for dist, param_state in param_states:
+                dist.load_parameter_state_from_fully_reshardable(param_state)
         _restore_own_steps(optimizer, steps)
     scheduler.load_state_dict(state["scheduler"])
     if rng and "torch_rng" in state:
@@ -205,14 +234,19 @@ def _check_optim_layout(state: dict, optimizer, it_dir: str) -> None:
     saved, ours = state.get("optim_format"), _optim_format(optimizer)
     if saved is None:  # written before the format was recorded: the plain optimizer's layout
         saved = PLAIN_FORMAT
-    if saved != ours:
-        what = {DISTOPT_FORMAT: "use_distributed_optimizer: true", PLAIN_FORMAT: "use_distributed_optimizer: false"}
+    distributed = {DISTOPT_FORMAT, DP_ONLY_FORMAT}
+    if (saved in distributed) != (ours in distributed):
+        what = {
+            DISTOPT_FORMAT: "use_distributed_optimizer: true",
+            DP_ONLY_FORMAT: "use_distributed_optimizer: true",
+            PLAIN_FORMAT: "use_distributed_optimizer: false",
+        }
         raise CheckpointError(
             f"{os.path.join(it_dir, OPTIM_DIR)} was saved with {what[saved]}, this run has {what[ours]}: set it "
             "back to resume the optimizer, or set no_load_optim: true to start a fresh one"
         )
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    if ours == DISTOPT_FORMAT and (state.get("tp"), state.get("pp")) != (tp, pp):
+    if saved == DP_ONLY_FORMAT and (state.get("tp"), state.get("pp")) != (tp, pp):
         raise CheckpointError(
             f"{os.path.join(it_dir, OPTIM_DIR)} holds distributed-optimizer state saved at TP={state.get('tp')} "
             f"PP={state.get('pp')}; it reloads onto any DP size but only at that TP/PP, and this run has TP={tp} "

@@ -62,10 +62,13 @@ def train_straight(load_dir: str, tp: int, optim: OptimSettings, dtype: str, ste
 
 
 def train_resumed(
-    load_dir: str, tp: int, optim: OptimSettings, dtype: str, steps: int, seed: int, save_root: str
-) -> dict:
+    load_dir: str, tp: int, optim: OptimSettings, dtype: str, steps: int, seed: int, save_root: str,
+    save_format: str | None = None,
+) -> dict:  # fmt: skip
     """steps // 2 steps, save_train_state into save_root (driver-side rename + tracker as the trainer does),
-    then a fresh model + optimizer built from that checkpoint, load_train_state, and the remaining steps."""
+    then a fresh model + optimizer built from that checkpoint, load_train_state, and the remaining steps.
+    save_format: the distributed optimizer's layout to save in (an older checkpoint's), instead of today's."""
+    import mindrl.workers.checkpointing as ckpt
     from mindrl.workers.checkpointing import begin_iteration, finalize_iteration, load_train_state, save_train_state
     from mindrl.workers.settings import ModelSettings
 
@@ -77,7 +80,12 @@ def train_resumed(
     tmp = begin_iteration(save_root, half) if rank == 0 else None
     tmp_list = [tmp]
     torch.distributed.broadcast_object_list(tmp_list, src=0)
-    save_train_state(ddp, optimizer, scheduler, spec, "actor", settings, tmp_list[0], optim=True, rng=True)
+    current = ckpt.DISTOPT_FORMAT
+    ckpt.DISTOPT_FORMAT = save_format or current
+    try:
+        save_train_state(ddp, optimizer, scheduler, spec, "actor", settings, tmp_list[0], optim=True, rng=True)
+    finally:
+        ckpt.DISTOPT_FORMAT = current
     if rank == 0:
         finalize_iteration(save_root, half, tmp_list[0], None)
     torch.distributed.barrier()
@@ -109,3 +117,38 @@ def ppo_train_rank(load_dir: str, tp: int, batch, loss, optim: OptimSettings, dt
     weights = full_hf_tensors(ddp, spec, grads=False)
     keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
     return {"metrics": metrics, "weights": weights if keep else None, "dp": dp}
+
+
+def train_resumed_elsewhere(
+    load_dir: str, tp_save: int, tp_load: int, optim: OptimSettings, steps: int, seed: int, save_root: str
+) -> dict:
+    """steps // 2 steps at TP tp_save, save_train_state, a fresh model + optimizer at TP tp_load (DP follows)
+    built from that checkpoint, load_train_state and the remaining steps; with the save and load times."""
+    import time
+
+    from mindrl.checkpoint.mcore_ckpt import iteration_dir
+    from mindrl.workers.checkpointing import begin_iteration, finalize_iteration, load_train_state, save_train_state
+    from mindrl.workers.settings import ModelSettings
+
+    half = steps // 2
+    rank = torch.distributed.get_rank()
+    spec, ddp, optimizer, scheduler = _build(load_dir, tp_save, optim, "float32", steps)
+    losses = train_steps(ddp, optimizer, spec.vocab_size, half, seed)
+    settings = ModelSettings(load=load_dir, tp=tp_save, pp=1, optim=optim, total_steps=steps, dtype="float32")
+    tmp_list = [begin_iteration(save_root, half) if rank == 0 else None]
+    torch.distributed.broadcast_object_list(tmp_list, src=0)
+    t0 = time.perf_counter()
+    save_train_state(ddp, optimizer, scheduler, spec, "actor", settings, tmp_list[0], optim=True, rng=True)
+    save_s = time.perf_counter() - t0
+    if rank == 0:
+        finalize_iteration(save_root, half, tmp_list[0], None)
+    torch.distributed.barrier()
+    del ddp, optimizer, scheduler
+    spec, ddp, optimizer, scheduler = _build(save_root, tp_load, optim, "float32", steps)
+    t0 = time.perf_counter()
+    load_train_state(ddp, optimizer, scheduler, iteration_dir(save_root, half), optim=True, rng=True)
+    load_s = time.perf_counter() - t0
+    losses += train_steps(ddp, optimizer, spec.vocab_size, steps - half, seed, first_step=half)
+    out = _report(spec, ddp, optimizer, losses)
+    out.update(save_s=save_s, load_s=load_s)
+    return out

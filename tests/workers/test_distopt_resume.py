@@ -1,6 +1,7 @@
 """Exact resume with megatron's distributed optimizer (issue 10): N optimizer steps straight equal N/2 steps, a
 save_train_state, a fresh model + optimizer built from that checkpoint, load_train_state and N/2 more steps, bit
-for bit (weights, fp32 main params, Adam moments, and each parameter's own Adam step), at TP2 x DP2 on gloo.
+for bit (weights, fp32 main params, Adam moments, and each parameter's own Adam step), at TP2 x DP2 on gloo; and
+onto another TP x DP (megatron's model-space `fully_reshardable` layout), equal to the straight run there.
 
 Without mindrl's handling the save fails outright (megatron's default layout raises "ShardedTensor.flattened_range
 is not supported" on CPU), and the load gives every parameter one shared `step` tensor holding the stale pre-load
@@ -48,10 +49,13 @@ def compare_runs(straight: list[dict], resumed: list[dict]) -> dict[str, float]:
     return diff
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_distributed_optimizer_resumes_bit_exactly(pool, actor_ckpt, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,fmt", [("float32", None), ("bfloat16", None), ("float32", "dp_reshardable")])
+def test_distributed_optimizer_resumes_bit_exactly(pool, actor_ckpt, tmp_path, dtype, fmt):
+    """Today's model-space layout, and the older dp_reshardable one (checkpoints saved before) at its own TP."""
     straight = pool.run(distopt_rank_fns.train_straight, actor_ckpt, 2, DISTOPT, dtype, STEPS, 0)
-    resumed = pool.run(distopt_rank_fns.train_resumed, actor_ckpt, 2, DISTOPT, dtype, STEPS, 0, str(tmp_path / "ck"))
+    resumed = pool.run(
+        distopt_rank_fns.train_resumed, actor_ckpt, 2, DISTOPT, dtype, STEPS, 0, str(tmp_path / "ck"), fmt
+    )
     diff = compare_runs(straight, resumed)
     print(f"{dtype}: straight vs resumed max abs diffs {diff}")
     assert all(v == 0.0 for v in diff.values()), diff
@@ -81,9 +85,38 @@ def _resume_elsewhere(load_dir: str, it_dir: str, optim: OptimSettings, tp: int)
     return "loaded"
 
 
+@pytest.mark.parametrize("tp_save,tp_load", [(2, 1), (1, 2)])
+def test_distributed_optimizer_resumes_onto_another_tp(pool, actor_ckpt, tmp_path, tp_save, tp_load):
+    """Saved at one TP x DP, resumed at another: the model-space optimizer state reshards, and the run continues
+    as the straight run at the new layout does (Adam moments, fp32 main params and steps all carried over)."""
+    import os
+
+    straight = pool.run(distopt_rank_fns.train_straight, actor_ckpt, tp_load, DISTOPT, "float32", STEPS, 0)
+    resumed = pool.run(
+        distopt_rank_fns.train_resumed_elsewhere, actor_ckpt, tp_save, tp_load, DISTOPT, STEPS, 0, str(tmp_path / "ck")
+    )
+    other = pool.run(distopt_rank_fns.train_straight, actor_ckpt, tp_save, DISTOPT, "float32", STEPS, 0)
+    # the floor: the straight runs at the two layouts differ by their reduction order alone (Adam's normalised
+    # steps turn ~1e-7 gradient differences into ~1e-5 weight differences on this tiny model)
+    floor = max((straight[0]["weights"][k] - other[0]["weights"][k]).abs().max().item() for k in other[0]["weights"])
+    print(f"straight TP{tp_save} vs straight TP{tp_load}: weight diff {floor:.3g}")
+    loss = max(abs(x - y) for x, y in zip(straight[0]["losses"], resumed[0]["losses"]))
+    weights = max(
+        (straight[0]["weights"][k] - resumed[0]["weights"][k]).abs().max().item() for k in straight[0]["weights"]
+    )
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / "ck") for f in fs)
+    print(
+        f"TP{tp_save}->TP{tp_load}: loss diff {loss:.3g}, weight diff {weights:.3g}, save "
+        f"{max(r['save_s'] for r in resumed):.2f} s, load {max(r['load_s'] for r in resumed):.2f} s, {size / 1e6:.1f} MB"
+    )
+    assert loss < 1e-5 and weights <= max(1e-5, 2 * floor), (loss, weights, floor)
+    assert {e["step"].item() for r in resumed for e in r["optim"]} == {float(STEPS)}
+    assert all(r["shared_steps"] == 0 for r in resumed)
+
+
 def test_mismatched_optimizer_layouts_are_refused(pool, actor_ckpt, tmp_path):
-    """A distributed-optimizer checkpoint cannot feed the plain optimizer, nor load at another TP: clear errors
-    that name the optim dir and the way out (no_load_optim)."""
+    """A distributed-optimizer checkpoint cannot feed the plain optimizer, and one in the older dp_reshardable
+    layout cannot load at another TP: clear errors that name the optim dir and the way out (no_load_optim)."""
     from mindrl.checkpoint.mcore_ckpt import iteration_dir
 
     root = str(tmp_path / "ck")
@@ -93,5 +126,7 @@ def test_mismatched_optimizer_layouts_are_refused(pool, actor_ckpt, tmp_path):
     msgs = pool.run(_resume_elsewhere, root, it_dir, plain, 2)
     assert "saved with use_distributed_optimizer: true, this run has use_distributed_optimizer: false" in msgs[0]
     assert f"{it_dir}/optim" in msgs[0] and "no_load_optim: true" in msgs[0]
-    msgs = pool.run(_resume_elsewhere, root, it_dir, DISTOPT, 1)
+    legacy = str(tmp_path / "legacy")
+    pool.run(distopt_rank_fns.train_resumed, actor_ckpt, 2, DISTOPT, "float32", 2, 0, legacy, "dp_reshardable")
+    msgs = pool.run(_resume_elsewhere, legacy, iteration_dir(legacy, 1), DISTOPT, 1)
     assert "saved at TP=2 PP=1" in msgs[0] and "this run has TP=1 PP=1" in msgs[0], msgs[0]
