@@ -5,7 +5,10 @@ Same inputs ([s, b, heads, dim] q/k/v of this TP rank, megatron's boolean mask w
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 
@@ -34,15 +37,21 @@ class SDPAttention(DotProductAttention):
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         dropout = self.attention_dropout.p if self.training else 0.0
-        if attention_mask is None:
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
-            )
-        else:
-            # megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=~attention_mask, dropout_p=dropout, scale=self.softmax_scale
-            )
+        # As DotProductAttention: the dropout mask comes from the TP rank's own RNG stream (its heads differ from the
+        # other ranks'), not from the default generator that megatron seeds alike on every TP rank.
+        rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None
+        with rng or contextlib.nullcontext():
+            out = self._sdpa(q, k, v, attention_mask, dropout)
         # [b, n, s, d] -> [s, b, n*d]
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
+
+    def _sdpa(self, q, k, v, attention_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
+        if attention_mask is None:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
+            )
+        # megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=~attention_mask, dropout_p=dropout, scale=self.softmax_scale
+        )

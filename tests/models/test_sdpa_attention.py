@@ -69,3 +69,37 @@ def test_sdpa_matches_dot_product_attention(pool, tiny_tp2, tp):
     assert scale > 0.1
     assert logit_diff < 1e-5
     assert grad_diff < 1e-4
+
+
+def _dropout_rank(load_dir: str, ids: torch.Tensor, mask: torch.Tensor):
+    from megatron.core import tensor_parallel
+
+    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.models.attention import SDPAttention
+    from mindrl.models.forward import attention_inputs
+
+    _, _, model = mcore_ckpt.build_and_load(load_dir, 2, 1, "float32")
+    for core in (m for m in model.modules() if isinstance(m, SDPAttention)):
+        core.attention_dropout.p = 0.5
+    model.train()
+    pos, m = attention_inputs(ids, mask)
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    saved, default = tracker.get_states(), torch.get_rng_state()
+    first = model(ids, pos, m).detach()
+    default_untouched = torch.equal(default, torch.get_rng_state())
+    tracker.set_states(saved)
+    again = model(ids, pos, m).detach()
+    model.eval()
+    plain = model(ids, pos, m).detach()
+    return default_untouched, torch.equal(first, again), (first - plain).abs().max().item()
+
+
+def test_attention_dropout_draws_from_the_tp_ranks_own_stream(pool, tiny_tp2):
+    """As in DotProductAttention, dropout masks come from megatron's model-parallel RNG tracker (each TP rank its own
+    stream), so the default generator, seeded alike on every TP rank, is left untouched; replaying the tracker
+    replays the masks."""
+    ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    for default_untouched, replayed, dropout_effect in pool.run(_dropout_rank, tiny_tp2, ids, mask)[:2]:
+        assert default_untouched and replayed
+        assert dropout_effect > 1e-3
