@@ -176,8 +176,9 @@ def save_weights_only(model, spec, role: str, settings: ModelSettings, root: str
 
 
 def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng: bool) -> None:
-    """Collective: the optimizer state (the plain optimizer's from any saved layout, dist_checkpointing reshards;
-    the distributed optimizer's from any DP size at the saved TP/PP), then this rank's scheduler and RNG states.
+    """Collective: the optimizer state (from any saved TP/PP/DP, dist_checkpointing reshards; a distributed
+    optimizer's checkpoint in the older dp_reshardable format only at its saved TP/PP), then this rank's scheduler
+    and RNG states.
     The model itself was loaded by build_and_load. Resumes bit-exactly, Adam's per-parameter steps included."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
@@ -227,8 +228,9 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
 
 
 def _check_optim_layout(state: dict, optimizer, it_dir: str) -> None:
-    """The optimizer state on disk must be loadable by this optimizer: the same kind (distributed or not), and
-    for the distributed optimizer the same TP / PP (its shards follow megatron's gradient buckets)."""
+    """The optimizer state on disk must be loadable by this optimizer: the same kind (distributed or not), and for
+    a distributed optimizer's dp_reshardable checkpoint (the older format) the same TP / PP (its shards follow
+    megatron's gradient buckets)."""
     from megatron.core import parallel_state as ps
 
     saved, ours = state.get("optim_format"), _optim_format(optimizer)
