@@ -37,21 +37,25 @@ def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: b
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
     Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", count
-    sbh(34 + 5as/h) bytes per layer for GPT-3 (16-bit, GeLU MLP of 4h, dropout masks). The same accounting for
-    the layers mindrl builds (megatron's local spec: unfused attention with an fp32 softmax; no dropout;
-    SwiGLU MLP of size F; a query heads, g KV heads of size d, expanded to a for the attention products):
+    sbh(34 + 5as/h) bytes per layer for GPT-3 (16-bit, GeLU MLP of 4h, dropout masks, an s x s softmax). The same
+    accounting for the layers mindrl builds (megatron's local spec with a fused SDPA core attention, see
+    mindrl.models.attention; no dropout; SwiGLU MLP of size F; a query heads, g KV heads of size d, expanded to a
+    for the attention):
         two RMSNorms (fp32 input, normalised copy, output)   2 s b h' (4 + 2e)     (h' = h/t with SP)
-        Q, K and V (expanded) for the attention products     e s b 3 a d / t
-        the attention context (output projection input)      e s b a d / t
+        SDPA's Q, K, V (expanded) and output, in fp32         4 s b 4 a d / t      (attention_softmax_in_fp32)
+        the attention context (output projection input)      e s b a d / t         (the fp32 output itself if e = 4)
         gate+up output, silu(gate), up, down-proj input      e s b 5 F / t
-        the fp32 softmax output, and its e-byte copy         a s^2 b / t (4 + e), just 4 when e = 4
-    The tests compare this with the bytes autograd really saves in the tiny model (tests/plan).
+        SDPA's logsumexp and its copy of the mask (fp32)     4 a s b / t + 4 b s^2
+    No s x s score or softmax tensor is kept (the fused kernel recomputes them in backward): the only s^2 term
+    is the padding mask, without a head dimension. The tests compare this with the bytes autograd really saves
+    in the tiny model (tests/plan).
     """
     d, f = arch.head_dim, arch.ffn_size
     a = int(arch.num_attention_heads)
-    per_token = e * (4 * a * d + 5 * f) // tp
-    softmax = a * s * s * b // tp * (4 + (e if e < 4 else 0))
-    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e) + s * b * per_token + softmax
+    attention_per_token = a * d * (16 + (e if e < 4 else 0))
+    per_token = (attention_per_token + e * 5 * f) // tp
+    attention = 4 * a * s * b // tp + 4 * b * s * s
+    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e) + s * b * per_token + attention
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
