@@ -250,7 +250,10 @@ class RolloutClient:
 
     def commit(self, transfer_id: str, version: int, num_buckets: int, num_tensors: int) -> p.CommitResponse:
         req = p.CommitRequest(transfer_id, version, num_buckets, num_tensors)
-        body = self._post(p.WEIGHTS_COMMIT, req.to_json(), f"commit of weight version {version}")
+        # Twice the client's timeout: the server may first wait up to one channel timeout (this client's) for a dist
+        # bucket still in flight, and only then commits; the same wait here would give up just as the server answers.
+        what = f"commit of weight version {version}"
+        body = self._post(p.WEIGHTS_COMMIT, req.to_json(), what, timeout=2 * self.timeout)
         return p.CommitResponse(int(body["version"]), float(body.get("seconds", 0.0)), int(body.get("bytes", 0)))
 
     def open_channel(
