@@ -66,6 +66,12 @@ class PushOutcome:
     error: str | None = None
     retryable: bool = False  # the server did not answer (a retry after it is back may succeed)
 
+    def sent(self, tensors: int, nbytes: int) -> None:
+        """One more bucket of `tensors` tensors and `nbytes` tensor bytes reached the server."""
+        self.num_buckets += 1
+        self.num_tensors += tensors
+        self.bytes += nbytes
+
 
 def backoff_delays(first: float = 0.5, factor: float = 2.0, cap: float = 10.0):
     """0.5, 1, 2, 4, 8, 10, 10, ... seconds."""
@@ -385,9 +391,7 @@ def push_to_servers(
             except RolloutServerError as e:
                 fail(i, e)
                 continue
-            outcomes[i].num_buckets += 1
-            outcomes[i].num_tensors += len(bucket)
-            outcomes[i].bytes += nbytes
+            outcomes[i].sent(len(bucket), nbytes)
         index += 1
         del data, bucket
     for i in list(state):
@@ -433,9 +437,7 @@ def _send_dist(clients, state, index: int, bucket, fail, outcomes, nbytes: int) 
         except RolloutServerError as e:
             fail(i, e)
             continue
-        outcomes[i].num_buckets += 1
-        outcomes[i].num_tensors += len(bucket)
-        outcomes[i].bytes += nbytes
+        outcomes[i].sent(len(bucket), nbytes)
 
 
 def samples_in_order(parts: Mapping[int, list[list[RolloutSample]]]) -> list[list[RolloutSample]]:
