@@ -10,8 +10,9 @@ from mindrl.workers.rl_model import PPOLossSettings, ppo_update
 from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
 
 
-def full_hf_tensors(model, spec, grads: bool) -> dict[str, torch.Tensor]:
-    """This pipeline stage's parameters (or their main_grad) as full TP=1 tensors under their HF names.
+def full_hf_tensors(model, spec, grads: bool, local_of=None) -> dict[str, torch.Tensor]:
+    """This pipeline stage's parameters (or their main_grad, or `local_of(param)`: any tensor of the param's
+    TP-local shape, e.g. an Adam moment) as full TP=1 tensors under their HF names.
 
     Gathers over TP with the weight map's own layout rules; works for the critic too (which the rollout
     weight streamer refuses). Collective over the tensor-parallel group."""
@@ -23,7 +24,8 @@ def full_hf_tensors(model, spec, grads: bool) -> dict[str, torch.Tensor]:
     tp = ps.get_tensor_model_parallel_world_size()
     out = {}
     for name, p in local_params(model, spec).items():  # the same order on every TP rank
-        local = (p.main_grad if grads else p).detach().float().contiguous()
+        local = local_of(p) if local_of is not None else (p.main_grad if grads else p)
+        local = local.detach().float().contiguous()
         shards = [local]
         if tp > 1:
             shards = [torch.empty_like(local) for _ in range(tp)]

@@ -85,31 +85,50 @@ def _resume_elsewhere(load_dir: str, it_dir: str, optim: OptimSettings, tp: int)
     return "loaded"
 
 
-@pytest.mark.parametrize("tp_save,tp_load", [(2, 1), (1, 2)])
-def test_distributed_optimizer_resumes_onto_another_tp(pool, actor_ckpt, tmp_path, tp_save, tp_load):
-    """Saved at one TP x DP, resumed at another: the model-space optimizer state reshards, and the run continues
-    as the straight run at the new layout does (Adam moments, fp32 main params and steps all carried over)."""
+def _merged(results: list[dict], key: str) -> dict:
+    """Union over ranks of an HF-named dict (each pipeline stage reports its own parameters)."""
+    out = {}
+    for r in results:
+        for k, v in r[key].items():
+            out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("save_at,load_at", [((2, 1), (1, 1)), ((1, 1), (2, 1)), ((1, 2), (2, 1))])
+def test_distributed_optimizer_resumes_onto_another_layout(pool, actor_ckpt, tmp_path, save_at, load_at):
+    """Saved at one TP x PP x DP, resumed at another: the model-space optimizer state reshards. Proven directly:
+    every parameter's fp32 main param, exp_avg, exp_avg_sq and step, gathered to full HF-named tensors, are equal
+    bit for bit just before the save (at the old layout) and just after the load (at the new one). The run then
+    continues as the straight run at the new layout does (losses within 1e-5; the weights differ only by the two
+    layouts' reduction order, ~8e-5 after Adam's normalised steps on this tiny model)."""
     import os
 
-    straight = pool.run(distopt_rank_fns.train_straight, actor_ckpt, tp_load, DISTOPT, "float32", STEPS, 0)
+    straight = pool.run(distopt_rank_fns.train_straight, actor_ckpt, load_at[0], DISTOPT, "float32", STEPS, 0,
+                        load_at[1])  # fmt: skip
     resumed = pool.run(
-        distopt_rank_fns.train_resumed_elsewhere, actor_ckpt, tp_save, tp_load, DISTOPT, STEPS, 0, str(tmp_path / "ck")
+        distopt_rank_fns.train_resumed_elsewhere, actor_ckpt, save_at, load_at, DISTOPT, STEPS, 0, str(tmp_path / "ck")
     )
-    other = pool.run(distopt_rank_fns.train_straight, actor_ckpt, tp_save, DISTOPT, "float32", STEPS, 0)
-    # the floor: the straight runs at the two layouts differ by their reduction order alone (Adam's normalised
-    # steps turn ~1e-7 gradient differences into ~1e-5 weight differences on this tiny model)
-    floor = max((straight[0]["weights"][k] - other[0]["weights"][k]).abs().max().item() for k in other[0]["weights"])
-    print(f"straight TP{tp_save} vs straight TP{tp_load}: weight diff {floor:.3g}")
+    worst = {}
+    for kind in ("param", "exp_avg", "exp_avg_sq", "step"):
+        saved, loaded = (
+            _merged([r["saved_state"] for r in resumed], kind),
+            _merged([r["loaded_state"] for r in resumed], kind),
+        )
+        assert saved.keys() == loaded.keys() and saved, kind
+        worst[kind] = max((saved[k] - loaded[k]).abs().max().item() for k in saved)
+        assert all(saved[k].equal(loaded[k]) for k in saved), (kind, worst[kind])
+        if kind == "step":
+            assert {v.unique().item() for v in saved.values()} == {float(STEPS // 2)}
     loss = max(abs(x - y) for x, y in zip(straight[0]["losses"], resumed[0]["losses"]))
-    weights = max(
-        (straight[0]["weights"][k] - resumed[0]["weights"][k]).abs().max().item() for k in straight[0]["weights"]
-    )
+    a, b = _merged(straight, "weights"), _merged(resumed, "weights")
+    weights = max((a[k] - b[k]).abs().max().item() for k in a)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / "ck") for f in fs)
     print(
-        f"TP{tp_save}->TP{tp_load}: loss diff {loss:.3g}, weight diff {weights:.3g}, save "
-        f"{max(r['save_s'] for r in resumed):.2f} s, load {max(r['load_s'] for r in resumed):.2f} s, {size / 1e6:.1f} MB"
+        f"TPxPP {save_at}->{load_at}: optimizer state after the load vs before the save {worst}; continued run vs "
+        f"straight: loss diff {loss:.3g}, weight diff {weights:.3g}; save {max(r['save_s'] for r in resumed):.2f} s, "
+        f"load {max(r['load_s'] for r in resumed):.2f} s, {size / 1e6:.1f} MB"
     )
-    assert loss < 1e-5 and weights <= max(1e-5, 2 * floor), (loss, weights, floor)
+    assert loss < 1e-5 and weights < 2e-4, (loss, weights)
     assert {e["step"].item() for r in resumed for e in r["optim"]} == {float(STEPS)}
     assert all(r["shared_steps"] == 0 for r in resumed)
 
