@@ -216,8 +216,10 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
     if rng and "torch_rng" in state:
         if state["world_size"] != world:
             logger.warning(
-                "%s was saved by %d ranks, this run has %d: RNG states are not restored (a different layout "
-                "draws dropout masks differently anyway)",
+                "%s was saved by %d ranks, this run has %d: the ranks' torch and megatron RNG states are not "
+                "restored (they drive dropout masks, which a different layout draws differently anyway; weights, "
+                "optimizer, scheduler, sampler and KL controller are restored, and rollouts still sample as the "
+                "saved run would: their seeds come from (seed, iteration, dataset row))",
                 it_dir,
                 state["world_size"],
                 world,
