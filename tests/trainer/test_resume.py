@@ -85,25 +85,6 @@ def test_resume_is_exact(assets, tmp_path_factory, tmp_path, algo):
     assert state["iteration"] == 4 and state["loader"]["sampler"]["consumed_samples"] == 32
 
 
-def test_resume_onto_another_layout(assets, tmp_path_factory, tmp_path):
-    """Saved at actor/critic TP2, resumed at PP2 (same 2 devices): optimizer state and weights reshard through
-    dist_checkpointing; the resumed iterations match the straight TP2 run within 1e-5."""
-    name, extra, every2 = "ppo_tiny_cpu", EXTRA["ppo"], EVERY2
-    straight, _, split_dir = _straight_and_half("ppo", assets, tmp_path_factory, tmp_path)
-    layout = [f"{role}_config.{k}={v}" for role in ("actor", "critic")
-              for k, v in (("tensor_model_parallel_size", 1), ("pipeline_model_parallel_size", 2))]  # fmt: skip
-    resume = [f"{role}_config.{k}" for role in ("actor", "critic") for k in RESUME]
-    cfg = _config(
-        name, assets, split_dir, "megatron_training.train_iters=4", *every2, *extra, *resume, *layout,
-        actor_load=split_dir / "ckpt_actor", critic_load=split_dir / "ckpt_critic",
-    )  # fmt: skip
-    _, _, split, _ = _train(cfg)
-    for a, b in zip(straight[2:], split[2:]):
-        a, b = _comparable(a), _comparable(b)
-        bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5)}
-        assert not bad, bad
-
-
 # Ctrl-C (SIGINT) of mindrl-train mid-run: the last run of test_faults.py's kill -9 chain.
 
 
@@ -169,22 +150,30 @@ def test_no_complete_iteration_left_is_an_error_naming_the_files(assets, tmp_pat
     assert "finetune: true" in msg
 
 
-def test_resume_past_a_damaged_iteration_is_exact(assets, tmp_path_factory, tmp_path):
-    """The newest iteration's shard is truncated: the run resumes from the previous one and the iterations it
-    re-runs equal the straight run's (1e-6); metrics.jsonl is cut back and appended, never duplicated."""
+def test_resume_past_a_damaged_iteration_onto_another_layout(assets, tmp_path_factory, tmp_path):
+    """Two things a resume must survive, in one run: the newest iteration's shard is truncated, so the run falls
+    back to the previous complete one; and it resumes that TP2 checkpoint at PP2 (same 2 devices: optimizer state
+    and weights reshard through dist_checkpointing). The iterations it re-runs match the straight TP2 run within
+    1e-5; metrics.jsonl is cut back and appended, never duplicated; the damaged iteration is rewritten whole."""
     straight, d = _straight_copy(assets, tmp_path_factory, tmp_path)
     _truncate_a_shard(d / "ckpt_actor" / "iter_0000004")
+    layout = [f"{role}_config.{k}={v}" for role in ("actor", "critic")
+              for k, v in (("tensor_model_parallel_size", 1), ("pipeline_model_parallel_size", 2))]  # fmt: skip
     cfg = _config(
-        "ppo_tiny_cpu", assets, d, "megatron_training.train_iters=4", *EVERY2, *EXTRA["ppo"], *RESUME_ARGS,
+        "ppo_tiny_cpu", assets, d, "megatron_training.train_iters=4", *EVERY2, *EXTRA["ppo"], *RESUME_ARGS, *layout,
         actor_load=d / "ckpt_actor", critic_load=d / "ckpt_critic",
     )  # fmt: skip
     _, results, split, _ = _train(cfg)
     assert [r.iteration for r in results] == [3, 4]
     assert [m["iteration"] for m in split] == [1, 2, 3, 4]
+    worst = 0.0
     for a, b in zip(straight[2:], split[2:]):
         a, b = _comparable(a), _comparable(b)
-        bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-6)}
+        assert a.keys() == b.keys()
+        worst = max([worst] + [abs(a[k] - b[k]) for k in a])
+        bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5)}
         assert not bad, bad
+    print(f"resumed past a damaged iteration at PP2: max abs metric difference {worst:.3g}")
     from mindrl.checkpoint import mcore_ckpt
 
     mcore_ckpt.check_files(str(d / "ckpt_actor" / "iter_0000004"))  # the damaged iteration was rewritten whole
