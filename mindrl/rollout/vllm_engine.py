@@ -137,6 +137,8 @@ class VllmEngine(RolloutEngine):
             with forked_rng(), _unique_shm_names(self._shm_ident):
                 from vllm import LLM
 
+                if not platform.compiles_rollout_sampler_ops:
+                    _eager_sampler_ops()
                 self.llm = LLM(
                     model=config.model,
                     tokenizer=tok_dir if self.has_tokenizer else None,
@@ -337,6 +339,30 @@ class VllmEngine(RolloutEngine):
         client._finalizer.detach()
         self._finalizer = weakref.finalize(client, _shutdown_core, client.engine_core, self._owns_world)
         client._finalizer = self._finalizer
+
+
+# vLLM's torch.compile'd helpers on a Llama / Qwen2 engine's path, each as (the module that calls it, its name there).
+_COMPILED_HELPERS = (
+    ("vllm.v1.sample.sampler", "batched_count_greater_than"),  # logprob ranks, at every request with logprobs
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "get_masked_input_and_mask"),  # the embedding at TP > 1
+)
+
+
+def _eager_sampler_ops() -> None:
+    """Run vLLM's compiled helpers as the plain Python functions they wrap (see
+    Platform.compiles_rollout_sampler_ops): each caller's module-level name is rebound to the function torch.compile
+    was given, so the same code runs eagerly and inductor never builds it. Idempotent."""
+    import importlib
+
+    for module_name, name in _COMPILED_HELPERS:
+        module = importlib.import_module(module_name)
+        fn = getattr(module, name, None)
+        if fn is None:
+            raise RuntimeError(
+                f"{module_name} has no {name}: this vLLM differs from the one mindrl's CPU rollout was written "
+                "against; update mindrl.rollout.vllm_engine._COMPILED_HELPERS"
+            )
+        setattr(module, name, getattr(fn, "_torchdynamo_orig_callable", fn))
 
 
 def _shared_ident() -> str:

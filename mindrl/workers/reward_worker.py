@@ -3,6 +3,7 @@ own process pool, with per-sample timeouts), while the devices compute reference
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,8 +22,14 @@ class RuleRewardWorker:
     def __init__(self, s: RewardSettings):
         from transformers import AutoTokenizer
 
+        from mindrl.rewards import get_shared_pool
+
         self.settings = s
         self.tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
+        # Start the verifier processes now, so that they import and warm math-verify (~2 s) while the trainer's
+        # workers build their models and engines, not in the first iteration's scoring. In a thread: the actor
+        # answers no call (not even `ping`) until __init__ returns; `score` waits on the pool's lock meanwhile.
+        threading.Thread(target=get_shared_pool, args=(s.num_workers,), name="verifier-pool-start", daemon=True).start()
 
     def score(self, responses: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> dict:
         """rewards (per response), scores per verifier, the decoded texts and metrics."""

@@ -51,6 +51,29 @@ def test_greedy_matches_hf_greedy(vllm_engine, hf_models):
     assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, sampling) <= TOL
 
 
+def test_vllm_compiles_nothing_on_cpu(vllm_engine):
+    """On CPU the engine runs vLLM's torch.compile'd helpers as the plain functions they wrap (inductor spent ~2.5 s
+    per engine process building them at the first request): a request with logprobs hands dynamo no frame."""
+    if current_platform().compiles_rollout_sampler_ops:
+        pytest.skip("this platform keeps vLLM's compiled helpers")
+    import importlib
+
+    from torch._dynamo.utils import counters
+
+    from mindrl.rollout.vllm_engine import _COMPILED_HELPERS
+
+    for module, name in _COMPILED_HELPERS:
+        assert not hasattr(getattr(importlib.import_module(module), name), "_torchdynamo_orig_callable"), name
+    frames = sum(counters["frames"].values())
+    out = vllm_engine.generate(PROMPTS[:2], SamplingConfig(max_tokens=6, temperature=1.0, n=2, seed=3, logprobs=2))
+    assert sum(counters["frames"].values()) == frames
+    for samples in out:
+        for s in samples:  # the sampled token, when among the top 2, is where its logprob ranks it
+            for t, top in zip(s.token_ids, s.top_logprobs):
+                if t in top:
+                    assert top[t] >= min(top.values())
+
+
 def test_reload_follows_new_weights_and_resets_prefix_cache(vllm_engine, hf_models, weights):
     block = vllm_engine.llm.llm_engine.vllm_config.cache_config.block_size
     prompt = [list(range(3, 3 + block + 5))]  # spans a full KV block, so the prefix cache holds them
