@@ -9,11 +9,10 @@ from __future__ import annotations
 import glob
 import math
 import os
-import sys
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, _run, _train, layout_run, straight_run
+from tests.trainer.rl_helpers import _config, _train, layout_run, straight_run
 
 pytestmark = pytest.mark.slow  # each run starts Ray and 2-8 worker processes that import vLLM and megatron
 
@@ -111,6 +110,22 @@ def _layout_run(assets, tmp_path_factory, name: str):
     return run.lines[0], run.rollouts, run.run_dir
 
 
+_EXPORTS: dict = {}
+
+
+def _exported(run_dir):
+    """The run's actor checkpoint exported to HF tensors, once per run dir."""
+    from safetensors.torch import load_file
+
+    from mindrl.checkpoint.convert import mcore2hf
+
+    if run_dir not in _EXPORTS:
+        out = run_dir / "hf_export"
+        mcore2hf(str(run_dir / "ckpt_actor"), str(out), overwrite=True)
+        _EXPORTS[run_dir] = load_file(str(out / "model.safetensors"))
+    return _EXPORTS[run_dir]
+
+
 @pytest.mark.parametrize("name", ["tp2", "tp2pp2"])
 def test_first_iteration_is_layout_invariant(assets, tmp_path_factory, name):
     base, base_rollouts, base_dir = _layout_run(assets, tmp_path_factory, "tp1")
@@ -120,16 +135,8 @@ def test_first_iteration_is_layout_invariant(assets, tmp_path_factory, name):
     assert [r["reward"] for r in other_rollouts] == [r["reward"] for r in base_rollouts]
     for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm", "actor/entropy"):
         assert math.isclose(other[key], base[key], rel_tol=1e-5, abs_tol=1e-7), (key, other[key], base[key])
-    # The weights after the update agree: export both to HF and compare.
-    from safetensors.torch import load_file
-
-    exported = []
-    for d in (base_dir, other_dir):
-        out = d / "hf_export"
-        _run(sys.executable, "-m", "mindrl.cli.convert", "mcore2hf", "--load-dir", str(d / "ckpt_actor"),
-             "--save-dir", str(out), "--overwrite")  # fmt: skip
-        exported.append(load_file(str(out / "model.safetensors")))
-    a, b = exported
+    # The weights after the update agree: export both to HF and compare (the CLI's own test is in test_convert).
+    a, b = _exported(base_dir), _exported(other_dir)
     assert a.keys() == b.keys()
     for k in a:
         scale = a[k].abs().max().item() or 1.0
