@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from mindrl.models.attention import SDPAttention
+from mindrl.models.fused import install_fused_rope
 from mindrl.models.hf_config import ModelSpec
 
 ROLES = ("actor", "critic")
@@ -86,6 +87,10 @@ def build_model(
         raise ValueError(f"role {role!r} is not one of {ROLES}")
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
+    # RoPE through megatron's fusion hook: Transformer Engine's kernel where installed, else mindrl's one-pass form
+    # (2x megatron's unfused RoPE on a CPU); apply_rope_fusion=False keeps the unfused reference.
+    if config_overrides.setdefault("apply_rope_fusion", True):
+        install_fused_rope()
     config = spec.transformer_config(
         tp,
         pp,

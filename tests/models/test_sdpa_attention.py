@@ -1,5 +1,6 @@
-"""SDPA core attention equals megatron's DotProductAttention: fp32 logits and grads of a tiny GQA model with
-left-padded rows, at TP1 and TP2, the same loaded model run through both attention classes."""
+"""mindrl's fused layers equal megatron's reference ones on a tiny GQA model with left-padded rows, at TP1 and TP2,
+the same loaded model run both ways (fp32 logits and grads): SDPA core attention vs DotProductAttention, and the
+one-pass RoPE (mindrl.models.fused) vs megatron's unfused RoPE (bit-identical)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,87 @@ def test_attention_dropout_draws_from_the_tp_ranks_own_stream(pool, tiny_tp2):
     for default_untouched, replayed, dropout_effect in pool.run(_dropout_rank, tiny_tp2, ids, mask)[:2]:
         assert default_untouched and replayed
         assert dropout_effect > 1e-3
+
+
+def _rope_rank(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.models.forward import attention_inputs, forward_outputs
+    from mindrl.models.fused import fused_apply_rotary_pos_emb
+
+    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, 1, "float32")
+    assert model.config.apply_rope_fusion and rope_utils.fused_apply_rotary_pos_emb is fused_apply_rotary_pos_emb
+
+    def run():
+        logits = forward_outputs(model, ids, mask)
+        model.zero_grad(set_to_none=True)
+        pos, m = attention_inputs(ids, mask)
+        model(ids, pos, m).float().pow(2).mean().backward()
+        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    fused_logits, fused_grads = run()
+    model.config.apply_rope_fusion = False  # one config object, shared by every layer
+    ref_logits, ref_grads = run()
+    if ps.get_tensor_model_parallel_rank() or ps.get_data_parallel_rank():
+        return None
+    valid = mask.bool()
+    grad_diff = max(
+        ((fused_grads[n] - g).abs().max() / g.abs().max().clamp(min=1e-12)).item() for n, g in ref_grads.items()
+    )
+    return (fused_logits - ref_logits)[valid].abs().max().item(), grad_diff, ref_logits[valid].abs().max().item()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_rope_matches_megatrons_unfused_rope_in_the_model(pool, tiny_tp2, tp):
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 1000, (3, 33), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    results = [r for r in pool.run(_rope_rank, tiny_tp2, tp, ids, mask) if r is not None]
+    logit_diff, grad_diff, scale = results[0]
+    print(
+        f"tp{tp}: max |fused - unfused RoPE| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads rel {grad_diff:.3g}"
+    )
+    assert scale > 0.1
+    assert logit_diff == 0 and grad_diff == 0  # bit-identical
+
+
+@pytest.mark.parametrize(
+    "dtype, rot_dim",
+    [(torch.float32, 16), (torch.float32, 8), (torch.bfloat16, 16)],
+    ids=["fp32", "fp32-partial-rotary", "bf16"],
+)
+def test_fused_rope_op_matches_megatrons_unfused_op(dtype, rot_dim):
+    """Output and input grad are bit-identical to megatron's `_apply_rotary_pos_emb_bshd`, for q as the fused QKV
+    projection's strided view, with every channel rotated or only the first rot_dim (the rest passed through)."""
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    from mindrl.models.fused import fused_apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(6)
+    s, b, heads, dim = 11, 3, 4, 16
+    qkv = torch.randn(s, b, heads, 3 * dim, generator=gen).to(dtype).requires_grad_()
+    f = torch.randn(s, 1, 1, rot_dim // 2, generator=gen) * 3
+    freqs = torch.cat([f, f], dim=-1)
+    grad = torch.randn(s, b, heads, dim, generator=gen).to(dtype)
+    outs = []
+    for fn in (_apply_rotary_pos_emb_bshd, fused_apply_rotary_pos_emb):
+        qkv.grad = None
+        y = fn(qkv[..., :dim], freqs)
+        y.backward(grad)
+        outs.append((y.detach().float(), qkv.grad.float()))
+    (y_ref, g_ref), (y, g) = outs
+    assert torch.equal(y, y_ref) and torch.equal(g, g_ref)
+    assert not torch.equal(y[..., :rot_dim], qkv[..., :rot_dim].detach().float())  # it did rotate
+
+
+def test_fused_rope_refuses_what_it_does_not_cover():
+    from mindrl.models.fused import fused_apply_rotary_pos_emb
+
+    t = torch.randn(2, 1, 1, 8)
+    with pytest.raises(NotImplementedError, match="rotate-half"):
+        fused_apply_rotary_pos_emb(t, torch.zeros(2, 1, 1, 8), interleaved=True)
+    with pytest.raises(ValueError, match="width 10 do not fit heads of width 8"):
+        fused_apply_rotary_pos_emb(t, torch.zeros(2, 1, 1, 10))
