@@ -211,7 +211,9 @@ class ModelSpec:
             attention_dropout=0.0,
             attention_softmax_in_fp32=True,
             apply_query_key_layer_scaling=False,
-            bias_activation_fusion=False,
+            # SwiGLU as megatron's fused autograd function (bit-identical forward; keeps only its input for
+            # backward): 2.1x the unfused chunk / silu / mul / +offset on a CPU (31 vs 67 ms at 6k tokens x 2816).
+            bias_activation_fusion=True,
             bias_dropout_fusion=False,
             masked_softmax_fusion=False,
             persist_layer_norm=False,

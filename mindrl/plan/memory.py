@@ -44,7 +44,7 @@ def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: b
         two RMSNorms (fp32 input, normalised copy, output)   2 s b h' (4 + 2e)     (h' = h/t with SP)
         SDPA's Q, K, V (expanded) and output, in fp32         4 s b 4 a d / t      (attention_softmax_in_fp32)
         the attention context (output projection input)      e s b a d / t         (the fp32 output itself if e = 4)
-        gate+up output, silu(gate), up, down-proj input      e s b 5 F / t
+        gate+up output (the fused SwiGLU's input), its output e s b 3 F / t
         SDPA's logsumexp and its copy of the mask (fp32)     4 a s b / t + 4 b s^2
     No s x s score or softmax tensor is kept (the fused kernel recomputes them in backward): the only s^2 term
     is the padding mask, without a head dimension. The tests compare this with the bytes autograd really saves
@@ -53,7 +53,7 @@ def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: b
     d, f = arch.head_dim, arch.ffn_size
     a = int(arch.num_attention_heads)
     attention_per_token = a * d * (16 + (e if e < 4 else 0))
-    per_token = (attention_per_token + e * 5 * f) // tp
+    per_token = (attention_per_token + e * 3 * f) // tp
     attention = 4 * a * s * b // tp + 4 * b * s * s
     return 2 * norm_activation_bytes(arch, s, b, tp, sp, e) + s * b * per_token + attention
 
