@@ -19,8 +19,9 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from mindrl.models.attention import SDPAttention
-from mindrl.models.fused import install_fused_rope
+from mindrl.models.fused import SwiGLU, install_fused_rope
 from mindrl.models.hf_config import ModelSpec
+from mindrl.platform.detect import current_platform
 
 ROLES = ("actor", "critic")
 
@@ -61,10 +62,13 @@ class ValueHead(torch.nn.Module):
 
 def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
     """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm; core attention as one
-    fused SDPA call (sdpa=False keeps megatron's DotProductAttention, the reference for parity tests)."""
+    fused SDPA call (sdpa=False keeps megatron's DotProductAttention, the reference for parity tests); the MLP's
+    SwiGLU as mindrl's fused module when config.use_te_activation_func is set (see build_model)."""
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
     if sdpa:
         layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    if config.use_te_activation_func:  # the MLP calls this module in place of its glu (no TE module in a local spec)
+        layer.submodules.mlp.submodules.activation_func = SwiGLU
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     num_layers = get_num_layers_to_build(config)
@@ -91,6 +95,14 @@ def build_model(
     # (2x megatron's unfused RoPE on a CPU); apply_rope_fusion=False keeps the unfused reference.
     if config_overrides.setdefault("apply_rope_fusion", True):
         install_fused_rope()
+    # SwiGLU: on CPU mindrl's eager fused function as the MLP's activation module (layer_spec; megatron calls such a
+    # module when use_te_activation_func is set), elsewhere megatron's bias_activation_fusion. A caller that passes
+    # either flag decides alone: both False keeps megatron's unfused glu, the reference for parity tests.
+    if "use_te_activation_func" not in config_overrides and "bias_activation_fusion" not in config_overrides:
+        eager = current_platform().eager_fused_swiglu
+        config_overrides.update(use_te_activation_func=eager, bias_activation_fusion=not eager)
+    elif config_overrides.get("use_te_activation_func"):
+        config_overrides.setdefault("bias_activation_fusion", False)  # megatron refuses both
     config = spec.transformer_config(
         tp,
         pp,

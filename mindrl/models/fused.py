@@ -1,11 +1,13 @@
-"""Fused elementwise ops for hosts without Transformer Engine: RoPE as one autograd function.
+"""Fused elementwise ops for hosts without Transformer Engine: RoPE and SwiGLU, each as one autograd function.
 
-Installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's kernel) only where that hook is empty.
+RoPE is installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's kernel) only where that hook is empty;
+SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class _RotaryHalves(torch.autograd.Function):
@@ -70,3 +72,57 @@ def install_fused_rope() -> bool:
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     return rope_utils.fused_apply_rotary_pos_emb is not None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(a) * b for x = [a, b] on its last dimension, keeping only x for backward.
+
+    Megatron's unfused glu keeps a, b and silu(a), and its backward ends in a cat of the two halves' grads; here the
+    output is written in place over silu(a), and backward writes each half of the input grad where it belongs. The
+    same kernels as autograd's (silu, silu_backward, mul) in the same order: bit-identical forward and backward,
+    with no compiler (megatron's fused SwiGLU is torch.compile'd: seconds of inductor build per process and shape)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        half = x.shape[-1] // 2
+        return F.silu(x[..., :half]).mul_(x[..., half:])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        da, db = dx[..., :half], dx[..., half:]
+        # d/da: grad * b * silu'(a), as autograd's mul then silu backward; d/db: grad * silu(a), recomputed.
+        torch.ops.aten.silu_backward.grad_input(grad * b, a, grad_input=da)
+        torch.ops.aten.silu.out(a, out=db)
+        db.mul_(grad)
+        return dx
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """silu(x1) * x2 with [x1, x2] = x split in half on the last dimension (megatron's gated-linear-unit order)."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"SwiGLU needs an even last dimension (gate and up halves), got {tuple(x.shape)}")
+    return _SwiGLU.apply(x)
+
+
+class SwiGLU(torch.nn.Module):
+    """The MLP's activation (megatron's `MLPSubmodules.activation_func`, used when `use_te_activation_func` is set):
+    the fused `swiglu` on fc1's [gate, up] output. No parameters, so no state-dict keys."""
+
+    def __init__(self, config=None, **unused):
+        super().__init__()
+        if config is not None and (config.activation_func is not F.silu or not config.gated_linear_unit):
+            raise ValueError("mindrl's SwiGLU module needs activation_func=silu and gated_linear_unit=True")
+        if config is not None and (config.glu_linear_offset or config.activation_func_clamp_value is not None):
+            raise ValueError("mindrl's SwiGLU covers glu_linear_offset 0 and no activation clamp")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Nothing to save; megatron's MLP asks each of its submodules for its share of a distributed checkpoint."""
+        return {}

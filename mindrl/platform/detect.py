@@ -47,6 +47,15 @@ class Platform:
         return self.name != "cpu"
 
     @property
+    def eager_fused_swiglu(self) -> bool:
+        """Whether the MLP runs SwiGLU as mindrl's eager fused function (`mindrl.models.fused.SwiGLU`) instead of
+        megatron's torch.compile'd one. On CPU both give the same update time (tools/bench_update.py, modes interleaved
+        in one process: 4.34 vs 4.36 s at TP1), but inductor builds the compiled one in every process, per grad mode
+        and shape (1-3 s each, and it needs a C++ compiler at run time); on devices the compiled kernel (CUDA) or
+        MindSpeed's native one (NPU) is kept."""
+        return self.name == "cpu"
+
+    @property
     def planner_device(self) -> str | None:
         """The accelerator `mindrl-plan` assumes on this platform when neither its command line nor the config
         name says (a key of `mindrl.plan.devices.KNOWN`); None: the host's memory (CPU stand-ins)."""

@@ -1,0 +1,118 @@
+"""mindrl.models.fused against megatron's unfused ops: the SwiGLU activation module and the RoPE hook's dispatch, op by
+op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_swiglu_matches_megatrons_unfused_glu(dtype):
+    """Output and input grad bit-identical to the MLP's unfused glu (chunk, silu, mul), on fc1's [s, b, 2F] output."""
+    from mindrl.models.fused import swiglu
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 2, 2 * 24, generator=gen) * 4).to(dtype).requires_grad_()
+    grad = torch.randn(9, 2, 24, generator=gen).to(dtype)
+    outs = []
+    for fn in (lambda t: F.silu(torch.chunk(t, 2, dim=-1)[0]) * torch.chunk(t, 2, dim=-1)[1], swiglu):
+        x.grad = None
+        y = fn(x)
+        y.backward(grad)
+        outs.append((y.detach(), x.grad.clone()))
+    (y_ref, g_ref), (y, g) = outs
+    assert y.dtype == dtype and g.dtype == dtype
+    assert torch.equal(y, y_ref) and torch.equal(g, g_ref)
+    with pytest.raises(ValueError, match="even last dimension"):
+        swiglu(torch.zeros(2, 5))
+
+
+def test_swiglu_module_refuses_what_it_does_not_cover():
+    from types import SimpleNamespace
+
+    from mindrl.models.fused import SwiGLU
+
+    ok = dict(activation_func=F.silu, gated_linear_unit=True, glu_linear_offset=0.0, activation_func_clamp_value=None)
+    SwiGLU(SimpleNamespace(**ok))
+    with pytest.raises(ValueError, match="activation_func=silu"):
+        SwiGLU(SimpleNamespace(**{**ok, "activation_func": F.gelu}))
+    with pytest.raises(ValueError, match="clamp"):
+        SwiGLU(SimpleNamespace(**{**ok, "activation_func_clamp_value": 7.0}))
+
+
+def test_rope_hook_is_what_megatron_calls_and_mscale_keeps_the_unfused_path():
+    """With apply_rope_fusion megatron's `apply_rotary_pos_emb` calls mindrl's function (bit-identical to its unfused
+    one); with mscale != 1 (YaRN) megatron itself keeps its unfused form, which scales cos / sin."""
+    from types import SimpleNamespace
+
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from mindrl.models.fused import fused_apply_rotary_pos_emb, install_fused_rope
+
+    assert install_fused_rope() and install_fused_rope()  # idempotent
+    assert rope_utils.fused_apply_rotary_pos_emb is fused_apply_rotary_pos_emb
+    cfg = dict(rotary_interleaved=False, multi_latent_attention=False, mrope_section=None)
+    fused_cfg, unfused_cfg = (
+        SimpleNamespace(apply_rope_fusion=True, **cfg),
+        SimpleNamespace(apply_rope_fusion=False, **cfg),
+    )
+    gen = torch.Generator().manual_seed(4)
+    t = torch.randn(5, 2, 3, 8, generator=gen)
+    f = torch.randn(5, 1, 1, 4, generator=gen)
+    freqs = torch.cat([f, f], dim=-1)
+    group = object()  # bshd never reads the context-parallel group
+    fused = rope_utils.apply_rotary_pos_emb(t, freqs, fused_cfg, cp_group=group)
+    assert torch.equal(fused, rope_utils.apply_rotary_pos_emb(t, freqs, unfused_cfg, cp_group=group))
+    with pytest.warns(UserWarning, match="mscale"):
+        scaled = rope_utils.apply_rotary_pos_emb(t, freqs, fused_cfg, mscale=1.5, cp_group=group)
+    assert torch.equal(scaled, rope_utils.apply_rotary_pos_emb(t, freqs, unfused_cfg, mscale=1.5, cp_group=group))
+    assert not torch.equal(scaled, fused)
+
+
+def _fusion_parity_rank(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
+    from megatron.core import parallel_state as ps
+
+    from mindrl.models.builder import build_model
+    from mindrl.models.forward import attention_inputs, forward_outputs
+    from mindrl.models.fused import SwiGLU
+    from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, 1)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec.from_hf_dir(hf_dir), dtype="float32")
+    config = model.config  # one config object, shared by every layer
+    assert config.apply_rope_fusion and config.use_te_activation_func and not config.bias_activation_fusion
+    assert any(isinstance(m, SwiGLU) for m in model.modules())
+    assert not any("activation_func" in k for k in [*model.state_dict(), *model.sharded_state_dict()])
+
+    def run():
+        logits = forward_outputs(model, ids, mask)
+        model.zero_grad(set_to_none=True)
+        pos, m = attention_inputs(ids, mask)
+        model(ids, pos, m).float().pow(2).mean().backward()
+        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    fused_logits, fused_grads = run()
+    config.apply_rope_fusion = config.use_te_activation_func = False  # megatron's unfused RoPE and glu
+    ref_logits, ref_grads = run()
+    if ps.get_tensor_model_parallel_rank() or ps.get_data_parallel_rank():
+        return None
+    valid = mask.bool()
+    grad_diff = max((fused_grads[n] - g).abs().max().item() for n, g in ref_grads.items())
+    return (fused_logits - ref_logits)[valid].abs().max().item(), grad_diff, ref_logits[valid].abs().max().item()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_model_matches_the_unfused_model(pool, tiny_models, tp):
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 1000, (3, 21), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    results = [r for r in pool.run(_fusion_parity_rank, tiny_models["untied"], tp, ids, mask) if r is not None]
+    logit_diff, grad_diff, scale = results[0]
+    print(f"tp{tp}: max |fused - unfused| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads {grad_diff:.3g}")
+    assert scale > 0.01
+    assert logit_diff == 0 and grad_diff == 0  # bit-identical
