@@ -74,11 +74,26 @@ def test_bench_soak_analysis():
     leak = run(rss_per_it=1.0)  # 1 MiB per iteration = 100 MiB per 100
     assert not leak["passed"] and not leak["checks"]["rss"]
     assert 90 < leak["rss_slope_last_mb_per_100"] < 110
+    # the per-role breakdown names where a slope comes from
+    leaky = [Sample(t=i, iteration=i, rss_mb=0, fds=0, threads=0, procs=2, shm=0,
+                    rss_by_role={"driver": 500.0, "IntegratedWorker": 900.0 + 0.5 * i}) for i in range(40)]  # fmt: skip
+    by_role = analyze([1.0] * 40, leaky, window=10)["rss_slope_last_by_role"]
+    assert by_role["driver"] == 0 and 49 < by_role["IntegratedWorker"] < 51
     slow = run(time_growth=0.02)
     assert not slow["checks"]["time"] and slow["checks"]["rss"]
     assert not run(fd_growth=2)["checks"]["fds"]
     with pytest.raises(ValueError, match="at least 3"):
         analyze([1.0, 1.0], [], window=10)
+
+
+def test_bench_soak_roles():
+    from tools.bench_soak import role_of
+
+    assert role_of("python", ["python", "-m", "mindrl.cli.train"], is_root=True) == "driver"
+    assert role_of("ray::Integrated", ["ray::IntegratedWorker.update_actor"], is_root=False) == "IntegratedWorker"
+    assert role_of("ray::IDLE", ["ray::IDLE"], is_root=False) == "IDLE"
+    assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray daemons"
+    assert role_of("python", ["python", "-c", "from multiprocessing.forkserver import main"], is_root=False) == "other"
 
 
 def test_bench_soak_help():

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -40,6 +40,7 @@ class Sample:
     threads: int  # threads, summed
     procs: int  # processes in the tree
     shm: int  # entries in /dev/shm (machine-wide)
+    rss_by_role: dict[str, float] = field(default_factory=dict)  # summed RSS (MiB) per role (see `role_of`)
 
 
 @dataclass
@@ -82,8 +83,9 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
 
     s_first, s_last = in_window(first_it), in_window(last_it)
 
-    def slope(ss: list[Sample]) -> float:
-        return 100.0 * _fit_slope([float(s.iteration) for s in ss], [s.rss_mb for s in ss])
+    def slope(ss: list[Sample], role: str | None = None) -> float:
+        ys = [s.rss_mb if role is None else s.rss_by_role.get(role, 0.0) for s in ss]
+        return 100.0 * _fit_slope([float(s.iteration) for s in ss], ys)
 
     def peak(ss: list[Sample], key: str) -> int:
         return max((getattr(s, key) for s in ss), default=0)
@@ -99,6 +101,12 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
         "rss_last_mb": statistics.median([s.rss_mb for s in s_last]) if s_last else 0.0,
         "rss_slope_first_mb_per_100": slope(s_first),
         "rss_slope_last_mb_per_100": slope(s_last),
+        # where a slope comes from: each role's own slope over the last window (roles seen in it)
+        "rss_slope_last_by_role": {r: slope(s_last, r) for r in sorted({r for s in s_last for r in s.rss_by_role})},
+        "rss_last_by_role_mb": {
+            r: statistics.median([s.rss_by_role.get(r, 0.0) for s in s_last])
+            for r in sorted({r for s in s_last for r in s.rss_by_role})
+        },
         "samples_first": len(s_first),
         "samples_last": len(s_last),
     }
@@ -120,6 +128,21 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
 
 
 # ------------------------------------------------------------------------------------------- sampling
+def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
+    """The role a process of the tree plays: the driver; a Ray actor by its class ("ray::IntegratedWorker.update"
+    counts as IntegratedWorker); Ray's daemons (raylet, gcs_server, its Python agents); anything else (verifier
+    pool processes, multiprocessing helpers) as "other"."""
+    if is_root:
+        return "driver"
+    title = cmdline[0] if cmdline else name
+    if title.startswith("ray::"):
+        return title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0] or "ray worker"
+    text = " ".join(cmdline) or name
+    if name in ("raylet", "gcs_server") or "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:
+        return "ray daemons"
+    return "other"
+
+
 class TreeSampler:
     """Samples a process and its descendants every `interval` seconds (psutil), tagging each sample with the
     number of rows in `metrics_path` at the time."""
@@ -127,6 +150,7 @@ class TreeSampler:
     def __init__(self, pid: int, metrics_path: str, interval: float = 0.5) -> None:
         self.pid, self.metrics_path, self.interval = pid, metrics_path, interval
         self.samples: list[Sample] = []
+        self._roles: dict[int, str] = {}  # pid -> role (a Ray actor's title changes with the method it runs)
         self._t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -152,12 +176,18 @@ class TreeSampler:
             except psutil.NoSuchProcess:
                 break
             rss = fds = threads = 0
+            by_role: dict[str, float] = {}
             for p in procs:
                 try:
                     with p.oneshot():
-                        rss += p.memory_info().rss
+                        r = p.memory_info().rss
+                        rss += r
                         fds += p.num_fds()
                         threads += p.num_threads()
+                        role = self._roles.get(p.pid)
+                        if role is None:
+                            role = self._roles[p.pid] = role_of(p.name(), p.cmdline(), p.pid == self.pid)
+                        by_role[role] = by_role.get(role, 0.0) + r / 2**20
                 except psutil.Error:  # exited between listing and reading
                     pass
             try:
@@ -165,7 +195,9 @@ class TreeSampler:
             except OSError:
                 shm = 0
             it = self._iterations()
-            self.samples.append(Sample(time.monotonic() - self._t0, it, rss / 2**20, fds, threads, len(procs), shm))
+            self.samples.append(
+                Sample(time.monotonic() - self._t0, it, rss / 2**20, fds, threads, len(procs), shm, by_role)
+            )
             self._stop.wait(self.interval)
 
     def stop(self) -> list[Sample]:
@@ -256,6 +288,10 @@ def print_table(res: dict) -> None:
         print(f"{key + ' (max)':22s} {res[key + '_first']:14d} {res[key + '_last']:14d}  "
               f"{mark[c[key]]} (growth <= {th[lim]})")  # fmt: skip
     print(f"{'processes (max)':22s} {res['procs_first']:14d} {res['procs_last']:14d}")
+    if res.get("rss_slope_last_by_role"):
+        print(f"RSS by role over it {b[0]}-{b[1]} (median MiB, slope MiB/100 it):")
+        for role, slope in sorted(res["rss_slope_last_by_role"].items(), key=lambda kv: -kv[1]):
+            print(f"  {role:20s} {res['rss_last_by_role_mb'][role]:9.0f} {slope:9.1f}")
     print(f"samples: {res['samples_first']} / {res['samples_last']}  ->  {'PASS' if res['passed'] else 'FAIL'}")
 
 

