@@ -92,7 +92,11 @@ def test_bench_soak_roles():
     assert role_of("python", ["python", "-m", "mindrl.cli.train"], is_root=True) == "driver"
     assert role_of("ray::Integrated", ["ray::IntegratedWorker.update_actor"], is_root=False) == "IntegratedWorker"
     assert role_of("ray::IDLE", ["ray::IDLE"], is_root=False) == "IDLE"
-    assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray daemons"
+    starting = ["/x/python", "/x/site-packages/ray/_private/workers/default_worker.py", "--node-ip-address=1"]
+    assert role_of("python", starting, is_root=False) == "ray worker (starting)"
+    assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray raylet"
+    agent = ["/x/python", "-u", "/x/site-packages/ray/dashboard/agent.py", "--a"]
+    assert role_of("python", agent, is_root=False) == "ray agent"
     assert role_of("python", ["python", "-c", "from multiprocessing.forkserver import main"], is_root=False) == "other"
 
 

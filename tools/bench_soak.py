@@ -128,9 +128,15 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
 
 
 # ------------------------------------------------------------------------------------------- sampling
+# Roles a process may still leave: a Ray worker is "ray worker (starting)" until it sets its title, then "IDLE"
+# until an actor claims it.
+_TRANSIENT_ROLES = ("ray worker (starting)", "IDLE", "ray worker")
+
+
 def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
     """The role a process of the tree plays: the driver; a Ray actor by its class ("ray::IntegratedWorker.update"
-    counts as IntegratedWorker); Ray's daemons (raylet, gcs_server, its Python agents); anything else (verifier
+    counts as IntegratedWorker); each of Ray's daemons ("ray raylet", "ray gcs_server", its Python agents by
+    script: "ray agent", "ray log_monitor", ...); anything else (verifier
     pool processes, multiprocessing helpers) as "other"."""
     if is_root:
         return "driver"
@@ -138,8 +144,13 @@ def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
     if title.startswith("ray::"):
         return title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0] or "ray worker"
     text = " ".join(cmdline) or name
-    if name in ("raylet", "gcs_server") or "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:
-        return "ray daemons"
+    if "default_worker.py" in text:  # a worker process before setproctitle
+        return "ray worker (starting)"
+    if name in ("raylet", "gcs_server"):
+        return "ray " + name
+    if "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:  # Ray's Python agents, by script
+        script = next((a for a in cmdline if a.endswith(".py")), name)
+        return "ray " + os.path.basename(script).removesuffix(".py")
     return "other"
 
 
@@ -150,7 +161,7 @@ class TreeSampler:
     def __init__(self, pid: int, metrics_path: str, interval: float = 0.5) -> None:
         self.pid, self.metrics_path, self.interval = pid, metrics_path, interval
         self.samples: list[Sample] = []
-        self._roles: dict[int, str] = {}  # pid -> role (a Ray actor's title changes with the method it runs)
+        self._roles: dict[int, str] = {}  # pid -> role, once final (a Ray actor's title changes with its method)
         self._t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -186,7 +197,9 @@ class TreeSampler:
                         threads += p.num_threads()
                         role = self._roles.get(p.pid)
                         if role is None:
-                            role = self._roles[p.pid] = role_of(p.name(), p.cmdline(), p.pid == self.pid)
+                            role = role_of(p.name(), p.cmdline(), p.pid == self.pid)
+                            if role not in _TRANSIENT_ROLES:  # an actor's class is fixed once its title says it
+                                self._roles[p.pid] = role
                         by_role[role] = by_role.get(role, 0.0) + r / 2**20
                 except psutil.Error:  # exited between listing and reading
                     pass

@@ -7,8 +7,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the driver (a scheduler's pre-emption, `kill PID`, a container stop): raised in the main thread,
+    it takes Ctrl-C's way out: the workers, the engines' shared memory and Ray are shut down by train's cleanup."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short (SIGKILL can)
+    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from mindrl.workers.group import WorkerError
 
     start = time.perf_counter()
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be handled
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         cfg = config_from_args(args)
         run_dir, results = train(cfg)
@@ -53,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingAborted, WorkerError) as e:
         print(f"mindrl-train: aborted: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # the workers and Ray were shut down on the way out (train's finally)
-        print("mindrl-train: interrupted; resume from the last complete checkpoint (finetune: false)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # the workers and Ray were shut down on the way out (train's finally)
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"mindrl-train: {how}; resume from the last complete checkpoint (finetune: false)", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     print(f"mindrl-train: {len(results)} iterations in {time.perf_counter() - start:.0f} s")
     print(f"run dir: {run_dir}")
     return 0
