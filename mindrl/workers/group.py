@@ -22,6 +22,7 @@ class WorkerError(RuntimeError):
     """A worker rank raised or died; the message names the group, the method and the rank."""
 
 
+TASK_EVENTS_KEPT = 10_000  # finished tasks whose events a private Ray cluster's GCS keeps (Ray's default: 100,000)
 _ENV_BEFORE_RAY: dict[str, str] | None = None
 
 
@@ -52,6 +53,12 @@ def start_ray(
         return True  # connected by us: disconnected by stop_ray (the cluster stays up)
     # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
     num_cpus = max(os.cpu_count() or 1, num_devices + 1)
+    # Ray's GCS keeps an event record of every finished task, 100,000 of them by default: some 34 KiB per RL
+    # iteration, so the GCS grows for thousands of iterations (docs/performance.md, steady state). Our private
+    # cluster has no dashboard to show them; keep the last TASK_EVENTS_KEPT unless the user set Ray's variable.
+    system_config = {}
+    if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
+        system_config["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -61,6 +68,7 @@ def start_ray(
         runtime_env=env.runtime_env,
         log_to_driver=True,
         configure_logging=False,
+        _system_config=system_config or None,
     )
     return True
 

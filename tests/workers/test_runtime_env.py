@@ -78,10 +78,11 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
-    """start_ray hands the merged variables to Ray: a task on a worker process reads them."""
+    """start_ray hands the merged variables to Ray: a task on a worker process reads them. The private cluster
+    keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands of iterations)."""
     import ray
 
-    from mindrl.workers.group import start_ray, stop_ray
+    from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
 
     monkeypatch.setenv(ENV_VAR, _file(tmp_path, "env_vars:\n  MINDRL_PROBE_A: file\n  MINDRL_PROBE_B: file\n"))
     monkeypatch.setenv("MINDRL_PROBE_B", "user")
@@ -90,10 +91,12 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
 
         @ray.remote(num_cpus=0)
         def probe() -> tuple:
-            return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B")
+            kept = ray._config.task_events_max_num_task_in_gcs()
+            return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B"), kept
 
-        pid, a, b = ray.get(probe.remote(), timeout=120)
+        pid, a, b, kept = ray.get(probe.remote(), timeout=120)
         assert pid != os.getpid() and (a, b) == ("file", "user")
+        assert kept == TASK_EVENTS_KEPT < 100_000
     finally:
         stop_ray()
 
