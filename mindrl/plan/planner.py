@@ -200,8 +200,13 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
         kv = int(gen.kv_cache_memory_gib * (1 << 30))
     elif not dev.sleep_mode:
         from mindrl.platform import current_platform
+        from mindrl.rollout.base import full_batch_kv_bytes
 
-        kv = current_platform().rollout_kv_cache_bytes() or int(gen.gpu_memory_utilization * dev.memory_bytes)
+        cap = current_platform().rollout_kv_cache_bytes()  # the engine's own default (VllmEngine): capped full batch
+        m = cfg.model
+        full = full_batch_kv_bytes(int(m.num_layers), m.num_kv_heads, m.head_dim, ei, gen.max_num_seqs,
+                                   gen.max_model_len, gen.infer_tensor_parallel_size)  # fmt: skip
+        kv = min(cap, full) if cap else int(gen.gpu_memory_utilization * dev.memory_bytes)
     else:
         kv = int(gen.gpu_memory_utilization * dev.memory_bytes) - eng_w - eng_act
     engine = {"weights_bytes": eng_w, "activations_bytes": eng_act, "kv_cache_bytes": max(0, kv)}

@@ -204,6 +204,34 @@ def processed_logprobs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+# vLLM-CPU's KV block size for standard attention (vllm/platforms/cpu.py: 128 unless the user or an MLA model sets it).
+KV_BLOCK_TOKENS = 128
+
+
+def full_batch_kv_bytes(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """KV-cache bytes on one engine rank for max_num_seqs sequences all at max_model_len: the most a batch can hold,
+    so no request is ever preempted for lack of blocks. Each sequence takes whole blocks of KV_BLOCK_TOKENS; two
+    blocks more cover vLLM's reserved null block. A TP rank holds num_kv_heads / tp heads (at least one: vLLM
+    replicates KV heads when tp exceeds them)."""
+    for key, v in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                   ("dtype_bytes", dtype_bytes), ("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
+                   ("tensor_parallel_size", tensor_parallel_size)):  # fmt: skip
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"full_batch_kv_bytes: {key} must be a positive integer, got {v!r}")
+    heads = max(1, num_kv_heads // tensor_parallel_size)
+    per_token = 2 * num_layers * heads * head_dim * dtype_bytes  # K and V
+    blocks = max_num_seqs * math.ceil(max_model_len / KV_BLOCK_TOKENS) + 2
+    return blocks * KV_BLOCK_TOKENS * per_token
+
+
 def has_tokenizer(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import glob
+import logging
 import os
 import secrets
 import weakref
@@ -28,6 +29,7 @@ from mindrl.rollout.base import (
     SamplingConfig,
     check_wake_tags,
     forked_rng,
+    full_batch_kv_bytes,
     has_tokenizer,
 )
 
@@ -122,7 +124,8 @@ class VllmEngine(RolloutEngine):
         self.seed = config.seed + self.dp_rank
         self._shm_ident = _shared_ident() if backend == "external_launcher" else None
 
-        kv_bytes = config.kv_cache_memory_bytes or platform.rollout_kv_cache_bytes()
+        kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(hf_config, config, platform)
+        self.kv_cache_bytes = kv_bytes  # None: vLLM sizes it from gpu_memory_utilization
         chunked = (
             platform.seeded_chunked_prefill if config.enable_chunked_prefill is None else config.enable_chunked_prefill
         )
@@ -168,6 +171,8 @@ class VllmEngine(RolloutEngine):
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on
         # TP peers (they must sample the same tokens), and keep the host's untouched.
         self._rng = torch.Generator().manual_seed(self.seed)
+        for name in _QUIET_LOGGERS:  # a line per weight sync: the trainer's timing/reshard_to_infer says it once
+            logging.getLogger(name).setLevel(logging.WARNING)
         self._protect_world_on_shutdown()
         self._shm_segments = _created_mq_segments()
         self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
@@ -421,6 +426,30 @@ def _unlink_shm(ident: str | None) -> None:
     for path in glob.glob(os.path.join("/dev/shm", f"*{ident}*")):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+# vLLM loggers whose INFO lines repeat at every call of a loop (their warnings still show).
+_QUIET_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace",)
+
+
+def default_kv_cache_bytes(hf_config, config: RolloutConfig, platform) -> int | None:
+    """The KV cache an engine gets when its config names no size: on a platform with a fixed size (CPU: vLLM would
+    read gpu_memory_utilization as a fraction of host memory) the smaller of that and what max_num_seqs sequences at
+    max_model_len can fill (`full_batch_kv_bytes`), so a small model does not zero-fill, and keep resident, a
+    GiB it never uses; elsewhere None (gpu_memory_utilization). MLA models and configs it cannot read get the
+    platform's size."""
+    cap = platform.rollout_kv_cache_bytes()
+    if cap is None:
+        return None
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
+    if getattr(text, "kv_lora_rank", None) or not isinstance(layers, int) or not isinstance(heads, int) or not heads:
+        return cap
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    itemsize, tp = config.torch_dtype.itemsize, config.infer_tensor_parallel_size
+    need = full_batch_kv_bytes(layers, kv_heads, head_dim, itemsize, config.max_num_seqs, config.max_model_len, tp)
+    return min(cap, need)
 
 
 def hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]]:

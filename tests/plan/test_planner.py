@@ -102,8 +102,16 @@ def test_ppo_32b_verdict_names_the_peak(cfgs):
 
 
 def test_device_memory_override_changes_the_verdict(cfgs):
+    from mindrl.rollout.base import full_batch_kv_bytes
+
     cfg = cfgs["ppo_tiny_cpu"]
     assert make_plan(cfg, device_memory_gib=64).verdict["fits"]
+    # No size configured: the engine's own default on CPU, the KV a full batch can fill (capped at 1 GiB)
+    m, gen = cfg.model, cfg.generate_config
+    full = full_batch_kv_bytes(m.num_layers, m.num_kv_heads, m.head_dim, 4 if gen.dtype == "float32" else 2,
+                               gen.max_num_seqs, gen.max_model_len, gen.infer_tensor_parallel_size)  # fmt: skip
+    assert make_plan(cfg).memory["rollout"]["rollout"]["kv_cache_bytes"] == min(full, 1 << 30) == full
+    cfg = load_config("ppo_tiny_cpu", overrides=["generate_config.kv_cache_memory_gib=1"], check_paths=False)
     small = make_plan(cfg, device_memory_gib=0.5)
     assert not small.verdict["fits"]
     role, phase, term = small.verdict["largest_term"].split(".")  # on CPU the engine never sleeps

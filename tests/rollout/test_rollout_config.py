@@ -86,3 +86,18 @@ def test_weight_names_for_completeness_check(tiny_models):
     assert names - required == {"lm_head.weight"}
     # the engine re-sends the embedding as lm_head (vLLM-CPU does not re-tie a dummy lm_head on reload)
     assert tied_from == {"model.embed_tokens.weight": ["lm_head.weight"]}
+
+
+def test_full_batch_kv_bytes():
+    """max_num_seqs whole-block sequences of max_model_len, plus vLLM's reserved blocks; KV heads split over TP,
+    replicated (one per rank) past their number."""
+    from mindrl.rollout.base import KV_BLOCK_TOKENS, full_batch_kv_bytes
+
+    assert KV_BLOCK_TOKENS == 128
+    per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, fp32
+    assert full_batch_kv_bytes(2, 2, 16, 4, 32, 256) == (32 * 2 + 2) * 128 * per_token
+    assert full_batch_kv_bytes(2, 2, 16, 4, 32, 257) == (32 * 3 + 2) * 128 * per_token  # a started block is whole
+    assert full_batch_kv_bytes(2, 2, 16, 4, 32, 256, tensor_parallel_size=2) == (32 * 2 + 2) * 128 * per_token // 2
+    assert full_batch_kv_bytes(2, 2, 16, 4, 32, 256, 4) == full_batch_kv_bytes(2, 2, 16, 4, 32, 256, 2)
+    with pytest.raises(ValueError, match="max_model_len must be a positive integer, got 0"):
+        full_batch_kv_bytes(2, 2, 16, 4, 32, 0)

@@ -51,6 +51,36 @@ def test_greedy_matches_hf_greedy(vllm_engine, hf_models):
     assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, sampling) <= TOL
 
 
+def test_default_kv_cache_is_what_the_batch_can_fill(vllm_engine):
+    """With no size configured, a CPU engine's KV cache is the smaller of the platform's 1 GiB and what
+    max_num_seqs sequences of max_model_len can fill, and vLLM has blocks for all of them at once (no preemption)."""
+    from transformers import AutoConfig
+
+    from mindrl.rollout.base import KV_BLOCK_TOKENS, full_batch_kv_bytes
+
+    cap = current_platform().rollout_kv_cache_bytes()
+    if cap is None:
+        pytest.skip("this platform sizes the KV cache by gpu_memory_utilization")
+    hf, cfg = AutoConfig.from_pretrained(vllm_engine.config.model), vllm_engine.config
+    need = full_batch_kv_bytes(hf.num_hidden_layers, hf.num_key_value_heads, hf.hidden_size // hf.num_attention_heads,
+                               4, cfg.max_num_seqs, cfg.max_model_len)  # fmt: skip
+    assert vllm_engine.kv_cache_bytes == min(cap, need) == need < cap // 100
+    cache = vllm_engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.block_size == KV_BLOCK_TOKENS
+    assert cache.num_gpu_blocks >= cfg.max_num_seqs * -(-cfg.max_model_len // KV_BLOCK_TOKENS) + 1
+
+
+def test_weight_syncs_log_no_line_each(vllm_engine):
+    """vLLM's INFO line at every reload ("Reloading and processing weights took ...") is off; its warnings stay."""
+    import logging
+
+    from mindrl.rollout.vllm_engine import _QUIET_LOGGERS
+
+    for name in _QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING)
+
+
 def test_vllm_compiles_nothing_on_cpu(vllm_engine):
     """On CPU the engine runs vLLM's torch.compile'd helpers as the plain functions they wrap (inductor spent ~2.5 s
     per engine process building them at the first request): a request with logprobs hands dynamo no frame."""
