@@ -49,7 +49,9 @@ def start_ray(
     logger.info(env.describe())
     _ENV_BEFORE_RAY = dict(os.environ)  # ray.init sets RAY_* and PYTHONBREAKPOINT in this process
     if address:
+        handlers = _python_signal_handlers()
         ray.init(address=address, runtime_env=env.runtime_env, log_to_driver=True)
+        _restore_signal_handlers(handlers)
         return True  # connected by us: disconnected by stop_ray (the cluster stays up)
     # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
     num_cpus = max(os.cpu_count() or 1, num_devices + 1)
@@ -59,6 +61,7 @@ def start_ray(
     system_config = {}
     if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
         system_config["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
+    handlers = _python_signal_handlers()  # ray.init replaces them with its own (SIGTERM: log and abort)
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -70,7 +73,29 @@ def start_ray(
         configure_logging=False,
         _system_config=system_config or None,
     )
+    _restore_signal_handlers(handlers)
     return True
+
+
+def _python_signal_handlers() -> dict:
+    """This process's Python-level SIGTERM / SIGINT handlers (e.g. mindrl-train's), when set from the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    found = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {sig: h for sig, h in found.items() if callable(h)}
+
+
+def _restore_signal_handlers(handlers: dict) -> None:
+    """Put back what `_python_signal_handlers` found: Ray's core worker installs a C-level SIGTERM handler at
+    ray.init that aborts the process (exit 134), which would skip the driver's cleanup of workers and shared
+    memory."""
+    import signal
+
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def stop_ray() -> None:

@@ -363,7 +363,10 @@ _SIGTERM_DRIVER = """
 import os, signal, sys, time
 import mindrl.config.cli as config_cli, mindrl.trainer.ppo_trainer as trainer
 
-def train(cfg):  # stands in for the run: the signal arrives mid-iteration, the cleanup is train's own finally
+def train(cfg):  # stands in for the run (with its private Ray: ray.init installs a SIGTERM handler of its own)
+    from mindrl.workers.group import start_ray, stop_ray
+
+    start_ray(None, 1)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(60)
@@ -372,6 +375,7 @@ def train(cfg):  # stands in for the run: the signal arrives mid-iteration, the 
         print("cleanup started", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)  # a second one (a scheduler repeating itself) must not cut it short
         time.sleep(0.3)
+        stop_ray()
         print("cleanup finished", flush=True)
 
 config_cli.config_from_args = lambda args: None
@@ -385,9 +389,10 @@ sys.exit(rc)
 
 def test_sigterm_to_the_driver_takes_the_ctrl_c_way_out():
     """SIGTERM (pre-emption, `kill PID`, a container stop) is raised in mindrl-train's main thread as Ctrl-C's
-    exception: train's cleanup runs to its end (a second SIGTERM during it is ignored), the exit code is 143 with a
-    message, and the previous handler is back afterwards. The whole shutdown it then takes is the one the
-    Ctrl-C run of the kill -9 chain above proves (workers, shared memory and Ray gone)."""
+    exception, also once the private Ray is up (ray.init's own handler would abort the driver, exit 134): train's
+    cleanup runs to its end (a second SIGTERM during it is ignored), the exit code is 143 with a message, the
+    previous handler is back afterwards and no Ray process is left. The whole shutdown it then takes is the one
+    the Ctrl-C run of the kill -9 chain above proves (workers and shared memory gone)."""
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -396,3 +401,4 @@ def test_sigterm_to_the_driver_takes_the_ctrl_c_way_out():
     assert proc.returncode == 143, (proc.stdout, proc.stderr[-3000:])
     assert proc.stdout.splitlines() == ["cleanup started", "cleanup finished", "handler restored: True"], proc.stdout
     assert "mindrl-train: terminated (SIGTERM); resume from the last complete checkpoint" in proc.stderr
+    assert not wait_for_no_ray(30)
