@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+# A suite started as a background job of a non-interactive shell (`bash tests/run.sh &`, nohup) inherits SIGINT
+# ignored, and so would every process it starts: the tests that stop mindrl-train or a launcher with Ctrl-C would
+# wait out their timeouts. A handler (unlike "ignored") is reset to the default in the programs pytest starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Trainer worker ranks: 1 torch thread each, as every multi-process test (mindrl.workers.group.worker_threads).
 os.environ.setdefault("MINDRL_WORKER_THREADS", "1")
