@@ -138,6 +138,27 @@ def full_to_hf(spec: ModelSpec, mapping: ParamMapping, full: torch.Tensor) -> li
     return [(mapping.hf_names[0], full)]
 
 
+def shards_to_hf(spec: ModelSpec, mapping: ParamMapping, shards: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """All TP ranks' shards (in rank order) -> (hf_name, tensor) pairs: `full_to_hf(local_to_full(...))` with
+    each output written once. The two-step form copies QKV twice (the TP concatenation, then the un-fuse
+    of the query groups); here each of q, k, v is one concatenation of its rows in every shard. Outputs are
+    views of a shard where the layout allows (one shard, a contiguous piece)."""
+    if len(shards) == 1 or mapping.tp_split == "replicated":
+        return full_to_hf(spec, mapping, shards[0])
+    if mapping.mcore_name.endswith("linear_qkv.weight") or mapping.mcore_name.endswith("linear_qkv.bias"):
+        groups, per_group, hd = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads, spec.head_dim
+        tail = shards[0].shape[1:]
+        gs = [s.reshape(groups // len(shards), (per_group + 2) * hd, *tail) for s in shards]
+        q = torch.cat([g[:, : per_group * hd] for g in gs]).reshape(spec.num_heads * hd, *tail)
+        k = torch.cat([g[:, per_group * hd : (per_group + 1) * hd] for g in gs]).reshape(groups * hd, *tail)
+        v = torch.cat([g[:, (per_group + 1) * hd :] for g in gs]).reshape(groups * hd, *tail)
+        return list(zip(mapping.hf_names, (q, k, v)))
+    if mapping.tp_split == "gated_column":
+        gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+        return list(zip(mapping.hf_names, (torch.cat(gates), torch.cat(ups))))
+    return full_to_hf(spec, mapping, local_to_full(mapping, shards))
+
+
 # ------------------------------------------------------------------------- megatron full <-> local
 def full_to_local(mapping: ParamMapping, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
     """This TP rank's shard of the megatron TP=1 tensor."""

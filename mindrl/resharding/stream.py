@@ -5,7 +5,8 @@ Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unles
   1. the owner stage packs its local TP shards into one flat buffer, the gathered buffer's own TP slot;
   2. broadcast of that slot over the pipeline group (train PP becomes inference DP: every stage needs it);
   3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
-  4. per parameter, `local_to_full` reassembles the TP=1 tensor and `full_to_hf` un-fuses QKV / gate-up.
+  4. per parameter, `shards_to_hf` reassembles the HF tensors from the TP shards (QKV / gate-up un-fused in
+     the same copy).
 Every rank runs the same collectives in the same order (the plan is global, from one metadata exchange),
 so a rank whose stage owns nothing in a bucket still takes part. On CPU with the whole model-parallel group
 on one host, steps 2-3 go through shared memory instead (`transport == "shm"`): each rank packs into its
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from mindrl.models.hf_config import ModelSpec
-from mindrl.models.weight_map import full_to_hf, global_name, local_to_full, mcore_param_names, param_mapping
+from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
 from mindrl.platform import current_platform
 
 DEFAULT_BUCKET_MB = 512
@@ -302,24 +303,26 @@ class WeightStreamer:
                     shards = [shards_of[r][offset : offset + n].view(p.local_shape) for r in range(rows)]
                 offset += n
                 mapping = param_mapping(self.spec, p.name)
-                full = local_to_full(mapping, shards)  # gather_tp=False: this rank's shard itself
-                aliases_bucket = full.data_ptr() == shards[0].data_ptr()
-                if direct:
-                    aliases_bucket = True  # no streamer buffer: nothing to pin, nothing to count
-                elif aliases_bucket and (gathered is None or (i == len(bucket) - 1 and len(bucket) > 1)):
-                    # Shared memory is rewritten by the next bucket: an emitted view of it must be a copy.
-                    # A consumer's for-loop holds the last item while it asks for the next one: make
-                    # that item a copy, so it does not pin this whole bucket while the next is gathered.
-                    full = full.clone()
-                    aliases_bucket = False
-                if not aliases_bucket:  # a reassembled copy
-                    live.track(full)
                 dim = None if gather_tp or self.tp == 1 else _SHARD_DIM[mapping.tp_split]
-                for hf_name, tensor in full_to_hf(spec, mapping, full):
+                last = i == len(bucket) - 1 and len(bucket) > 1
+                # gather_tp=False: this rank's shard itself. Each HF tensor is written at most once.
+                for hf_name, tensor in shards_to_hf(spec, mapping, shards):
+                    if not direct:  # direct: the parameter itself, no streamer buffer to pin or count
+                        in_bucket = tensor.untyped_storage().data_ptr() == shards[0].untyped_storage().data_ptr()
+                        if in_bucket and (gathered is None or last):
+                            # Shared memory is rewritten by the next bucket: an emitted view of it must be a
+                            # copy. A consumer's for-loop holds the last item while it asks for the next one:
+                            # make that item a copy, so it does not pin this whole bucket while the next is
+                            # gathered.
+                            tensor = tensor.clone()
+                            in_bucket = False
+                        if not in_bucket:  # a reassembled copy
+                            live.track(tensor)
                     stats.num_tensors += 1
                     stats.bytes_emitted += tensor.nbytes
                     yield hf_name, tensor, dim
-                del full, shards
+                    del tensor
+                del shards
             del gathered, shards_of
         stats.seconds = time.perf_counter() - t0
         stats.peak_extra_bytes = live.peak + (self._shm_slot if self._shm is not None else 0)  # own segment

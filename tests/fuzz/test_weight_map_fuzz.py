@@ -20,6 +20,7 @@ from mindrl.models.weight_map import (
     local_to_full,
     mcore_param_names,
     param_mapping,
+    shards_to_hf,
 )
 
 BOUNDED = dict(derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,4 +118,8 @@ def test_every_tensor_round_trips_through_full_and_tp_shards(layout, seed):
         back = full_to_hf(spec, mapping, local_to_full(mapping, shards))
         assert [n for n, _ in back] == list(mapping.hf_names)
         for (hf_name, t), original in zip(back, hf):
+            assert torch.equal(t, original), (name, hf_name, tp)
+        direct = shards_to_hf(spec, mapping, shards)  # the streamer's one-copy form: the same tensors
+        assert [n for n, _ in direct] == list(mapping.hf_names)
+        for (hf_name, t), original in zip(direct, hf):
             assert torch.equal(t, original), (name, hf_name, tp)

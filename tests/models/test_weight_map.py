@@ -15,6 +15,7 @@ from mindrl.models.weight_map import (
     local_to_full,
     mcore_param_names,
     param_mapping,
+    shards_to_hf,
 )
 
 CFG = {
@@ -66,6 +67,28 @@ def test_tp_shards_reassemble_exactly(name, tp):
     assert torch.equal(local_to_full(m, shards), full)
     if m.tp_split == "row" and tp == 2:
         assert shards[0].shape == (8, 3)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_shards_to_hf_writes_each_tensor_once(tp):
+    """The streamer's form equals reassemble-then-un-fuse; at TP2 every HF tensor of a fused parameter is one
+    fresh contiguous tensor (written once, no intermediate TP=1 tensor), at TP1 a contiguous piece stays a view."""
+    for name, shape in [("decoder.layers.0.self_attention.linear_qkv.weight", (16, 8)),
+                        ("decoder.layers.0.self_attention.linear_qkv.bias", (16,)),
+                        ("decoder.layers.0.mlp.linear_fc1.weight", (12, 8)),
+                        ("decoder.layers.0.mlp.linear_fc2.weight", (8, 6))]:  # fmt: skip
+        m = param_mapping(SPEC, name)
+        full = torch.randn(shape)
+        shards = [full_to_local(m, full, r, tp) for r in range(tp)]
+        got, want = shards_to_hf(SPEC, m, shards), full_to_hf(SPEC, m, full)
+        assert [n for n, _ in got] == [n for n, _ in want]
+        for (_, a), (_, b) in zip(got, want):
+            assert torch.equal(a, b) and a.is_contiguous(), name
+            if tp == 2:
+                assert all(a.untyped_storage().data_ptr() != s.untyped_storage().data_ptr() for s in shards)
+    fc1 = param_mapping(SPEC, "decoder.layers.0.mlp.linear_fc1.weight")
+    (_, gate), _ = shards_to_hf(SPEC, fc1, [torch.randn(12, 8)])
+    assert gate._base is not None  # TP1: gate is a view of the shard
 
 
 def test_names_cover_the_hf_checkpoint():
