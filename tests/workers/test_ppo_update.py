@@ -421,3 +421,22 @@ def test_nonfinite_update_is_skipped(pool, tiny_models, ckpts, rl_batch):
     loaded = load_file(os.path.join(tiny_models["untied"], "model.safetensors"))
     assert after.keys() == loaded.keys()
     assert all(torch.equal(after[k], loaded[k].float()) for k in after)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_all_finite_finds_any_nonfinite_element(dtype):
+    """The skip check's fast path (one sum) agrees with isfinite().all(): a NaN, +inf, -inf, or +inf and -inf
+    together anywhere; finite elements whose sum overflows (fp16's 65504 many times over, fp32's 3.4e38) still
+    count as finite; an empty buffer is finite."""
+    from mindrl.workers.rl_model import all_finite
+
+    base = torch.randn(10_001).to(dtype)
+    assert all_finite(base) and all_finite(torch.empty(0, dtype=dtype))
+    for values in ([float("nan")], [float("inf")], [float("-inf")], [float("inf"), float("-inf")]):
+        t = base.clone()
+        for i, v in zip((17, 9_000), values):
+            t[i] = v
+        assert not all_finite(t), values
+        assert not all_finite(t[10:].view(-1, 1)), values  # a view, any shape
+    big = torch.full((4096,), torch.finfo(dtype).max, dtype=dtype)
+    assert torch.isfinite(big).all() and all_finite(big)
