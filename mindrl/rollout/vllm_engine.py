@@ -173,6 +173,9 @@ class VllmEngine(RolloutEngine):
         self._rng = torch.Generator().manual_seed(self.seed)
         for name in _QUIET_LOGGERS:  # a line per weight sync: the trainer's timing/reshard_to_infer says it once
             logging.getLogger(name).setLevel(logging.WARNING)
+        reload_log = logging.getLogger(_RELOAD_LOGGER)
+        if not any(isinstance(f, _BufferOnlyReloadFilter) for f in reload_log.filters):
+            reload_log.addFilter(_BufferOnlyReloadFilter())
         self._protect_world_on_shutdown()
         self._shm_segments = _created_mq_segments()
         self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
@@ -428,8 +431,23 @@ def _unlink_shm(ident: str | None) -> None:
             os.unlink(path)
 
 
-# vLLM loggers whose INFO lines repeat at every call of a loop (their warnings still show).
-_QUIET_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace",)
+# vLLM loggers whose INFO lines repeat at every call of a loop (their warnings still show): the reload's
+# timing line and the prefix-cache reset that follows every weight sync.
+_QUIET_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace", "vllm.v1.core.block_pool")
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _BufferOnlyReloadFilter(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" warning for rotary embeddings, and only for them. The
+    layerwise reload warns for every layer none of whose tensors arrived; a rotary embedding's only tensor is its
+    cos/sin cache, a buffer no checkpoint holds (vLLM puts it back as it was), so every weight sync warned. A
+    real weight that does not arrive is `load_weights`' own error (it checks every name of the model)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (
+            record.msg == "%s: Failed to load weights" and len(args) == 1 and str(args[0]).endswith("RotaryEmbedding")
+        )
 
 
 def default_kv_cache_bytes(hf_config, config: RolloutConfig, platform) -> int | None:

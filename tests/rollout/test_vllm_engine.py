@@ -81,6 +81,37 @@ def test_weight_syncs_log_no_line_each(vllm_engine):
         assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING)
 
 
+def test_weight_sync_writes_no_log_record(vllm_engine, weights):
+    """A load_weights (once per iteration in training) emits no vLLM log record at all: neither the reload's INFO
+    line nor its "RotaryEmbedding: Failed to load weights" warning (a buffer-only layer that no checkpoint holds)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    vllm_logger, handler = logging.getLogger("vllm"), Keep(logging.DEBUG)
+    vllm_logger.addHandler(handler)
+    try:
+        vllm_engine.load_weights(weights["a"].items())
+    finally:
+        vllm_logger.removeHandler(handler)
+    shown = [r.getMessage() for r in records if r.levelno >= logging.getLogger(r.name).getEffectiveLevel()]
+    assert not shown, shown
+    # Only the rotary embedding's warning is dropped: the same warning for a layer with weights still shows.
+    from mindrl.rollout.vllm_engine import _RELOAD_LOGGER
+
+    def kept(layer: str) -> bool:
+        log = logging.getLogger(_RELOAD_LOGGER)
+        return bool(log.filter(log.makeRecord(_RELOAD_LOGGER, logging.WARNING, __file__, 0,
+                                              "%s: Failed to load weights", (layer,), None)))  # fmt: skip
+
+    assert not kept("RotaryEmbedding") and not kept("Llama3RotaryEmbedding")
+    assert kept("QKVParallelLinear") and kept("VocabParallelEmbedding")
+
+
 def test_vllm_compiles_nothing_on_cpu(vllm_engine):
     """On CPU the engine runs vLLM's torch.compile'd helpers as the plain functions they wrap (inductor spent ~2.5 s
     per engine process building them at the first request): a request with logprobs hands dynamo no frame."""
