@@ -84,14 +84,26 @@ def _response_head(model, mb: Batch):
         return
     start, length = mb.meta["prompt_length"] - 1, mb["responses"].shape[1]
 
+    # The head runs on the rows in batch-major order, [b, R, h], and hands megatron the [R, b, V] transposed view
+    # of its output, so megatron's closing transpose(0, 1).contiguous() to [b, R, V] is a view, not a copy of the
+    # logits (one copy of R x b x V in forward and one in backward); the hidden states moved instead are V / h times
+    # smaller.
     def cut(module, args, kwargs):
-        return (args[0][start : start + length], *args[1:]), kwargs
+        return (args[0][start : start + length].transpose(0, 1).contiguous(), *args[1:]), kwargs
 
-    handle = head.register_forward_pre_hook(cut, with_kwargs=True)
+    def seq_major(module, args, output):
+        out, bias = output
+        return out.transpose(0, 1), bias
+
+    handles = [
+        head.register_forward_pre_hook(cut, with_kwargs=True),
+        head.register_forward_hook(seq_major),
+    ]
     try:
         yield True
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
