@@ -116,3 +116,33 @@ def savings_vs_plain_rank(
     finally:
         rl_model.SAVINGS = True
     return out
+
+
+def wgrad_fusion_rank(load_dir: str, tp: int, batch: Batch, loss: PPOLossSettings, micro_batch_size: int) -> dict:
+    """One actor ppo_update (lr 0: the weights stay) with the linear layers' weight grads added straight into
+    main_grad (as built), then one with that off; the HF-named main_grads of both, and how many weight-grad GEMMs
+    the first one added into main_grad, on the TP-0 rank (None elsewhere)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import layers
+
+    spec, ddp, optimizer, scheduler = build_model_and_optimizer(
+        load_dir, tp, 1, OptimSettings(lr=0.0, clip_grad=1e9), total_steps=2
+    )
+    linear = [m for m in ddp.modules() if isinstance(m, (layers.ColumnParallelLinear, layers.RowParallelLinear))]
+    assert linear and all(m.gradient_accumulation_fusion for m in linear)
+    kernel = layers.fused_weight_gradient_mlp_cuda
+    calls = []
+    original = kernel.wgrad_gemm_accum_fp32
+    kernel.wgrad_gemm_accum_fp32 = lambda *args: (calls.append(1), original(*args))[1]
+    try:
+        ppo_update(ddp, optimizer, scheduler, batch, "actor", loss, micro_batch_size, 1, 1)
+    finally:
+        kernel.wgrad_gemm_accum_fp32 = original
+    fused = full_hf_tensors(ddp, spec, grads=True)
+    for m in linear:
+        m.gradient_accumulation_fusion = False
+    ppo_update(ddp, optimizer, scheduler, batch, "actor", loss, micro_batch_size, 1, 1)
+    plain = full_hf_tensors(ddp, spec, grads=True)
+    if ps.get_tensor_model_parallel_rank():
+        return None
+    return {"fused": fused, "plain": plain, "calls": len(calls), "linear": len(linear)}
