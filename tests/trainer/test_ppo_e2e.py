@@ -39,14 +39,17 @@ def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
         assert math.isclose(m["e2e_tps"], tokens / m["timing/all"], rel_tol=1e-6)
         assert math.isclose(m["update_tps"], tokens / m["timing/update"], rel_tol=1e-6)
         assert math.isclose(m["vllm_tps"], tokens / m["timing/rollout"], rel_tol=1e-6)
-        # The driver's serial phases fit in the iteration; the workers' own rollout phases (each the slowest rank's)
-        # fit in the driver's wait for the rollout, up to that max-of-sums vs sum-of-maxes slack.
+        # The driver's serial phases fit in the iteration; the workers' own rollout phases fit in the driver's wait
+        # for the rollout.
         serial = [k for k in m if k.startswith("timing/non_overlap_")]
         serial += ["timing/rollout_total", "timing/update", "timing/adv"]
         serial += ["timing/update_critic"] if "timing/update_critic" in m else []
         assert m["timing/all"] >= sum(m[k] for k in serial)
-        inner = m["timing/rollout"] + m["timing/reshard_to_infer"] + m["timing/reshard_to_train"]
-        assert inner <= m["timing/rollout_total"] * 1.05 + 0.05
+        phases = [m["timing/rollout"], m["timing/reshard_to_infer"], m["timing/reshard_to_train"]]
+        assert max(phases) <= m["timing/rollout_total"] * 1.05 + 0.05
+        # Each phase is its slowest rank's: when different ranks are the slowest in different phases (two ranks on
+        # two busy cores), the sum of those maxima exceeds every rank's own sum (7% seen in a loaded suite).
+        assert sum(phases) <= m["timing/rollout_total"] * 1.25 + 0.25
         assert m["rollout/logprob_diff_mean"] < 1e-3  # fp32: the engine samples from the trained policy
         assert m["actor/skipped_updates"] == 0
         assert 0 < m["perf/real_tokens"] <= m["perf/computed_tokens"] <= m["perf/untrimmed_tokens"]
@@ -77,9 +80,11 @@ def test_ppo_tiny_runs(assets, tmp_path_factory):
         want = prev["actor/reward_kl_penalty_coeff"] * (1.0 + error * n / cfg.rl_config.kl_horizon)
         assert math.isclose(cur["actor/reward_kl_penalty_coeff"], want, rel_tol=1e-9), (prev, cur)
     assert lines[1]["actor/reward_kl_penalty"] > 10 * cfg.rl_config.kl_target
-    assert lines[3]["actor/reward_kl_penalty_coeff"] > lines[2]["actor/reward_kl_penalty_coeff"] > lines[1][
-        "actor/reward_kl_penalty_coeff"
-    ]
+    assert (
+        lines[3]["actor/reward_kl_penalty_coeff"]
+        > lines[2]["actor/reward_kl_penalty_coeff"]
+        > lines[1]["actor/reward_kl_penalty_coeff"]
+    )
     assert len(rollouts) == 4 * cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
     assert {"prompt", "response", "reward", "acc_for_ppo", "iteration"} <= set(rollouts[0])
     assert os.path.isfile(run_dir / "ckpt_actor" / "latest_checkpointed_iteration.txt")
