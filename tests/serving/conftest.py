@@ -48,6 +48,13 @@ class ServerHandle:
     def output(self) -> str:
         return "".join(self.log)
 
+    def wait_output(self, text: str, timeout_s: float = 30) -> str:
+        """The log once it holds `text` (the server may log after it answered the request that caused it)."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.output()
+
 
 def server_command(model_dir: str, port: int | None = None, token_file: str | None = None, extra_args=()) -> list[str]:
     cmd = [sys.executable, "-m", "mindrl.cli.rollout_server", "--model", model_dir, "--port", str(port or 0)]

@@ -343,7 +343,8 @@ def test_dist_channel(server, client, serving_models):
     commit = {"transfer_id": tid, "version": v + 1, "num_buckets": 1, "num_tensors": 1}
     r = client.post(P.WEIGHTS_COMMIT, json=commit)
     assert "nothing applied" in error(r, 409)["message"] or "discarded" in r.json()["message"]
-    assert f"weight transfer {tid} (version {v + 1}) discarded" in server.output()
+    discarded = f"weight transfer {tid} (version {v + 1}) discarded"
+    assert discarded in server.wait_output(discarded)
     assert generate(client, PROMPTS, expected_version=v, **greedy).samples == before.samples
 
     # A sender that stays connected but never broadcasts: the receive times out (3 s) and the transfer is discarded.
