@@ -79,6 +79,33 @@ def _train(cfg):
     return run_dir, results, lines, rollouts
 
 
+def checkpoint_tensors(root: Path, scratch: Path) -> dict:
+    """Every tensor of the newest iteration of the megatron checkpoint at `root` (model weights and the optimizer
+    state saved with them) as whole tensors, read with torch.distributed.checkpoint alone: no process group, no
+    model build (a fraction of a second, where an mcore2hf export is a subprocess of ~10 s)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from mindrl.checkpoint import mcore_ckpt
+
+    it_dir = mcore_ckpt.iteration_dir(str(root), mcore_ckpt.read_tracker(str(root)))
+    out = scratch / f"{Path(it_dir).name}_{abs(hash(str(root)))}.pt"
+    dcp_to_torch_save(it_dir, str(out))
+    state = torch.load(str(out), weights_only=False)
+    out.unlink()
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> int:
+    """The newest iterations of two checkpoints hold the same tensors bit for bit (model and optimizer state);
+    returns how many tensors were compared."""
+    ta, tb = checkpoint_tensors(a, scratch), checkpoint_tensors(b, scratch)
+    assert ta.keys() == tb.keys() and ta, (sorted(ta.keys() ^ tb.keys())[:10], len(ta))
+    differ = [k for k in ta if not (ta[k].dtype == tb[k].dtype and ta[k].equal(tb[k]))]
+    assert not differ, f"{len(differ)} of {len(ta)} tensors differ, e.g. {differ[:5]}"
+    return len(ta)
+
+
 def ray_processes() -> list[str]:
     """Live Ray processes on this host. Zombies are dead (they hold nothing): a process orphaned by a killed parent
     is re-parented to PID 1, which in a container without an init may never reap it."""
