@@ -178,7 +178,7 @@ class RankPool:
         self.timeout_s = timeout_s
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
-        env = dict(os.environ)
+        env = {**current_platform().worker_env, **os.environ}  # the platform's defaults, below the user's settings
         env.update(
             WORLD_SIZE=str(world_size),
             MASTER_PORT=str(free_port()),

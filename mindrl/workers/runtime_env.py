@@ -1,7 +1,8 @@
 """The environment variables every Ray worker gets: configs/envs/runtime_env.yaml (or the file MINDRL_RUNTIME_ENV
 names), overridden by the launching user's environment and an explicit runtime_env, plus what mindrl requires.
 
-Precedence, lowest first: the file < the driver's os.environ (for the file's keys) < `explicit["env_vars"]` < REQUIRED.
+Precedence, lowest first: the platform's defaults (`Platform.worker_env`) < the file < the driver's os.environ (for
+the defaults' and the file's keys) < `explicit["env_vars"]` < REQUIRED.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ class RuntimeEnv:
     runtime_env: dict[str, Any]
     path: str | None  # the file read, None if none
     from_file: list[str] = field(default_factory=list)
-    from_environ: list[str] = field(default_factory=list)  # file keys whose value the user's environment replaced
+    from_environ: list[str] = field(default_factory=list)  # default or file keys the user's environment replaced
+    from_platform: list[str] = field(default_factory=list)  # the platform's defaults that were kept
 
     def describe(self) -> str:
         src = f"{len(self.from_file)} from {self.path}" if self.path else "no file"
+        if self.from_platform:
+            src += f", platform defaults {', '.join(self.from_platform)}"
         over = f", {len(self.from_environ)} taken from this environment ({', '.join(self.from_environ)})"
         return (
             f"Ray runtime env: {len(self.runtime_env['env_vars'])} variables ({src}{over if self.from_environ else ''})"
@@ -82,11 +86,14 @@ def read_env_file(path: str) -> dict[str, str]:
 
 
 def build_runtime_env(
-    explicit: dict[str, Any] | None = None, environ: dict[str, str] | None = None, path: str | None = None
+    explicit: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+    path: str | None = None,
+    defaults: dict[str, str] | None = None,
 ) -> RuntimeEnv:
-    """Merge the file (`path`, i.e. rl_config.runtime_env_path; else MINDRL_RUNTIME_ENV; else `default_path()`),
-    `environ` (default os.environ) for the file's keys, `explicit` (a ray runtime_env dict; its other keys pass
-    through) and REQUIRED."""
+    """Merge `defaults` (default: this platform's `worker_env`), the file (`path`, i.e. rl_config.runtime_env_path;
+    else MINDRL_RUNTIME_ENV; else `default_path()`), `environ` (default os.environ) for the defaults' and the file's
+    keys, `explicit` (a ray runtime_env dict; its other keys pass through) and REQUIRED."""
     environ = dict(os.environ) if environ is None else environ
     if path is None:
         path = environ.get(ENV_VAR)
@@ -103,10 +110,16 @@ def build_runtime_env(
                 f"runtime env file {path}: env_vars.{key}={file_vars[key]!r}: mindrl requires {need!r} "
                 "(the rollout engine runs inside each worker process); remove the key"
             )
-    merged = dict(file_vars)
-    from_environ = sorted(k for k in file_vars if k in environ and environ[k] != file_vars[k])
+    if defaults is None:
+        from mindrl.platform import current_platform
+
+        defaults = current_platform().worker_env
+    merged = {**defaults, **file_vars}
+    from_environ = sorted(k for k in merged if k in environ and environ[k] != merged[k])
     merged.update({k: environ[k] for k in from_environ})
     explicit = dict(explicit or {})
-    merged.update({str(k): str(v) for k, v in (explicit.pop("env_vars", None) or {}).items()})
+    explicit_vars = {str(k): str(v) for k, v in (explicit.pop("env_vars", None) or {}).items()}
+    merged.update(explicit_vars)
     merged.update(REQUIRED)
-    return RuntimeEnv({**explicit, "env_vars": merged}, path, sorted(file_vars), from_environ)
+    kept = sorted(k for k in defaults if not (k in file_vars or k in environ or k in explicit_vars))
+    return RuntimeEnv({**explicit, "env_vars": merged}, path, sorted(file_vars), from_environ, kept)

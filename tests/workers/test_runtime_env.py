@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from mindrl.platform import current_platform
 from mindrl.workers.runtime_env import ENV_VAR, REQUIRED, RuntimeEnvError, build_runtime_env, default_path
 
 
@@ -26,12 +27,15 @@ def test_shipped_file_is_read_by_default():
     assert all(isinstance(v, str) for v in vars_.values())
 
 
-def test_precedence_file_then_environment_then_explicit_then_required(tmp_path):
+def test_precedence_platform_then_file_then_environment_then_explicit_then_required(tmp_path):
     path = _file(tmp_path, "env_vars:\n  A: from_file\n  B: from_file\n  C: from_file\n  FLAG: true\n  N: 8\n")
-    environ = {ENV_VAR: path, "B": "from_env", "C": "from_env", "UNRELATED": "x"}
+    environ = {ENV_VAR: path, "B": "from_env", "C": "from_env", "E": "from_env", "UNRELATED": "x"}
     explicit = {"env_vars": {"C": "explicit", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, "working_dir": "/w"}
-    env = build_runtime_env(explicit, environ)
+    defaults = {"P": "platform", "A": "platform", "E": "platform"}
+    env = build_runtime_env(explicit, environ, defaults=defaults)
     assert env.runtime_env["env_vars"] == {
+        "P": "platform",  # a platform default nobody overrides
+        "E": "from_env",  # the user's environment wins over a platform default
         "A": "from_file",  # only in the file
         "B": "from_env",  # the user's environment wins over the file
         "C": "explicit",  # an explicit runtime_env wins over both
@@ -41,12 +45,13 @@ def test_precedence_file_then_environment_then_explicit_then_required(tmp_path):
     }
     assert "UNRELATED" not in env.runtime_env["env_vars"]  # the environment only overrides the file's keys
     assert env.runtime_env["working_dir"] == "/w"  # other runtime_env keys pass through
-    assert env.from_environ == ["B", "C"] and "2 taken from this environment" in env.describe()
+    assert env.from_environ == ["B", "C", "E"] and "3 taken from this environment" in env.describe()
+    assert env.from_platform == ["P"] and "platform defaults P" in env.describe()
 
 
 def test_empty_setting_disables_the_file():
     env = build_runtime_env(environ={ENV_VAR: ""})
-    assert env.path is None and env.runtime_env["env_vars"] == REQUIRED
+    assert env.path is None and env.runtime_env["env_vars"] == {**current_platform().worker_env, **REQUIRED}
 
 
 @pytest.mark.parametrize(
@@ -78,24 +83,31 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
-    """start_ray hands the merged variables to Ray: a task on a worker process reads them. The private cluster
-    keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands of iterations)."""
+    """start_ray hands the merged variables to Ray: a task on a worker process reads them, and the platform's
+    defaults are in the environment the worker was started with (glibc's MALLOC_* are read at process start only).
+    The private cluster keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands
+    of iterations)."""
     import ray
 
     from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
 
     monkeypatch.setenv(ENV_VAR, _file(tmp_path, "env_vars:\n  MINDRL_PROBE_A: file\n  MINDRL_PROBE_B: file\n"))
     monkeypatch.setenv("MINDRL_PROBE_B", "user")
+    for k in current_platform().worker_env:
+        monkeypatch.delenv(k, raising=False)
     assert start_ray(None, 1)
     try:
 
         @ray.remote(num_cpus=0)
         def probe() -> tuple:
             kept = ray._config.task_events_max_num_task_in_gcs()
-            return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B"), kept
+            with open("/proc/self/environ", "rb") as f:  # the environment at exec, not os.environ's later edits
+                start = dict(v.decode().split("=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B"), kept, start
 
-        pid, a, b, kept = ray.get(probe.remote(), timeout=120)
+        pid, a, b, kept, start = ray.get(probe.remote(), timeout=120)
         assert pid != os.getpid() and (a, b) == ("file", "user")
+        assert all(start.get(k) == v for k, v in current_platform().worker_env.items()), start
         assert kept == TASK_EVENTS_KEPT < 100_000
     finally:
         stop_ray()
