@@ -80,20 +80,25 @@ def _train(cfg):
 
 
 def checkpoint_tensors(root: Path, scratch: Path) -> dict:
-    """Every tensor of the newest iteration of the megatron checkpoint at `root` (model weights and the optimizer
-    state saved with them) as whole tensors, read with torch.distributed.checkpoint alone: no process group, no
-    model build (a fraction of a second, where an mcore2hf export is a subprocess of ~10 s)."""
+    """Every tensor of the newest iteration of the megatron checkpoint at `root` as whole tensors: the model's, and
+    the optimizer state's (its `optim/` part, keys prefixed "optim/") where saved. Read with torch.distributed.checkpoint
+    alone: no process group, no model build (a fraction of a second, where an mcore2hf export is a ~10 s subprocess)."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from mindrl.checkpoint import mcore_ckpt
 
-    it_dir = mcore_ckpt.iteration_dir(str(root), mcore_ckpt.read_tracker(str(root)))
-    out = scratch / f"{Path(it_dir).name}_{abs(hash(str(root)))}.pt"
-    dcp_to_torch_save(it_dir, str(out))
-    state = torch.load(str(out), weights_only=False)
-    out.unlink()
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    it_dir = Path(mcore_ckpt.iteration_dir(str(root), mcore_ckpt.read_tracker(str(root))))
+    tensors = {}
+    for part, prefix in ((it_dir, ""), (it_dir / "optim", "optim/")):
+        if not (part / ".metadata").is_file():
+            continue
+        out = scratch / f"{it_dir.name}_{abs(hash(str(part)))}.pt"
+        dcp_to_torch_save(str(part), str(out))
+        state = torch.load(str(out), weights_only=False)
+        out.unlink()
+        tensors.update({prefix + k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+    return tensors
 
 
 def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> int:
@@ -101,6 +106,7 @@ def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> int:
     returns how many tensors were compared."""
     ta, tb = checkpoint_tensors(a, scratch), checkpoint_tensors(b, scratch)
     assert ta.keys() == tb.keys() and ta, (sorted(ta.keys() ^ tb.keys())[:10], len(ta))
+    assert any(k.startswith("optim/") for k in ta), "no optimizer state saved"
     differ = [k for k in ta if not (ta[k].dtype == tb[k].dtype and ta[k].equal(tb[k]))]
     assert not differ, f"{len(differ)} of {len(ta)} tensors differ, e.g. {differ[:5]}"
     return len(ta)
