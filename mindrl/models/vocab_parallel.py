@@ -34,7 +34,7 @@ def vocab_parallel_logprobs(
     labels: (...) int64 full-vocabulary ids. Differentiable w.r.t. logits; the entropy only with entropy_grad
     (without it, a metric: computed without building its graph over the vocabulary). Both outputs are fp32."""
     if with_entropy and entropy_grad and torch.is_grad_enabled() and logits.requires_grad:
-        return _composite(logits, labels, temperature, with_entropy=True)
+        return _composite(logits, labels, temperature)
     logprobs, entropy = _BlockedLogprobs.apply(logits, labels, float(temperature), with_entropy)
     return logprobs, entropy if with_entropy else None
 
@@ -48,15 +48,8 @@ class _BlockedLogprobs(torch.autograd.Function):
         x = logits.reshape(-1, vocab)
         flat_labels = labels.reshape(-1)
         tp = ps.get_tensor_model_parallel_world_size()
-        start = ps.get_tensor_model_parallel_rank() * vocab
-        in_slice = (flat_labels >= start) & (flat_labels < start + vocab)
-        local_idx = (flat_labels - start).clamp(0, vocab - 1)
-        # shift = max(logits) / T (T > 0), the same on every TP rank
-        shift = x.amax(dim=-1).float().div_(temperature)
-        if tp > 1:
-            torch.distributed.all_reduce(
-                shift, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group()
-            )
+        in_slice, local_idx = _labels_in_slice(flat_labels, vocab)
+        shift = _tp_max(x.amax(dim=-1).float().div_(temperature))  # max(logits) / T (T > 0)
         # stats rows: sum exp(z), z[label] on the rank that holds it (0 elsewhere), sum exp(z) * z
         stats = torch.zeros(3, x.shape[0], dtype=torch.float32, device=x.device)
         picked = x.gather(1, local_idx.unsqueeze(1)).squeeze(1).float().div_(temperature).sub_(shift)
@@ -118,32 +111,32 @@ def _scaled(block: torch.Tensor, temperature: float, out: torch.Tensor) -> torch
     return out.div_(temperature) if temperature != 1.0 else out
 
 
-def _composite(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
-    """The same quantities through autograd's composite ops (a differentiable entropy needs its graph)."""
+def _labels_in_slice(labels: torch.Tensor, local_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whether each label falls in this TP rank's vocabulary slice, its index there, clamped into the slice)."""
+    start = ps.get_tensor_model_parallel_rank() * local_vocab
+    return (labels >= start) & (labels < start + local_vocab), (labels - start).clamp(0, local_vocab - 1)
+
+
+def _tp_max(t: torch.Tensor) -> torch.Tensor:
+    """t's elementwise maximum over the tensor-parallel ranks, in place (no graph)."""
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    return t
+
+
+def _composite(logits: torch.Tensor, labels: torch.Tensor, temperature: float):
+    """(log-probs, entropy) through autograd's composite ops: the entropy's graph for an entropy bonus."""
     x = logits.float()
     if temperature != 1.0:
         x = x / temperature
-    tp = ps.get_tensor_model_parallel_world_size()
-    local_vocab = x.shape[-1]
     with torch.no_grad():
-        shift = x.max(dim=-1).values
-        if tp > 1:
-            torch.distributed.all_reduce(
-                shift, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group()
-            )
+        shift = _tp_max(x.max(dim=-1).values)
     z = x - shift.unsqueeze(-1)
     exp = z.exp()
-    start = ps.get_tensor_model_parallel_rank() * local_vocab
-    in_slice = (labels >= start) & (labels < start + local_vocab)
-    local_idx = (labels - start).clamp(0, local_vocab - 1)
+    in_slice, local_idx = _labels_in_slice(labels, x.shape[-1])
     picked = z.gather(-1, local_idx.unsqueeze(-1)).squeeze(-1) * in_slice
-    sum_exp = exp.sum(dim=-1)
-    weighted = (exp * z).sum(dim=-1) if with_entropy else None
-    if tp > 1:
-        sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
-        picked = reduce_from_tensor_model_parallel_region(picked)
-        if with_entropy:
-            weighted = reduce_from_tensor_model_parallel_region(weighted)
+    sum_exp, weighted = exp.sum(dim=-1), (exp * z).sum(dim=-1)
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        sum_exp, picked, weighted = map(reduce_from_tensor_model_parallel_region, (sum_exp, picked, weighted))
     log_z = sum_exp.log()
-    entropy = log_z - weighted / sum_exp if with_entropy else None
-    return picked - log_z, entropy
+    return picked - log_z, log_z - weighted / sum_exp

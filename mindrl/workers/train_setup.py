@@ -108,20 +108,19 @@ def build_model_and_optimizer(
     return spec, ddp, optimizer, scheduler
 
 
-def accumulate_wgrad_in_main_grad(ddp) -> bool:
+def accumulate_wgrad_in_main_grad(ddp) -> None:
     """Let megatron's linear layers in a DDP-wrapped model add their weight gradients straight into DDP's main_grad
     (megatron's gradient_accumulation_fusion), where the platform has the kernel (apex on CUDA, mindrl's on CPU).
 
     Set on the layers, not in the config the model was built with: a model without DDP (the reference model,
-    conversion, parity tests) has no main_grad to add into. Returns whether it did."""
+    conversion, parity tests) has no main_grad to add into."""
     from megatron.core.tensor_parallel import layers
 
     if not layers._grad_accum_fusion_available:
-        return False
+        return
     for module in ddp.modules():
         if isinstance(module, (layers.ColumnParallelLinear, layers.RowParallelLinear)):
             module.gradient_accumulation_fusion = True
-    return True
 
 
 def current_lr(optimizer) -> float:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _case(dtype: torch.dtype, temperature: float):
+def _case(dtype: torch.dtype):
     gen = torch.Generator().manual_seed(11)
     logits = (torch.randn(3, 7, 64, generator=gen) * 5).to(dtype)
     labels = torch.randint(0, 64, (3, 7), generator=gen)
@@ -35,7 +35,7 @@ def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_
     from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, 1)
-    logits, labels, grad = _case(dtype, temperature)
+    logits, labels, grad = _case(dtype)
     width = logits.shape[-1] // tp
     vocab_parallel.BLOCK_ELEMENTS = block_rows * width
     start = ps.get_tensor_model_parallel_rank() * width
@@ -45,7 +45,7 @@ def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_
         "blocked": lambda x: vocab_parallel.vocab_parallel_logprobs(
             x, labels, temperature, with_entropy=True, entropy_grad=False
         ),
-        "composite": lambda x: vocab_parallel._composite(x, labels, temperature, with_entropy=True),
+        "composite": lambda x: vocab_parallel._composite(x, labels, temperature),
     }.items():
         x = local.clone().requires_grad_()
         lp, entropy = fn(x)

@@ -101,15 +101,14 @@ def checkpoint_tensors(root: Path, scratch: Path) -> dict:
     return tensors
 
 
-def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> int:
-    """The newest iterations of two checkpoints hold the same tensors bit for bit (model and optimizer state);
-    returns how many tensors were compared."""
+def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> None:
+    """The newest iterations of two checkpoints hold the same tensors bit for bit, model and optimizer state (both
+    present)."""
     ta, tb = checkpoint_tensors(a, scratch), checkpoint_tensors(b, scratch)
     assert ta.keys() == tb.keys() and ta, (sorted(ta.keys() ^ tb.keys())[:10], len(ta))
     assert any(k.startswith("optim/") for k in ta), "no optimizer state saved"
     differ = [k for k in ta if not (ta[k].dtype == tb[k].dtype and ta[k].equal(tb[k]))]
     assert not differ, f"{len(differ)} of {len(ta)} tensors differ, e.g. {differ[:5]}"
-    return len(ta)
 
 
 def ray_processes() -> list[str]:
