@@ -329,6 +329,9 @@ class PPOTrainer:
     """A rule-reward call may take this long beyond its samples' own timeouts before the worker counts as hung."""
     REWARD_PING_S = 15.0
     """While a rule-reward call runs, the worker is pinged this often (and given as long to answer)."""
+    REWARD_START_S = 300.0
+    """A new rule-reward worker (a Ray worker process, its imports, its tokenizer) may take this long to start; until
+    it has started, a missed ping means "still starting", not "hung"."""
 
     def _start_reward_worker(self) -> None:
         import ray
@@ -338,6 +341,7 @@ class PPOTrainer:
         # 2 threads: `ping` is answered while `score` runs, so a hung worker is told from a slow batch.
         remote = ray.remote(num_cpus=0, max_concurrency=2)(RuleRewardWorker)
         self.reward = remote.remote(build.reward_settings(self.cfg))
+        self._reward_started = self.reward.ping.remote()  # resolves once the actor's __init__ has returned
 
     def _collect_scores(self, ref, responses: list[list[int]], labels: list[list[int]]) -> dict:
         """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
@@ -360,6 +364,20 @@ class PPOTrainer:
                 if left <= self.REWARD_PING_S:
                     what = f"did not answer within {deadline:.0f} s"
                     break
+            if not ray.wait([self._reward_started], timeout=0)[0]:
+                # A replacement (or the first worker) still starting is not hung: wait for its start, which does
+                # not count against the call's deadline.
+                t_start = time.perf_counter()
+                try:
+                    ray.get(self._reward_started, timeout=self.REWARD_START_S)
+                except RayActorError:
+                    what = "died while starting"
+                    break
+                except GetTimeoutError:
+                    what = f"did not start within {self.REWARD_START_S:.0f} s"
+                    break
+                deadline += time.perf_counter() - t_start
+                continue
             try:
                 ray.get(self.reward.ping.remote(), timeout=self.REWARD_PING_S)
             except (GetTimeoutError, RayActorError):

@@ -47,10 +47,13 @@ def test_unwritable_save_path_fails_before_any_worker_starts(assets, tmp_path):
     assert not ray.is_initialized()
 
 
-def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_run_naming_it(assets, tmp_path):
+def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_run_naming_it(
+    assets, tmp_path, monkeypatch
+):
     """One run, three faults (one trainer start instead of two). Iteration 2: the rule-reward worker is killed (-9);
     iteration 3: it is stopped (SIGSTOP, a hang: it stops answering pings). Each time it is replaced, that batch
-    scores 0 and is counted; iteration 4 is scored normally by the replacement and saved. Iteration 5: kill -9 of
+    scores 0 and is counted; iteration 4 is scored normally by the replacement and saved, although that replacement
+    takes three ping intervals to start (a worker still starting is not a hung one). Iteration 5: kill -9 of
     actor rank 1 while the update runs (rank 0 then waits in a collective for it): the run stops within a bounded
     time with an error naming the iteration, the call, the rank and its pid; iteration 4's checkpoint is the one to
     resume from."""
@@ -59,6 +62,12 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
     import ray
 
     from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+    from mindrl.workers import reward_worker
+
+    class SlowStartingRewardWorker(reward_worker.RuleRewardWorker):
+        def __init__(self, s):
+            time.sleep(6.0)
+            super().__init__(s)
 
     cfg = _config(
         "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=5", "megatron_training.save_interval=4",
@@ -73,6 +82,8 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
         def fault_before_scoring(*args):
             out = generate(*args)
             if trainer.iteration in (2, 3):
+                if trainer.iteration == 3:  # the replacement started for this hang is slow to start
+                    monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
                 pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
                 hung.append(pid)
