@@ -187,6 +187,7 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
               max_num_batched_tokens=max(4096, a.prompts * a.n * a.prompt_len),
               offload_train_optimizer=False, offload_train_grad=False, offload_train_param=False)  # fmt: skip
     gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=1.0)
+    gc["enforce_eager"] = not a.rollout_compile
     path = os.path.join(cfg_dir, "bench_grpo.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(base, f, sort_keys=False)
@@ -232,7 +233,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     }
     phases["overhead"] = step - sum(phases.values())
     return {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
-            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0}  # fmt: skip
+            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
+            "rollout_compiled": a.rollout_compile, "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- TRL side
@@ -382,6 +384,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch on both sides")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores (TRL threads, matmul peak)")
+    p.add_argument("--rollout-compile", action="store_true",
+                   help="mindrl's vLLM engine with torch.compile (generate_config.enforce_eager: false; vLLM-CPU "
+                        "compiles the model with inductor at engine start, ~1 min, not counted in step times)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
     p.add_argument("--workdir", default=os.path.join(ROOT, "outputs", "bench_vs_trl"))
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
@@ -420,7 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
     write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
     out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "cpu": cpu_description(),
-                 "iterations": a.iterations, "mindrl_layout": a.layout}  # fmt: skip
+                 "iterations": a.iterations, "mindrl_layout": a.layout,
+           "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
     table = []
     for shape_name in shapes:
         for kl_name in kls:
