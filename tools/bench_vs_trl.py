@@ -234,7 +234,7 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     phases["overhead"] = step - sum(phases.values())
     return {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
             "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
-            "rollout_compiled": a.rollout_compile, "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
+            "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- TRL side
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "cpu": cpu_description(),
                  "iterations": a.iterations, "mindrl_layout": a.layout,
-           "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
+                 "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
     table = []
     for shape_name in shapes:
         for kl_name in kls:
