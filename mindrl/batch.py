@@ -66,6 +66,10 @@ class Batch:
         rows_meta = {k: [v[i] for i in idx.tolist()] for k, v in self.rows_meta.items()}
         return Batch(tensors, rows_meta, dict(self.meta))
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with its tensors on `device` (themselves where they are there already)."""
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.rows_meta, self.meta)
+
     def split(self, parts: int) -> list[Batch]:
         """`parts` consecutive equal slices (the row count must divide)."""
         n = len(self)

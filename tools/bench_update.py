@@ -95,30 +95,38 @@ def make_model(hf_dir: str, shape: ModelShape) -> str:
 
 
 # ------------------------------------------------------------------------------------------- matmul peak
-def matmul_peak(shape: ModelShape, threads: int, tokens: tuple[int, ...] = (512, 2048), seconds: float = 0.3) -> dict:
+def matmul_peak(
+    shape: ModelShape, threads: int, tokens: tuple[int, ...] = (512, 2048), seconds: float = 0.3, device: str = "cpu"
+) -> dict:
     """Best fp32 torch.matmul rate (GFLOP/s) over [tokens x K] @ [K x N] at the model's GEMM shapes, with
-    `threads` torch threads (restored afterwards). Returns {"peak_gflops", "threads", "shapes": {...}}."""
+    `threads` torch threads (restored afterwards), on `device` (an accelerator: each product timed to its
+    completion, TF32 as torch's default: off). Returns {"peak_gflops", "threads", "device", "shapes": {...}}."""
     import torch
 
+    from mindrl.platform.detect import current_platform
+
+    sync = current_platform().synchronize  # a no-op on the CPU
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     per_shape = {}
     try:
         for m in tokens:
             for k, n in shape.gemm_shapes():
-                a, b = torch.randn(m, k), torch.randn(k, n)
-                torch.matmul(a, b)  # warm-up (packing, page faults)
+                a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+                torch.matmul(a, b)  # warm-up (packing, page faults; kernel selection)
+                sync()
                 reps, t0 = 0, time.perf_counter()
                 best = float("inf")
                 while reps < 3 or time.perf_counter() - t0 < seconds:
                     t1 = time.perf_counter()
                     torch.matmul(a, b)
+                    sync()
                     best = min(best, time.perf_counter() - t1)
                     reps += 1
                 per_shape[f"{m}x{k}x{n}"] = 2.0 * m * k * n / best / 1e9
     finally:
         torch.set_num_threads(old)
-    return {"peak_gflops": max(per_shape.values()), "threads": threads, "shapes": per_shape}
+    return {"peak_gflops": max(per_shape.values()), "threads": threads, "device": device, "shapes": per_shape}
 
 
 # ------------------------------------------------------------------------------------------- on the ranks
@@ -188,6 +196,7 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
     from megatron.core import parallel_state as ps
 
     from mindrl.batch import shard_rows
+    from mindrl.platform.detect import current_platform
     from mindrl.workers.rl_model import PPOLossSettings, ppo_update
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
 
@@ -203,11 +212,14 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
             return step(*a, **k)
 
     optimizer.step = timed_step
+    sync = current_platform().synchronize
     times = []
     for i in range(iterations + 1):
+        sync()
         torch.distributed.barrier()
         t0 = time.perf_counter()
         ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
+        sync()
         torch.distributed.barrier()
         if i:
             times.append(time.perf_counter() - t0)
@@ -269,8 +281,13 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"--tp {tp} must divide the heads ({a.num_heads}) and KV heads ({a.num_kv_heads})")
 
     from mindrl.checkpoint import convert
+    from mindrl.platform.detect import current_platform
     from mindrl.platform.launch import RankPool
 
+    platform = current_platform()
+    device = str(platform.device(0))  # the ranks' device: TPk runs on devices 0..k-1 (on CPU: the cores)
+    if platform.name != "cpu" and max(tps) > platform.device_count():
+        p.error(f"--tp {max(tps)} needs {max(tps)} {platform.name} devices, this host has {platform.device_count()}")
     work = a.workdir or tempfile.mkdtemp(prefix="bench_update_")
     if a.hf_dir:
         shape, hf = ModelShape.from_hf(a.hf_dir), a.hf_dir
@@ -281,10 +298,10 @@ def main(argv: list[str] | None = None) -> dict:
     rows = a.prompts * a.n
     tokens = rows * seq
     flops = update_flops(shape, rows, seq)
-    peak = matmul_peak(shape, a.cores, tokens=(a.micro_batch_size * seq, 2048))
+    peak = matmul_peak(shape, a.cores, tokens=(a.micro_batch_size * seq, 2048), device=device)
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; batch {rows} rows x {seq} tokens = {tokens}; "
           f"{flops / 1e12:.3f} TFLOP per update; matmul peak {peak['peak_gflops']:.1f} GFLOP/s "
-          f"({a.cores} threads)", flush=True)  # fmt: skip
+          f"({device if device != 'cpu' else f'{a.cores} threads'})", flush=True)  # fmt: skip
     batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, shape.vocab_size, a.kl)
     from tools.bench_update import _update_rank  # importable by the ranks (not __main__)
 
@@ -332,11 +349,13 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['tokens_per_s']:>10.0f}{r['gflops']:>9.1f}{r['mfu']:>7.1%}{r['peak_rss_mb']:>9.0f}  {split}")  # fmt: skip
     print(
         f"FLOPs per update = 6*N*T + attention = {flops:.3e}; MFU = achieved / matmul peak "
-        f"{peak['peak_gflops']:.1f} GFLOP/s (best fp32 torch.matmul at the model's GEMM shapes, {a.cores} threads)"
+        f"{peak['peak_gflops']:.1f} GFLOP/s (best fp32 torch.matmul at the model's GEMM shapes, "
+        f"{device if device != 'cpu' else f'{a.cores} threads'})"
     )
     out = {
         "peak_gflops": peak["peak_gflops"],
         "matmul": peak,
+        "device": device,
         "model": asdict(shape) | {"matmul_params": shape.matmul_params},
         "batch": {"rows": rows, "seq_len": seq, "tokens": tokens, "micro_batch_size": a.micro_batch_size},
         "kl": a.kl,

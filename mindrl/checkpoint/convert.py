@@ -234,7 +234,7 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config:
     names = mcore_param_names(spec)
     for name in tqdm(names, desc="mcore2hf", unit="tensor"):
         mapping = param_mapping(spec, name)
-        for hf_name, tensor in full_to_hf(spec, mapping, params[name].detach()):
+        for hf_name, tensor in full_to_hf(spec, mapping, params[name].detach().cpu()):
             writer.add(hf_name, tensor)
     shards = writer.finish()
     return {

@@ -131,7 +131,9 @@ def build_model(
     if not perform_initialization:
         mark_tensor_parallel_weights(model)
     model.mindrl_role = role
-    return model
+    # Built on the host (use_cpu_initialization: the same initial weights on every platform), computed on this
+    # rank's device: megatron's DDP puts its grad buffers there and every collective of nccl / hccl needs it.
+    return model.to(current_platform().device())
 
 
 def mark_tensor_parallel_weights(model: torch.nn.Module) -> None:

@@ -29,8 +29,17 @@ def attention_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
     return position_ids, mask
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a (wrapped) model computes on: its parameters' (`mindrl.models.builder.build_model` put them on
+    the rank's device). Inputs go there; results come back to the host for the caller."""
+    return next(model.parameters()).device
+
+
 def _forward_step(data_iterator, model, gather_vocab: bool):
     input_ids, attention_mask = next(data_iterator)
+    device = model_device(model)
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     position_ids, mask = attention_inputs(input_ids, attention_mask)
     output = model(input_ids, position_ids, mask)
 
@@ -49,7 +58,7 @@ def forward_outputs(
     attention_mask: torch.Tensor | None = None,
     micro_batch_size: int | None = None,
 ) -> torch.Tensor | None:
-    """Logits (b, s, vocab) for an actor, values (b, s) for a critic; None off the last PP stage."""
+    """Logits (b, s, vocab) for an actor, values (b, s) for a critic, on the host; None off the last PP stage."""
     b, s = input_ids.shape
     mbs = micro_batch_size or b
     if b % mbs:
@@ -76,5 +85,5 @@ def forward_outputs(
         model.train(was_training)
     if not ps.is_pipeline_last_stage():
         return None
-    out = torch.cat(outputs, dim=0)
+    out = torch.cat(outputs, dim=0).cpu()
     return out.squeeze(-1) if critic else out

@@ -16,9 +16,15 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
+from mindrl.platform.detect import current_platform
+
 BLOCK_ELEMENTS = 1 << 17
 """Elements (fp32) of one row block per compute thread: 512 KiB, within a core's L2 cache on current x86 and ARM
 server parts (2^16 to 2^18 measured alike at 1 thread; 2^20 was 1.5x slower)."""
+DEVICE_BLOCK_ELEMENTS = 1 << 26
+"""On an accelerator, elements (fp32) of one row block: 256 MiB of scratch. Cache-sized blocks are for a CPU; a
+device wants few large kernels (a micro-batch's logits in one block up to this size), and the cap bounds the scratch
+for large vocabularies."""
 
 
 def vocab_parallel_logprobs(
@@ -95,8 +101,11 @@ class _BlockedLogprobs(torch.autograd.Function):
 
 
 def _blocks(x: torch.Tensor):
-    """(row slice, fp32 scratch for one block) over x's rows, in blocks of about BLOCK_ELEMENTS elements per thread."""
-    step = max(1, BLOCK_ELEMENTS * torch.get_num_threads() // max(1, x.shape[1]))
+    """(row slice, fp32 scratch for one block) over x's rows, in blocks of about BLOCK_ELEMENTS elements per thread
+    (DEVICE_BLOCK_ELEMENTS on an accelerator: `Platform.cache_blocked_logprobs`)."""
+    cpu_sized = current_platform().cache_blocked_logprobs
+    per_block = BLOCK_ELEMENTS * torch.get_num_threads() if cpu_sized else DEVICE_BLOCK_ELEMENTS
+    step = max(1, per_block // max(1, x.shape[1]))
     scratch = torch.empty(min(step, x.shape[0]), x.shape[1], dtype=torch.float32, device=x.device)
     for i in range(0, x.shape[0], step):
         rows = slice(i, min(i + step, x.shape[0]))

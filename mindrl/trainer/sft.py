@@ -22,6 +22,7 @@ import torch
 from mindrl.config.paths import dataset_output_prefix
 from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.handlers import IGNORE_INDEX
+from mindrl.platform.detect import current_platform
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -175,7 +176,7 @@ def _global_sum(values: list[float]) -> list[float]:
     """Sums over data-parallel ranks of per-rank numbers (float64, so token counts stay exact)."""
     from megatron.core import parallel_state as ps
 
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=current_platform().device())
     torch.distributed.all_reduce(t, group=ps.get_data_parallel_group())
     return t.tolist()
 
@@ -189,9 +190,10 @@ def _loss_func(mb: dict, scale: float, output: torch.Tensor):
 
 
 def _forward_step(data_iterator, model, scale: float):
-    from mindrl.models.forward import attention_inputs
+    from mindrl.models.forward import attention_inputs, model_device
 
-    mb = next(data_iterator)
+    device = model_device(model)
+    mb = {k: v.to(device) for k, v in next(data_iterator).items()}
     position_ids, mask = attention_inputs(mb["input_ids"], mb["attention_mask"])
     output = model(mb["input_ids"], position_ids, mask, labels=mb["labels"])
     return output, partial(_loss_func, mb, scale)
@@ -211,7 +213,7 @@ def _run_schedule(st: _RankState, micro: list[dict], forward_only: bool, scale: 
         micro_batch_size=micro[0]["input_ids"].shape[0],
         forward_only=forward_only,
     )
-    local = torch.zeros(2, dtype=torch.float64)
+    local = torch.zeros(2, dtype=torch.float64, device=current_platform().device())
     for o in outs:  # empty off the last stage
         local += torch.stack([o["loss_sum"].double(), o["tokens"].double()])
     torch.distributed.all_reduce(local, group=ps.get_pipeline_model_parallel_group())

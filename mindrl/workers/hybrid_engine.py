@@ -15,6 +15,7 @@ from megatron.core import parallel_state as ps
 
 from mindrl.models.forward import forward_outputs
 from mindrl.models.hf_config import ModelSpec
+from mindrl.platform.detect import current_platform
 from mindrl.resharding import OffloadConfig, ShardingManager, TrainStateOffloader, WeightStreamer
 from mindrl.resharding.stream import unwrap
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig, processed_logprobs
@@ -112,6 +113,7 @@ class HybridEngine:
             for lp, s in zip(actor, flat):
                 d = (lp.double() - torch.tensor(s.logprobs, dtype=torch.float64)).abs()
                 stats += torch.tensor([d.sum().item(), d.numel(), d.max().item() if d.numel() else 0.0])
+        stats = stats.to(current_platform().device())  # the collectives' backend may need the device (nccl, hccl)
         maxes = stats[2:].clone()
         torch.distributed.all_reduce(stats[:2])
         torch.distributed.all_reduce(maxes, op=torch.distributed.ReduceOp.MAX)

@@ -22,7 +22,7 @@ from megatron.core.utils import get_model_config
 
 from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_mean, policy_loss, value_loss
 from mindrl.batch import Batch
-from mindrl.models.forward import attention_inputs
+from mindrl.models.forward import attention_inputs, model_device
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 
 SAVINGS = True
@@ -145,7 +145,7 @@ class _Plan:
     def restore(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """Per-micro-batch (rows, width) outputs -> (batch rows, R) in the batch's row order, zero-padded."""
         r = self.response_width
-        flat = torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outputs])
+        flat = torch.cat([torch.nn.functional.pad(o, (0, r - o.shape[1])) for o in outputs]).cpu()
         out = torch.empty_like(flat)
         out[self.order] = flat
         return out
@@ -155,8 +155,10 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
     """Micro-batches without padding waste: rows sorted by real length (longest first), each micro-batch cut
     to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
     shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
-    parallelism the width is rounded up to a multiple of TP (more prompt padding)."""
+    parallelism the width is rounded up to a multiple of TP (more prompt padding). The micro-batches are on the
+    model's device."""
     n = len(batch)
+    device = model_device(model)
     mbs = min(micro_batch_size, n)
     if n % mbs:
         raise ValueError(f"{n} rows do not split into micro-batches of {mbs}")
@@ -164,7 +166,7 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
     uniform = ps.get_pipeline_model_parallel_world_size() > 1
     multiple = ps.get_tensor_model_parallel_world_size() if get_model_config(model).sequence_parallel else 1
     if not SAVINGS:
-        micro = batch.split(n // mbs)
+        micro = [mb.to(device) for mb in batch.split(n // mbs)]
         tokens = n * batch["input_ids"].shape[1]
         return _Plan(micro, torch.arange(n), batch["responses"].shape[1], tokens, real_tokens(batch), tokens)
     if uniform:
@@ -177,7 +179,7 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
         span = order if uniform else rows
         pw, rw = max(1, int(p_len[span].max())), max(1, int(r_len[span].max()))
         pw += -(pw + rw) % multiple
-        micro.append(batch.index(rows).reframe(pw, rw))
+        micro.append(batch.index(rows).reframe(pw, rw).to(device))
         computed += len(rows) * (pw + rw)
     untrimmed = n * batch["input_ids"].shape[1]
     return _Plan(micro, order, batch["responses"].shape[1], computed, real_tokens(batch), untrimmed)
@@ -237,9 +239,9 @@ def _forward_only(model, batch: Batch, micro_batch_size: int, step) -> torch.Ten
 # ---------------------------------------------------------------------------------------------- updates
 
 
-def _global_counts(batch: Batch) -> tuple[float, float]:
+def _global_counts(batch: Batch, device: torch.device) -> tuple[float, float]:
     """(valid tokens, valid sequences) of the whole mini-batch over all data-parallel ranks."""
-    t = torch.tensor(count_tokens_and_seqs(batch["response_mask"]), dtype=torch.float64)
+    t = torch.tensor(count_tokens_and_seqs(batch["response_mask"]), dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t, group=ps.get_data_parallel_group())
     return float(t[0]), float(t[1])
 
@@ -270,7 +272,7 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
     )
     ent = agg_loss(entropy, mask, s.loss_agg_mode, **agg)
     loss = pg_loss - s.entropy_coeff * ent
-    kl = torch.zeros(())
+    kl = torch.zeros((), device=log_prob.device)
     if s.kl_loss_coef > 0:
         kl = kl_loss(log_prob, mb["ref_log_prob"], mask, s.kl_loss_type, s.loss_agg_mode, **agg)
         loss = loss + s.kl_loss_coef * kl
@@ -286,7 +288,7 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
         "actor/pg_clipfrac_lower": m["pg_clipfrac_lower"] * share,
         "actor/ppo_kl": m["ppo_kl"] * share,
         "_diff_sum": diff.sum(),
-        "_diff_max": diff.max() if diff.numel() else torch.zeros(()),
+        "_diff_max": diff.max() if diff.numel() else torch.zeros((), device=diff.device),
     }
     if is_weights is not None:
         metrics["actor/is_weight_mean"] = masked_mean(is_weights, mask) * share
@@ -316,7 +318,7 @@ def all_finite(t: torch.Tensor) -> bool:
 
 def _grads_finite(model) -> bool:
     """All ranks agree whether every gradient is finite (a NaN anywhere skips the step everywhere)."""
-    bad = torch.zeros(1)
+    bad = torch.zeros(1, device=model_device(model))
     checked = set()  # grad buffers' storages: their parameters' main_grad are views of them
     for buf in list(getattr(model, "buffers", [])) + list(getattr(model, "expert_parallel_buffers", [])):
         checked.add(buf.grad_data.untyped_storage().data_ptr())
@@ -353,11 +355,12 @@ def ppo_update(
     grad_norms: list[float] = []
     diff_sum, diff_max, diff_count = 0.0, 0.0, 0.0
     steps = skipped = 0
-    token_counts = torch.zeros(3, dtype=torch.float64)  # computed, real, untrimmed
+    device = model_device(ddp)
+    token_counts = torch.zeros(3, dtype=torch.float64, device=device)  # computed, real, untrimmed
     ddp.train()
     for _ in range(epochs):
         for mini in shard.split(num_mini_batches):
-            tokens, seqs = _global_counts(mini)
+            tokens, seqs = _global_counts(mini, device)
             # Global denominators (micro-batches are trimmed, so also the batch's R for the *-norm mode).
             agg = {
                 "global_num_tokens": max(tokens, 1.0),
@@ -366,7 +369,7 @@ def ppo_update(
                 "dp_size": dp,
             }
             plan = _plan(ddp, mini, micro_batch_size)
-            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens])
+            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens], device=device)
 
             def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
                 mb = next(data_iterator)
@@ -380,7 +383,7 @@ def ppo_update(
             for out in outs:  # last stage only
                 for k, v in out.items():
                     local[k] = max(local.get(k, 0.0), v.item()) if k.endswith("_max") else local.get(k, 0.0) + v.item()
-            values = _reduce_metrics(local)
+            values = _reduce_metrics(local, device)
             if role == "actor":
                 diff_sum += values.pop("_diff_sum")
                 diff_max = max(diff_max, values.pop("_diff_max"))
@@ -409,7 +412,7 @@ def ppo_update(
     return metrics
 
 
-def _reduce_metrics(local: dict[str, float]) -> dict[str, float]:
+def _reduce_metrics(local: dict[str, float], device: torch.device) -> dict[str, float]:
     """The last pipeline stage's metric sums, summed over DP (maxima for keys ending in _max); the same dict on
     every rank of the model's world."""
     if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -419,8 +422,8 @@ def _reduce_metrics(local: dict[str, float]) -> dict[str, float]:
         torch.distributed.broadcast_object_list(box, src=src, group=group)
         local = box[0]
     keys = sorted(local)
-    sums = torch.tensor([0.0 if k.endswith("_max") else local[k] for k in keys], dtype=torch.float64)
-    maxes = torch.tensor([local[k] if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64)
+    sums = torch.tensor([0.0 if k.endswith("_max") else local[k] for k in keys], dtype=torch.float64, device=device)
+    maxes = torch.tensor([local[k] if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64, device=device)
     group = ps.get_data_parallel_group()
     torch.distributed.all_reduce(sums, group=group)
     torch.distributed.all_reduce(maxes, op=torch.distributed.ReduceOp.MAX, group=group)

@@ -137,9 +137,9 @@ def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2, clip_grad: 
 
 
 def _loss_step(data_iterator, model):
-    from mindrl.models.forward import attention_inputs
+    from mindrl.models.forward import attention_inputs, model_device
 
-    ids = next(data_iterator)
+    ids = next(data_iterator).to(model_device(model))
     inputs, labels = ids[:, :-1], ids[:, 1:]
     position_ids, mask = attention_inputs(inputs, None)
     per_token = model(inputs, position_ids, mask, labels=labels)  # (b, s) vocab-parallel cross entropy
@@ -160,6 +160,8 @@ def train_steps(
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from mindrl.models.forward import model_device
+
     losses = []
     for step in range(first_step, first_step + steps):
         gen = torch.Generator().manual_seed(seed * 100_003 + step)
@@ -179,7 +181,7 @@ def train_steps(
         ok, _, _ = optimizer.step()
         if not ok:
             raise RuntimeError(f"optimizer step {step} was skipped (non-finite gradients)")
-        loss = torch.stack([o["loss"] for o in out]).mean() if out else torch.zeros(())
+        loss = torch.stack([o["loss"] for o in out]).mean() if out else torch.zeros((), device=model_device(ddp))
         group = ps.get_pipeline_model_parallel_group()
         last = torch.distributed.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1)
         torch.distributed.broadcast(loss, src=last, group=group)
