@@ -68,7 +68,7 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with its tensors on `device` (themselves where they are there already)."""
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.rows_meta, self.meta)
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.rows_meta), dict(self.meta))
 
     def split(self, parts: int) -> list[Batch]:
         """`parts` consecutive equal slices (the row count must divide)."""

@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     platform = current_platform()
     device = str(platform.device(0))  # the ranks' device: TPk runs on devices 0..k-1 (on CPU: the cores)
+    where = device if platform.name != "cpu" else f"{a.cores} threads"
     if platform.name != "cpu" and max(tps) > platform.device_count():
         p.error(f"--tp {max(tps)} needs {max(tps)} {platform.name} devices, this host has {platform.device_count()}")
     work = a.workdir or tempfile.mkdtemp(prefix="bench_update_")
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     peak = matmul_peak(shape, a.cores, tokens=(a.micro_batch_size * seq, 2048), device=device)
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; batch {rows} rows x {seq} tokens = {tokens}; "
           f"{flops / 1e12:.3f} TFLOP per update; matmul peak {peak['peak_gflops']:.1f} GFLOP/s "
-          f"({device if device != 'cpu' else f'{a.cores} threads'})", flush=True)  # fmt: skip
+          f"({where})", flush=True)  # fmt: skip
     batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, shape.vocab_size, a.kl)
     from tools.bench_update import _update_rank  # importable by the ranks (not __main__)
 
@@ -350,12 +351,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"FLOPs per update = 6*N*T + attention = {flops:.3e}; MFU = achieved / matmul peak "
         f"{peak['peak_gflops']:.1f} GFLOP/s (best fp32 torch.matmul at the model's GEMM shapes, "
-        f"{device if device != 'cpu' else f'{a.cores} threads'})"
+        f"{where})"
     )
     out = {
         "peak_gflops": peak["peak_gflops"],
         "matmul": peak,
-        "device": device,
         "model": asdict(shape) | {"matmul_params": shape.matmul_params},
         "batch": {"rows": rows, "seq_len": seq, "tokens": tokens, "micro_batch_size": a.micro_batch_size},
         "kl": a.kl,

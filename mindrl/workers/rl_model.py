@@ -24,6 +24,7 @@ from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_m
 from mindrl.batch import Batch
 from mindrl.models.forward import attention_inputs, model_device
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
+from mindrl.platform.detect import current_platform
 
 SAVINGS = True
 """Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
@@ -239,9 +240,12 @@ def _forward_only(model, batch: Batch, micro_batch_size: int, step) -> torch.Ten
 # ---------------------------------------------------------------------------------------------- updates
 
 
-def _global_counts(batch: Batch, device: torch.device) -> tuple[float, float]:
+def _global_counts(batch: Batch) -> tuple[float, float]:
     """(valid tokens, valid sequences) of the whole mini-batch over all data-parallel ranks."""
-    t = torch.tensor(count_tokens_and_seqs(batch["response_mask"]), dtype=torch.float64, device=device)
+    # Collectives take tensors on the rank's device (nccl and hccl have no host tensors).
+    t = torch.tensor(
+        count_tokens_and_seqs(batch["response_mask"]), dtype=torch.float64, device=current_platform().device()
+    )
     torch.distributed.all_reduce(t, group=ps.get_data_parallel_group())
     return float(t[0]), float(t[1])
 
@@ -318,7 +322,7 @@ def all_finite(t: torch.Tensor) -> bool:
 
 def _grads_finite(model) -> bool:
     """All ranks agree whether every gradient is finite (a NaN anywhere skips the step everywhere)."""
-    bad = torch.zeros(1, device=model_device(model))
+    bad = torch.zeros(1, device=current_platform().device())
     checked = set()  # grad buffers' storages: their parameters' main_grad are views of them
     for buf in list(getattr(model, "buffers", [])) + list(getattr(model, "expert_parallel_buffers", [])):
         checked.add(buf.grad_data.untyped_storage().data_ptr())
@@ -355,12 +359,11 @@ def ppo_update(
     grad_norms: list[float] = []
     diff_sum, diff_max, diff_count = 0.0, 0.0, 0.0
     steps = skipped = 0
-    device = model_device(ddp)
-    token_counts = torch.zeros(3, dtype=torch.float64, device=device)  # computed, real, untrimmed
+    token_counts = torch.zeros(3, dtype=torch.float64)  # computed, real, untrimmed
     ddp.train()
     for _ in range(epochs):
         for mini in shard.split(num_mini_batches):
-            tokens, seqs = _global_counts(mini, device)
+            tokens, seqs = _global_counts(mini)
             # Global denominators (micro-batches are trimmed, so also the batch's R for the *-norm mode).
             agg = {
                 "global_num_tokens": max(tokens, 1.0),
@@ -369,7 +372,7 @@ def ppo_update(
                 "dp_size": dp,
             }
             plan = _plan(ddp, mini, micro_batch_size)
-            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens], device=device)
+            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens])
 
             def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
                 mb = next(data_iterator)
@@ -383,7 +386,7 @@ def ppo_update(
             for out in outs:  # last stage only
                 for k, v in out.items():
                     local[k] = max(local.get(k, 0.0), v.item()) if k.endswith("_max") else local.get(k, 0.0) + v.item()
-            values = _reduce_metrics(local, device)
+            values = _reduce_metrics(local)
             if role == "actor":
                 diff_sum += values.pop("_diff_sum")
                 diff_max = max(diff_max, values.pop("_diff_max"))
@@ -407,12 +410,13 @@ def ppo_update(
     metrics[f"{role}/skipped_updates"] = float(skipped)
     if role == "actor":
         metrics["_logprob_diff"] = (diff_sum, diff_count, diff_max)
+    token_counts = token_counts.to(current_platform().device())
     torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
     metrics["_tokens"] = tuple(token_counts.tolist())
     return metrics
 
 
-def _reduce_metrics(local: dict[str, float], device: torch.device) -> dict[str, float]:
+def _reduce_metrics(local: dict[str, float]) -> dict[str, float]:
     """The last pipeline stage's metric sums, summed over DP (maxima for keys ending in _max); the same dict on
     every rank of the model's world."""
     if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -422,6 +426,7 @@ def _reduce_metrics(local: dict[str, float], device: torch.device) -> dict[str, 
         torch.distributed.broadcast_object_list(box, src=src, group=group)
         local = box[0]
     keys = sorted(local)
+    device = current_platform().device()
     sums = torch.tensor([0.0 if k.endswith("_max") else local[k] for k in keys], dtype=torch.float64, device=device)
     maxes = torch.tensor([local[k] if k.endswith("_max") else 0.0 for k in keys], dtype=torch.float64, device=device)
     group = ps.get_data_parallel_group()
