@@ -1,7 +1,7 @@
 """The model path on the platform's accelerator (CUDA, or an NPU through torch_npu) against HF and against the CPU.
 
-Skipped on a CPU-only host (CI, laptops): there the whole suite already runs this path on the CPU. On a host with
-a device, one rank computes on it: the mcore model built from a converted checkpoint matches the HF model's logits
+Skipped on a CPU-only host (CI, laptops; see tests/device.py): there the whole suite already runs this path on the
+CPU. On a host with a device, one rank computes on it: the mcore model built from a converted checkpoint matches the HF model's logits
 (actor, tied embeddings, critic values), and the actor's logprobs and one PPO update (KL loss on) give the same
 numbers as the same computation on CPU ranks. Run it there with `pytest tests/models/test_on_device.py`.
 """
@@ -12,39 +12,15 @@ import pytest
 import torch
 
 from mindrl.platform.detect import current_platform
+from tests.device import convert_on_cpu, needs_device, rank_pool
 
-pytestmark = pytest.mark.skipif(
-    current_platform().name == "cpu",
-    reason="needs an accelerator (CUDA or NPU); the CPU runs this path everywhere else",
-)
-
-
-def _pool(monkeypatch, on_cpu: bool):
-    """A one-rank pool on the device, or (on_cpu) on the CPU of the same host."""
-    from mindrl.platform.launch import RankPool
-
-    with monkeypatch.context() as m:  # the ranks read the environment when they start
-        if on_cpu:
-            m.setenv("MINDRL_PLATFORM", "cpu")
-        return RankPool(1, timeout_s=600)
+pytestmark = needs_device
 
 
 @pytest.fixture(scope="module")
 def converted(tiny_models, tmp_path_factory):
     """TP1 mcore checkpoints of the tiny HF models, converted on a CPU rank."""
-    from mindrl.checkpoint import convert
-    from mindrl.platform.launch import RankPool
-
-    root = tmp_path_factory.mktemp("on_device")
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("MINDRL_PLATFORM", "cpu")
-        pool = RankPool(1, timeout_s=600)
-    out = {}
-    with pool:
-        for name, hf in tiny_models.items():
-            out[name] = str(root / name)
-            convert.hf2mcore(hf, out[name], 1, 1, orm=name == "orm", pool=pool)
-    return out
+    return convert_on_cpu(tiny_models, str(tmp_path_factory.mktemp("on_device")))
 
 
 def _device_rank() -> str:
@@ -58,7 +34,7 @@ def test_megatron_on_the_device_matches_hf(tiny_models, converted, monkeypatch, 
     from mindrl.checkpoint import convert
 
     ids = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(0))
-    with _pool(monkeypatch, on_cpu=False) as pool:
+    with rank_pool(monkeypatch, on_cpu=False) as pool:
         assert pool.run(_device_rank)[0].startswith(current_platform().name)
         ours = convert.megatron_outputs(pool, converted[variant], 1, 1, ids)
     ref = convert.hf_outputs(tiny_models[variant], ids)
@@ -95,7 +71,7 @@ def test_logprobs_and_update_on_the_device_match_the_cpu(tiny_models, converted,
     batch["attention_mask"][::3, 12 + 6 :] = 0
     runs = {}
     for on_cpu in (True, False):
-        with _pool(monkeypatch, on_cpu) as pool:
+        with rank_pool(monkeypatch, on_cpu) as pool:
             runs["cpu" if on_cpu else "device"] = pool.run(_logprobs_and_update_rank, converted["untied"], batch)[0]
     cpu, dev = runs["cpu"], runs["device"]
     assert cpu["device"] == "cpu" and dev["device"].startswith(current_platform().name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from mindrl.workers.train_setup import build_trainer, train_steps
@@ -122,6 +124,7 @@ def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: 
     ref_losses = train_steps(ddp, optimizer, spec.vocab_size, before + after, seed=5)
     ref_final = [t.detach().clone() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
     del ddp, optimizer
+    gc.collect()  # DDP's hooks hold the model in reference cycles: free it before the allocator is read below
 
     spec, ddp, optimizer = build_trainer(load_dir, tp, pp)
     losses = train_steps(ddp, optimizer, spec.vocab_size, before, seed=5)
@@ -131,7 +134,9 @@ def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: 
     bytes_before = storage_bytes(trainer_tensors(ddp, optimizer))
     kinds_before = offloader.device_bytes()
     received = {}
-    to_infer = manager.reshard_to_infer(lambda it: received.update((n, t.clone()) for n, t in it))
+    # The engine's copy of each weight, kept on the host: on a device, the platform allocator's figures below are
+    # then the trainer's own bytes.
+    to_infer = manager.reshard_to_infer(lambda it: received.update((n, t.to("cpu", copy=True)) for n, t in it))
     bytes_offloaded = storage_bytes(trainer_tensors(ddp, optimizer))
     kinds_offloaded = offloader.device_bytes()
     host_bytes = offloader.host_bytes()
@@ -157,4 +162,10 @@ def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: 
         "received": len(received),
         "moved": {**to_infer.offload_before.moved_bytes, **to_infer.offload_after.moved_bytes},
         "onloaded": to_train.moved_bytes,
+        # the platform allocator's bytes (0 on CPU): before the offload, with everything offloaded, after the onload
+        "allocated": {
+            "before": to_infer.offload_before.allocated_before,
+            "offloaded": (to_infer.offload_after or to_infer.offload_before).allocated_after,
+            "onloaded": to_train.allocated_after,
+        },
     }
