@@ -56,6 +56,24 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     assert "TP1" in stdout and "MFU" in stdout
 
 
+def test_bench_vs_trl_reads_the_stage_profiles(tmp_path, capsys):
+    """--profile: the workers' summaries (rank 0 only) become `profile` in the run's results and a printed line."""
+    from tools.bench_vs_trl import print_profile, read_profiles
+
+    for stage, rank in (("actor_update", 0), ("actor_update", 1), ("actor_generate", 0)):
+        d = tmp_path / stage / "iter_5"
+        d.mkdir(parents=True, exist_ok=True)
+        summary = {"stage": stage, "iteration": 5, "rank": rank, "wall_s": 2.0, "trace": str(d / f"rank_{rank}.json"),
+                   "seconds": {"gemm": 1.0, "elementwise": 0.5, "optimizer": 0.1, "communication": 0.0, "python": 0.4},
+                   "share": {"gemm": 0.5, "elementwise": 0.25, "optimizer": 0.05, "communication": 0.0, "python": 0.2}}  # fmt: skip
+        (d / f"rank_{rank}.summary.json").write_text(json.dumps(summary))
+    prof = read_profiles(str(tmp_path))
+    assert sorted(prof) == ["actor_generate", "actor_update"]
+    assert prof["actor_update"]["seconds"]["gemm"] == 1.0 and prof["actor_update"]["trace"].endswith("rank_0.json")
+    print_profile(prof)
+    assert "profile actor_update: 2.00 s; gemm 50%, elementwise 25%" in capsys.readouterr().out
+
+
 def test_bench_soak_analysis():
     """bench_soak's analysis on synthetic samples: a flat run passes; growing time, RSS or fds fail."""
     from tools.bench_soak import Sample, analyze

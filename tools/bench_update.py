@@ -153,42 +153,6 @@ def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: 
     return Batch(data, meta={"prompt_length": prompt_len})
 
 
-def _category(name: str, in_optimizer: bool) -> str:
-    low = name.lower()
-    if in_optimizer:
-        return "optimizer"
-    # megatron's TP autograd functions wait on their collectives in their own (self) time
-    if any(s in low for s in ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter",
-                              "gloo", "c10d::", "barrier", "record_param_comms", "modelparallelregion",
-                              "sequenceparallelregion", "asynccommunication")):  # fmt: skip
-        return "communication"
-    if any(s in low for s in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm")):
-        return "gemm"
-    return "elementwise"
-
-
-def _breakdown(prof, wall_s: float) -> dict[str, float]:
-    """Seconds per category from the profiler's events of this (main) thread: each op's self time goes to
-    its category (under the optimizer's range: optimizer); the wall time no op covers is Python / framework."""
-    events = [e for e in prof.events() if e.device_type.name == "CPU"]
-    out = {"gemm": 0.0, "elementwise": 0.0, "optimizer": 0.0, "communication": 0.0}
-    top_level = 0.0
-    for e in events:
-        if e.name.startswith("mindrl::"):
-            continue
-        parent, in_opt = e.cpu_parent, False
-        while parent is not None:
-            if parent.name == "mindrl::optimizer":
-                in_opt = True
-                break
-            parent = parent.cpu_parent
-        out[_category(e.name, in_opt)] += e.self_cpu_time_total / 1e6
-        if e.cpu_parent is None or e.cpu_parent.name.startswith("mindrl::"):
-            top_level += e.cpu_time_total / 1e6
-    out["python"] = max(wall_s - top_level, 0.0)
-    return out
-
-
 def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
                  profile: bool) -> dict:  # fmt: skip
     """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled."""
@@ -197,6 +161,7 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
 
     from mindrl.batch import shard_rows
     from mindrl.platform.detect import current_platform
+    from mindrl.workers.profiling import time_breakdown
     from mindrl.workers.rl_model import PPOLossSettings, ppo_update
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
 
@@ -205,13 +170,6 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
     loss = PPOLossSettings(kl_loss_coef=0.04 if kl else 0.0)
-    step = optimizer.step
-
-    def timed_step(*a, **k):  # a named range, so that the profile can attribute the optimizer's ops
-        with torch.profiler.record_function("mindrl::optimizer"):
-            return step(*a, **k)
-
-    optimizer.step = timed_step
     sync = current_platform().synchronize
     times = []
     for i in range(iterations + 1):
@@ -228,9 +186,10 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
         torch.distributed.barrier()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
-            ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
+            with torch.profiler.record_function("mindrl::actor_update"):  # the thread the breakdown counts
+                ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
             wall = time.perf_counter() - t0
-        breakdown = _breakdown(prof, wall)
+        breakdown = time_breakdown(prof.events(), wall)  # the optimizer's ops: ppo_update's optimizer range
         breakdown["wall"] = wall
         top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
         breakdown["_top_ops"] = top if torch.distributed.get_rank() == 0 else ""

@@ -21,6 +21,7 @@ process tree: for mindrl the driver, Ray and its workers) and mindrl / TRL token
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import random
@@ -173,7 +174,8 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
     seq = a.prompt_len + new_tokens
     mt.update(model="bench_qwen2", tokenizer_name_or_path=os.path.join(work, "hf"),
               data_path=os.path.join(work, "data", "train"), global_batch_size=a.prompts,
-              seq_length=seq, train_iters=a.iterations + 1, save_interval=10**6, no_shuffle=True)  # fmt: skip
+              seq_length=seq, train_iters=a.iterations + 1 + int(a.profile), save_interval=10**6,
+              no_shuffle=True)  # fmt: skip
     ac.update(model="bench_qwen2", tensor_model_parallel_size=tp, micro_batch_size=a.micro_batch_size, lr=a.lr,
               weight_decay=0.0, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.999,
               load=os.path.join(work, f"mcore_tp{tp}"), save=None)  # fmt: skip
@@ -188,6 +190,11 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
               offload_train_optimizer=False, offload_train_grad=False, offload_train_param=False)  # fmt: skip
     gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=1.0)
     gc["enforce_eager"] = not a.rollout_compile
+    if a.profile:  # one more iteration after the timed ones, every stage of rank 0 (the save path: per run)
+        last = a.iterations + 2
+        base["profiler_config"] = {"integrated": {
+            "profile": True, "stage": "all", "profile_step_start": last, "profile_step_end": last + 1,
+            "profile_ranks": [0], "profile_analysis": True}}  # fmt: skip
     path = os.path.join(cfg_dir, "bench_grpo.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(base, f, sort_keys=False)
@@ -208,6 +215,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     run_dir = os.path.join(work, "runs", tag)
     cmd = [py, "-m", "mindrl.cli.train", "--config-path", os.path.join(work, "configs"), "--config-name",
            "bench_grpo", f"rl_config.run_dir={run_dir}"]  # fmt: skip
+    if a.profile:
+        cmd.append(f"profiler_config.integrated.profile_save_path={os.path.join(run_dir, 'profiler')}")
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     log = os.path.join(work, f"{tag}.log")
     t0 = time.perf_counter()
@@ -216,6 +225,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
         raise RuntimeError(f"mindrl-train failed (exit {rc}); see {log}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()][1:]  # the first iteration is the warm-up
+    if a.profile:
+        rows = rows[:-1]  # the profiled iteration: not timed
     if not rows:
         raise RuntimeError(f"{run_dir}/metrics.jsonl holds no iteration after the warm-up; see {log}")
 
@@ -232,9 +243,28 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
         "update": med("timing/update"),
     }
     phases["overhead"] = step - sum(phases.values())
-    return {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
-            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
-            "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
+    out = {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
+           "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
+           "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
+    if a.profile:
+        out["profile"] = read_profiles(os.path.join(run_dir, "profiler"))
+    return out
+
+
+def read_profiles(root: str) -> dict:
+    """{stage: its profiled iteration's summary on rank 0 (wall_s, seconds and share by category)}."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, "*", "iter_*", "rank_0.summary.json"))):
+        with open(path) as f:
+            s = json.load(f)
+        out[s["stage"]] = {"wall_s": s["wall_s"], "seconds": s["seconds"], "share": s["share"], "trace": s["trace"]}
+    return out
+
+
+def print_profile(profile: dict) -> None:
+    for stage, s in profile.items():
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in s["share"].items())
+        print(f"  profile {stage}: {s['wall_s']:.2f} s; {shares}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------- TRL side
@@ -387,6 +417,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rollout-compile", action="store_true",
                    help="mindrl's vLLM engine with torch.compile (generate_config.enforce_eager: false; vLLM-CPU "
                         "compiles the model with inductor at engine start, ~1 min, not counted in step times)")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="profile mindrl's worker stages (profiler_config) in one more iteration after the timed ones, "
+                        "rank 0: each stage's time by GEMM / elementwise / optimizer / communication / Python inside "
+                        "the loop (printed, and under `profile` in --json; not counted in the step times)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
     p.add_argument("--workdir", default=os.path.join(ROOT, "outputs", "bench_vs_trl"))
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
@@ -455,6 +489,7 @@ def main(argv: list[str] | None = None) -> dict:
                     table.append((name, shape_name, kl_name, r))
                     print(f"  -> {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tokens/s, "
                           f"{r['step_over_bound']:.2f}x the bound", flush=True)  # fmt: skip
+                    print_profile(r.get("profile", {}))
                     if lay is not None:
                         r["layout_name"] = lay
                         out.setdefault("mindrl_layouts", {}).setdefault(shape_name, {}).setdefault(kl_name, {})[lay] = {

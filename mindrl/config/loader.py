@@ -25,6 +25,7 @@ from mindrl.config.megatron import (
 )
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.paths import check_paths as _check_paths
+from mindrl.config.profiler import ProfilerConfig
 from mindrl.config.rl import RLSectionConfig
 from mindrl.config.root import RLConfig
 from mindrl.config.section import Section, check_neutral, field_types, section_type
@@ -32,11 +33,12 @@ from mindrl.config.section import Section, check_neutral, field_types, section_t
 logger = logging.getLogger("mindrl.config")
 
 MEGATRON_SECTIONS = ("megatron_training", "actor_config", "critic_config")
-SECTIONS: dict[str, type[Section]] = {"rl_config": RLSectionConfig, "generate_config": GenerateConfig}
-IGNORED_SECTIONS = {
-    "profiler_config": "MindStudio profiling (Ascend); profile with the platform's own tools",
-    "msprobe_config": "MindStudio msprobe data dumps (Ascend)",
+SECTIONS: dict[str, type[Section]] = {
+    "rl_config": RLSectionConfig,
+    "generate_config": GenerateConfig,
+    "profiler_config": ProfilerConfig,
 }
+IGNORED_SECTIONS = {"msprobe_config": "MindStudio msprobe data dumps (Ascend)"}
 FORBIDDEN_SECTIONS = ("ref_config", "reward_config")
 TOP_LEVEL = {*MEGATRON_SECTIONS, *SECTIONS, "model", *IGNORED_SECTIONS, *FORBIDDEN_SECTIONS}
 
@@ -237,6 +239,7 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
     section = {k: (raw.get(k) if isinstance(raw.get(k), Mapping) else {}) for k in (*MEGATRON_SECTIONS, *SECTIONS)}
     rl = RLSectionConfig.from_dict(section["rl_config"], "rl_config", col)
     gen = GenerateConfig.from_dict(section["generate_config"], "generate_config", col)
+    prof = ProfilerConfig.from_dict(section["profiler_config"], "profiler_config", col)
 
     critic_raw: Mapping | None = raw.get("critic_config") if isinstance(raw.get("critic_config"), Mapping) else None
     if critic_raw is not None and not rl.needs_critic:
@@ -264,6 +267,7 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
             critic_config=critic,
             rl_config=rl,
             generate_config=gen,
+            profiler_config=prof,
             model=arch,
             critic_model=critic_arch,
             source=source,

@@ -12,6 +12,7 @@ from mindrl.config.errors import Collector
 from mindrl.config.generate import GenerateConfig
 from mindrl.config.megatron import MegatronTrainingConfig, RoleConfig
 from mindrl.config.model import ModelArchConfig
+from mindrl.config.profiler import ProfilerConfig
 from mindrl.config.rl import RLSectionConfig
 from mindrl.config.section import Section
 
@@ -32,6 +33,8 @@ class RLConfig(Section):
     """The algorithm, rewards, logging and devices."""
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
     """The rollout engine and sampling."""
+    profiler_config: ProfilerConfig = field(default_factory=ProfilerConfig)
+    """Per-stage profiling of the workers (off by default)."""
     model: ModelArchConfig = field(default_factory=ModelArchConfig)
     """The actor's architecture (configs/model/NAME.yaml, NAME = actor_config.model)."""
     critic_model: ModelArchConfig | None = None
@@ -194,7 +197,9 @@ class RLConfig(Section):
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every section, the model(s), the ignored keys and the derived values."""
         out: dict[str, Any] = {"config_name": self.config_name, "source": self.source}
-        for name in ("megatron_training", "actor_config", "critic_config", "rl_config", "generate_config"):
+        for name in (
+            "megatron_training", "actor_config", "critic_config", "rl_config", "generate_config", "profiler_config"
+        ):  # fmt: skip
             section = getattr(self, name)
             if section is not None:
                 out[name] = section.to_dict()

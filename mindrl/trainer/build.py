@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 
 from mindrl.checkpoint import mcore_ckpt
+from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.trainer.checkpoints import TRAINER_STATE, ResumePoint  # noqa: F401 (TRAINER_STATE: re-exported)
+from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings
@@ -111,6 +113,33 @@ def needs_reference(cfg) -> bool:
     return cfg.rl_config.needs_reference
 
 
+def profile_settings(cfg) -> ProfileSettings | None:
+    """profiler_config.integrated for the workers (actor and critic alike); None when profiling is off. A relative
+    profile_save_path is taken from the driver's working directory (the workers' may differ)."""
+    p = cfg.profiler_config.integrated
+    if not p.profile:
+        return None
+    options = ProfileOptions(
+        with_host=p.profile_with_cpu,
+        with_device=p.profile_with_npu,
+        with_memory=p.profile_with_memory,
+        record_shapes=p.profile_record_shapes,
+        with_stack=p.profile_with_module,
+        level=p.profile_level,
+        export_type=p.profile_export_type,
+        analyse=p.profile_analysis,
+    )
+    return ProfileSettings(
+        save_path=os.path.abspath(p.profile_save_path),
+        stages=p.stages,
+        start=p.profile_step_start,
+        end=p.profile_step_end,
+        ranks=p.ranks,
+        options=options,
+        mstx=p.mstx,
+    )
+
+
 def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSettings:
     """resume: where the run resumes (`checkpoints.find_resume(cfg)`), None to start at iteration 0."""
     rl, gen = cfg.rl_config, cfg.generate_config
@@ -126,13 +155,14 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         offload=OffloadConfig.from_generate_config(gen),
         bucket_size_mb=gen.bucket_size_mb,
         remote_rollout=gen.rollout_mode == "server",
+        profile=profile_settings(cfg),
     )
 
 
 def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
     model = _model(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
-    return CriticSettings(critic=model, loss=loss_settings(cfg))
+    return CriticSettings(critic=model, loss=loss_settings(cfg), profile=profile_settings(cfg))
 
 
 def reward_settings(cfg) -> RewardSettings:

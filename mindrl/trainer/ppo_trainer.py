@@ -149,6 +149,7 @@ class PPOTrainer:
         try:
             self.pg = device_placement_group(self.world)
             integrated = build.integrated_settings(cfg, self.resume)
+            self.profile = integrated.profile
             # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get their
             # node's cores shared among the ranks there (they run in turn), not one thread each.
             threads = worker_threads(self.pg, self.world)
@@ -200,6 +201,7 @@ class PPOTrainer:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
             while self.iteration < mt.train_iters:
                 self.iteration += 1
+                self._profile_iteration()
                 metrics, rows = self._step_or_abort(next(batches))
                 metrics["checkpoint/save_failures"] = float(self.save_failures)
                 # logged before the save: a resume cuts metrics.jsonl back to the saved iteration
@@ -210,6 +212,21 @@ class PPOTrainer:
                     self._periodic_save()
             self.save()  # the last iteration is always saved; a failure here fails the run
         return results
+
+    def _profile_iteration(self) -> None:
+        """While profiling is on (profiler_config), tell every worker which iteration runs next; after the last
+        profiled one, that none does, and where the traces went."""
+        prof = self.profile
+        if prof is None or not prof.start <= self.iteration <= prof.end:
+            return
+        profiled = self.iteration < prof.end
+        written = []
+        for group in self.groups:
+            for traces in group.call("profile_iteration", None, self.iteration if profiled else None):
+                written += traces
+        if not profiled:
+            logger.info("profiler: %d traces of iterations %d-%d under %s", len(written), prof.start, prof.end - 1,
+                        prof.save_path)  # fmt: skip
 
     def _step_or_abort(self, prompts) -> tuple[dict[str, float], list[dict]]:
         """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already

@@ -8,6 +8,7 @@ import time
 import torch
 
 from mindrl.batch import Batch
+from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
 from mindrl.workers.settings import CriticSettings
 
@@ -20,6 +21,7 @@ class CriticWorker(MegatronRank):
 
         c = s.critic
         self.settings = s
+        self.profiler = StageProfiler(s.profile, self.rank)
         info = self.init_layout(c.tp, c.pp, c.seed)
         self.spec, self.critic, self.optimizer, self.scheduler = build_model_and_optimizer(
             c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel, c.load_iteration
@@ -48,11 +50,12 @@ class CriticWorker(MegatronRank):
 
         shard = self.receive(shard)
         t0 = time.perf_counter()
-        self._onload()
-        try:
-            values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
-        finally:
-            self._offload()
+        with self.profiler.stage("critic_compute_values"):
+            self._onload()
+            try:
+                values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
+            finally:
+                self._offload()
         return self.output(values), time.perf_counter() - t0
 
     def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
@@ -60,21 +63,22 @@ class CriticWorker(MegatronRank):
 
         shard = self.receive(shard)
         s = self.settings
-        self._onload()
-        try:
-            metrics = ppo_update(
-                self.critic,
-                self.optimizer,
-                self.scheduler,
-                shard,
-                "critic",
-                s.loss,
-                s.critic.micro_batch_size,
-                num_mini_batches,
-                epochs,
-            )
-        finally:
-            self._offload()
+        with self.profiler.stage("critic_update"):
+            self._onload()
+            try:
+                metrics = ppo_update(
+                    self.critic,
+                    self.optimizer,
+                    self.scheduler,
+                    shard,
+                    "critic",
+                    s.loss,
+                    s.critic.micro_batch_size,
+                    num_mini_batches,
+                    epochs,
+                )
+            finally:
+                self._offload()
         return self.output(metrics)
 
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:

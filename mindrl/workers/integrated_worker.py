@@ -8,6 +8,7 @@ import time
 import torch
 
 from mindrl.batch import Batch
+from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
 from mindrl.workers.settings import IntegratedSettings
 
@@ -23,6 +24,7 @@ class IntegratedWorker(MegatronRank):
 
         a = s.actor
         self.settings = s
+        self.profiler = StageProfiler(s.profile, self.rank)
         info = self.init_layout(a.tp, a.pp, a.seed)
         self.spec, self.actor, self.optimizer, self.scheduler = build_model_and_optimizer(
             a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel, a.load_iteration
@@ -60,7 +62,8 @@ class IntegratedWorker(MegatronRank):
             group = self.replica_groups[self.replica]
             torch.distributed.broadcast_object_list(box, src=self.replica * itp, group=group)
             prompts, seeds = box[0]
-        samples, stats = self.hybrid.generate(prompts, sampling, seeds)
+        with self.profiler.stage("actor_generate"):
+            samples, stats = self.hybrid.generate(prompts, sampling, seeds)
         timing = {
             "timing/reshard_to_infer": stats.reshard_s,
             "timing/rollout": stats.rollout_s,
@@ -100,16 +103,17 @@ class IntegratedWorker(MegatronRank):
         shard = self.receive(shard)
         t0 = time.perf_counter()
         s = self.settings
-        if reference:
-            if self.ref is None:
-                raise RuntimeError("reference logprobs were requested but no reference model was configured")
-            self.ref_offloader.onload()
-            try:
-                lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
-            finally:
-                self.ref_offloader.offload()
-        else:
-            lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
+        if reference and self.ref is None:
+            raise RuntimeError("reference logprobs were requested but no reference model was configured")
+        with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
+            if reference:
+                self.ref_offloader.onload()
+                try:
+                    lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
+                finally:
+                    self.ref_offloader.offload()
+            else:
+                lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
         return self.output(lp), time.perf_counter() - t0
 
     def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
@@ -117,17 +121,18 @@ class IntegratedWorker(MegatronRank):
 
         shard = self.receive(shard)
         s = self.settings
-        metrics = ppo_update(
-            self.actor,
-            self.optimizer,
-            self.scheduler,
-            shard,
-            "actor",
-            s.loss,
-            s.actor.micro_batch_size,
-            num_mini_batches,
-            epochs,
-        )
+        with self.profiler.stage("actor_update"):
+            metrics = ppo_update(
+                self.actor,
+                self.optimizer,
+                self.scheduler,
+                shard,
+                "actor",
+                s.loss,
+                s.actor.micro_batch_size,
+                num_mini_batches,
+                epochs,
+            )
         return self.output(metrics)
 
     def sync_reference(self, alpha: float) -> float:

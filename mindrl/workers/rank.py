@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from mindrl.workers.profiling import StageProfiler
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -55,6 +57,7 @@ class MegatronRank:
         current_platform().apply()
         init_distributed(rank, world_size, master_addr, master_port, timeout_s=1800)
         self.rank = rank
+        self.profiler = StageProfiler(None, rank)  # setup() configures it from the settings' `profile`
         return os.getpid()
 
     def init_layout(self, tp: int, pp: int, seed: int) -> RankInfo:
@@ -71,6 +74,12 @@ class MegatronRank:
             is_output=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage(),
         )
         return self.info
+
+    def profile_iteration(self, iteration: int | None) -> list[str]:
+        """The iteration about to run (None: none is profiled any more), sent by the driver while profiling is on.
+        Returns the traces this worker has written so far."""
+        self.profiler.set_iteration(iteration)
+        return list(self.profiler.written)
 
     def receive(self, obj: Any) -> Any:
         """The source rank's `obj`, on every rank of this model-parallel group."""

@@ -25,6 +25,7 @@ from mindrl.batch import Batch
 from mindrl.models.forward import attention_inputs, model_device
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform.detect import current_platform
+from mindrl.workers.profiling import OPTIMIZER_RANGE
 
 SAVINGS = True
 """Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
@@ -395,7 +396,8 @@ def ppo_update(
             if not finite:
                 skipped += 1
                 continue
-            ok, grad_norm, _ = optimizer.step()
+            with torch.profiler.record_function(OPTIMIZER_RANGE):  # the profile's summary counts it apart
+                ok, grad_norm, _ = optimizer.step()
             if not ok:
                 skipped += 1
                 continue

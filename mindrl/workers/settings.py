@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mindrl.resharding import OffloadConfig
 from mindrl.rollout.base import RolloutConfig
+from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.train_setup import OptimSettings
 
@@ -52,6 +53,8 @@ class IntegratedSettings:
     bucket_size_mb: float = 512
     remote_rollout: bool = False
     """Rollout runs on rollout servers: no engine is built here; `push_weights` streams the weights to them."""
+    profile: ProfileSettings | None = None
+    """Stages to profile (profiler_config); None: none."""
 
 
 @dataclass(frozen=True)
@@ -59,4 +62,5 @@ class CriticSettings:
     critic: ModelSettings
     loss: PPOLossSettings = field(default_factory=PPOLossSettings)
     offload: bool = True
+    profile: ProfileSettings | None = None
     """Keep the critic's params, grads and optimizer state off the device between its own phases."""

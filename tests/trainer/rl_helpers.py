@@ -148,9 +148,14 @@ class SharedRun:
 # The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; they are
 # also test_ppo_e2e's PPO run (an adaptive KL controller) and GRPO run (off-policy: 2 mini-batches x 2 epochs, old
 # logprobs recomputed, truncated importance sampling) for the metrics contract. Read-only: copy to modify.
+# Both straight runs profile every stage of iteration 3 on rank 1 (test_ppo_e2e checks the traces; the numbers the
+# resume tests compare do not depend on it).
+PROFILE = ["profiler_config.integrated.profile=true", "profiler_config.integrated.profile_step_start=3",
+           "profiler_config.integrated.profile_step_end=4", "profiler_config.integrated.profile_ranks=[1]",
+           "profiler_config.integrated.profile_analysis=true"]  # fmt: skip
 STRAIGHT_EXTRA = {
-    "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10"],
-    "grpo": ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0"],
+    "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10", *PROFILE],
+    "grpo": ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0", *PROFILE],
 }
 _STRAIGHT: dict[str, SharedRun] = {}
 
@@ -161,7 +166,7 @@ def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
         run_dir = tmp_path_factory.mktemp(f"straight_{algo}")
         cfg = _config(
             f"{algo}_tiny_cpu", assets, run_dir, "megatron_training.train_iters=4", "megatron_training.save_interval=2",
-            *STRAIGHT_EXTRA[algo],
+            *STRAIGHT_EXTRA[algo], f"profiler_config.integrated.profile_save_path={run_dir / 'profiler'}",
         )  # fmt: skip
         _, results, lines, rollouts = _train(cfg)
         _STRAIGHT[algo] = SharedRun(cfg, results, lines, rollouts, run_dir)

@@ -7,6 +7,7 @@ test_resume.py::test_resume_past_a_damaged_iteration_onto_another_layout)."""
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 
@@ -62,6 +63,28 @@ def _no_leftovers() -> None:
     assert not glob.glob("/dev/shm/*mindrl*")
 
 
+def _check_profiles(run_dir, stages: list[str]) -> None:
+    """profiler_config of the straight runs: every stage of iteration 3 on rank 1 only, with its summary."""
+    root = run_dir / "profiler"
+    written = sorted(os.path.relpath(p, root) for p in glob.glob(str(root / "*" / "*" / "*")))
+    want = sorted(f"{s}/iter_3/rank_1{ext}" for s in stages for ext in (".json", ".summary.json", ".ops.txt"))
+    assert written == want
+    for stage in stages:
+        trace = json.load(open(root / stage / "iter_3" / "rank_1.json"))
+        assert any(e.get("name") == f"mindrl::{stage}" for e in trace["traceEvents"]), stage
+        summary = json.load(open(root / stage / "iter_3" / "rank_1.summary.json"))
+        assert (summary["stage"], summary["iteration"], summary["rank"]) == (stage, 3, 1)
+        seconds = summary["seconds"]
+        assert set(seconds) == {"gemm", "elementwise", "optimizer", "communication", "python"}
+        assert seconds["gemm"] > 0, (stage, seconds)
+        # every category is time spent inside the stage's wall time (ops' self times, plus what no op covers)
+        assert sum(seconds.values()) <= summary["wall_s"] * 1.05, (stage, summary)
+        if stage.endswith("_update"):
+            assert seconds["optimizer"] > 0, (stage, seconds)
+        text = open(root / stage / "iter_3" / "rank_1.ops.txt").read()
+        assert text.startswith(f"{stage}, iteration 3, rank 1:") and "aten::" in text
+
+
 def test_ppo_tiny_runs(assets, tmp_path_factory):
     """PPO with an adaptive KL controller for 4 iterations (test_resume's straight PPO run, shared)."""
     run = straight_run("ppo", assets, tmp_path_factory)
@@ -90,6 +113,8 @@ def test_ppo_tiny_runs(assets, tmp_path_factory):
     assert os.path.isfile(run_dir / "ckpt_actor" / "latest_checkpointed_iteration.txt")
     assert os.path.isfile(run_dir / "ckpt_critic" / "latest_checkpointed_iteration.txt")
     assert glob.glob(os.path.join(run_dir, "tensorboard", "events.*"))
+    stages = ["actor_generate", "reference_compute_log_prob", "critic_compute_values", "critic_update", "actor_update"]
+    _check_profiles(run_dir, stages)
     _no_leftovers()
 
 
@@ -108,6 +133,8 @@ def test_grpo_tiny_runs_off_policy(assets, tmp_path_factory):
         assert m["actor/kl_loss"] >= 0
         assert m["actor/ppo_kl"] != 0  # later steps see the updated policy against the old one
         assert 0.5 < m["actor/is_weight_mean"] < 1.5  # pi_old / pi_rollout ~ 1 in fp32
+    _check_profiles(run.run_dir, ["actor_generate", "actor_compute_log_prob", "reference_compute_log_prob",
+                                  "actor_update"])  # fmt: skip
     _no_leftovers()
 
 
