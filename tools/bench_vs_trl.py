@@ -472,7 +472,8 @@ def main(argv: list[str] | None = None) -> dict:
                 best = None
                 for lay in layouts if side == "mindrl" else [None]:
                     name = side if lay is None else f"{side} {lay}"
-                    print(f"{name} {shape_name} kl={kl_name}: {a.iterations + 1} steps ...", flush=True)
+                    extra = " + 1 profiled" if a.profile and side == "mindrl" else ""
+                    print(f"{name} {shape_name} kl={kl_name}: {a.iterations + 1} steps{extra} ...", flush=True)
                     try:
                         if side == "mindrl":
                             r = run_mindrl(a, work, shape, shape_name, kl_name, *LAYOUTS[lay])

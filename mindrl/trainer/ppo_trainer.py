@@ -224,7 +224,10 @@ class PPOTrainer:
         for group in self.groups:
             for traces in group.call("profile_iteration", None, self.iteration if profiled else None):
                 written += traces
-        if not profiled:
+        if profiled:
+            logger.info("profiler: recording iteration %d (%s) under %s", self.iteration, ", ".join(prof.stages),
+                        prof.save_path)  # fmt: skip
+        else:
             logger.info("profiler: %d traces of iterations %d-%d under %s", len(written), prof.start, prof.end - 1,
                         prof.save_path)  # fmt: skip
 
