@@ -1,7 +1,7 @@
 """`profiler_config`: per-stage profiling of the workers, in MindSpeed-RL's keys (`profiler_config.integrated`).
 
 A profiled stage (e.g. `actor_update`) of a profiled iteration writes, per rank, a trace of every op it ran (torch's
-profiler on CPU and CUDA, torch_npu's on Ascend) and, with `profile_analysis`, a summary: the time by category
+profiler on CPU and CUDA, Ascend's own on NPUs) and, with `profile_analysis`, a summary: the time by category
 (GEMM, elementwise, optimizer, communication, Python) and the top ops. See docs/profiling.md.
 """
 
@@ -43,14 +43,14 @@ class ProfilerSection(Section):
     """Where the traces go: <profile_save_path>/<stage>/iter_<N>/rank_<R>.* (relative paths: to the working
     directory of mindrl-train)."""
     profile_export_type: str = "text"
-    """text (a Chrome / Perfetto trace JSON; on Ascend torch_npu's text export) or db (Ascend only: torch_npu's
+    """text (a Chrome / Perfetto trace JSON; on Ascend its profiler's text export) or db (Ascend only: its profiler's
     database export; elsewhere the text trace is written)."""
     profile_step_start: int = 1
     """First profiled iteration (1-based)."""
     profile_step_end: int = 2
     """First iteration no longer profiled: iterations start .. end-1 are profiled."""
     profile_level: str = "level0"
-    """level_none, level0, level1 or level2: torch_npu's collection level on Ascend. On CPU and CUDA level2 also
+    """level_none, level0, level1 or level2: the Ascend profiler's collection level. On CPU and CUDA level2 also
     counts the FLOPs of matmuls; the other levels collect the same events there."""
     profile_with_memory: bool = False
     """Record allocations (memory timeline)."""
@@ -64,7 +64,7 @@ class ProfilerSection(Section):
     """Python call stacks of the ops (large traces)."""
     profile_analysis: bool = False
     """Also write the summary next to each trace (summary.json + a text table of the top ops); on Ascend, parse
-    the raw data right after collection (torch_npu's analyse)."""
+    the raw data right after collection (the Ascend profiler's analyse)."""
     profile_ranks: str | list[int] = "all"
     """`all`, or the global ranks of the workers to profile, e.g. [0]."""
 
