@@ -61,6 +61,7 @@ def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic
         f"rl_config.integrated_mode_config.ref_model_load_path={assets / 'actor'}",
         f"rl_config.run_dir={run_dir}",
         "rl_config.log_rollouts_interval=1",
+        f"profiler_config.integrated.profile_save_path={run_dir / 'profiler'}",  # used where a test profiles
     ]
     if name.startswith("ppo"):
         paths += [
@@ -166,7 +167,7 @@ def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
         run_dir = tmp_path_factory.mktemp(f"straight_{algo}")
         cfg = _config(
             f"{algo}_tiny_cpu", assets, run_dir, "megatron_training.train_iters=4", "megatron_training.save_interval=2",
-            *STRAIGHT_EXTRA[algo], f"profiler_config.integrated.profile_save_path={run_dir / 'profiler'}",
+            *STRAIGHT_EXTRA[algo],
         )  # fmt: skip
         _, results, lines, rollouts = _train(cfg)
         _STRAIGHT[algo] = SharedRun(cfg, results, lines, rollouts, run_dir)
