@@ -117,11 +117,12 @@ class StageProfiler:
             with stage_range(f"mindrl::{name}", mstx):
                 yield
             wall = time.perf_counter() - t0
-        self.written.append(trace_file(out_dir, stem))
+        trace = trace_file(out_dir, stem)
+        self.written.append(trace)
         if self.settings.options.analyse and events_in_process():
-            self._summarize(prof, out_dir, stem, name, wall)
+            self._summarize(prof, out_dir, stem, name, wall, trace, self.settings.options.record_shapes)
 
-    def _summarize(self, prof, out_dir: str, stem: str, name: str, wall: float) -> None:
+    def _summarize(self, prof, out_dir: str, stem: str, name: str, wall: float, trace: str, by_shape: bool) -> None:
         breakdown = time_breakdown(prof.events(), wall)
         summary = {
             "stage": name,
@@ -130,14 +131,11 @@ class StageProfiler:
             "wall_s": wall,
             "seconds": breakdown,
             "share": {k: (v / wall if wall > 0 else 0.0) for k, v in breakdown.items()},
-            "trace": trace_file(out_dir, stem),
+            "trace": trace,
         }
         with open(os.path.join(out_dir, f"{stem}.summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        group_by_shape = self.settings is not None and self.settings.options.record_shapes
-        table = prof.key_averages(group_by_input_shape=group_by_shape).table(
-            sort_by="self_cpu_time_total", row_limit=25
-        )
+        table = prof.key_averages(group_by_input_shape=by_shape).table(sort_by="self_cpu_time_total", row_limit=25)
         with open(os.path.join(out_dir, f"{stem}.ops.txt"), "w") as f:
             shares = ", ".join(f"{k} {v:.3f} s ({summary['share'][k]:.0%})" for k, v in breakdown.items())
             f.write(f"{name}, iteration {self.iteration}, rank {self.rank}: {wall:.3f} s wall; {shares}\n\n{table}\n")
