@@ -19,7 +19,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from mindrl.models.attention import SDPAttention
-from mindrl.models.fused import SwiGLU, install_fused_rope
+from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm
 from mindrl.models.hf_config import ModelSpec
 from mindrl.platform.detect import current_platform
 
@@ -35,9 +35,11 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
         self.weight.sequence_parallel = config.sequence_parallel
+        self.fused = current_platform().eager_fused_rms_norm
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # torch's fused rms_norm: one pass forward and backward instead of pow / mean / rsqrt / mul.
+        if self.fused:  # same values; a backward in five passes where torch would decompose the op (CPU)
+            return rms_norm(hidden_states, self.weight, self.eps)
         x = torch.nn.functional.rms_norm(hidden_states.float(), self.weight.shape, eps=self.eps)
         return self.weight * x.to(hidden_states.dtype)
 

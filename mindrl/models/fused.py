@@ -1,7 +1,8 @@
-"""Fused elementwise ops for hosts without Transformer Engine: RoPE and SwiGLU, each as one autograd function.
+"""Fused elementwise ops for hosts without Transformer Engine: RoPE, SwiGLU and RMSNorm, each as one autograd function.
 
 RoPE is installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's kernel) only where that hook is empty;
-SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec).
+SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec); `rms_norm` is what builder.RMSNorm calls
+where the platform has no fused backward of its own.
 """
 
 from __future__ import annotations
@@ -126,3 +127,43 @@ class SwiGLU(torch.nn.Module):
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         """Nothing to save; megatron's MLP asks each of its submodules for its share of a distributed checkpoint."""
         return {}
+
+
+class _RMSNorm(torch.autograd.Function):
+    """weight * rms_norm(x) with statistics in fp32 and the weight applied in x's dtype (HF's Llama / Qwen2 order).
+
+    Under autograd torch decomposes rms_norm on CPU (pow, mean, add, rsqrt, mul, then the weight's mul), and its
+    backward walks that graph: about a dozen passes over [tokens, hidden]. Here forward is torch's one-pass kernel
+    (the very values of the decomposed form) and backward is five passes: the weight's grad, grad * weight, its dot
+    with the normalised input, and dx = rstd * (dy - y * mean(dy * y)). Only y (fp32) and rstd are kept."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        y, rstd = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, eps)
+        ctx.save_for_backward(y, rstd, weight)
+        ctx.dtype = x.dtype
+        return weight * y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        y, rstd, weight = ctx.saved_tensors
+        hidden = y.shape[-1]
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            # sum over every token of grad * y (y as the forward multiplied it: in x's dtype), accumulated in fp32
+            y_used = y if ctx.dtype == torch.float32 else y.to(ctx.dtype).float()
+            grad_weight = torch.linalg.vecdot(grad.float().reshape(-1, hidden), y_used.reshape(-1, hidden), dim=0)
+            grad_weight = grad_weight.to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            dy = (grad * weight).float()
+            dot = torch.linalg.vecdot(dy, y).unsqueeze(-1).div_(hidden)
+            grad_x = torch.addcmul(dy, y, dot, value=-1.0).mul_(rstd).to(ctx.dtype)
+        return grad_x, grad_weight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / sqrt(mean(x**2, last dim) + eps), the statistics in fp32 (see _RMSNorm); x [..., hidden]."""
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"RMSNorm weight of shape {tuple(weight.shape)} does not match inputs {tuple(x.shape)}")
+    return _RMSNorm.apply(x, weight, eps)

@@ -1,5 +1,6 @@
 """mindrl.models.fused against megatron's unfused ops: the SwiGLU activation module and the RoPE hook's dispatch, op by
-op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads)."""
+op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads); the
+fused RMSNorm against torch's decomposed one (forward bit-identical, backward as close to fp64 as autograd's)."""
 
 from __future__ import annotations
 
@@ -71,10 +72,51 @@ def test_rope_hook_is_what_megatron_calls_and_mscale_keeps_the_unfused_path():
     assert not torch.equal(scaled, fused)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rms_norm_matches_the_decomposed_norm(dtype):
+    """Forward bit-identical to weight * rms_norm(x.float()).to(dtype) (the module's unfused form) and to HF's
+    pow / mean / rsqrt formula; the grads of x and of the weight no further from the fp64 truth than autograd's."""
+    from mindrl.models.fused import rms_norm
+
+    hidden, eps = 64, 1e-6
+    gen = torch.Generator().manual_seed(6)
+    x = (torch.randn(37, 3, hidden, generator=gen) * 3).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    grad = torch.randn(37, 3, hidden, generator=gen).to(dtype)
+
+    def unfused(t, w):
+        return w * F.rms_norm(t.float(), (hidden,), eps=eps).to(t.dtype)
+
+    def run(fn, t, w):
+        t, w = t.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(t, w)
+        out.backward(grad.to(t.dtype))
+        return out.detach(), t.grad, w.grad
+
+    out, dx, dw = run(lambda t, w: rms_norm(t, w, eps), x, weight)
+    ref_out, ref_dx, ref_dw = run(unfused, x, weight)
+    assert out.dtype == dx.dtype == dw.dtype == dtype
+    assert torch.equal(out, ref_out)
+    xf = x.float()
+    hf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    assert torch.equal(out, weight * hf.to(dtype))
+    # the truth: the same function in fp64, with the weight applied to y as rounded to dtype (what forward multiplies)
+    x64 = x.double().requires_grad_()
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    (weight.double() * y64).backward(grad.double())
+    true_dw = (grad.double() * hf.to(dtype).double()).sum((0, 1))
+    ulp = torch.finfo(dtype).eps
+    for got, ref, truth in ((dx, ref_dx, x64.grad), (dw, ref_dw, true_dw)):
+        err, ref_err = ((g.double() - truth).abs().max().item() for g in (got, ref))
+        assert err <= max(ref_err, 4 * ulp * truth.abs().max().item()), (err, ref_err)
+    with pytest.raises(ValueError, match="does not match"):
+        rms_norm(x, weight[:-1], eps)
+
+
 def _fusion_parity_rank(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import parallel_state as ps
 
-    from mindrl.models.builder import build_model
+    from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs, forward_outputs
     from mindrl.models.fused import SwiGLU
     from mindrl.models.hf_config import ModelSpec
@@ -98,11 +140,23 @@ def _fusion_parity_rank(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Ten
     fused_logits, fused_grads = run()
     config.apply_rope_fusion = config.use_te_activation_func = False  # megatron's unfused RoPE and glu
     ref_logits, ref_grads = run()
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 2 * config.num_layers + 1 and all(m.fused for m in norms)
+    for m in norms:
+        m.fused = False  # torch's rms_norm, decomposed under autograd
+    norm_logits, norm_grads = run()
     if ps.get_tensor_model_parallel_rank() or ps.get_data_parallel_rank():
         return None
     valid = mask.bool()
     grad_diff = max((fused_grads[n] - g).abs().max().item() for n, g in ref_grads.items())
-    return (fused_logits - ref_logits)[valid].abs().max().item(), grad_diff, ref_logits[valid].abs().max().item()
+    norm_grad_rel = max(((norm_grads[n] - g).abs().max() / g.abs().max()).item() for n, g in ref_grads.items())
+    return (
+        (fused_logits - ref_logits)[valid].abs().max().item(),
+        grad_diff,
+        ref_logits[valid].abs().max().item(),
+        torch.equal(norm_logits, ref_logits),
+        norm_grad_rel,
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -112,7 +166,10 @@ def test_fused_model_matches_the_unfused_model(pool, tiny_models, tp):
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
     results = [r for r in pool.run(_fusion_parity_rank, tiny_models["untied"], tp, ids, mask) if r is not None]
-    logit_diff, grad_diff, scale = results[0]
-    print(f"tp{tp}: max |fused - unfused| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads {grad_diff:.3g}")
+    logit_diff, grad_diff, scale, norm_logits_equal, norm_grad_rel = results[0]
+    print(f"tp{tp}: max |fused - unfused| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads {grad_diff:.3g}; "
+          f"RMSNorm fused vs torch's: logits equal {norm_logits_equal}, grads {norm_grad_rel:.3g} relative")  # fmt: skip
     assert scale > 0.01
     assert logit_diff == 0 and grad_diff == 0  # bit-identical
+    # the fused RMSNorm: the same forward values; a backward summed in another order (fp32 rounding only)
+    assert norm_logits_equal and norm_grad_rel < 1e-5
