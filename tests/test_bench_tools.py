@@ -1,5 +1,6 @@
 """The issue-16 benchmarks answer --help, and bench_update.py runs a real one-step actor update on the tiny
-model (one gloo rank) and writes its JSON. TRL and mindrl-train are not run here (minutes each)."""
+model (one gloo rank), writes its JSON and removes the temporary folder it made. TRL and mindrl-train are not run here
+(minutes each)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     path = tmp_path / "update.json"
     cmd = [sys.executable, os.path.join(ROOT, "tools", "bench_update.py"), "--hf-dir", tiny_models["untied"],
            "--tp", "1", "--cores", "1", "--prompts", "2", "--n", "2", "--prompt-len", "6", "--response-len", "4",
-           "--micro-batch-size", "2", "--iterations", "1", "--workdir", str(tmp_path), "--json", str(path)]  # fmt: skip
+           "--micro-batch-size", "2", "--iterations", "1", "--json", str(path)]  # fmt: skip
     log = tmp_path / "log.txt"
+    scratch = tmp_path / "tmp"  # no --workdir: the tool's own temporary folder goes here, and must be gone after
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
     # Output to a file and a session of its own: should the tool die with a rank still up, the rank neither
     # holds a pipe open (a hang) nor outlives the test.
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=300)
         finally:
@@ -54,6 +58,7 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     assert set(prof) >= {"gemm", "elementwise", "optimizer", "communication", "python", "wall"}
     assert prof["gemm"] > 0 and prof["optimizer"] > 0
     assert "TP1" in stdout and "MFU" in stdout
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("bench_update_")]
 
 
 def test_bench_vs_trl_reads_the_stage_profiles(tmp_path, capsys):

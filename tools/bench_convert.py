@@ -16,7 +16,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from mindrl.checkpoint import convert
     from tools.make_tiny_model import make_tiny_model
+    from tools.scratch import scratch_dir
 
-    work = a.workdir or tempfile.mkdtemp(prefix="bench_convert_")
+    work = scratch_dir(a.workdir, "bench_convert_")
     hf = os.path.join(work, "hf")
     if not os.path.exists(os.path.join(hf, "config.json")):
         make_tiny_model(hf, hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=8, num_kv_heads=4,

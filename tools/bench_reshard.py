@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     from mindrl.platform.launch import RankPool
     from tools.bench_reshard import _bench_rank  # importable by the ranks (not __main__)
     from tools.make_tiny_model import make_tiny_model
+    from tools.scratch import scratch_dir
 
-    work = a.workdir or tempfile.mkdtemp(prefix="bench_reshard_")
+    work = scratch_dir(a.workdir, "bench_reshard_")
     hf = a.hf_dir or os.path.join(work, "hf")
     if not os.path.exists(os.path.join(hf, "config.json")):
         make_tiny_model(hf, hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=8, num_kv_heads=4,

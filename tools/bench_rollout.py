@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -206,7 +205,9 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    model_dir = build_model(args.model_dir or os.path.join(tempfile.mkdtemp(prefix="bench_rollout_"), "model"))
+    from tools.scratch import scratch_dir
+
+    model_dir = build_model(args.model_dir or os.path.join(scratch_dir(None, "bench_rollout_"), "model"))
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)

@@ -20,7 +20,6 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -248,7 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
     where = device if platform.name != "cpu" else f"{a.cores} threads"
     if platform.name != "cpu" and max(tps) > platform.device_count():
         p.error(f"--tp {max(tps)} needs {max(tps)} {platform.name} devices, this host has {platform.device_count()}")
-    work = a.workdir or tempfile.mkdtemp(prefix="bench_update_")
+    from tools.scratch import scratch_dir
+
+    work = scratch_dir(a.workdir, "bench_update_")
     if a.hf_dir:
         shape, hf = ModelShape.from_hf(a.hf_dir), a.hf_dir
     else:

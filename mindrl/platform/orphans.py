@@ -26,14 +26,17 @@ def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 def checkpoint_results_queue() -> Any:
     """Stands in for megatron's `filesystem_async._get_write_results_queue`: the same queue on a spawned
     multiprocessing Manager, whose server process megatron starts once per process and never stops; a killed
-    worker left it running forever. This one exits with its owner."""
+    worker left it running forever. This one exits with its owner, and leaves no socket file behind."""
     global _results_queue
     with _queue_lock:
         if _results_queue is None:
             import multiprocessing as mp
             from multiprocessing.managers import SyncManager
 
-            manager = SyncManager(ctx=mp.get_context("spawn"))
+            # A loopback TCP address, not multiprocessing's default Unix socket: that lives in a pymp-* folder under
+            # /tmp which the server removes only on a clean exit, and a server that ends with its killed owner
+            # (exit_with_parent) left one behind each time (hundreds per test-suite run).
+            manager = SyncManager(address=("127.0.0.1", 0), ctx=mp.get_context("spawn"))
             manager.start(initializer=exit_with_parent, initargs=(os.getpid(),))
             _results_queue = manager.Queue()  # the proxy keeps its manager (and server) alive
         return _results_queue

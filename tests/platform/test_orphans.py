@@ -1,0 +1,45 @@
+"""mindrl.platform.orphans: the checkpoint writer's results-queue server ends with its owner, even a SIGKILLed one,
+and leaves nothing behind (no process, no socket folder under the temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+OWNER = """
+from mindrl.platform.orphans import checkpoint_results_queue
+queue = checkpoint_results_queue()
+assert checkpoint_results_queue() is queue  # one server per process
+queue.put(7)
+assert queue.get() == 7
+print(queue._manager._process.pid, flush=True)
+import time
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (not yet reaped by init) counts as gone
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_results_queue_server_ends_with_its_killed_owner(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        server = int(owner.stdout.readline())
+        assert _alive(server)
+    finally:
+        owner.kill()
+        owner.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(server), "the queue's server outlived its owner"
+    assert not list(tmp_path.iterdir()), f"left behind: {sorted(p.name for p in tmp_path.iterdir())}"
