@@ -19,6 +19,9 @@ class Device:
     """Devices per node (the placement fills one node before the next)."""
     sleep_mode: bool
     """The rollout engine frees its weights and KV cache outside rollout (vLLM sleep mode)."""
+    eager_fused_norm: bool = False
+    """RMSNorm runs as mindrl's eager fused function, which keeps less for backward than torch's (the CPU platform's
+    `eager_fused_rms_norm`; see mindrl.plan.memory.norm_activation_bytes)."""
 
 
 # Accelerators by the name users write in config names and on the command line.
@@ -39,7 +42,7 @@ def host_memory_bytes() -> int:
 def host_device(world: int) -> Device:
     """CPU stand-ins: `world` ranks on this host, sharing its RAM equally; no sleep mode on CPU."""
     return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
-                  max(1, world), False)  # fmt: skip
+                  max(1, world), False, eager_fused_norm=True)  # fmt: skip
 
 
 def pick_device(
@@ -70,10 +73,10 @@ def pick_device(
     if memory_gib is not None:
         if memory_gib <= 0:
             raise ValueError(f"--device-memory-gib must be > 0, got {memory_gib}")
-        dev = Device(dev.key, dev.name, int(memory_gib * GIB), dev.per_node, dev.sleep_mode)
+        dev = Device(dev.key, dev.name, int(memory_gib * GIB), dev.per_node, dev.sleep_mode, dev.eager_fused_norm)
         why += "; memory from --device-memory-gib"
     if per_node is not None:
         if per_node < 1:
             raise ValueError(f"--devices-per-node must be >= 1, got {per_node}")
-        dev = Device(dev.key, dev.name, dev.memory_bytes, per_node, dev.sleep_mode)
+        dev = Device(dev.key, dev.name, dev.memory_bytes, per_node, dev.sleep_mode, dev.eager_fused_norm)
     return dev, why

@@ -26,14 +26,19 @@ def optimizer_bytes(params: int, dtype: str, distributed: bool, dp: int) -> int:
     return math.ceil(total / dp) if distributed else total
 
 
-def norm_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int) -> int:
-    """One RMSNorm (statistics in fp32, see mindrl.models.builder): its fp32 input, the normalised e-byte copy
-    and its output (the next linear's input): s b h' (4 + 2e) bytes."""
+def norm_activation_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False
+) -> int:
+    """One RMSNorm (statistics in fp32, see mindrl.models.builder) and its output (the next linear's input):
+    torch's rms_norm under autograd keeps the fp32 input and the normalised e-byte copy, s b h' (4 + 2e) bytes;
+    mindrl's eager fused one (fused_norm, on CPU) only the fp32 normalised rows, s b h' (4 + e)."""
     h = int(arch.hidden_size)
-    return s * b * (h // tp if sp and tp > 1 else h) * (4 + 2 * e)
+    return s * b * (h // tp if sp and tp > 1 else h) * (4 + e + (0 if fused_norm else e))
 
 
-def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int) -> int:
+def layer_activation_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False
+) -> int:
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
     Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", count
@@ -41,7 +46,7 @@ def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: b
     accounting for the layers mindrl builds (megatron's local spec with a fused SDPA core attention, see
     mindrl.models.attention; no dropout; SwiGLU MLP of size F; a query heads, g KV heads of size d, expanded to a
     for the attention):
-        two RMSNorms (fp32 input, normalised copy, output)   2 s b h' (4 + 2e)     (h' = h/t with SP)
+        two RMSNorms (fp32 input, normalised copy, output)   2 s b h' (4 + 2e)     (h' = h/t with SP; 4 + e fused)
         SDPA's Q, K, V (expanded) and output, in fp32         4 s b 4 a d / t      (attention_softmax_in_fp32)
         the attention context (output projection input)      e s b a d / t         (the fp32 output itself if e = 4)
         gate+up output (the fused SwiGLU's input), its output e s b 3 F / t
@@ -55,7 +60,7 @@ def layer_activation_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, sp: b
     attention_per_token = a * d * (16 + (e if e < 4 else 0))
     per_token = (attention_per_token + e * 3 * f) // tp
     attention = 4 * a * s * b // tp + 4 * b * s * s
-    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e) + s * b * per_token + attention
+    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + s * b * per_token + attention
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
@@ -66,7 +71,7 @@ def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
 
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
-    stage: int, micro_batches: int, recompute: bool,
+    stage: int, micro_batches: int, recompute: bool, fused_norm: bool = False,
 ) -> int:  # fmt: skip
     """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
     min(PP - k, micro-batches) micro-batches in flight, each with its L/PP layers; the last stage of an actor
@@ -74,7 +79,7 @@ def train_activation_bytes(
     and one layer's activations are rebuilt at a time."""
     layers = int(arch.num_layers) // pp
     in_flight = max(1, min(pp - stage, micro_batches))
-    full = layer_activation_bytes(arch, s, b, tp, sp, e)
+    full = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm)
     if recompute:
         h_local = int(arch.hidden_size) // tp if sp and tp > 1 else int(arch.hidden_size)
         body = in_flight * layers * s * b * h_local * e + full
@@ -83,7 +88,7 @@ def train_activation_bytes(
     head = 0
     if stage == pp - 1:  # the final norm, and the logits of an actor
         logits = logits_bytes(arch, s, b, tp, e) if role != "critic" else 0
-        head = norm_activation_bytes(arch, s, b, tp, sp, e) + logits
+        head = norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + logits
     return body + head
 
 

@@ -173,10 +173,11 @@ def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     }
 
 
-def _update_acts(lay: ModelLayout, arch, seq: int, stage: int, recompute: bool) -> int:
+def _update_acts(lay: ModelLayout, arch, seq: int, stage: int, recompute: bool, dev: Device) -> int:
     return mem.train_activation_bytes(
         arch, "critic" if lay.role == "critic" else "actor", seq, lay.micro_batch_size, lay.tp, lay.pp,
         lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
+        dev.eager_fused_norm,
     )  # fmt: skip
 
 
@@ -231,8 +232,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
             "score": {**critic, "activations_bytes": cfwd},
             "critic_train": {
                 **critic,
-                "activations_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], False),
-                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], True),
+                "activations_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], False, dev),
+                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], True, dev),
             },
             "train": dict(zero),
         }
@@ -242,8 +243,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
             out["reference"]["critic_train"] = {"weights_bytes": 0, "activations_bytes": 0}
     out["actor"]["train"] = {
         **actor,
-        "activations_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], False),
-        "activations_recompute_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], True),
+        "activations_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], False, dev),
+        "activations_recompute_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], True, dev),
     }
     out["rollout"]["train"] = asleep
     if has_ref:

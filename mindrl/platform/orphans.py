@@ -35,7 +35,7 @@ def checkpoint_results_queue() -> Any:
 
             # A loopback TCP address, not multiprocessing's default Unix socket: that lives in a pymp-* folder under
             # /tmp which the server removes only on a clean exit, and a server that ends with its killed owner
-            # (exit_with_parent) left one behind each time (hundreds per test-suite run).
+            # (exit_with_parent) left one behind each time.
             manager = SyncManager(address=("127.0.0.1", 0), ctx=mp.get_context("spawn"))
             manager.start(initializer=exit_with_parent, initargs=(os.getpid(),))
             _results_queue = manager.Queue()  # the proxy keeps its manager (and server) alive

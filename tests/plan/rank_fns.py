@@ -55,10 +55,13 @@ def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
     }
 
 
-def saved_activation_bytes(hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str) -> dict:
+def saved_activation_bytes(
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool
+) -> dict:
     """Bytes of the distinct non-parameter storages autograd saves for backward in one forward of `batch`
-    sequences of `seq` tokens (the actor with megatron's vocab-parallel cross entropy, or the critic's values)."""
-    from mindrl.models.builder import build_model
+    sequences of `seq` tokens (the actor with megatron's vocab-parallel cross entropy, or the critic's values);
+    fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd)."""
+    from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs
     from mindrl.models.hf_config import ModelSpec
     from mindrl.platform.launch import init_model_parallel
@@ -66,6 +69,9 @@ def saved_activation_bytes(hf_dir: str, role: str, tp: int, sp: bool, batch: int
     init_model_parallel(tp, 1)
     spec = ModelSpec.from_hf_dir(hf_dir)
     model = build_model(spec, role, dtype=dtype, sequence_parallel=sp)
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.fused = fused_norm
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
