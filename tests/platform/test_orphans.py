@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from tests.procs import alive
+
 OWNER = """
 from mindrl.platform.orphans import checkpoint_results_queue
 queue = checkpoint_results_queue()
@@ -20,26 +22,17 @@ time.sleep(120)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (not yet reaped by init) counts as gone
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_results_queue_server_ends_with_its_killed_owner(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, env=env)
     try:
         server = int(owner.stdout.readline())
-        assert _alive(server)
+        assert alive(server)
     finally:
         owner.kill()
         owner.wait(30)
     deadline = time.monotonic() + 30
-    while _alive(server) and time.monotonic() < deadline:
+    while alive(server) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(server), "the queue's server outlived its owner"
+    assert not alive(server), "the queue's server outlived its owner"
     assert not list(tmp_path.iterdir()), f"left behind: {sorted(p.name for p in tmp_path.iterdir())}"

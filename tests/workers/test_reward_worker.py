@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.procs import alive
+
 
 def test_reward_worker_scores_then_shuts_down_without_leftovers(tiny_models, tmp_path):
     import ray
@@ -30,17 +32,9 @@ def test_reward_worker_scores_then_shuts_down_without_leftovers(tiny_models, tmp
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.shutdown.remote(), timeout=60)
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(pid), "the reward actor's process outlived its shutdown"
+        assert not alive(pid), "the reward actor's process outlived its shutdown"
         assert not list(scratch.glob("pymp-*")), sorted(p.name for p in scratch.iterdir())
     finally:
         stop_ray()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
