@@ -32,6 +32,7 @@ from mindrl.rollout.base import (
     full_batch_kv_bytes,
     has_tokenizer,
 )
+from mindrl.rollout.vllm_ops import c_norm_priority
 
 
 class _HostState:
@@ -142,6 +143,8 @@ class VllmEngine(RolloutEngine):
 
                 if not platform.compiles_rollout_sampler_ops:
                     _eager_sampler_ops()
+                # An eager engine runs each op as it comes: vLLM's fused C norms instead of its torch-op form.
+                kernels = c_norm_priority() if platform.rollout_c_rms_norm and config.enforce_eager else {}
                 self.llm = LLM(
                     model=config.model,
                     tokenizer=tok_dir if self.has_tokenizer else None,
@@ -162,6 +165,7 @@ class VllmEngine(RolloutEngine):
                     logprobs_mode="processed_logprobs",
                     generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
                     seed=self.seed,
+                    **({"ir_op_priority": kernels} if kernels else {}),
                 )
         except BaseException:
             host.restore_vllm_env()  # no engine: nothing of vLLM's configuration stays behind

@@ -299,3 +299,52 @@ def test_one_live_engine_per_process(vllm_engine, rollout_models):
     with pytest.raises(RuntimeError, match=f"a VllmEngine \\(model {rollout_models['a']}\\) is still alive"):
         VllmEngine(RolloutConfig(model=rollout_models["b"], dtype="float32", max_model_len=64))
     assert vllm_engine.generate(PROMPTS[:1], SamplingConfig(max_tokens=2))  # the live one is unharmed
+
+
+def test_cpu_engine_norms_run_on_vllms_c_kernels(vllm_engine, monkeypatch):
+    """On CPU the eager engine's RMSNorms go to vLLM's C kernels (mindrl.rollout.vllm_ops), with the values of vLLM's
+    torch-op form; what the kernels would get wrong (a strided view, a weight of another dtype) falls through to it."""
+    if not current_platform().rollout_c_rms_norm:
+        pytest.skip("this platform keeps vLLM's own norm providers")
+    from vllm import ir
+
+    from mindrl.rollout.vllm_ops import PROVIDER
+
+    norm, add_norm = ir.ops.rms_norm, ir.ops.fused_add_rms_norm
+    assert norm.get_priority()[0] == PROVIDER and add_norm.get_priority()[0] == PROVIDER
+    gen = torch.Generator().manual_seed(0)
+
+    def close(got, truth, tol):  # relative to an fp64 truth, as vLLM's torch-op form is (checked alongside)
+        return bool(((got.double() - truth).abs() <= tol * truth.abs().clamp(min=1e-3)).all())
+
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-6)):  # bf16: 2 ulp
+        x, res = (torch.randn(3, 7, 64, generator=gen).to(dtype) for _ in range(2))
+        w = torch.randn(64, generator=gen).to(dtype)
+        assert norm.dispatch(x, w, 1e-6, None).provider == PROVIDER
+        assert add_norm.dispatch(x, res, w, 1e-6, None).provider == PROVIDER
+        total = x.double() + res.double()
+        for inp, sum_ref in ((x.double(), None), (total, total)):
+            exact = inp * torch.rsqrt(inp.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+            if sum_ref is None:
+                outs = [op.impls[p].impl_fn(x, w, 1e-6) for op, p in ((norm, PROVIDER), (norm, "native"))]
+            else:
+                outs = [add_norm.impls[p].impl_fn(x.clone(), res.clone(), w, 1e-6) for p in (PROVIDER, "native")]
+                assert all(close(o[1], sum_ref, tol) for o in outs), dtype
+                outs = [o[0] for o in outs]
+            assert all(close(o, exact, tol) for o in outs), (dtype, sum_ref is not None)
+    x = torch.randn(4, 64)
+    assert norm.dispatch(torch.randn(4, 128)[:, :64], torch.ones(64), 1e-6, None).provider == "native"
+    assert norm.dispatch(x, torch.ones(64, dtype=torch.float64), 1e-6, None).provider == "native"
+    assert add_norm.dispatch(x, torch.randn(64, 4).t(), torch.ones(64), 1e-6, None).provider == "native"
+    # generate() goes through them: each layer's two norms and the final one, every step.
+    calls = {"rms_norm": 0, "fused_add_rms_norm": 0}
+    for op in (norm, add_norm):
+        impl = op.impls[PROVIDER]
+
+        def counted(*args, _fn=impl.impl_fn, _name=op.name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(impl, "impl_fn", counted)
+    vllm_engine.generate(PROMPTS[:2], SamplingConfig(max_tokens=4, temperature=1.0, seed=1))
+    assert calls["rms_norm"] > 0 and calls["fused_add_rms_norm"] > 0, calls
