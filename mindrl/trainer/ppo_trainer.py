@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -362,6 +363,20 @@ class PPOTrainer:
         remote = ray.remote(num_cpus=0, max_concurrency=2)(RuleRewardWorker)
         self.reward = remote.remote(build.reward_settings(self.cfg))
         self._reward_started = self.reward.ping.remote()  # resolves once the actor's __init__ has returned
+        self._reward_temp = self.reward.temp_dir.remote()
+
+    def _kill_reward_worker(self) -> None:
+        """Kill the rule-reward worker and remove the multiprocessing folder it leaves behind in the temporary
+        directory (killed, it runs no exit handler), when it ran on this node and had said where the folder is."""
+        import ray
+
+        ray.kill(self.reward, no_restart=True)
+        try:
+            node, path = ray.get(self._reward_temp, timeout=5)
+        except Exception:  # it never answered (killed while starting): nothing known to remove
+            return
+        if node == ray.get_runtime_context().get_node_id():
+            shutil.rmtree(path, ignore_errors=True)
 
     def _collect_scores(self, ref, responses: list[list[int]], labels: list[list[int]]) -> dict:
         """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
@@ -410,7 +425,7 @@ class PPOTrainer:
             what,
             len(responses),
         )
-        ray.kill(self.reward, no_restart=True)
+        self._kill_reward_worker()
         self._start_reward_worker()
         zeros = [0.0] * len(responses)
         metrics = {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/crashes": float(len(responses))}
@@ -677,7 +692,7 @@ class PPOTrainer:
                 ray.get(self.reward.shutdown.remote(), timeout=30)
             except Exception:
                 pass
-            ray.kill(self.reward, no_restart=True)
+            self._kill_reward_worker()
             self.reward = None
         if getattr(self, "pg", None) is not None:
             from ray.util.placement_group import remove_placement_group

@@ -3,6 +3,7 @@ own process pool, with per-sample timeouts), while the devices compute reference
 
 from __future__ import annotations
 
+import multiprocessing.util
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ class RuleRewardWorker:
 
         self.settings = s
         self.tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
+        # multiprocessing's temporary folder (the verifier forkserver's socket goes there), made now, before the pool's
+        # thread could make it too: a process killed instead of exiting leaves it, and `temp_dir` says where.
+        self._temp_dir = multiprocessing.util.get_temp_dir()
         # Start the verifier processes now, so that they import and warm math-verify (~2 s) while the trainer's
         # workers build their models and engines, not in the first iteration's scoring. In a thread: the actor
         # answers no call (not even `ping`) until __init__ returns; `score` waits on the pool's lock meanwhile.
@@ -53,6 +57,13 @@ class RuleRewardWorker:
             "labels": label_texts,
             "metrics": scores.metrics,
         }
+
+    def temp_dir(self) -> tuple[str, str]:
+        """(Ray node id, path) of this process's multiprocessing temporary folder: the trainer removes it after
+        killing this worker (a killed process runs no exit handler), where it runs on the same node."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), self._temp_dir
 
     def ping(self) -> bool:
         """Answered while `score` runs (the actor has 2 threads): a worker that does not answer is hung."""

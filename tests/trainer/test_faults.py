@@ -74,7 +74,7 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
     )  # fmt: skip
     trainer = PPOTrainer(cfg)
     trainer.REWARD_PING_S = 2.0
-    hung, killed_at = [], []
+    hung, killed_at, temp_dirs = [], [], []
     try:
         generate, sharded_async = trainer.rollout.generate, trainer.actor.sharded_async
         victim = trainer.actor.pids[1]
@@ -85,6 +85,7 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
                 if trainer.iteration == 3:  # the replacement started for this hang is slow to start
                     monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
                 pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
+                temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[1])
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
                 hung.append(pid)
             return out
@@ -124,6 +125,9 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
     assert all(scored[1]) and all(scored[4]) and not any(scored[2]) and not any(scored[3])  # the replacement scores
     for pid in hung:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    # a killed worker runs no exit handler: the trainer removed its multiprocessing folder (pymp-*) itself
+    assert len(temp_dirs) == 2 and all(os.path.basename(d).startswith("pymp-") for d in temp_dirs), temp_dirs
+    assert not any(os.path.exists(d) for d in temp_dirs), temp_dirs
     _no_leftovers()
 
 
