@@ -72,11 +72,11 @@ def apply(platform: Platform) -> None:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         if platform.name == "cpu":
             _apply_cpu()
-        _orphan_safe_checkpoint_writer()
+        _in_process_checkpoint_results()
         _APPLIED.add(platform.name)
 
 
-def _orphan_safe_checkpoint_writer() -> None:
+def _in_process_checkpoint_results() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     from mindrl.platform.orphans import checkpoint_results_queue

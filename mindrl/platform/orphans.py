@@ -1,5 +1,6 @@
 """Helper processes that must not outlive the process that started them: a parent killed by SIGKILL (the OOM
-killer, kill -9, a killed test) cannot stop its children, so they watch for it and exit on their own."""
+killer, kill -9, a killed test) cannot stop its children, so they watch for it and exit on their own; and one
+helper megatron would start that mindrl does without."""
 
 from __future__ import annotations
 
@@ -24,19 +25,17 @@ def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 
 def checkpoint_results_queue() -> Any:
-    """Stands in for megatron's `filesystem_async._get_write_results_queue`: the same queue on a spawned
-    multiprocessing Manager, whose server process megatron starts once per process and never stops; a killed
-    worker left it running forever. This one exits with its owner, and leaves no socket file behind."""
+    """Stands in for megatron's `filesystem_async._get_write_results_queue`, which starts a spawned
+    multiprocessing Manager (a server process, never stopped) once per process to carry the write results back.
+    mindrl saves synchronously: the writer's results are put and taken in the saving process itself (megatron's
+    `execute_sync`), so a plain thread-safe queue carries them, and there is no server to outlive a killed worker,
+    and none to start. Starting it cost several seconds per save on a busy machine (a fresh interpreter per rank),
+    and each put a round trip through it. An asynchronous save would have to send this queue to another process:
+    it cannot be pickled, so that fails at once rather than losing the results."""
     global _results_queue
     with _queue_lock:
         if _results_queue is None:
-            import multiprocessing as mp
-            from multiprocessing.managers import SyncManager
+            import queue
 
-            # A loopback TCP address, not multiprocessing's default Unix socket: that lives in a pymp-* folder under
-            # /tmp which the server removes only on a clean exit, and a server that ends with its killed owner
-            # (exit_with_parent) left one behind each time.
-            manager = SyncManager(address=("127.0.0.1", 0), ctx=mp.get_context("spawn"))
-            manager.start(initializer=exit_with_parent, initargs=(os.getpid(),))
-            _results_queue = manager.Queue()  # the proxy keeps its manager (and server) alive
+            _results_queue = queue.Queue()
         return _results_queue
