@@ -42,22 +42,51 @@ killed (a SIGKILLed driver cannot clean up; Ray's reaper stops the workers, not 
 
 SHM_PREFIXES = ("mindrl", "psm_")  # our engines' TP segments; vLLM's message-queue buffers (Python's default names)
 
+TEMP_RECORD = ".reward_tmp.json"
+"""In the run dir while the run's rule-reward worker lives: {"host", "path"} of its multiprocessing temporary
+folder (pymp-*), removed by the next run on that host if this one was killed (Ray's reaper kills the worker, which
+then runs no exit handler)."""
 
-def _remove_stale_shm(run_dir: str) -> None:
+
+def _read_record(path: str) -> list | None:
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return []
+    return found if isinstance(found, list) else []
+
+
+def _remove_leftovers(run_dir: str) -> None:
+    """What a previous run in `run_dir` that did not shut down (a SIGKILLed driver) left behind and recorded: its
+    engines' shared memory and its reward worker's temporary folder (this host's)."""
+    import socket
+
     from mindrl.rollout.vllm_engine import remove_shm_segments
 
     path = os.path.join(run_dir, SHM_RECORD)
-    if not os.path.isfile(path):
-        return
-    try:
-        with open(path) as f:
-            idents = [i for i in json.load(f) if isinstance(i, str) and i.startswith(SHM_PREFIXES)]
-    except (OSError, ValueError):
-        idents = []
-    for ident in idents:
-        remove_shm_segments(ident)
-    logger.info("removed the shared memory of a previous run in %s that did not shut down", run_dir)
-    os.remove(path)
+    idents = _read_record(path)
+    if idents is not None:
+        for ident in idents:
+            if isinstance(ident, str) and ident.startswith(SHM_PREFIXES):
+                remove_shm_segments(ident)
+        logger.info("removed the shared memory of a previous run in %s that did not shut down", run_dir)
+        os.remove(path)
+    path = os.path.join(run_dir, TEMP_RECORD)
+    folders = _read_record(path)
+    if folders is not None:
+        host = socket.gethostname()
+        for entry in folders:
+            folder = entry.get("path") if isinstance(entry, dict) else None
+            # only what the record can have named: an absolute multiprocessing folder, on this host
+            if isinstance(folder, str) and os.path.isabs(folder) and os.path.basename(folder).startswith("pymp-"):
+                if entry.get("host") == host:
+                    shutil.rmtree(folder, ignore_errors=True)
+        logger.info("removed the reward worker's temporary folder of a previous run in %s that did not shut down",
+                    run_dir)  # fmt: skip
+        os.remove(path)
 
 
 class TrainingAborted(RuntimeError):
@@ -141,7 +170,7 @@ class PPOTrainer:
                 "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "
                 "policy, not the resumed one"
             )
-        _remove_stale_shm(self.run_dir)
+        _remove_leftovers(self.run_dir)
         self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
         if cfg.generate_config.rollout_mode == "server":
             self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
@@ -364,6 +393,23 @@ class PPOTrainer:
         self.reward = remote.remote(build.reward_settings(self.cfg))
         self._reward_started = self.reward.ping.remote()  # resolves once the actor's __init__ has returned
         self._reward_temp = self.reward.temp_dir.remote()
+        self._reward_temp_recorded = False
+
+    def _record_reward_temp(self) -> None:
+        """Once the (current) reward worker has answered: its temporary folder into TEMP_RECORD, for the next run
+        should this driver be killed (`_remove_leftovers`)."""
+        import ray
+
+        if self._reward_temp_recorded:
+            return
+        self._reward_temp_recorded = True
+        try:
+            _, host, path = ray.get(self._reward_temp, timeout=30)
+        except Exception as e:  # died since it answered: the next call replaces it, and records the new one
+            logger.warning("the rule-reward worker did not say where its temporary folder is: %s", e)
+            return
+        with open(os.path.join(self.run_dir, TEMP_RECORD), "w") as f:
+            json.dump([{"host": host, "path": path}], f)
 
     def _kill_reward_worker(self) -> None:
         """Kill the rule-reward worker and remove the multiprocessing folder it leaves behind in the temporary
@@ -372,11 +418,13 @@ class PPOTrainer:
 
         ray.kill(self.reward, no_restart=True)
         try:
-            node, path = ray.get(self._reward_temp, timeout=5)
+            node, _, path = ray.get(self._reward_temp, timeout=5)
         except Exception:  # it never answered (killed while starting): nothing known to remove
             return
         if node == ray.get_runtime_context().get_node_id():
             shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.run_dir, TEMP_RECORD))
 
     def _collect_scores(self, ref, responses: list[list[int]], labels: list[list[int]]) -> dict:
         """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
@@ -391,7 +439,9 @@ class PPOTrainer:
         while True:
             left = deadline - (time.perf_counter() - t0)
             try:
-                return ray.get(ref, timeout=max(0.0, min(self.REWARD_PING_S, left)))
+                scored = ray.get(ref, timeout=max(0.0, min(self.REWARD_PING_S, left)))
+                self._record_reward_temp()
+                return scored
             except RayActorError:
                 what = "died"
                 break

@@ -58,12 +58,15 @@ class RuleRewardWorker:
             "metrics": scores.metrics,
         }
 
-    def temp_dir(self) -> tuple[str, str]:
-        """(Ray node id, path) of this process's multiprocessing temporary folder: the trainer removes it after
-        killing this worker (a killed process runs no exit handler), where it runs on the same node."""
+    def temp_dir(self) -> tuple[str, str, str]:
+        """(Ray node id, host name, path) of this process's multiprocessing temporary folder: the trainer removes it
+        after killing this worker (a killed process runs no exit handler), where it runs on the same node, and
+        records it in the run dir for the next run, should the driver itself be killed."""
+        import socket
+
         import ray
 
-        return ray.get_runtime_context().get_node_id(), self._temp_dir
+        return ray.get_runtime_context().get_node_id(), socket.gethostname(), self._temp_dir
 
     def ping(self) -> bool:
         """Answered while `score` runs (the actor has 2 threads): a worker that does not answer is hung."""

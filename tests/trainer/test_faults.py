@@ -8,6 +8,7 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -86,7 +87,7 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
                 if trainer.iteration == 3:  # the replacement started for this hang is slow to start
                     monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
                 pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
-                temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[1])
+                temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[2])
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
                 hung.append(pid)
             return out
@@ -324,24 +325,32 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
         assert any(i.startswith("mindrl") for i in idents) and any(i.startswith("psm_") for i in idents), idents
         return idents
 
-    def resumed(err: str, last: int, killed: list[str]) -> None:
+    def reward_temp() -> str:  # the reward worker's multiprocessing folder, left by a SIGKILL until the next run
+        (entry,) = json.load(open(tmp_path / ".reward_tmp.json"))
+        assert entry["host"] == socket.gethostname() and os.path.basename(entry["path"]).startswith("pymp-"), entry
+        assert os.path.isdir(entry["path"]), entry
+        return entry["path"]
+
+    def resumed(err: str, last: int, killed: list[str], killed_tmp: str) -> None:
         assert "removed the shared memory of a previous run" in err, err[-3000:]
         assert not [p for i in killed for p in glob.glob(f"/dev/shm/*{i}*")]
+        assert "removed the reward worker's temporary folder of a previous run" in err, err[-3000:]
+        assert not os.path.exists(killed_tmp)
         assert f"resumed from {ckpt / mcore_ckpt.iteration_dir('', last).lstrip('/')}" in err, err[-3000:]
 
     # 1. a fresh run, killed mid-iteration after its second checkpoint
     proc = _train_cli(cfg, tmp_path, "megatron_training.train_iters=1000", "megatron_training.save_interval=1")
     killed_at, _ = _kill_the_driver(proc, ckpt, "mid_iteration", after=1)
     agents = _agents_left_after_kill()
-    killed = engine_shm()
+    killed, killed_tmp = engine_shm(), reward_temp()
     first = mcore_ckpt.read_tracker(str(ckpt))
     assert first >= killed_at
     # 2. resumed (the killed cluster's agents still exiting), killed mid-save after one checkpoint of its own
     proc = _train_cli(cfg, tmp_path, *resume)
     killed_at, err = _kill_the_driver(proc, ckpt, "mid_save", after=first)
     agents |= _agents_left_after_kill()
-    resumed(err, first, killed)
-    killed = engine_shm()
+    resumed(err, first, killed, killed_tmp)
+    killed, killed_tmp = engine_shm(), reward_temp()
     last = mcore_ckpt.read_tracker(str(ckpt))
     assert last >= killed_at > first
     leftover = glob.glob(str(ckpt / "iter_*.tmp"))  # the interrupted iteration stayed a temporary directory
@@ -356,7 +365,8 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
-    resumed(err, last, killed)
+    resumed(err, last, killed, killed_tmp)
+    assert not (tmp_path / ".reward_tmp.json").exists()  # a run that shut down removed its worker's folder itself
     deadline = time.monotonic() + 10  # its own cluster is down at once: only the killed ones' agents may remain
     while (stray := set(ray_processes()) - agents) and time.monotonic() < deadline:
         time.sleep(0.5)
