@@ -80,12 +80,16 @@ def _remove_leftovers(run_dir: str) -> None:
         host = socket.gethostname()
         for entry in folders:
             folder = entry.get("path") if isinstance(entry, dict) else None
-            # only what the record can have named: an absolute multiprocessing folder, on this host
-            if isinstance(folder, str) and os.path.isabs(folder) and os.path.basename(folder).startswith("pymp-"):
-                if entry.get("host") == host:
-                    shutil.rmtree(folder, ignore_errors=True)
-        logger.info("removed the reward worker's temporary folder of a previous run in %s that did not shut down",
-                    run_dir)  # fmt: skip
+            # only what the record can have named: an absolute multiprocessing folder
+            if not (isinstance(folder, str) and os.path.isabs(folder) and os.path.basename(folder).startswith("pymp-")):
+                continue
+            if entry.get("host") == host:
+                shutil.rmtree(folder, ignore_errors=True)
+                logger.info("removed the reward worker's temporary folder %s of a previous run in %s that did not "
+                            "shut down", folder, run_dir)  # fmt: skip
+            else:
+                logger.info("a previous run in %s left its reward worker's temporary folder %s on host %s",
+                            run_dir, folder, entry.get("host"))  # fmt: skip
         os.remove(path)
 
 
@@ -408,8 +412,11 @@ class PPOTrainer:
         except Exception as e:  # died since it answered: the next call replaces it, and records the new one
             logger.warning("the rule-reward worker did not say where its temporary folder is: %s", e)
             return
-        with open(os.path.join(self.run_dir, TEMP_RECORD), "w") as f:
-            json.dump([{"host": host, "path": path}], f)
+        try:
+            with open(os.path.join(self.run_dir, TEMP_RECORD), "w") as f:
+                json.dump([{"host": host, "path": path}], f)
+        except OSError as e:  # a record for a later cleanup: not worth failing the run over (e.g. a full disk)
+            logger.warning("could not record the rule-reward worker's temporary folder %s: %s", path, e)
 
     def _kill_reward_worker(self) -> None:
         """Kill the rule-reward worker and remove the multiprocessing folder it leaves behind in the temporary
@@ -440,8 +447,6 @@ class PPOTrainer:
             left = deadline - (time.perf_counter() - t0)
             try:
                 scored = ray.get(ref, timeout=max(0.0, min(self.REWARD_PING_S, left)))
-                self._record_reward_temp()
-                return scored
             except RayActorError:
                 what = "died"
                 break
@@ -449,6 +454,9 @@ class PPOTrainer:
                 if left <= self.REWARD_PING_S:
                     what = f"did not answer within {deadline:.0f} s"
                     break
+            else:
+                self._record_reward_temp()
+                return scored
             if not ray.wait([self._reward_started], timeout=0)[0]:
                 # A replacement (or the first worker) still starting is not hung: wait for its start, which does
                 # not count against the call's deadline.

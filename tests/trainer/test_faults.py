@@ -334,7 +334,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
     def resumed(err: str, last: int, killed: list[str], killed_tmp: str) -> None:
         assert "removed the shared memory of a previous run" in err, err[-3000:]
         assert not [p for i in killed for p in glob.glob(f"/dev/shm/*{i}*")]
-        assert "removed the reward worker's temporary folder of a previous run" in err, err[-3000:]
+        assert f"removed the reward worker's temporary folder {killed_tmp} of a previous run" in err, err[-3000:]
         assert not os.path.exists(killed_tmp)
         assert f"resumed from {ckpt / mcore_ckpt.iteration_dir('', last).lstrip('/')}" in err, err[-3000:]
 

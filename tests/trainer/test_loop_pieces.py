@@ -1,8 +1,11 @@
-"""The driver's pieces that need no workers: the RL batch layout, DP sharding, and the abort rule for
-non-finite updates."""
+"""The driver's pieces that need no workers: the RL batch layout, DP sharding, the abort rule for non-finite
+updates, and the cleanup of what a killed run recorded."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from types import SimpleNamespace as NS
 
 import pytest
@@ -10,7 +13,7 @@ import torch
 
 from mindrl.batch import Batch, shard_rows
 from mindrl.rollout.base import RolloutSample
-from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+from mindrl.trainer.ppo_trainer import TEMP_RECORD, PPOTrainer, TrainingAborted, _remove_leftovers
 
 
 def _bare_trainer(limit: int = 3, n: int = 2) -> PPOTrainer:
@@ -65,3 +68,31 @@ def test_dp_shards_hold_their_slice_of_every_mini_batch():
 def test_batch_rejects_ragged_rows():
     with pytest.raises(ValueError, match="same number of rows"):
         Batch({"a": torch.zeros(2, 3), "b": torch.zeros(3, 3)})
+
+
+def test_a_killed_runs_recorded_temp_folder_is_removed_and_nothing_else(tmp_path):
+    """`_remove_leftovers` removes the recorded reward-worker folder on this host only, and only a pymp-* folder
+    given by an absolute path: a damaged or foreign record removes nothing, and the record goes either way."""
+    run = tmp_path / "run"
+    run.mkdir()
+    mine, elsewhere, wrong_name = tmp_path / "pymp-abc", tmp_path / "pymp-def", tmp_path / "keep"
+    for d in (mine, elsewhere, wrong_name):
+        d.mkdir()
+        (d / "listener").write_text("")
+    host = socket.gethostname()
+    entries = [
+        {"host": host, "path": str(mine)},
+        {"host": host + "-other", "path": str(elsewhere)},
+        {"host": host, "path": str(wrong_name)},
+        {"host": host, "path": os.path.relpath(elsewhere)},  # relative: not what a worker records
+        "not an entry",
+    ]
+    (run / TEMP_RECORD).write_text(json.dumps(entries))
+    _remove_leftovers(str(run))
+    assert not mine.exists() and elsewhere.is_dir() and wrong_name.is_dir()
+    assert not (run / TEMP_RECORD).exists()
+    for damaged in ("{not json", json.dumps({"host": host, "path": str(elsewhere)})):
+        (run / TEMP_RECORD).write_text(damaged)
+        _remove_leftovers(str(run))
+        assert elsewhere.is_dir() and not (run / TEMP_RECORD).exists()
+    _remove_leftovers(str(run))  # no record: nothing to do
