@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 SAVE = """
-import sys, psutil, torch, torch.distributed as dist
+import os, sys, psutil, torch, torch.distributed as dist
 from mindrl.platform import current_platform
 current_platform().apply()
 from megatron.core import dist_checkpointing
@@ -18,7 +18,6 @@ from megatron.core.dist_checkpointing import ShardedTensor
 from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
 w = torch.randn(64, 32)
-import os
 for i in range(2):  # the second save reuses the queue
     os.makedirs(sys.argv[1] + str(i))
     dist_checkpointing.save({"w": ShardedTensor.from_rank_offsets("w", w * i, replica_id=0)}, sys.argv[1] + str(i))
