@@ -385,7 +385,9 @@ class PPOTrainer:
     """While a rule-reward call runs, the worker is pinged this often (and given as long to answer)."""
     REWARD_START_S = 300.0
     """A new rule-reward worker (a Ray worker process, its imports, its tokenizer) may take this long to start; until
-    it has started, a missed ping means "still starting", not "hung"."""
+    it has started (its first ping answered), a missed ping means "still starting", not "hung". The worker has 2
+    threads, so that first reply can come after later calls' replies: a worker that hangs before sending it counts as
+    starting, and is replaced after this bound."""
 
     def _start_reward_worker(self) -> None:
         import ray

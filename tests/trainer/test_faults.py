@@ -86,6 +86,9 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
             if trainer.iteration in (2, 3):
                 if trainer.iteration == 3:  # the replacement started for this hang is slow to start
                     monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
+                # The trainer has seen this worker start: its start ping's reply can come after later calls' replies
+                # (2 threads), and a worker stopped before that reply counts as still starting (REWARD_START_S).
+                ray.get(trainer._reward_started)
                 pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
                 temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[2])
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
