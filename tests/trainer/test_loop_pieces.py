@@ -1,5 +1,5 @@
-"""The driver's pieces that need no workers: the RL batch layout, DP sharding, the abort rule for non-finite
-updates, and the cleanup of what a killed run recorded."""
+"""The driver's pieces that need no workers: the RL batch layout, the advantages of every estimator, DP sharding,
+the abort rule for non-finite updates, and the cleanup of what a killed run recorded."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
+from mindrl.algorithms.advantages import get_advantage_estimator, list_advantage_estimators
 from mindrl.batch import Batch, shard_rows
 from mindrl.rollout.base import RolloutSample
 from mindrl.trainer.ppo_trainer import TEMP_RECORD, PPOTrainer, TrainingAborted, _remove_leftovers
@@ -63,6 +64,46 @@ def test_dp_shards_hold_their_slice_of_every_mini_batch():
     assert sorted(shards[0][:2] + shards[1][:2]) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="do not split"):
         shard_rows(6, dp=2, num_mini_batches=2)
+
+
+@pytest.mark.parametrize("name", list_advantage_estimators())
+def test_advantages_apply_the_configured_estimator_to_the_batch(name):
+    """Every registered estimator through the driver's wiring: the sequence scores on each response's last token, the
+    prompt groups (the n samples of a prompt), gamma and lam, the critic's values for gae; and the metrics it logs.
+    End to end, GRPO runs group_norm, PPO gae and test_ppo_e2e reinforce_plus_plus; the estimators' own math is
+    test_advantages'."""
+    t = _bare_trainer(n=2)
+    t.cfg = NS(rl_config=NS(kl_in_reward=False, adv_estimator=name, gamma=0.9, lam=0.8))
+    t.needs_ref, t.verifier_names = False, ["acc_for_ppo"]
+    samples = [
+        [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
+        [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([11, 12], [-0.7, -0.8], "stop")],
+    ]
+    b = t._make_batch([[1, 2, 3], [4]], samples)
+    values = torch.tensor([[0.1, 0.2, 0.0], [0.3, 0.0, 0.0], [0.4, 0.5, 0.6], [0.7, 0.8, 0.0]])
+    if name == "gae":
+        b["values"] = values
+    scored = {"rewards": [1.0, 0.0, 0.5, 0.25], "metrics": {"reward/acc_for_ppo/mean": 0.75, "reward/errors": 1.0}}
+    metrics = t._advantages(b, scored)
+
+    mask = b["response_mask"]
+    token_scores = torch.zeros(4, 3)
+    token_scores[[0, 1, 2, 3], [1, 0, 2, 1]] = torch.tensor([1.0, 0.0, 0.5, 0.25])  # each response's last token
+    assert torch.equal(b["token_level_scores"], token_scores) and torch.equal(b["token_level_rewards"], token_scores)
+    estimator = get_advantage_estimator(name)
+    if name == "gae":
+        adv, ret = estimator(token_scores, values=values, response_mask=mask, gamma=0.9, lam=0.8)
+    elif name == "reinforce_plus_plus":
+        adv, ret = estimator(token_scores, mask, gamma=0.9)
+    else:  # the group estimators: rows 0-1 are prompt 0's samples, rows 2-3 prompt 1's
+        adv, ret = estimator(token_scores, mask, index=[0, 0, 1, 1])
+    assert torch.equal(b["advantages"], adv) and torch.equal(b["returns"], ret)
+    assert adv.abs().sum() > 0
+    assert metrics["critic/advantages/mean"] == pytest.approx(adv[mask.bool()].mean().item(), abs=1e-6)
+    assert metrics["reward/mean"] == pytest.approx(0.4375) and metrics["critic/score/mean"] == pytest.approx(0.4375)
+    assert metrics["acc_for_ppo_rewards/mean"] == 0.75 and metrics["reward/errors"] == 1.0
+    assert metrics["reward/crashes"] == 0.0
+    assert ("critic/values/mean" in metrics) == (name == "gae")
 
 
 def test_batch_rejects_ragged_rows():
