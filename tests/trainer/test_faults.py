@@ -88,7 +88,7 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
                     monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
                 # The trainer has seen this worker start: its start ping's reply can come after later calls' replies
                 # (2 threads), and a worker stopped before that reply counts as still starting (REWARD_START_S).
-                ray.get(trainer._reward_started)
+                ray.get(trainer._reward_started, timeout=300)
                 pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
                 temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[2])
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
