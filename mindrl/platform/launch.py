@@ -41,6 +41,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     platform = current_platform()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     platform.set_device(local_rank)
+    platform.prepare_process_groups()
     torch.distributed.init_process_group(
         backend=platform.dist_backend,
         init_method=f"tcp://{master_addr}:{master_port}",

@@ -776,6 +776,7 @@ def _tp_rank_engine(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(platform.local_rank(rank)))  # fmt: skip
     platform.set_device(platform.local_rank(rank))
+    platform.prepare_process_groups()
     dist.init_process_group(platform.dist_backend, rank=rank, world_size=world)
     return factory(config)
 

@@ -61,3 +61,39 @@ def report_pid_then_block(path):
     if torch.distributed.get_rank() == 0:
         torch.distributed.barrier()
     time.sleep(3600)
+
+
+def gloo_loops_and_wakeups(tp, window_s):
+    """After megatron's groups for TP `tp` exist (and a collective ran on one of them): this rank's gloo event-loop
+    threads, its gloo process groups, and its threads' wake-ups per second while idle for `window_s`."""
+    import os
+    import time
+
+    from megatron.core import parallel_state as ps
+
+    from mindrl.platform.launch import init_model_parallel
+
+    init_model_parallel(tp, 1)
+    t = torch.tensor([1.0])
+    torch.distributed.all_reduce(t, group=ps.get_tensor_model_parallel_group())
+    assert t.item() == tp
+
+    def switches():
+        total = 0
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        return total
+
+    def names():
+        out = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append(f.read().strip())
+        return out
+
+    before = switches()
+    time.sleep(window_s)
+    rate = (switches() - before) / window_s
+    groups = len(torch.distributed.distributed_c10d._world.pg_map)
+    return names().count("gloo_tcp_loop"), groups, rate
