@@ -208,8 +208,9 @@ class Platform:
         """Whether every gloo process group of a process runs on one shared transport device (`mindrl.platform.gloo`)
         instead of one device, and one event-loop thread waking every 10 ms, per group. On CPU those wake-ups
         (about 3,400 a second from the 34 groups of a TP1 integrated worker) preempt the training's OpenMP threads on
-        the cores they fill: the in-loop update was 7% slower than the same update in a bare process. On devices the
-        compute is not on those cores, and a loop per group keeps groups' host traffic apart (megatron's gloo
+        the cores they fill (a 2-core VM: a background process waking 1,000 times a second slowed a bare update 5-8%;
+        sharing the device took 3% off the median GRPO step, docs/performance.md). On devices the compute is not on
+        those cores, and a loop per group keeps groups' host traffic apart (megatron's gloo
         groups gather optimizer state): torch's default is kept there."""
         return self.name == "cpu"
 
