@@ -210,8 +210,8 @@ class Platform:
         (about 3,400 a second from the 34 groups of a TP1 integrated worker) preempt the training's OpenMP threads on
         the cores they fill (a 2-core VM: a background process waking 1,000 times a second slowed a bare update 5-8%;
         sharing the device took 3% off the median GRPO step, docs/performance.md). On devices the compute is not on
-        those cores, and a loop per group keeps groups' host traffic apart (megatron's gloo
-        groups gather optimizer state): torch's default is kept there."""
+        those cores, and a loop per group keeps groups' host traffic apart (megatron's gloo groups gather optimizer
+        state): torch's default is kept there."""
         return self.name == "cpu"
 
     def prepare_process_groups(self) -> None:

@@ -36,9 +36,13 @@ def _shared_devices() -> list:
 
 
 class SharedDeviceGloo(_TORCH_GLOO):
-    """torch's ProcessGroupGloo on the process's shared devices (2 worker threads per device, as torch's)."""
+    """torch's ProcessGroupGloo on the process's shared devices (2 worker threads per device, as torch's). A caller
+    that passes torch's own options (its other constructor) gets exactly those."""
 
     def __init__(self, store, rank, size, timeout: datetime.timedelta = c10d.default_pg_timeout):
+        if isinstance(timeout, _TORCH_GLOO._Options):
+            super().__init__(store, rank, size, timeout)
+            return
         options = _TORCH_GLOO._Options()
         options._devices = _shared_devices()
         options._threads = 2 * len(options._devices)

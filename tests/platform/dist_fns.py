@@ -63,10 +63,21 @@ def report_pid_then_block(path):
     time.sleep(3600)
 
 
+def _threads() -> list[tuple[str, int]]:
+    """(name, voluntary context switches) of each thread of this process."""
+    import os
+
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        out.append((fields["Name"], int(fields["voluntary_ctxt_switches"])))
+    return out
+
+
 def gloo_loops_and_wakeups(tp, window_s):
     """After megatron's groups for TP `tp` exist (and a collective ran on one of them): this rank's gloo event-loop
     threads, its gloo process groups, and its threads' wake-ups per second while idle for `window_s`."""
-    import os
     import time
 
     from megatron.core import parallel_state as ps
@@ -77,23 +88,24 @@ def gloo_loops_and_wakeups(tp, window_s):
     t = torch.tensor([1.0])
     torch.distributed.all_reduce(t, group=ps.get_tensor_model_parallel_group())
     assert t.item() == tp
-
-    def switches():
-        total = 0
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/status") as f:
-                total += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-        return total
-
-    def names():
-        out = []
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out.append(f.read().strip())
-        return out
-
-    before = switches()
+    before = sum(n for _, n in _threads())
     time.sleep(window_s)
-    rate = (switches() - before) / window_s
+    after = _threads()
+    rate = (sum(n for _, n in after) - before) / window_s
     groups = len(torch.distributed.distributed_c10d._world.pg_map)
-    return names().count("gloo_tcp_loop"), groups, rate
+    return [name for name, _ in after].count("gloo_tcp_loop"), groups, rate
+
+
+def gloo_group_with_own_options():
+    """A one-rank gloo group built through torch's options constructor (its own device): it works, and adds a loop."""
+    from torch.distributed import PrefixStore
+    from torch.distributed import distributed_c10d as c10d
+
+    loops = [name for name, _ in _threads()].count("gloo_tcp_loop")
+    options = c10d.ProcessGroupGloo._Options()
+    options._devices = [c10d.ProcessGroupGloo.create_default_device()]
+    store = PrefixStore(f"own_options_{torch.distributed.get_rank()}", c10d._get_default_store())
+    pg = c10d.ProcessGroupGloo(store, 0, 1, options)
+    t = torch.tensor([2.0])
+    pg.allreduce([t]).wait()
+    return t.item(), [name for name, _ in _threads()].count("gloo_tcp_loop") - loops

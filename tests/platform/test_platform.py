@@ -110,6 +110,8 @@ def test_shared_gloo_devices_follow_gloo_socket_ifname(monkeypatch):
     with RankPool(2, timeout_s=120) as own:
         assert own.run(dist_fns.allreduce_rank, 1) == [3.0, 3.0]
         assert [loops for loops, _, _ in own.run(dist_fns.gloo_loops_and_wakeups, 2, 0.1)] == [1, 1]
+        # torch's options constructor is passed through: the caller's own device, not the shared one
+        assert own.run(dist_fns.gloo_group_with_own_options) == [(2.0, 1), (2.0, 1)]
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,nosuchif0")
     with pytest.raises(RuntimeError, match="nosuchif0"):
         RankPool(2, timeout_s=120).close()
