@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.bench_update import ModelShape, make_model, matmul_peak, update_flops  # noqa: E402
+from tools.bench_update import ModelShape, describe_peak, make_model, matmul_peak, update_flops  # noqa: E402
 
 SHAPES = {"short": 64, "long": 256}
 LAYOUTS = {"tp1w1": (1, 1), "tp1w2": (1, 2), "tp2w2": (2, 2)}  # name -> (TP, world); world / TP is DP
@@ -453,8 +453,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = a.prompts * a.n
     micro_tokens = sorted({a.micro_batch_size * (a.prompt_len + SHAPES[s]) for s in shapes})
     peak = matmul_peak(shape, a.threads, tokens=tuple(micro_tokens))
-    print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {peak['peak_gflops']:.1f} "
-          f"GFLOP/s ({a.threads} threads)", flush=True)  # fmt: skip
+    print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {describe_peak(peak)} "
+          f"({a.threads} threads)", flush=True)  # fmt: skip
     texts, ids = build_prompts(hf, a.prompts * (a.iterations + 1), a.prompt_len)
     write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> dict:
     for shape_name, per in out.get("ratio", {}).items():
         for kl_name, ratio in per.items():
             print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}")
-    print(f"matmul peak {peak['peak_gflops']:.1f} GFLOP/s ({a.threads} threads); bound = step FLOPs / peak; "
+    print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak; "
           f"mindrl layouts {a.layout}; medians of {a.iterations} steps after a warm-up")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:

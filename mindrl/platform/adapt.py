@@ -72,6 +72,10 @@ def apply(platform: Platform) -> None:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         if platform.name == "cpu":
             _apply_cpu()
+            if platform.onednn_linear:
+                from mindrl.platform import cpu_linear
+
+                cpu_linear.install()
         _in_process_checkpoint_results()
         _APPLIED.add(platform.name)
 

