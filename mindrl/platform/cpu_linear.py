@@ -20,8 +20,13 @@ _MEGATRON_LINEAR = layers.LinearWithGradAccumulationAndAsyncCommunication
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., k] @ weight [n, k]^T -> [..., n] on oneDNN (fp32 CPU tensors of any strides; no autograd)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    """x [..., k] @ weight [n, k]^T -> [..., n] on oneDNN (fp32 CPU tensors of any strides; no autograd).
+
+    The result is a tensor of its own, not a view: the op returns an N-d product as a view of its 2-d result, and
+    an autograd Function's output that is a view cannot be modified in place (megatron all-reduces a row-parallel
+    layer's output in place). As torch.matmul does, the 2-d result is reshaped without making a view."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, None, "none", [], "")
+    return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
 
 
 class OneDnnLinear(_MEGATRON_LINEAR):

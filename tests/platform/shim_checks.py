@@ -84,6 +84,13 @@ def onednn_linear() -> None:
         _close(gb, gb_ref, "bias grad")
         if fusion:  # DDP's contract: main_grad has it, the .grad placeholder is zeros (zero_out_wgrad)
             assert w.grad_added_to_main_grad and torch.count_nonzero(w.grad) == 0
+    # Its output may be modified in place (megatron all-reduces a row-parallel layer's output in place).
+    x = x0.clone().requires_grad_()
+    out = cpu_linear.OneDnnLinear.apply(x, w0, None, False, False, False, None, 0, None)
+    out.mul_(2.0).sum().backward()
+    _close(
+        x.grad, 2.0 * megatron_fn.apply(torch.ones_like(grad), w0.t(), None, False, False, False, None, 0, None), "x2"
+    )
     again = cpu_linear.OneDnnLinear.apply(x0, w0, b0, False, False, False, None, 0, None)
     assert torch.equal(again, cpu_linear.OneDnnLinear.apply(x0, w0, b0, False, False, False, None, 0, None))
     # Not covered: 16-bit tensors, deferred weight grads (megatron keeps the grad in the buffer): megatron's function.
