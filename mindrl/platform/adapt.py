@@ -339,24 +339,6 @@ def _import_megatron_quietly() -> None:
             importlib.import_module(name)
 
 
-class _CpuWgradAccumulation:
-    """The CPU form of megatron's `fused_weight_gradient_mlp_cuda`: main_grad += grad_output^T @ input.
-
-    One GEMM that adds into the grad buffer, instead of a fresh weight-grad tensor that DDP's hook then adds to
-    main_grad in another pass over it (and frees): per micro-batch one allocation and one read-modify-write pass of
-    every linear weight's size fewer."""
-
-    @staticmethod
-    def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
-        """total_input (tokens, in), grad_output (tokens, out), main_grad (out, in)."""
-        if total_input.dtype == main_grad.dtype:
-            main_grad.addmm_(grad_output.t(), total_input)
-        else:  # 16-bit activations, fp32 grads: the 16-bit GEMM the unfused path makes, added as it adds it
-            main_grad.add_(grad_output.t().matmul(total_input))
-
-    wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
-
-
 def _apply_cpu() -> None:
     global _TORCH_PROXY
     _TORCH_PROXY = _TorchOnCpu()
@@ -383,8 +365,10 @@ def _apply_cpu() -> None:
 
     # Weight-gradient accumulation into DDP's main_grad (megatron's apex kernel on CUDA), see
     # mindrl.workers.train_setup.accumulate_wgrad_in_main_grad.
+    from mindrl.platform import cpu_linear
+
     layers = sys.modules["megatron.core.tensor_parallel.layers"]
-    layers.fused_weight_gradient_mlp_cuda = _CpuWgradAccumulation
+    layers.fused_weight_gradient_mlp_cuda = cpu_linear.CpuWgradAccumulation
     layers._grad_accum_fusion_available = True
 
     # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.

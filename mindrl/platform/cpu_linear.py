@@ -29,6 +29,29 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
 
 
+class CpuWgradAccumulation:
+    """The CPU form of megatron's `fused_weight_gradient_mlp_cuda`: main_grad += grad_output^T @ input.
+
+    One GEMM that adds into the grad buffer, instead of a fresh weight-grad tensor that DDP's hook then adds to
+    main_grad in another pass over it (and frees): per micro-batch one allocation and one read-modify-write pass of
+    every linear weight's size fewer. Its GEMM is oneDNN's once `install` ran (the product, then one add pass over the
+    weight-sized result), else torch's addmm_."""
+
+    onednn = False
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+        """total_input (tokens, in), grad_output (tokens, out), main_grad (out, in)."""
+        if total_input.dtype != main_grad.dtype:  # 16-bit activations, fp32 grads: the 16-bit GEMM, added
+            main_grad.add_(grad_output.t().matmul(total_input))
+        elif CpuWgradAccumulation.onednn and main_grad.dtype == torch.float32:
+            main_grad.add_(onednn_linear(grad_output.t(), total_input.t()))
+        else:
+            main_grad.addmm_(grad_output.t(), total_input)
+
+    wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+
+
 class OneDnnLinear(_MEGATRON_LINEAR):
     """See the module docstring. Installed in megatron's layers module by `install`; `apply` picks this function
     for fp32 CPU tensors without sequence parallelism, deferred weight gradients or FSDP, megatron's otherwise."""
@@ -97,11 +120,15 @@ class OneDnnLinear(_MEGATRON_LINEAR):
         handle = None
         if ctx.allreduce_dgrad:  # overlapped with the weight gradient, as megatron does
             handle = torch.distributed.all_reduce(grad_input, group=ctx.tp_group, async_op=True)
-        grad_2d = grad_output.reshape(-1, grad_output.shape[-1])
-        wgrad = onednn_linear(grad_2d.t(), input.reshape(-1, input.shape[-1]).t())  # grad^T @ input: [out, in]
+        grad_2d, input_2d = grad_output.reshape(-1, grad_output.shape[-1]), input.reshape(-1, input.shape[-1])
         if ctx.gradient_accumulation_fusion:
             weight.main_grad = ctx.main_grad
-            weight.main_grad.add_(wgrad)
+            # megatron's kernel slot (CpuWgradAccumulation on CPU): main_grad += grad^T @ input
+            kernel = layers.fused_weight_gradient_mlp_cuda
+            if weight.main_grad.dtype == torch.float32:
+                kernel.wgrad_gemm_accum_fp32(input_2d, grad_2d, weight.main_grad)
+            else:
+                kernel.wgrad_gemm_accum_fp16(input_2d, grad_2d, weight.main_grad)
             if hasattr(weight, "grad_added_to_main_grad"):
                 # megatron's contract with DDP's hooks: a placeholder grad (zeros where the weight asks for them), so
                 # the hooks run on the backward thread, and the flag that says main_grad already has the gradient.
@@ -111,7 +138,7 @@ class OneDnnLinear(_MEGATRON_LINEAR):
             else:
                 grad_weight = None
         else:
-            grad_weight = wgrad
+            grad_weight = onednn_linear(grad_2d.t(), input_2d.t())  # grad^T @ input: [out, in]
         grad_bias = grad_2d.sum(dim=0) if ctx.use_bias else None
         if handle is not None:
             handle.wait()
@@ -121,3 +148,4 @@ class OneDnnLinear(_MEGATRON_LINEAR):
 def install() -> None:
     """Route megatron's linear layers through `OneDnnLinear` (megatron looks the function up at each call)."""
     layers.LinearWithGradAccumulationAndAsyncCommunication = OneDnnLinear
+    CpuWgradAccumulation.onednn = True
