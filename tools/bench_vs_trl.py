@@ -8,7 +8,8 @@ reference model; or a k3 KL in the loss against a reference model on both sides)
 rule reward (mindrl's `format` verifier). TRL runs in its own environment, ./.bench-venv/trl (created here if
 missing, torch pinned to 2.13.0 CPU; .venv is never touched), through tools/bench_trl_side.py.
 
-Also measures the matmul peak (best fp32 torch.matmul at the model's GEMM shapes with the benchmark's threads)
+Also measures the matmul peak (the best fp32 GEMM at the model's GEMM shapes with the benchmark's threads, of
+torch.matmul and, on x86 CPUs, oneDNN's linear, which mindrl's megatron layers use there)
 and reports per side, shape and KL setting the medians after a warm-up iteration: step seconds, tokens/s
 ((prompt + response tokens) / step), the phase split, step FLOPs (2NT generation + 6NT update + 2NT per
 reference forward + attention), the roofline bound (FLOPs / peak), step / bound, peak RSS (the side's whole
