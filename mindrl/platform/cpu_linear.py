@@ -57,29 +57,10 @@ class OneDnnLinear(_MEGATRON_LINEAR):
     for fp32 CPU tensors without sequence parallelism, deferred weight gradients or FSDP, megatron's otherwise."""
 
     @classmethod
-    def apply(
-        cls,
-        input,
-        weight,
-        bias,
-        gradient_accumulation_fusion,
-        allreduce_dgrad,
-        sequence_parallel,
-        grad_output_buffer=None,
-        wgrad_deferral_limit=0,
-        tp_group=None,
-    ):
-        args = (
-            input,
-            weight,
-            bias,
-            gradient_accumulation_fusion,
-            allreduce_dgrad,
-            sequence_parallel,
-            grad_output_buffer,
-            wgrad_deferral_limit,
-            tp_group,
-        )
+    def apply(cls, *args):
+        """megatron's call: (input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
+        grad_output_buffer, wgrad_deferral_limit, tp_group), positionally."""
+        input, weight, _, _, _, sequence_parallel, grad_output_buffer = args[:7]
         covered = (
             input.dtype == torch.float32
             and weight.dtype == torch.float32
