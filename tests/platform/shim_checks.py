@@ -84,6 +84,10 @@ def onednn_linear() -> None:
         _close(gb, gb_ref, "bias grad")
         if fusion:  # DDP's contract: main_grad has it, the .grad placeholder is zeros (zero_out_wgrad)
             assert w.grad_added_to_main_grad and torch.count_nonzero(w.grad) == 0
+    # The weight grad copies whichever operand is narrower (transposed): both orientations give grad^T @ input.
+    for width_in, width_out in ((512, 1408), (1408, 512)):
+        inp, out_grad = torch.randn(376, width_in, generator=g), torch.randn(376, width_out, generator=g)
+        _close(cpu_linear.onednn_weight_grad(inp, out_grad), out_grad.t() @ inp, f"weight grad {width_out}x{width_in}")
     # Its output may be modified in place (megatron all-reduces a row-parallel layer's output in place).
     x = x0.clone().requires_grad_()
     out = cpu_linear.OneDnnLinear.apply(x, w0, None, False, False, False, None, 0, None)
