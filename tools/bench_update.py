@@ -116,7 +116,7 @@ def matmul_peak(
         kernels["onednn"] = onednn_linear
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    per_shape = {}
+    per_shape, best_by_kernel = {}, {}
     try:
         for kernel, fn in kernels.items():
             for m in tokens:
@@ -132,10 +132,10 @@ def matmul_peak(
                         sync()
                         best = min(best, time.perf_counter() - t1)
                         reps += 1
-                    per_shape[f"{kernel} {m}x{k}x{n}"] = 2.0 * m * k * n / best / 1e9
+                    rate = per_shape[f"{kernel} {m}x{k}x{n}"] = 2.0 * m * k * n / best / 1e9
+                    best_by_kernel[kernel] = max(rate, best_by_kernel.get(kernel, 0.0))
     finally:
         torch.set_num_threads(old)
-    best_by_kernel = {kn: max(v for key, v in per_shape.items() if key.startswith(kn + " ")) for kn in kernels}
     return {
         "peak_gflops": max(best_by_kernel.values()),
         "threads": threads,
