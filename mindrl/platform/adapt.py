@@ -76,16 +76,17 @@ def apply(platform: Platform) -> None:
                 from mindrl.platform import cpu_linear
 
                 cpu_linear.install()
-        _in_process_checkpoint_results()
+        _in_process_checkpoint_writes()
         _APPLIED.add(platform.name)
 
 
-def _in_process_checkpoint_results() -> None:
+def _in_process_checkpoint_writes() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from mindrl.platform.orphans import checkpoint_results_queue
+    from mindrl.platform.orphans import checkpoint_results_queue, write_buckets_in_process
 
     filesystem_async._get_write_results_queue = checkpoint_results_queue
+    filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(write_buckets_in_process)
 
 
 def _apply_npu() -> None:

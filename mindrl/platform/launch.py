@@ -2,17 +2,23 @@
 
 The trainer runs its ranks as Ray actors (`mindrl.workers`); conversion tools, checks and tests use this
 pool instead. Ranks start once (imports are the slow part), then run any number of picklable functions.
-A rank that raises or dies fails the call with its traceback, and the pool is torn down: never a hang.
+A rank that raises or dies fails the call with its traceback, and the pool is torn down: never a hang. A rank
+that does not answer in time fails the call with the Python stacks of all its threads (and of its children's).
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import pickle
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -97,11 +103,17 @@ def destroy_model_parallel() -> None:
     ps.destroy_model_parallel()
 
 
+_STACKS: list = []  # the open file faulthandler writes a rank's stacks into (kept open for the process's life)
+_STACKS_SIGNAL = signal.SIGUSR1
+
+
 def _rank_main() -> None:
     """Entry point of a rank process (started by RankPool with its coordinates in the environment)."""
     from multiprocessing.connection import Client
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _STACKS.append(open(_stacks_path(os.environ["MINDRL_STACKS_DIR"], rank), "a"))  # noqa: SIM115
+    faulthandler.register(_STACKS_SIGNAL, file=_STACKS[0], all_threads=True)  # forked children inherit it
     exit_with_parent(os.getppid())  # a pool killed by SIGKILL must not leave its ranks behind
     conn = Client(_pool_address(), authkey=bytes.fromhex(os.environ.pop("MINDRL_POOL_KEY")))
     _send(conn, rank)
@@ -141,6 +153,30 @@ def _recv(conn):
     return pickle.loads(conn.recv_bytes())
 
 
+def _stacks_path(stacks_dir: str, rank: int) -> str:
+    return os.path.join(stacks_dir, f"rank{rank}.txt")
+
+
+def _signal_and_read(pid: int, path: str, settle_s: float = 0.2, limit_s: float = 2.0) -> str:
+    """Send pid the stacks signal and return what it appended to path, once the file stops growing."""
+    try:
+        start = os.path.getsize(path)
+        os.kill(pid, _STACKS_SIGNAL)
+    except OSError as e:
+        return f"(no stacks: {e})"
+    size, stable_since, end = start, time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        now_size = os.path.getsize(path)
+        if now_size != size:
+            size, stable_since = now_size, time.monotonic()
+        elif size > start and time.monotonic() - stable_since >= settle_s:
+            break
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace")
+
+
 def _pool_address() -> tuple[str, int]:
     host, port = os.environ["MINDRL_POOL_ADDR"].rsplit(":", 1)
     return host, int(port)
@@ -177,6 +213,7 @@ class RankPool:
     def __init__(self, world_size: int, threads: int = 1, timeout_s: float | None = None, pg_timeout_s: float = 1800):
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self._stacks_dir = tempfile.mkdtemp(prefix="mindrl-stacks-")
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
         env = {**current_platform().worker_env, **os.environ}  # the platform's defaults, below the user's settings
@@ -187,6 +224,7 @@ class RankPool:
             MINDRL_POOL_KEY=key.hex(),
             MINDRL_RANK_THREADS=str(threads),
             MINDRL_PG_TIMEOUT=str(pg_timeout_s),
+            MINDRL_STACKS_DIR=self._stacks_dir,
             # Ranks import what the caller can import (e.g. test helpers on the caller's sys.path).
             PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
         )
@@ -261,6 +299,7 @@ class RankPool:
                 else:
                     results[rank] = payload
         if errors or pending:
+            stacks = self._stacks(sorted(pending.values())) if pending and not errors else ""
             self.close(force=True)
             if errors:
                 # Report the root cause: a rank's own error or death before its peers' broken connections.
@@ -270,8 +309,30 @@ class RankPool:
                     raise exc from RankError(f"{what}: rank {rank} failed:\n{tb}")
                 raise RankError(f"{what}: rank {rank} failed: {summary}\n{tb}")
             ranks = sorted(pending.values())
-            raise RankError(f"{what}: ranks {ranks} did not answer within {timeout_s:.0f} s")
+            raise RankError(
+                f"{what}: ranks {ranks} did not answer within {timeout_s:.0f} s; where they were:\n{stacks}"
+            )
         return [results[r] for r in range(self.world_size)]
+
+    def _stacks(self, ranks: list[int], max_chars: int = 6000) -> str:
+        """The Python stacks of every thread of these ranks and of their child processes (e.g. megatron's
+        checkpoint writers), which faulthandler writes on `_STACKS_SIGNAL` into the rank's file (children inherit
+        it), one process at a time so that their lines do not interleave."""
+        import psutil
+
+        parts = []
+        for rank in ranks:
+            pids = [self._procs[rank].pid]
+            with contextlib.suppress(psutil.Error):
+                pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
+            path = _stacks_path(self._stacks_dir, rank)
+            for pid in pids:
+                text = _signal_and_read(pid, path)
+                if len(text) > max_chars:  # the current thread comes last
+                    text = "...\n" + text[-max_chars:]
+                who = f"rank {rank}" if pid == pids[0] else f"a child of rank {rank}"
+                parts.append(f"--- {who} (pid {pid}) ---\n{text.strip() or '(no answer)'}")
+        return "\n".join(parts)
 
     def close(self, force: bool = False) -> None:
         if self.closed:
@@ -291,6 +352,7 @@ class RankPool:
                 p.wait(timeout=5)
         for conn in self._conns:
             conn.close()
+        shutil.rmtree(self._stacks_dir, ignore_errors=True)
 
     def __enter__(self) -> RankPool:
         return self

@@ -1,6 +1,6 @@
 """Helper processes that must not outlive the process that started them: a parent killed by SIGKILL (the OOM
 killer, kill -9, a killed test) cannot stop its children, so they watch for it and exit on their own; and one
-helper megatron would start that mindrl does without."""
+kind of helper megatron would start that mindrl does without (its checkpoint writer's server and forked writers)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,38 @@ def checkpoint_results_queue() -> Any:
 
             _results_queue = queue.Queue()
         return _results_queue
+
+
+def write_buckets_in_process(
+    transform_list: list, use_msc: bool, rank: int, write_buckets: list, global_results_queue: Any
+) -> None:
+    """Stands in for megatron's `FileSystemWriterAsync.write_preloaded_data_multiproc`, which forks one process per
+    checkpoint file and waits on a joinable queue without a timeout. A rank is multithreaded (gloo, OpenMP, vLLM's
+    engine when it runs in the same process), and a child forked while another thread holds a lock it needs never
+    starts; a child that dies before it reports leaves the wait unanswered too. Either way the save hangs: a CI run
+    lost 600 s that way in a conversion whose ranks had run vLLM and oneDNN before. Here each file is written by a
+    thread of the saving process, through megatron's own per-file writer (the bytes on disk are the same), and a
+    writer's exception reaches `retrieve_write_results` as in megatron, which raises it on every save."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    results: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()  # megatron's writer marks its task done on this queue
+    kwargs = {"use_msc": True} if use_msc else {}
+
+    def write(index: int, bucket) -> None:
+        done.put(index)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, index, bucket, results, done, True, **kwargs)
+
+    with ThreadPoolExecutor(max(1, len(write_buckets)), thread_name_prefix="mindrl-ckpt-write") as pool:
+        list(pool.map(write, range(len(write_buckets)), write_buckets))
+    written: dict = {}
+    while not results.empty():
+        index, result = results.get()
+        if isinstance(result, Exception):
+            global_results_queue.put(result)
+            return
+        written[index] = result
+    global_results_queue.put(written)

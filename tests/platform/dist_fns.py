@@ -25,6 +25,27 @@ def exit_on_rank(bad_rank, code):
     return True
 
 
+def _child_waits_for_its_parent(parent):
+    import os
+    import time
+
+    while os.getppid() == parent:  # ends once the rank is killed: nothing outlives the test
+        time.sleep(0.05)
+
+
+def hang_in_a_forked_child(bad_rank):
+    """bad_rank waits forever on a forked child (as a save waits on a stuck writer); the others in a barrier."""
+    import multiprocessing
+    import os
+
+    if torch.distributed.get_rank() == bad_rank:
+        child = multiprocessing.get_context("fork").Process(target=_child_waits_for_its_parent, args=(os.getpid(),))
+        child.start()
+        child.join()
+    torch.distributed.barrier()
+    return True
+
+
 def switch_layouts(layouts):
     """Switch megatron's parallel layout repeatedly; return this rank's thread count after each switch."""
     import gc

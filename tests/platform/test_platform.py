@@ -8,6 +8,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -97,6 +98,21 @@ def test_rank_pool_reports_a_dead_rank():
     with RankPool(2, timeout_s=120) as p:
         with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)"):
             p.run(dist_fns.exit_on_rank, 1, 3)
+
+
+def test_rank_pool_that_times_out_reports_where_each_rank_and_its_children_were():
+    with RankPool(2, timeout_s=5) as p:
+        t0 = time.monotonic()
+        with pytest.raises(RankError, match=r"ranks \[0, 1\] did not answer within 5 s") as info:
+            p.run(dist_fns.hang_in_a_forked_child, 1)
+        assert time.monotonic() - t0 < 60
+        assert p.closed
+    msg = str(info.value)
+    rank0, rank1 = msg.split("--- rank 0")[1].split("--- rank 1")
+    assert "in barrier" in rank0 and "in hang_in_a_forked_child" in rank0  # all threads, innermost first
+    rank1, child = rank1.split("--- a child of rank 1")
+    assert "in join" in rank1 and "in _child_waits_for_its_parent" in child  # the rank, then its forked child
+    assert not os.path.exists(p._stacks_dir)
 
 
 def test_layout_switches_do_not_leak_process_groups(pool):
