@@ -99,18 +99,57 @@ def matmul_peak(
 ) -> dict:
     """Best fp32 GEMM rate (GFLOP/s) over [tokens x K] @ [K x N] at the model's GEMM shapes, with `threads` torch
     threads (restored afterwards), on `device` (an accelerator: each product timed to its completion, TF32 as torch's
-    default: off), by each kernel torch offers there: torch.matmul, and on an x86 CPU also oneDNN's linear
+    default: off), by each kernel torch offers there: torch.matmul; on an x86 CPU also oneDNN's linear
     (`mindrl.platform.cpu_linear`, which mindrl's megatron layers use there; MKL's torch.matmul reaches half of it on
-    some AMD CPUs). The peak is the best of them, so that a bound computed from it is the machine's, whichever kernel a
-    side uses. Returns {"peak_gflops", "threads", "device", "kernels": {kernel: its best}, "shapes": {...}}."""
-    import torch
+    some AMD CPUs); and where mindrl preloads its MKL vendor shim into workers (`mindrl.platform.mkl_vendor`, AMD CPUs)
+    torch.matmul once more in a process with the shim ("torch.matmul+shim"). The peak is the best of them, so that a
+    bound computed from it is the machine's, whichever kernel a side uses. Returns {"peak_gflops", "threads",
+    "device", "kernels": {kernel: its best}, "shapes": {...}}."""
+    import subprocess
 
     from mindrl.platform.detect import current_platform
 
     platform = current_platform()
-    sync = platform.synchronize  # a no-op on the CPU
+    names = ["torch.matmul"] + (["onednn"] if device == "cpu" and platform.onednn_available else [])
+    per_shape, best_by_kernel = gemm_rates(names, shape, threads, tokens, seconds, device)
+    shim = platform.mkl_vendor_shim if device == "cpu" else None
+    if shim and os.environ.get("LD_PRELOAD") != shim:  # the shim works from process start only
+        args = json.dumps([["torch.matmul"], asdict(shape), threads, list(tokens), seconds, device])
+        code = f"import json, sys; from tools.bench_update import *; print(json.dumps(gemm_rates_json({args!r})))"
+        env = {**os.environ, "LD_PRELOAD": shim}
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"matmul peak with the MKL vendor shim failed:\n{out.stderr[-3000:]}")
+        shim_shapes, shim_best = json.loads(out.stdout.strip().splitlines()[-1])
+        per_shape.update({k.replace("torch.matmul", "torch.matmul+shim", 1): v for k, v in shim_shapes.items()})
+        best_by_kernel["torch.matmul+shim"] = shim_best["torch.matmul"]
+    return {
+        "peak_gflops": max(best_by_kernel.values()),
+        "threads": threads,
+        "device": device,
+        "kernels": best_by_kernel,
+        "shapes": per_shape,
+    }
+
+
+def gemm_rates_json(args: str) -> tuple[dict, dict]:
+    """`gemm_rates` with its arguments as a JSON list (the shape as a dict): how `matmul_peak` calls it in a
+    process with the MKL vendor shim preloaded."""
+    names, shape, threads, tokens, seconds, device = json.loads(args)
+    return gemm_rates(names, ModelShape(**shape), threads, tuple(tokens), seconds, device)
+
+
+def gemm_rates(
+    names: list[str], shape: ModelShape, threads: int, tokens: tuple[int, ...], seconds: float, device: str
+) -> tuple[dict, dict]:
+    """({"<kernel> MxKxN": GFLOP/s}, {kernel: its best}) for the named kernels ("torch.matmul", "onednn")."""
+    import torch
+
+    from mindrl.platform.detect import current_platform
+
+    sync = current_platform().synchronize  # a no-op on the CPU
     kernels = {"torch.matmul": lambda a, w: torch.matmul(a, w.t())}
-    if device == "cpu" and platform.onednn_linear:
+    if "onednn" in names:
         from mindrl.platform.cpu_linear import onednn_linear
 
         kernels["onednn"] = onednn_linear
@@ -118,7 +157,8 @@ def matmul_peak(
     torch.set_num_threads(threads)
     per_shape, best_by_kernel = {}, {}
     try:
-        for kernel, fn in kernels.items():
+        for kernel in names:
+            fn = kernels[kernel]
             for m in tokens:
                 for k, n in shape.gemm_shapes():
                     a, w = torch.randn(m, k, device=device), torch.randn(n, k, device=device)  # w: a linear's [out, in]
@@ -136,13 +176,7 @@ def matmul_peak(
                     best_by_kernel[kernel] = max(rate, best_by_kernel.get(kernel, 0.0))
     finally:
         torch.set_num_threads(old)
-    return {
-        "peak_gflops": max(best_by_kernel.values()),
-        "threads": threads,
-        "device": device,
-        "kernels": best_by_kernel,
-        "shapes": per_shape,
-    }
+    return per_shape, best_by_kernel
 
 
 def describe_peak(peak: dict) -> str:

@@ -9,6 +9,11 @@ into DDP's main_grad) on `torch.ops.mkldnn._linear_pointwise`: same inputs, same
 differences ~1e-6, as between any two GEMM blockings), deterministic run to run. Cases it does not cover (16-bit
 tensors, sequence parallelism, megatron's deferred weight gradients, Megatron-FSDP) go to megatron's own function
 unchanged.
+
+Where mindrl's MKL vendor shim is loaded (`mindrl.platform.mkl_vendor`: every worker on an AMD CPU), MKL runs its
+instruction-set path and is as fast or faster than oneDNN at every shape (its weight gradient needs no transposed
+copies), so `Platform.onednn_linear` is off there and megatron's own function runs; this module then serves workers
+without the shim (no C compiler, MINDRL_MKL_VENDOR_SHIM=0) and Intel CPUs.
 """
 
 from __future__ import annotations

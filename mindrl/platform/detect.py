@@ -79,10 +79,22 @@ class Platform:
         AMD EPYC VM with full-width AVX-512, against 475-505 for oneDNN's, which picks by instruction set, at the
         benchmark model's shapes (its long-shape update 18.3 -> 10.9 s, docs/performance.md). vLLM-CPU runs its own
         linears on oneDNN too. MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN
-        misbehaves). Not on ARM CPUs (not measured there) nor on devices, whose GEMMs are the vendor's."""
-        if self.name != "cpu" or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
+        misbehaves). Not on ARM CPUs (not measured there) nor on devices, whose GEMMs are the vendor's. Not where MKL
+        runs its instruction-set path because the MKL vendor shim is loaded (`mkl_vendor_shim`, in every worker on an
+        AMD CPU): MKL was then as fast or faster at every shape (forward 460-486 vs 427-468, input grad 459-497 vs
+        410-496, weight grad into main_grad 437-474 vs 319-412 GFLOP/s, the last without oneDNN's transposed copies).
+        On Intel CPUs, where MKL runs that path anyway, oneDNN stays on (the two were not compared there)."""
+        if not self.onednn_available or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
             return False
-        if host_platform.machine().lower() not in ("x86_64", "amd64"):
+        from mindrl.platform import mkl_vendor
+
+        return not mkl_vendor.loaded()
+
+    @property
+    def onednn_available(self) -> bool:
+        """Whether torch's oneDNN fp32 linear (`cpu_linear.onednn_linear`) is there to use: a CPU platform on x86-64,
+        a torch built with oneDNN."""
+        if self.name != "cpu" or host_platform.machine().lower() not in ("x86_64", "amd64"):
             return False
         return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -107,10 +119,27 @@ class Platform:
         its high-water mark, which every step reaches anyway): on the benchmark shape the worker's page faults over a
         6-iteration run fell from 1.08-1.32M to 0.61M (about 400 MiB less zero-filling per iteration); the step time
         gain is within that VM's noise (docs/performance.md). Devices keep glibc's defaults: their step's big
-        buffers are device memory, and host memory handed back matters there (offload)."""
+        buffers are device memory, and host memory handed back matters there (offload).
+
+        On an AMD CPU: LD_PRELOAD of `mkl_vendor.shim()`, so that torch's MKL picks its kernels by instruction set
+        instead of by vendor (see `mindrl.platform.mkl_vendor`)."""
         if self.name != "cpu":
             return {}
-        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+        env = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+        if self.mkl_vendor_shim:
+            env["LD_PRELOAD"] = self.mkl_vendor_shim
+        return env
+
+    @property
+    def mkl_vendor_shim(self) -> str | None:
+        """The library preloaded into workers that answers MKL's vendor check "Intel" (`mindrl.platform.mkl_vendor`):
+        on an AMD CPU MKL otherwise runs its vendor-generic path (fp32 torch.matmul 210-218 against 323-470
+        GFLOP/s with it, on a 2-core AMD EPYC with AVX-512). None elsewhere, or without a C compiler to build it."""
+        if self.name != "cpu":
+            return None
+        from mindrl.platform import mkl_vendor
+
+        return mkl_vendor.shim()
 
     @property
     def planner_device(self) -> str | None:

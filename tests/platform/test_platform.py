@@ -43,7 +43,8 @@ def _in_fresh_process(check: str) -> None:
     """Run tests/platform/shim_checks.py's `check` in a new interpreter: the shim is applied once per process,
     for good, so applying it here would change every later test in this one."""
     code = f"from tests.platform import shim_checks; shim_checks.{check}()"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the MKL vendor shim turns oneDNN linears off
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout[-2000:]
 
