@@ -210,7 +210,7 @@ def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: 
 
 
 def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
-                 profile: bool) -> dict:  # fmt: skip
+                 profile: bool, top: int = 12) -> dict:  # fmt: skip
     """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled."""
     import torch
     from megatron.core import parallel_state as ps
@@ -247,8 +247,8 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
             wall = time.perf_counter() - t0
         breakdown = time_breakdown(prof.events(), wall)  # the optimizer's ops: ppo_update's optimizer range
         breakdown["wall"] = wall
-        top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
-        breakdown["_top_ops"] = top if torch.distributed.get_rank() == 0 else ""
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+        breakdown["_top_ops"] = table if torch.distributed.get_rank() == 0 else ""
     return {
         "times": times,
         "breakdown": breakdown,
@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--kl", action="store_true", help="a k3 KL term (coef 0.04) against given reference logprobs")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
+    p.add_argument("--top", type=int, default=12, help="rows of the profile's table of ops (default 12)")
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--num-layers", type=int, default=8)
     p.add_argument("--num-heads", type=int, default=8)
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
                 convert.hf2mcore(hf, ckpt, tp, 1, overwrite=True, pool=pool)
             print(f"TP{tp}: {tp} rank(s) x {a.cores // tp} thread(s), {a.iterations} timed updates ...", flush=True)
             res = pool.run(_update_rank, ckpt, tp, batch, a.iterations, a.micro_batch_size, a.lr, a.kl,
-                           not a.no_profile)  # fmt: skip
+                           not a.no_profile, a.top)  # fmt: skip
         per_iter = [max(r["times"][i] for r in res) for i in range(a.iterations)]  # the slowest rank counts
         step_s = statistics.median(per_iter)
         row = {

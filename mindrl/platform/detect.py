@@ -133,8 +133,9 @@ class Platform:
     @property
     def mkl_vendor_shim(self) -> str | None:
         """The library preloaded into workers that answers MKL's vendor check "Intel" (`mindrl.platform.mkl_vendor`):
-        on an AMD CPU MKL otherwise runs its vendor-generic path (fp32 torch.matmul 210-218 against 323-470
-        GFLOP/s with it, on a 2-core AMD EPYC with AVX-512). None elsewhere, or without a C compiler to build it."""
+        on an AMD CPU MKL otherwise runs its vendor-generic path (fp32 GEMMs at the benchmark model's shapes, 2 threads,
+        on a 2-core AMD EPYC with AVX-512: 165-215 GFLOP/s without it, 311-497 with it; the long-shape update 11.53 ->
+        9.28 s). None elsewhere, or without a C compiler to build it."""
         if self.name != "cpu":
             return None
         from mindrl.platform import mkl_vendor
