@@ -139,7 +139,10 @@ def value_loss(
         vf_losses = vf_losses1
         vf_clipfrac = torch.zeros((), dtype=vpreds.dtype, device=vpreds.device)
     else:
-        vpredclipped = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+        # clamp(v, V - c, V + c), not V + clamp(v - V, -c, c): inside the range it is v itself, so both terms are
+        # equal there and the token does not count as clipped (V + (v - V) can round 1 ulp away from v, and then
+        # the "clipped" term wins by rounding alone). The gradient is the same: v's where it is inside, none outside.
+        vpredclipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
         vf_losses2 = (vpredclipped - returns) ** 2
         vf_losses = torch.maximum(vf_losses1, vf_losses2)
         vf_clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), response_mask)

@@ -81,8 +81,9 @@ class Platform:
         linears on oneDNN too. MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN
         misbehaves). Not on ARM CPUs (not measured there) nor on devices, whose GEMMs are the vendor's. Not where MKL
         runs its instruction-set path because the MKL vendor shim is loaded (`mkl_vendor_shim`, in every worker on an
-        AMD CPU): MKL was then as fast or faster at every shape (forward 460-486 vs 427-468, input grad 459-497 vs
-        410-496, weight grad into main_grad 437-474 vs 319-412 GFLOP/s, the last without oneDNN's transposed copies).
+        AMD CPU): MKL was then within 2% of oneDNN or faster at every shape (forward 311-485 vs 294-468, input grad
+        459-497 vs 408-496, weight grad into main_grad 437-474 vs 317-420 GFLOP/s, the last without oneDNN's
+        transposed copies).
         On Intel CPUs, where MKL runs that path anyway, oneDNN stays on (the two were not compared there)."""
         if not self.onednn_available or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
             return False

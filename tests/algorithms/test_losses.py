@@ -146,6 +146,25 @@ def test_value_loss_hand_computed():
     assert unclipped.item() == pytest.approx(0.5 * (1.0 + 0.04) / 2) and m["vf_clipfrac"].item() == 0.0
 
 
+def test_value_loss_counts_no_token_inside_the_clip_range_as_clipped():
+    """Every vpred within cliprange_value of its old value: nothing is clipped, so the clip fraction is exactly 0 and
+    the loss and gradient are the unclipped ones. (As V + clamp(v - V), 9e-4 of these tokens rounded to a "clipped"
+    term larger than the unclipped one, which a rounding change in the model's GEMMs then flipped.)"""
+    g = torch.Generator().manual_seed(0)
+    vpreds, returns = torch.randn(4, 25_000, generator=g).requires_grad_(True), torch.randn(4, 25_000, generator=g)
+    values = vpreds.detach() + 0.1 * (2 * torch.rand(4, 25_000, generator=g) - 1)
+    back = values + (vpreds.detach() - values)
+    assert ((back - returns) ** 2 > (vpreds.detach() - returns) ** 2).sum() > 0  # the case exists in this data
+    mask = torch.ones(4, 25_000)
+    loss, metrics = value_loss(vpreds, returns, values, mask, cliprange_value=0.2)
+    assert metrics["vf_clipfrac"].item() == 0.0
+    unclipped, _ = value_loss(vpreds, returns, values, mask, cliprange_value=None)
+    assert loss.item() == unclipped.item()
+    (grad,) = torch.autograd.grad(loss, vpreds)
+    (want,) = torch.autograd.grad(unclipped, vpreds)
+    assert torch.equal(grad, want)
+
+
 # ---------------------------------------------------------------- entropy / logprobs
 
 
