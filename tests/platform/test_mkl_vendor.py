@@ -1,13 +1,14 @@
 """mindrl.platform.mkl_vendor: on an AMD CPU every worker preloads a library that answers MKL's vendor check, so
 torch's MKL runs the code path of the CPU's instruction set (the rank's `mkl_serv_cpu_detect` is above the vendor-
-generic 0 that an unpatched process reads) and megatron's linears stay on MKL instead of oneDNN; elsewhere nothing is
-preloaded. The shim builds with the host's compiler
+generic 0 that an unpatched process reads) and megatron's linears stay on MKL instead of oneDNN; elsewhere (or where
+it could not be built) nothing is preloaded. The shim builds with the host's compiler
 on any CPU, a failed build warns and leaves MKL alone, and MINDRL_MKL_VENDOR_SHIM=0 turns it off."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 
@@ -35,10 +36,11 @@ def test_workers_run_mkls_instruction_set_path_where_the_shim_applies(pool):
             assert mkl_vendor.applies() and mkl_vendor.cpu_vendor() == "AuthenticAMD"
             assert preload == shim and code_path > local, (preload, code_path, local)
             assert mkl_vendor.loaded() is False and not onednn  # MKL's own path is the faster one there
-    if mkl_vendor.applies() and shim is None:
-        pytest.fail("the shim applies here but was not built (no C compiler?)")
 
 
+@pytest.mark.skipif(
+    not (shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")), reason="no C compiler to build the shim"
+)
 def test_the_shim_builds_and_answers_intel(tmp_path):
     path = mkl_vendor.build(str(tmp_path))
     assert path is not None and os.path.dirname(path) == str(tmp_path)
