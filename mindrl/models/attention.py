@@ -1,6 +1,8 @@
 """Core attention through torch's scaled_dot_product_attention, a drop-in for megatron's DotProductAttention.
 
 Same inputs ([s, b, heads, dim] q/k/v of this TP rank, megatron's boolean mask with True = masked), one fused op.
+Short sequences on platforms that ask for it (`Platform.gemm_attention_max_len`) run `GemmAttention` instead:
+batched GEMMs with the softmax kept for backward.
 """
 
 from __future__ import annotations
@@ -10,6 +12,73 @@ import contextlib
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from mindrl.platform.detect import current_platform
+
+SCORE_CHUNK_BYTES = 4 << 20
+"""GemmAttention works through the batch in chunks of rows whose fp32 scores take at most this many bytes, so that
+each chunk's scores, softmax and their backward stay in a CPU's cache (one row at a time when one row is larger)."""
+
+
+class GemmAttention(torch.autograd.Function):
+    """softmax(scale * q k^T, masked) v as batched GEMMs, with grouped-query heads read in place (no repeated K/V).
+
+    q: [b, kv, g * s, d] (the g query heads of KV head j, one after another), k, v: [b, kv, s, d]; mask: bool
+    [b, 1, s, s], True = masked, every row keeping at least one key. The probabilities of each chunk of rows are
+    kept for backward (b kv g s^2 values), which then needs no second pass over the scores."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale: float):
+        b, kv, gs, d = q.shape
+        s = k.shape[2]
+        g = gs // s
+        chunk = max(1, SCORE_CHUNK_BYTES // (kv * gs * s * q.element_size()))
+        out = torch.empty_like(q)
+        probs = []
+        for i in range(0, b, chunk):
+            j = min(b, i + chunk)
+            n = j - i
+            scores = torch.bmm(q[i:j].reshape(n * kv, gs, d), k[i:j].reshape(n * kv, s, d).transpose(1, 2))
+            scores.mul_(scale).view(n, kv, g, s, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            torch.bmm(p, v[i:j].reshape(n * kv, s, d), out=out[i:j].view(n * kv, gs, d))
+            probs.append(p)
+        ctx.save_for_backward(q, k, v, *probs)
+        ctx.scale, ctx.chunk = scale, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, *probs = ctx.saved_tensors
+        b, kv, gs, d = q.shape
+        s = k.shape[2]
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for c, p in enumerate(probs):
+            i = c * ctx.chunk
+            n = p.shape[0] // kv
+            j = i + n
+            do = grad_out[i:j].view(n * kv, gs, d)
+            torch.bmm(p.transpose(1, 2), do, out=dv[i:j].view(n * kv, s, d))
+            dp = torch.bmm(do, v[i:j].reshape(n * kv, s, d).transpose(1, 2))
+            ds = torch._softmax_backward_data(dp, p, -1, p.dtype).mul_(ctx.scale)
+            torch.bmm(ds, k[i:j].reshape(n * kv, s, d), out=dq[i:j].view(n * kv, gs, d))
+            torch.bmm(ds.transpose(1, 2), q[i:j].reshape(n * kv, gs, d), out=dk[i:j].view(n * kv, s, d))
+        return dq, dk, dv, None, None
+
+
+def gemm_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Megatron-layout attention through `GemmAttention`: q [s, b, heads, d], k/v [s, b, kv heads, d], mask bool
+    [b, 1, s, s] (True = masked; None: causal). Returns the context [b, heads, s, d]."""
+    s, b, heads, d = query.shape
+    kv = key.shape[2]
+    if mask is None:
+        mask = torch.ones(s, s, dtype=torch.bool, device=query.device).triu_(1).expand(b, 1, s, s)
+    q = query.permute(1, 2, 0, 3).reshape(b, kv, heads // kv * s, d)
+    k, v = (t.permute(1, 2, 0, 3).contiguous() for t in (key, value))
+    return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, s, d)
 
 
 class SDPAttention(DotProductAttention):
@@ -30,24 +99,31 @@ class SDPAttention(DotProductAttention):
             raise ValueError("SDPAttention takes neither packed sequences nor an attention bias")
         if self.softmax_offset is not None or self.config.window_size is not None:
             raise ValueError("SDPAttention supports only vanilla full-window softmax")
+        dropout = self.attention_dropout.p if self.training else 0.0
+        # attention_softmax_in_fp32 (mindrl always sets it, as megatron's default): a 16-bit model's scores and
+        # softmax in fp32, as DotProductAttention does; fused 16-bit SDPA drifted bf16 grad norms 4% from fp32's.
+        dtype = query.dtype
+        if self.config.attention_softmax_in_fp32 and dtype != torch.float32:
+            query, key, value = query.float(), key.float(), value.float()
+        short = query.shape[0] <= current_platform().gemm_attention_max_len
+        if short and not dropout and query.dtype == torch.float32:
+            out = gemm_attention(query, key, value, attention_mask, self.softmax_scale).to(dtype)
+            return self._context(out)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        dropout = self.attention_dropout.p if self.training else 0.0
         # As DotProductAttention: the dropout mask comes from the TP rank's own RNG stream (its heads differ from the
         # other ranks'), not from the default generator that megatron seeds alike on every TP rank.
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None
-        # attention_softmax_in_fp32 (mindrl always sets it, as megatron's default): a 16-bit model's scores and
-        # softmax in fp32, as DotProductAttention does; fused 16-bit SDPA drifted bf16 grad norms 4% from fp32's.
-        dtype = q.dtype
-        if self.config.attention_softmax_in_fp32 and dtype != torch.float32:
-            q, k, v = q.float(), k.float(), v.float()
         with rng or contextlib.nullcontext():
             out = self._sdpa(q, k, v, attention_mask, dropout).to(dtype)
-        # [b, n, s, d] -> [s, b, n*d]
+        return self._context(out)
+
+    def _context(self, out: torch.Tensor) -> torch.Tensor:
+        """[b, n, s, d] -> [s, b, n*d]."""
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
 

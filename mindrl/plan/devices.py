@@ -3,6 +3,7 @@ can release its memory between rollouts (sleep mode)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ class Device:
     eager_fused_norm: bool = False
     """RMSNorm runs as mindrl's eager fused function, which keeps less for backward than torch's (the CPU platform's
     `eager_fused_rms_norm`; see mindrl.plan.memory.norm_activation_bytes)."""
+    gemm_attention_max_len: int = 0
+    """Sequences up to this length run their core attention as batched GEMMs that keep the softmax for backward (the
+    CPU platform's `gemm_attention_max_len`; see mindrl.plan.memory.layer_activation_bytes)."""
 
 
 # Accelerators by the name users write in config names and on the command line.
@@ -41,8 +45,11 @@ def host_memory_bytes() -> int:
 
 def host_device(world: int) -> Device:
     """CPU stand-ins: `world` ranks on this host, sharing its RAM equally; no sleep mode on CPU."""
+    from mindrl.platform.detect import cpu_platform
+
     return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
-                  max(1, world), False, eager_fused_norm=True)  # fmt: skip
+                  max(1, world), False, eager_fused_norm=True,
+                  gemm_attention_max_len=cpu_platform().gemm_attention_max_len)  # fmt: skip
 
 
 def pick_device(
@@ -73,10 +80,10 @@ def pick_device(
     if memory_gib is not None:
         if memory_gib <= 0:
             raise ValueError(f"--device-memory-gib must be > 0, got {memory_gib}")
-        dev = Device(dev.key, dev.name, int(memory_gib * GIB), dev.per_node, dev.sleep_mode, dev.eager_fused_norm)
+        dev = dataclasses.replace(dev, memory_bytes=int(memory_gib * GIB))
         why += "; memory from --device-memory-gib"
     if per_node is not None:
         if per_node < 1:
             raise ValueError(f"--devices-per-node must be >= 1, got {per_node}")
-        dev = Device(dev.key, dev.name, dev.memory_bytes, per_node, dev.sleep_mode, dev.eager_fused_norm)
+        dev = dataclasses.replace(dev, per_node=per_node)
     return dev, why

@@ -37,8 +37,9 @@ def norm_activation_bytes(
 
 
 def layer_activation_bytes(
-    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False
-) -> int:
+    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False,
+    gemm_attention: bool = False,
+) -> int:  # fmt: skip
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
     Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", count
@@ -52,14 +53,23 @@ def layer_activation_bytes(
         gate+up output (the fused SwiGLU's input), its output e s b 3 F / t
         SDPA's logsumexp and its copy of the mask (fp32)     4 a s b / t + 4 b s^2
     No s x s score or softmax tensor is kept (the fused kernel recomputes them in backward): the only s^2 term
-    is the padding mask, without a head dimension. The tests compare this with the bytes autograd really saves
-    in the tiny model (tests/plan).
+    is the padding mask, without a head dimension. With gemm_attention (short sequences on CPU,
+    mindrl.models.attention.GemmAttention) the attention keeps instead
+        Q (fp32), K and V (not expanded, fp32)                s b (4 a + 8 g) d / t
+        the attention context (output projection input)      e s b a d / t
+        the softmax (fp32)                                    4 a b s^2 / t
+    The tests compare this with the bytes autograd really saves in the tiny model (tests/plan).
     """
     d, f = arch.head_dim, arch.ffn_size
     a = int(arch.num_attention_heads)
-    attention_per_token = a * d * (16 + (e if e < 4 else 0))
+    if gemm_attention:
+        g = arch.num_kv_heads
+        attention_per_token = a * d * (4 + e) + 8 * g * d
+        attention = 4 * a * b * s * s // tp
+    else:
+        attention_per_token = a * d * (16 + (e if e < 4 else 0))
+        attention = 4 * a * s * b // tp + 4 * b * s * s
     per_token = (attention_per_token + e * 3 * f) // tp
-    attention = 4 * a * s * b // tp + 4 * b * s * s
     return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + s * b * per_token + attention
 
 
@@ -71,7 +81,7 @@ def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
 
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
-    stage: int, micro_batches: int, recompute: bool, fused_norm: bool = False,
+    stage: int, micro_batches: int, recompute: bool, fused_norm: bool = False, gemm_attention_max_len: int = 0,
 ) -> int:  # fmt: skip
     """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
     min(PP - k, micro-batches) micro-batches in flight, each with its L/PP layers; the last stage of an actor
@@ -79,7 +89,7 @@ def train_activation_bytes(
     and one layer's activations are rebuilt at a time."""
     layers = int(arch.num_layers) // pp
     in_flight = max(1, min(pp - stage, micro_batches))
-    full = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm)
+    full = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, s <= gemm_attention_max_len)
     if recompute:
         h_local = int(arch.hidden_size) // tp if sp and tp > 1 else int(arch.hidden_size)
         body = in_flight * layers * s * b * h_local * e + full

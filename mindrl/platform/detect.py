@@ -73,6 +73,24 @@ class Platform:
         return self.name == "cpu"
 
     @property
+    def gemm_attention_max_len(self) -> int:
+        """The longest sequence whose core attention runs as batched GEMMs with the softmax kept for backward
+        (`mindrl.models.attention.gemm_attention`) instead of torch's SDPA kernel; 0: never. On CPU torch's flash
+        kernel computes its small blocks at a fraction of the GEMM rate: fp32, forward + backward of [16 rows, 8
+        query / 4 KV heads, s, 64], 2 threads, AMD EPYC with AVX-512: 3.9 vs 9.0 ms at s = 94, 9.4 vs 20 at 158, 18
+        vs 30 at 222, 32 vs 45 at 286, and 86 vs 82 at 414, where the scores no longer stay in the cache (MKL as
+        shipped, and capped at AVX2, gave the same order up to 286). It keeps b x heads x s^2 fp32 probabilities per
+        layer for backward (the planner counts them). Devices keep their fused kernels.
+        MINDRL_GEMM_ATTENTION_MAX_LEN overrides (0 turns it off)."""
+        value = os.environ.get("MINDRL_GEMM_ATTENTION_MAX_LEN", "").strip()
+        if value:
+            try:
+                return max(0, int(value))
+            except ValueError:
+                raise ValueError(f"MINDRL_GEMM_ATTENTION_MAX_LEN={value!r} is not an integer") from None
+        return 320 if self.name == "cpu" else 0
+
+    @property
     def onednn_linear(self) -> bool:
         """Whether megatron's fp32 linear layers run their GEMMs on oneDNN (`mindrl.platform.cpu_linear`) instead of
         torch.matmul (MKL). On an x86 CPU: MKL picks its kernels by CPU vendor and ran at 211-218 GFLOP/s on a 2-core
@@ -291,6 +309,11 @@ def _make(name: str) -> Platform:
     if name == "cuda":
         return Platform("cuda", "nccl", "GPU", has_sleep_mode=True)
     return Platform("cpu", "gloo", "CPU", has_sleep_mode=False)
+
+
+def cpu_platform() -> Platform:
+    """The CPU platform's facts, whatever this host has (e.g. for planning CPU stand-in ranks)."""
+    return _make("cpu")
 
 
 @functools.cache

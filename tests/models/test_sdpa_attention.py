@@ -1,6 +1,7 @@
 """mindrl's fused layers equal megatron's reference ones on a tiny GQA model with left-padded rows, at TP1 and TP2,
-the same loaded model run both ways (fp32 logits and grads): SDPA core attention vs DotProductAttention, and the
-one-pass RoPE (mindrl.models.fused) vs megatron's unfused RoPE (bit-identical)."""
+the same loaded model run both ways (fp32 logits and grads): SDPA core attention (torch's kernel, and the batched-GEMM
+path short sequences take on CPU) vs DotProductAttention, and the one-pass RoPE (mindrl.models.fused) vs megatron's
+unfused RoPE (bit-identical)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ import torch
 from mindrl.checkpoint import convert
 
 
-def _parity_rank(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
+def _parity_rank(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor, gemm_max_len: int):
+    import os
+
+    os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"] = str(gemm_max_len)  # read at every forward
+    try:
+        return _parity(load_dir, tp, ids, mask)
+    finally:
+        del os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"]
+
+
+def _parity(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
@@ -57,19 +68,77 @@ def tiny_tp2(tmp_path_factory) -> str:
     return str(root / "mcore")
 
 
+@pytest.mark.parametrize("path", ["sdpa", "gemm"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_sdpa_matches_dot_product_attention(pool, tiny_tp2, tp):
+def test_sdpa_matches_dot_product_attention(pool, tiny_tp2, tp, path):
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 1000, (4, 40), generator=gen)
     mask = torch.ones_like(ids)
     for row, pad in enumerate((0, 5, 17, 39)):  # left padding, down to a single real token
         mask[row, :pad] = 0
-    results = [r for r in pool.run(_parity_rank, tiny_tp2, tp, ids, mask) if r is not None]
+    gemm_max_len = 40 if path == "gemm" else 0
+    results = [r for r in pool.run(_parity_rank, tiny_tp2, tp, ids, mask, gemm_max_len) if r is not None]
     logit_diff, grad_diff, scale = results[0]
-    print(f"tp{tp}: max |sdpa - dpa| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads rel {grad_diff:.3g}")
+    print(f"tp{tp} {path}: max |ours - dpa| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads rel {grad_diff:.3g}")
     assert scale > 0.1
     assert logit_diff < 1e-5
     assert grad_diff < 1e-4
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "left-padded"])
+def test_gemm_attention_matches_sdpa_in_fp64(monkeypatch, masked):
+    """GemmAttention (grouped heads read in place, the batch in chunks: here 1 to 3 rows, so the last chunk is short)
+    against torch's SDPA with repeated K/V heads, both fp32, measured against SDPA in fp64: outputs and the grads of
+    q, k and v within 1e-6 of the largest true value, as torch's kernel is (printed)."""
+    from mindrl.models import attention
+    from mindrl.models.forward import attention_inputs
+
+    gen = torch.Generator().manual_seed(7)
+    s, b, heads, kv, d = 37, 5, 6, 2, 16
+    q, k, v = (torch.randn(s, b, n, d, generator=gen, dtype=torch.float64) for n in (heads, kv, kv))
+    grad = torch.randn(b, heads, s, d, generator=gen, dtype=torch.float64)
+    valid = torch.ones(b, s, dtype=torch.long)
+    if masked:
+        for row, pad in enumerate((0, 3, 11, 36, 20)):
+            valid[row, :pad] = 0
+    _, mask = attention_inputs(valid, valid)
+    scale = d**-0.5
+
+    def sdpa(q, k, v):
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+        k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask, scale=scale)
+
+    def run(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        out.backward(grad.to(dtype))
+        return [out.detach().double()] + [t.grad.double() for t in leaves]
+
+    truth = run(sdpa, torch.float64)
+    for chunk_rows in (1, 2, 3):
+        monkeypatch.setattr(attention, "SCORE_CHUNK_BYTES", chunk_rows * heads * s * s * 4)
+        ours = run(lambda q, k, v: attention.gemm_attention(q, k, v, mask, scale), torch.float32)
+        kernel = run(sdpa, torch.float32)
+        for name, o, r, t in zip(("out", "dq", "dk", "dv"), ours, kernel, truth):
+            size = t.abs().max().item()
+            err, kernel_err = (o - t).abs().max().item() / size, (r - t).abs().max().item() / size
+            print(f"{chunk_rows} row(s) per chunk, {name}: relative error {err:.2g} (torch's kernel {kernel_err:.2g})")
+            assert err < 1e-6, (chunk_rows, name, err, kernel_err)
+    assert truth[0].abs().max() > 0.1
+
+
+def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
+    from mindrl.platform.detect import Platform
+
+    cpu, cuda = Platform("cpu", "gloo", "CPU", False), Platform("cuda", "nccl", "GPU", True)
+    monkeypatch.delenv("MINDRL_GEMM_ATTENTION_MAX_LEN", raising=False)
+    assert cpu.gemm_attention_max_len == 320 and cuda.gemm_attention_max_len == 0
+    monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "0")
+    assert cpu.gemm_attention_max_len == 0
+    monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "many")
+    with pytest.raises(ValueError, match="MINDRL_GEMM_ATTENTION_MAX_LEN='many' is not an integer"):
+        _ = cpu.gemm_attention_max_len
 
 
 def _dropout_rank(load_dir: str, ids: torch.Tensor, mask: torch.Tensor):

@@ -56,11 +56,25 @@ def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
 
 
 def saved_activation_bytes(
-    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool
-) -> dict:
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
+    gemm_attention: bool = False,
+) -> dict:  # fmt: skip
     """Bytes of the distinct non-parameter storages autograd saves for backward in one forward of `batch`
     sequences of `seq` tokens (the actor with megatron's vocab-parallel cross entropy, or the critic's values);
-    fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd)."""
+    fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd);
+    gemm_attention: the core attention as batched GEMMs (else torch's SDPA kernel)."""
+    import os
+
+    os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"] = str(seq if gemm_attention else 0)  # read at every forward
+    try:
+        return _saved_activation_bytes(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
+    finally:
+        del os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"]
+
+
+def _saved_activation_bytes(
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool
+) -> dict:
     from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs
     from mindrl.models.hf_config import ModelSpec
