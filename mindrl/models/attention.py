@@ -105,7 +105,7 @@ class SDPAttention(DotProductAttention):
         dtype = query.dtype
         if self.config.attention_softmax_in_fp32 and dtype != torch.float32:
             query, key, value = query.float(), key.float(), value.float()
-        short = query.shape[0] <= current_platform().gemm_attention_max_len
+        short = query.shape[0] <= current_platform().gemm_attention_max_len(torch.is_grad_enabled())
         if short and not dropout and query.dtype == torch.float32:
             out = gemm_attention(query, key, value, attention_mask, self.softmax_scale).to(dtype)
             return self._context(out)

@@ -49,7 +49,7 @@ def host_device(world: int) -> Device:
 
     return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
                   max(1, world), False, eager_fused_norm=True,
-                  gemm_attention_max_len=cpu_platform().gemm_attention_max_len)  # fmt: skip
+                  gemm_attention_max_len=cpu_platform().gemm_attention_max_len())  # fmt: skip
 
 
 def pick_device(

@@ -72,23 +72,25 @@ class Platform:
         [1504, 512] fp32 norm, forward + backward, 2 threads); on CUDA torch's own fused kernels are kept."""
         return self.name == "cpu"
 
-    @property
-    def gemm_attention_max_len(self) -> int:
+    def gemm_attention_max_len(self, training: bool = True) -> int:
         """The longest sequence whose core attention runs as batched GEMMs with the softmax kept for backward
-        (`mindrl.models.attention.gemm_attention`) instead of torch's SDPA kernel; 0: never. On CPU torch's flash
-        kernel computes its small blocks at a fraction of the GEMM rate: fp32, forward + backward of [16 rows, 8
-        query / 4 KV heads, s, 64], 2 threads, AMD EPYC with AVX-512: 3.9 vs 9.0 ms at s = 94, 9.4 vs 20 at 158, 18
-        vs 30 at 222, 32 vs 45 at 286, and 86 vs 82 at 414, where the scores no longer stay in the cache (MKL as
-        shipped, and capped at AVX2, gave the same order up to 286). It keeps b x heads x s^2 fp32 probabilities per
-        layer for backward (the planner counts them). Devices keep their fused kernels.
-        MINDRL_GEMM_ATTENTION_MAX_LEN overrides (0 turns it off)."""
+        (`mindrl.models.attention.gemm_attention`) instead of torch's SDPA kernel, in a pass with gradients
+        (training) or without; 0: never. On CPU torch's flash kernel computes its small blocks at a fraction of the
+        GEMM rate, in backward most: fp32, [16 rows, 8 query / 4 KV heads, s, 64], 2 threads, AMD EPYC with AVX-512,
+        forward + backward 3.9 vs 9.0 ms at s = 94, 9.4 vs 20 at 158, 18 vs 30 at 222, 32 vs 45 at 286, and 86 vs 82
+        at 414, where the scores no longer stay in the cache (MKL as shipped, and capped at AVX2, gave the same order
+        up to 286); forward alone 1.8 vs 2.4 ms at 94, 4.2 vs 5.9 at 126, even at 158-222, 17-20 vs 15 at 286. It
+        keeps b x heads x s^2 fp32 probabilities per layer for backward (the planner counts them). Devices keep their
+        fused kernels. MINDRL_GEMM_ATTENTION_MAX_LEN overrides both (0 turns it off)."""
         value = os.environ.get("MINDRL_GEMM_ATTENTION_MAX_LEN", "").strip()
         if value:
             try:
                 return max(0, int(value))
             except ValueError:
                 raise ValueError(f"MINDRL_GEMM_ATTENTION_MAX_LEN={value!r} is not an integer") from None
-        return 320 if self.name == "cpu" else 0
+        if self.name != "cpu":
+            return 0
+        return 320 if training else 160
 
     @property
     def onednn_linear(self) -> bool:
@@ -113,7 +115,7 @@ class Platform:
     def onednn_available(self) -> bool:
         """Whether torch's oneDNN fp32 linear (`cpu_linear.onednn_linear`) is there to use: a CPU platform on x86-64,
         a torch built with oneDNN."""
-        if self.name != "cpu" or host_platform.machine().lower() not in ("x86_64", "amd64"):
+        if self.name != "cpu" or not is_x86_64():
             return False
         return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -290,6 +292,11 @@ class Platform:
         from mindrl.platform import adapt
 
         adapt.apply(self)
+
+
+def is_x86_64() -> bool:
+    """Whether this host's CPU is x86-64 (where the CPU platform's oneDNN and MKL choices apply)."""
+    return host_platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _npu_available() -> bool:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import functools
 import os
-import platform as host_platform
 import shutil
 import subprocess
 import tempfile
 import warnings
 
 import torch
+
+from mindrl.platform.detect import is_x86_64
 
 SYMBOL = "mkl_serv_intel_cpu_true"
 _SOURCE = f"int {SYMBOL}(void) {{ return 1; }}\n"
@@ -63,7 +64,7 @@ def applies() -> bool:
     libtorch_cpu.so exports the vendor check. (The caller checks that the platform is the CPU.)"""
     if os.environ.get("MINDRL_MKL_VENDOR_SHIM", "1").strip() == "0":
         return False
-    if host_platform.machine().lower() not in ("x86_64", "amd64") or cpu_vendor() != "AuthenticAMD":
+    if not is_x86_64() or cpu_vendor() != "AuthenticAMD":
         return False
     if not torch.backends.mkl.is_available() or not os.path.isfile(libtorch_cpu()):
         return False

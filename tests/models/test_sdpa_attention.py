@@ -133,12 +133,13 @@ def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
 
     cpu, cuda = Platform("cpu", "gloo", "CPU", False), Platform("cuda", "nccl", "GPU", True)
     monkeypatch.delenv("MINDRL_GEMM_ATTENTION_MAX_LEN", raising=False)
-    assert cpu.gemm_attention_max_len == 320 and cuda.gemm_attention_max_len == 0
+    assert (cpu.gemm_attention_max_len(), cpu.gemm_attention_max_len(training=False)) == (320, 160)
+    assert cuda.gemm_attention_max_len() == cuda.gemm_attention_max_len(training=False) == 0
     monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "0")
-    assert cpu.gemm_attention_max_len == 0
+    assert cpu.gemm_attention_max_len() == cpu.gemm_attention_max_len(training=False) == 0
     monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "many")
     with pytest.raises(ValueError, match="MINDRL_GEMM_ATTENTION_MAX_LEN='many' is not an integer"):
-        _ = cpu.gemm_attention_max_len
+        cpu.gemm_attention_max_len()
 
 
 def _dropout_rank(load_dir: str, ids: torch.Tensor, mask: torch.Tensor):
