@@ -13,12 +13,11 @@ from mindrl.checkpoint import convert
 
 def _parity_rank(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor, gemm_max_len: int):
     import os
+    from unittest import mock
 
-    os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"] = str(gemm_max_len)  # read at every forward
-    try:
+    # read at every forward; the shared rank's own setting comes back afterwards
+    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(gemm_max_len)}):
         return _parity(load_dir, tp, ids, mask)
-    finally:
-        del os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"]
 
 
 def _parity(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):

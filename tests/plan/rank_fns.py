@@ -64,12 +64,11 @@ def saved_activation_bytes(
     fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd);
     gemm_attention: the core attention as batched GEMMs (else torch's SDPA kernel)."""
     import os
+    from unittest import mock
 
-    os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"] = str(seq if gemm_attention else 0)  # read at every forward
-    try:
+    # read at every forward; the shared rank's own setting comes back afterwards
+    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
         return _saved_activation_bytes(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
-    finally:
-        del os.environ["MINDRL_GEMM_ATTENTION_MAX_LEN"]
 
 
 def _saved_activation_bytes(
