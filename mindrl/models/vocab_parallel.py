@@ -61,8 +61,7 @@ class _BlockedLogprobs(torch.autograd.Function):
         picked = x.gather(1, local_idx.unsqueeze(1)).squeeze(1).float().div_(temperature).sub_(shift)
         stats[1] = picked * in_slice
         for rows, scratch in _blocks(x):
-            z = _scaled(x[rows], temperature, scratch)
-            z.sub_(shift[rows].unsqueeze(1))
+            z = _shifted(x[rows], temperature, shift[rows], scratch)
             if with_entropy:
                 e = z.exp()
                 stats[0, rows] = e.sum(dim=-1)
@@ -92,8 +91,8 @@ class _BlockedLogprobs(torch.autograd.Function):
         fp32 = grad.dtype == torch.float32
         for rows, scratch in _blocks(x):
             # d log p(label) / d x = (onehot(label) - softmax) / T
-            p = _scaled(x[rows], t, grad[rows] if fp32 else scratch)
-            p.sub_(lse[rows].unsqueeze(1)).exp_().mul_(g[rows].neg().unsqueeze(1))
+            p = _shifted(x[rows], t, lse[rows], grad[rows] if fp32 else scratch)
+            p.exp_().mul_(g[rows].neg().unsqueeze(1))
             if not fp32:
                 grad[rows].copy_(p)
         grad.scatter_add_(1, local_idx.unsqueeze(1), (g * in_slice).to(grad.dtype).unsqueeze(1))
@@ -110,6 +109,14 @@ def _blocks(x: torch.Tensor):
     for i in range(0, x.shape[0], step):
         rows = slice(i, min(i + step, x.shape[0]))
         yield rows, scratch[: rows.stop - rows.start]
+
+
+def _shifted(block: torch.Tensor, temperature: float, shift: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """block / temperature - shift (one value per row) in fp32, written into out. At temperature 1 one pass (the
+    subtraction widens a 16-bit block exactly), else the division first, as `_scaled`."""
+    if temperature == 1.0:
+        return torch.sub(block, shift.unsqueeze(1), out=out)
+    return _scaled(block, temperature, out).sub_(shift.unsqueeze(1))
 
 
 def _scaled(block: torch.Tensor, temperature: float, out: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.workers.settings import ModelSettings
+from mindrl.workers.train_setup import use_fused_adam
 
 OPTIM_DIR = "optim"
 RANK_STATE_DIR = "rank_state"
@@ -212,6 +213,7 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
             for dist, param_state in param_states:
                 dist.load_parameter_state_from_fully_reshardable(param_state)
         _restore_own_steps(optimizer, steps)
+        use_fused_adam(optimizer)  # the loaded param groups carry the saving run's flags
     scheduler.load_state_dict(state["scheduler"])
     if rng and "torch_rng" in state:
         if state["world_size"] != world:

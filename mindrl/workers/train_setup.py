@@ -89,6 +89,7 @@ def build_model_and_optimizer(
         use_distributed_optimizer=optim.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(opt_config, [ddp])
+    use_fused_adam(optimizer)
     decay = max(optim.lr_decay_steps or total_steps, optim.lr_warmup_steps + 1)
     scheduler = OptimizerParamScheduler(
         optimizer,
@@ -121,6 +122,30 @@ def accumulate_wgrad_in_main_grad(ddp) -> None:
     for module in ddp.modules():
         if isinstance(module, (layers.ColumnParallelLinear, layers.RowParallelLinear)):
             module.gradient_accumulation_fusion = True
+
+
+def use_fused_adam(optimizer) -> int:
+    """Step megatron's torch Adam(W) with torch's fused kernel where the platform asks for it
+    (`Platform.fused_adam`); the number of param groups switched. Idempotent.
+
+    megatron builds torch's optimizer without apex or Transformer Engine and leaves it on the per-tensor loop. The
+    flag lives in the param groups, which `load_state_dict` replaces with the saved ones: call again after loading
+    a checkpoint (`checkpointing.load_train_state` does)."""
+    from mindrl.platform.detect import current_platform
+
+    if not current_platform().fused_adam:
+        return 0
+    switched = 0
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):  # apex / TE optimizers are fused already
+            continue
+        for group in inner.param_groups:
+            if group.get("differentiable") or group.get("fused"):
+                continue
+            group["fused"], group["foreach"] = True, False
+            switched += 1
+    return switched
 
 
 def current_lr(optimizer) -> float:

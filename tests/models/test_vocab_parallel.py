@@ -65,8 +65,8 @@ def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize(
     "dtype,temperature,block_rows",
-    [(torch.float32, 1.0, 21), (torch.float32, 0.7, 5), (torch.bfloat16, 0.7, 4)],
-    ids=["fp32-one-block", "fp32-T0.7-blocks-of-5-rows", "bf16-T0.7-blocks-of-4-rows"],
+    [(torch.float32, 1.0, 21), (torch.float32, 0.7, 5), (torch.bfloat16, 0.7, 4), (torch.bfloat16, 1.0, 4)],
+    ids=["fp32-one-block", "fp32-T0.7-blocks-of-5-rows", "bf16-T0.7-blocks-of-4-rows", "bf16-T1-blocks-of-4-rows"],
 )
 def test_blocked_logprobs_match_log_softmax(pool, tp, dtype, temperature, block_rows):
     """21 rows of 64 logits: one block, or blocks of 5 / 4 rows whose last one is partial."""

@@ -87,6 +87,7 @@ def _report(spec, ddp, optimizer, losses: list[float], steps_shared: int | None 
         "weights": full_hf_tensors(ddp, spec, grads=False),
         "optim": optimizer_state(optimizer),
         "shared_steps": step_tensors_shared(optimizer) if steps_shared is None else steps_shared,
+        "fused": [group.get("fused") for inner in inner_optimizers(optimizer) for group in inner.param_groups],
     }
 
 
@@ -118,6 +119,9 @@ def train_resumed(
     tmp = begin_iteration(save_root, half) if rank == 0 else None
     tmp_list = [tmp]
     torch.distributed.broadcast_object_list(tmp_list, src=0)
+    for inner in inner_optimizers(optimizer):  # saved as a run before fused Adam saved: the per-tensor loop's flags
+        for group in inner.param_groups:
+            group["fused"] = None
     current = ckpt.DISTOPT_FORMAT
     ckpt.DISTOPT_FORMAT = save_format or current
     try:

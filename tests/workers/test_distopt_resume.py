@@ -15,6 +15,7 @@ import torch
 import tests.conftest as conftest
 from mindrl.checkpoint import convert
 from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.platform.detect import current_platform
 from mindrl.platform.launch import RankPool
 from mindrl.workers.train_setup import OptimSettings
 from tests.workers import distopt_rank_fns
@@ -65,6 +66,10 @@ def test_distributed_optimizer_resumes_bit_exactly(pool, actor_ckpt, tmp_path, d
         # every parameter has taken exactly STEPS Adam steps, each counted on its own tensor
         assert {e["step"].item() for e in r["optim"]} == {float(STEPS)}
         assert r["shared_steps"] == 0
+    # torch's fused Adam where the platform asks for it, on both runs: the resumed one loaded param groups saved
+    # with the loop's flags, and the loop's last bits differ from the fused kernel's (the bit-exact check above)
+    if current_platform().fused_adam:
+        assert {f for r in straight + resumed for f in r["fused"]} == {True}
     # really distributed: a rank's optimizer holds about half of its TP shard of the model (DP = 2), in fp32
     held = sum(e["param"].numel() for e in straight[0]["optim"])
     tp_shard = sum(t.numel() for t in straight[0]["weights"].values()) / 2
