@@ -3,12 +3,24 @@
 RoPE is installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's kernel) only where that hook is empty;
 SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec); `rms_norm` is what builder.RMSNorm calls
 where the platform has no fused backward of its own.
+
+Where the platform has fused elementwise kernels (`Platform.elementwise_kernels`: on CPU, C kernels built once per
+machine) the functions run them for fp32 tensors, one pass each instead of the torch ops' 2-6; otherwise the torch-op
+forms below run, which are bit-identical to megatron's unfused forms.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from mindrl.platform.detect import current_platform
+
+
+def _kernels(*tensors: torch.Tensor):
+    """The platform's fused elementwise kernels where they cover these tensors, else None."""
+    kernels = current_platform().elementwise_kernels()
+    return kernels if kernels is not None and kernels.takes(*tensors) else None
 
 
 class _RotaryHalves(torch.autograd.Function):
@@ -34,6 +46,10 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
 
     Every product is rounded before the sum, as in megatron's (t * cos) + (rotate_half(t) * sin): the result is
     bit-identical to it (an addcmul would round once and differ in the last bit)."""
+    kernels = _kernels(t, cos, sin)
+    out = kernels.rope(t, cos, sin, 1 if sign > 0 else -1) if kernels is not None else None
+    if out is not None:
+        return out  # the same products and sums, each rounded as here: bit-identical
     half = cos.shape[-1]
     x1, x2 = t[..., :half], t[..., half : 2 * half]
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -86,12 +102,18 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
+        kernels = _kernels(x)
+        if kernels is not None:
+            return kernels.swiglu_forward(x)
         half = x.shape[-1] // 2
         return F.silu(x[..., :half]).mul_(x[..., half:])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
+        kernels = _kernels(x, grad)
+        if kernels is not None:
+            return kernels.swiglu_backward(x, grad)
         half = x.shape[-1] // 2
         a, b = x[..., :half], x[..., half:]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -147,6 +169,9 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         y, rstd, weight = ctx.saved_tensors
+        kernels = _kernels(grad, weight) if ctx.dtype == torch.float32 else None
+        if kernels is not None:
+            return (*kernels.rms_norm_backward(grad, y, rstd, weight, *ctx.needs_input_grad[:2]), None)
         hidden = y.shape[-1]
         grad_weight = None
         if ctx.needs_input_grad[1]:

@@ -82,6 +82,18 @@ class Platform:
         MindSpeed's on NPU)."""
         return self.name == "cpu"
 
+    def elementwise_kernels(self):
+        """mindrl's fused elementwise kernels for this platform's fp32 training (`mindrl.models.fused` asks), or None
+        where it has none. On CPU the kernels of `cpu_kernels` (C, built once per machine; None without a compiler,
+        or with MINDRL_CPU_KERNELS=0): SwiGLU forward / backward, RMSNorm's backward and RoPE each in one pass, where
+        torch's ops take 2-6 passes (the benchmark's short update, paired in one rank: 2.672 -> 2.594 s).
+        Devices keep their own kernels (megatron's compiled / TE / MindSpeed ones)."""
+        if self.name != "cpu":
+            return None
+        from mindrl.platform import cpu_kernels
+
+        return cpu_kernels.load()
+
     def gemm_attention_max_len(self, training: bool = True) -> int:
         """The longest sequence whose core attention runs as batched GEMMs with the softmax kept for backward
         (`mindrl.models.attention.gemm_attention`) instead of torch's SDPA kernel, in a pass with gradients

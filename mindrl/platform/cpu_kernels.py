@@ -1,0 +1,352 @@
+"""Fused elementwise kernels for fp32 training on CPU: SwiGLU forward and backward, RMSNorm's backward, RoPE.
+
+On a CPU the actor update's GEMMs run near the matmul peak (MKL / oneDNN), and what is left is elementwise work that
+torch runs as one pass over memory per op: SwiGLU's backward alone is four passes (a product, silu's backward, silu
+recomputed, a product) plus a fresh tensor, RMSNorm's backward five, RoPE six. Each kernel here does its op in one
+pass: a loop over rows that OpenMP splits between the threads, vectorised by the compiler.
+
+They are C, compiled once per machine with the host's C compiler (`$CC`, else `cc` or `gcc`; `-O3 -march=native`)
+into mindrl's cache directory (`mkl_vendor.cache_dir()`), under a name that carries a hash of the source, the flags,
+the compiler and the CPU's model and flags (a cache shared by other machines never runs another CPU's build). The
+library is linked against the OpenMP runtime torch itself loaded, so the kernels use torch's thread pool and its
+thread count (`torch.get_num_threads()`), not a second pool spinning against it. Where there is no compiler, no
+OpenMP runtime in torch, or the build fails, `load()` returns None (with a warning saying why) and mindrl's
+torch-op forms run instead (`mindrl.models.fused`); MINDRL_CPU_KERNELS=0 turns the kernels off.
+
+Accuracy: `exp` is computed in the kernels (Cody-Waite range reduction, a degree-7 polynomial, the exponent set in
+the bits): SiLU's forward and backward are within the same distance of the fp64 values as torch's own kernels
+(tests/platform/test_cpu_kernels.py), not bit-identical to them. RoPE and RMSNorm's backward do the same products
+and sums as the torch forms, built without contraction into FMAs (`-ffp-contract=off`): RoPE is bit-identical to
+megatron's unfused form, RMSNorm's reductions sum in another order (within 1e-6 relative).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform as _platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import torch
+
+from mindrl.platform.mkl_vendor import cache_dir
+
+ENV = "MINDRL_CPU_KERNELS"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <omp.h>
+
+/* e^x: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), e^r by its Taylor polynomial of
+   degree 7 (error < 5e-9 relative), times 2^n built in the exponent bits. x is clamped to [-88, 88.7]: n = -127
+   builds 0 (e^x below 2^-126 comes out 0), n = 128 builds +inf (overflow, as expf); NaN stays NaN. Branch-free, so
+   the loops around it vectorise. */
+static inline float exp_f(float x) {
+    x = x < -88.0f ? -88.0f : x;
+    x = x > 88.7f ? 88.7f : x;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits */
+    float t = x * 1.44269504088896341f + magic;
+    float n = t - magic;
+    float r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } u = {t};
+    union { int32_t i; float f; } s = {(u.i - 0x4B400000 + 127) << 23};
+    return p * s.f;
+}
+
+static inline float sigmoid_f(float a) { return 1.0f / (1.0f + exp_f(-a)); }
+
+/* x [rows, 2h] = [a, b] -> out [rows, h] = silu(a) * b */
+void mindrl_swiglu_fwd(const float *x, float *out, int64_t rows, int64_t h, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * 2 * h, *b = a + h;
+        float *o = out + r * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) o[j] = a[j] * sigmoid_f(a[j]) * b[j];
+    }
+}
+
+/* dx [rows, 2h] = [g * b * silu'(a), g * silu(a)], silu'(a) = s + silu(a) (1 - s), s = sigmoid(a) */
+void mindrl_swiglu_bwd(const float *x, const float *g, float *dx, int64_t rows, int64_t h, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * 2 * h, *b = a + h, *gr = g + r * h;
+        float *da = dx + r * 2 * h, *db = da + h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) {
+            float s = sigmoid_f(a[j]);
+            float silu = a[j] * s;
+            da[j] = gr[j] * b[j] * (s + silu * (1.0f - s));
+            db[j] = gr[j] * silu;
+        }
+    }
+}
+
+/* RMSNorm's backward from y = x * rstd (fp32) and out = w * y: dw = sum over rows of g * y; dy = g * w,
+   dx = (dy - y * mean(dy * y)) * rstd. dx or dw may be NULL (not needed). */
+int mindrl_rms_norm_bwd(const float *g, const float *y, const float *rstd, const float *w, float *dx, float *dw,
+                        int64_t rows, int64_t h, int nt) {
+    float *part = NULL;
+    if (dw) {
+        part = (float *)calloc((size_t)nt * (size_t)h, sizeof(float));
+        if (!part) return 1;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        float *pw = part ? part + (int64_t)omp_get_thread_num() * h : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gr = g + r * h, *yr = y + r * h;
+            if (pw) {
+#pragma omp simd
+                for (int64_t j = 0; j < h; j++) pw[j] += gr[j] * yr[j];
+            }
+            if (dx) {
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t j = 0; j < h; j++) dot += (gr[j] * w[j]) * yr[j];
+                dot = dot / (float)h;
+                float rs = rstd[r];
+                float *o = dx + r * h;
+#pragma omp simd
+                for (int64_t j = 0; j < h; j++) o[j] = ((gr[j] * w[j]) - yr[j] * dot) * rs;
+            }
+        }
+    }
+    if (dw) {
+        for (int64_t j = 0; j < h; j++) {
+            float acc = 0.0f;
+            for (int t = 0; t < nt; t++) acc += part[(int64_t)t * h + j];
+            dw[j] = acc;
+        }
+        free(part);
+    }
+    return 0;
+}
+
+/* RoPE, rotate-half layout: t [S, B, H, D] (strides ss, sb, sh; the last dimension contiguous), cos / sin [S, half]
+   -> out [S, B, H, D] contiguous = [x1 cos - x2 sin, x2 cos + x1 sin, rest] (sign > 0), or the transpose
+   [x1 cos + x2 sin, x2 cos - x1 sin, rest] (sign < 0, for backward). Each product rounded before the sum. */
+void mindrl_rope(const float *t, const float *cs, const float *sn, float *out, int64_t S, int64_t B, int64_t H,
+                 int64_t D, int64_t half, int64_t ss, int64_t sb, int64_t sh, int sign, int nt) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int64_t p = 0; p < S; p++) {
+        for (int64_t bi = 0; bi < B; bi++) {
+            const float *c = cs + p * half, *s = sn + p * half;
+            for (int64_t hi = 0; hi < H; hi++) {
+                const float *x = t + p * ss + bi * sb + hi * sh;
+                float *o = out + ((p * B + bi) * H + hi) * D;
+                if (sign > 0) {
+#pragma omp simd
+                    for (int64_t j = 0; j < half; j++) {
+                        float x1 = x[j], x2 = x[half + j];
+                        o[j] = x1 * c[j] - x2 * s[j];
+                        o[half + j] = x2 * c[j] + x1 * s[j];
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t j = 0; j < half; j++) {
+                        float x1 = x[j], x2 = x[half + j];
+                        o[j] = x1 * c[j] + x2 * s[j];
+                        o[half + j] = x2 * c[j] - x1 * s[j];
+                    }
+                }
+                for (int64_t j = 2 * half; j < D; j++) o[j] = x[j];
+            }
+        }
+    }
+}
+"""
+
+_P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {
+    "mindrl_swiglu_fwd": ([_P, _P, _I, _I, _INT], None),
+    "mindrl_swiglu_bwd": ([_P, _P, _P, _I, _I, _INT], None),
+    "mindrl_rms_norm_bwd": ([_P, _P, _P, _P, _P, _P, _I, _I, _INT], _INT),
+    "mindrl_rope": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _INT, _INT], None),
+}
+
+
+def enabled() -> bool:
+    """Whether the kernels may be used (MINDRL_CPU_KERNELS is not 0); read at every call, so a test or an A/B can
+    switch inside one process."""
+    value = os.environ.get(ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV}={value!r} must be 0 or 1")
+    return value == "1"
+
+
+def torch_openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime (libgomp) this process loaded for torch, None where torch has none."""
+    if not torch.backends.openmp.is_available():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/libgomp" in line}
+    except OSError:
+        return None
+    own = [p for p in paths if p.startswith(os.path.dirname(torch.__file__))]
+    found = own or sorted(paths)
+    return found[0] if found else None
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and feature flags (what -march=native compiles for)."""
+    keep = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags")):
+                    keep.append(line.strip())
+                if len(keep) == 2:
+                    break
+    except OSError:
+        pass
+    return "\n".join(keep) or _platform.processor()
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+
+
+def build(directory: str, march: str = "native") -> str | None:
+    """The kernels' shared library in `directory`, compiled there unless this source, flags, compiler and CPU have
+    one already; None (with a warning) where it cannot be built. `march` other than "native" (e.g. "x86-64-v3", AVX2)
+    builds for that target, for tests."""
+    gomp = torch_openmp_runtime()
+    compiler = _compiler()
+    if gomp is None or compiler is None:
+        why = "torch has no OpenMP runtime loaded" if gomp is None else "no C compiler ($CC, cc or gcc)"
+        warnings.warn(f"mindrl: CPU kernels not built ({why}): the torch-op forms run instead", stacklevel=2)
+        return None
+    flags = [f if f != "-march=native" else f"-march={march}" for f in FLAGS]
+    key = hashlib.sha256("\n".join([SOURCE, *flags, os.path.realpath(compiler), gomp, _cpu_identity()]).encode())
+    path = os.path.join(directory, f"libmindrl_cpu_kernels_{key.hexdigest()[:16]}.so")
+    if os.path.isfile(path):
+        return path
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            src, out = os.path.join(tmp, "kernels.c"), os.path.join(tmp, "kernels.so")
+            with open(src, "w") as f:
+                f.write(SOURCE)
+            cmd = [compiler, *flags, "-shared", "-fPIC", "-o", out, src, gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"]
+            subprocess.run(cmd, check=True, capture_output=True)
+            os.replace(out, path)  # atomic: concurrent builders all leave one complete file
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[-800:]
+        warnings.warn(
+            f"mindrl: could not build the CPU kernels into {path} with {compiler}: {e} {detail}; the torch-op "
+            f"forms run instead ({ENV}=0 silences this)",
+            stacklevel=2,
+        )
+        return None
+    return path
+
+
+class Kernels:
+    """The loaded library, with torch-level calls. Each takes fp32 host tensors (see `takes`)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        lib = ctypes.CDLL(path)
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        self._lib = lib
+
+    @staticmethod
+    def takes(*tensors: torch.Tensor) -> bool:
+        """Whether the kernels cover these tensors: fp32, in host memory, not needing autograd's graph here."""
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+
+    def swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(a) * b for x = [a, b] on the last dimension."""
+        x = x.contiguous()
+        half = x.shape[-1] // 2
+        out = torch.empty(x.shape[:-1] + (half,), dtype=x.dtype)
+        self._lib.mindrl_swiglu_fwd(x.data_ptr(), out.data_ptr(), x.numel() // max(1, 2 * half), half, _threads())
+        return out
+
+    def swiglu_backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient of swiglu_forward at x, for the output's gradient `grad`."""
+        x, grad = x.contiguous(), grad.contiguous()
+        half = x.shape[-1] // 2
+        dx = torch.empty(x.shape, dtype=x.dtype)
+        rows = x.numel() // max(1, 2 * half)
+        self._lib.mindrl_swiglu_bwd(x.data_ptr(), grad.data_ptr(), dx.data_ptr(), rows, half, _threads())
+        return dx
+
+    def rms_norm_backward(
+        self,
+        grad: torch.Tensor,
+        y: torch.Tensor,
+        rstd: torch.Tensor,
+        weight: torch.Tensor,
+        need_dx: bool,
+        need_dw: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dx, dw) of out = weight * y, y = x * rstd (rows of y's last dimension); None where not needed."""
+        grad, y, rstd, weight = grad.contiguous(), y.contiguous(), rstd.contiguous(), weight.contiguous()
+        hidden = y.shape[-1]
+        dx = torch.empty(y.shape, dtype=torch.float32) if need_dx else None
+        dw = torch.empty(hidden, dtype=torch.float32) if need_dw else None
+        status = self._lib.mindrl_rms_norm_bwd(
+            grad.data_ptr(), y.data_ptr(), rstd.data_ptr(), weight.data_ptr(),
+            dx.data_ptr() if dx is not None else None, dw.data_ptr() if dw is not None else None,
+            y.numel() // max(1, hidden), hidden, _threads(),
+        )  # fmt: skip
+        if status:
+            raise MemoryError(f"mindrl_rms_norm_bwd could not allocate {_threads()} x {hidden} floats")
+        return dx, dw
+
+    def rope(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor | None:
+        """RoPE (sign 1) or its transpose (sign -1) of t [s, b, heads, dim] with cos / sin [s, 1, 1, half] (see
+        `mindrl.models.fused._rotate`); None where the shapes are not that layout (the caller's form runs)."""
+        if t.dim() != 4 or t.stride(-1) != 1 or cos.dim() != 4:
+            return None
+        s, b, heads, dim = t.shape
+        half = cos.shape[-1]
+        if cos.shape != (s, 1, 1, half) or sin.shape != cos.shape or 2 * half > dim:
+            return None
+        cos, sin = cos.reshape(s, half).contiguous(), sin.reshape(s, half).contiguous()
+        out = torch.empty(t.shape, dtype=t.dtype)
+        self._lib.mindrl_rope(
+            t.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), s, b, heads, dim, half,
+            t.stride(0), t.stride(1), t.stride(2), 1 if sign > 0 else -1, _threads(),
+        )  # fmt: skip
+        return out
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+@functools.cache
+def _load(directory: str, march: str) -> Kernels | None:
+    path = build(directory, march)
+    return Kernels(path) if path else None
+
+
+def load(march: str = "native") -> Kernels | None:
+    """This process's kernels (built on first use), or None where they are off or cannot be built."""
+    if not enabled():
+        return None
+    return _load(cache_dir(), march)

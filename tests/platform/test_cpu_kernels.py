@@ -1,0 +1,141 @@
+"""mindrl's fused CPU kernels (mindrl.platform.cpu_kernels) against torch: SwiGLU forward / backward and RMSNorm's
+backward as close to the fp64 values as torch's ops, RoPE bit-identical to the torch-op form, for odd sizes, strided
+inputs and pass-through channels; built for this CPU and for plain AVX2 (x86-64-v3); off, or without a compiler,
+None with the reason."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mindrl.platform import cpu_kernels
+
+HAS_COMPILER = cpu_kernels._compiler() is not None
+
+
+def _marches() -> list[str]:
+    """This CPU's build, and the AVX2 one where this CPU runs it (what an AVX2-only machine gets)."""
+    out = ["native"]
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    if {"avx2", "fma", "bmi2", "movbe"} <= set(flags):
+        out.append("x86-64-v3")
+    return out
+
+
+@pytest.fixture(params=_marches())
+def kernels(request, tmp_path_factory):
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler: the torch-op forms run (test_without_a_compiler_the_torch_forms_run)")
+    path = cpu_kernels.build(str(tmp_path_factory.getbasetemp() / "kernels"), march=request.param)
+    assert path is not None
+    return cpu_kernels.Kernels(path)
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, ulps: int = 4) -> None:
+    """got no further from the fp64 truth than torch's ref, or within `ulps` fp32 ulps of its largest value."""
+    err, ref_err = ((t.double() - truth).abs().max().item() for t in (got, ref))
+    assert err <= max(ref_err, ulps * torch.finfo(torch.float32).eps * truth.abs().max().item()), (err, ref_err)
+
+
+def test_kernels_load_where_a_compiler_is(monkeypatch):
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "1")
+    if HAS_COMPILER and torch.backends.openmp.is_available():
+        k = cpu_kernels.load()
+        assert k is not None and k.path.startswith(cpu_kernels.cache_dir())
+        assert cpu_kernels.torch_openmp_runtime() is not None  # the library runs on torch's own OpenMP runtime
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
+    assert cpu_kernels.load() is None
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "yes")
+    with pytest.raises(ValueError, match="MINDRL_CPU_KERNELS='yes' must be 0 or 1"):
+        cpu_kernels.load()
+
+
+def test_without_a_compiler_the_torch_forms_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernels, "_compiler", lambda: None)
+    with pytest.warns(UserWarning, match="no C compiler"):
+        assert cpu_kernels.build(str(tmp_path)) is None
+    monkeypatch.setattr(cpu_kernels, "_compiler", lambda: shutil.which("false"))
+    if shutil.which("false"):
+        with pytest.warns(UserWarning, match="could not build the CPU kernels"):
+            assert cpu_kernels.build(str(tmp_path / "b")) is None
+
+
+@pytest.mark.parametrize("rows,half", [(1, 1), (7, 24), (94, 1408)])
+def test_swiglu(kernels, rows, half):
+    gen = torch.Generator().manual_seed(rows + half)
+    x = torch.randn(rows, 2 * half, generator=gen) * 4
+    x[0, :2] = torch.tensor([-100.0, 95.0])[: 2 * half]  # beyond exp's clamps: e^-100 is 0, e^95 overflows
+    g = torch.randn(rows, 2, half, generator=gen)[:, 1]  # a strided gradient
+    x64 = x.double().requires_grad_()
+    y64 = F.silu(x64[:, :half]) * x64[:, half:]
+    y64.backward(g.double())
+    ref_x = x.clone().requires_grad_()
+    ref = F.silu(ref_x[:, :half]) * ref_x[:, half:]
+    ref.backward(g)
+    _close(kernels.swiglu_forward(x), ref.detach(), y64.detach())
+    _close(kernels.swiglu_backward(x, g), ref_x.grad, x64.grad)
+
+
+def test_swiglu_propagates_nan(kernels):
+    x = torch.tensor([[float("nan"), 1.0, 2.0, 3.0]])
+    assert kernels.swiglu_forward(x)[0, 0].isnan()
+    assert kernels.swiglu_backward(x, torch.ones(1, 2))[0, 0].isnan()
+
+
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=["both", "dx", "dw"])
+@pytest.mark.parametrize("rows,hidden", [(1, 3), (37, 64), (300, 512)])
+def test_rms_norm_backward(kernels, rows, hidden, need):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=gen) * 3
+    w = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    g = torch.randn(rows, hidden, generator=gen)
+    y, rstd = torch.ops.aten._fused_rms_norm(x, [hidden], None, 1e-6)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    (w64 * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6))).backward(g.double())
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (wr * F.rms_norm(xr, (hidden,), eps=1e-6)).backward(g)
+    dx, dw = kernels.rms_norm_backward(g, y, rstd, w, *need)
+    assert (dx is not None, dw is not None) == need
+    if dx is not None:
+        _close(dx, xr.grad, x64.grad)
+    if dw is not None:
+        _close(dw, wr.grad, (g.double() * y.double()).sum(0), ulps=8)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["forward", "transpose"])
+@pytest.mark.parametrize("rot,dim", [(64, 64), (32, 48)], ids=["full", "partial-rotary"])
+def test_rope_bit_identical_to_the_torch_form(kernels, monkeypatch, sign, rot, dim):
+    from mindrl.models import fused
+
+    gen = torch.Generator().manual_seed(dim)
+    s, b, heads = 11, 3, 4
+    qkv = torch.randn(s, b, heads, 3 * dim, generator=gen)
+    t = qkv[..., dim : 2 * dim]  # strided, as megatron's query / key views of the fused QKV output
+    freqs = torch.randn(s, 1, 1, rot // 2, generator=gen)
+    cos, sin = torch.cos(freqs), torch.sin(freqs)
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
+    ref = fused._rotate(t, cos, sin, sign=float(sign))
+    got = kernels.rope(t, cos, sin, sign)
+    assert got is not None and got.is_contiguous()
+    assert torch.equal(got, ref)
+    assert kernels.rope(t[:, :, :, None], cos, sin, sign) is None  # not the [s, b, heads, dim] layout
+
+
+def test_kernels_use_torchs_thread_count(kernels):
+    x = torch.randn(64, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.swiglu_forward(x)
+        torch.set_num_threads(2)
+        two = kernels.swiglu_forward(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # rows are independent: the split between threads changes no value
