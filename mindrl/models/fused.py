@@ -155,16 +155,22 @@ class _RMSNorm(torch.autograd.Function):
     """weight * rms_norm(x) with statistics in fp32 and the weight applied in x's dtype (HF's Llama / Qwen2 order).
 
     Under autograd torch decomposes rms_norm on CPU (pow, mean, add, rsqrt, mul, then the weight's mul), and its
-    backward walks that graph: about a dozen passes over [tokens, hidden]. Here forward is torch's one-pass kernel
+    backward walks that graph: about a dozen passes over [tokens, hidden]. Here forward is torch's `_fused_rms_norm`
     (the very values of the decomposed form) and backward is five passes: the weight's grad, grad * weight, its dot
-    with the normalised input, and dx = rstd * (dy - y * mean(dy * y)). Only y (fp32) and rstd are kept."""
+    with the normalised input, and dx = rstd * (dy - y * mean(dy * y)). Only y (fp32) and rstd are kept. With the
+    platform's kernels (fp32) both directions are one pass each, the sums in the kernels' order."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y, rstd = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, eps)
+        kernels = _kernels(x, weight)
+        if kernels is not None:  # one pass; the sum of squares in the kernel's order (not bit-identical to torch's)
+            out, y, rstd = kernels.rms_norm_forward(x, weight, eps)
+        else:
+            y, rstd = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, eps)
+            out = weight * y.to(x.dtype)
         ctx.save_for_backward(y, rstd, weight)
         ctx.dtype = x.dtype
-        return weight * y.to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

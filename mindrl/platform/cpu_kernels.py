@@ -1,9 +1,11 @@
-"""Fused elementwise kernels for fp32 training on CPU: SwiGLU forward and backward, RMSNorm's backward, RoPE.
+"""Fused elementwise kernels for fp32 training on CPU: SwiGLU, RMSNorm and RoPE, forward and backward.
 
 On a CPU the actor update's GEMMs run near the matmul peak (MKL / oneDNN), and what is left is elementwise work that
 torch runs as one pass over memory per op: SwiGLU's backward alone is four passes (a product, silu's backward, silu
 recomputed, a product) plus a fresh tensor, RMSNorm's backward five, RoPE six. Each kernel here does its op in one
-pass: a loop over rows that OpenMP splits between the threads, vectorised by the compiler.
+pass: a loop over rows that OpenMP splits between the threads, vectorised by the compiler (RMSNorm's forward: a
+sum of squares and one pass writing y and the output, where torch's decomposition writes x^2, reads it back, then
+multiplies twice).
 
 They are C, compiled once per machine with the host's C compiler (`$CC`, else `cc` or `gcc`; `-O3 -march=native`)
 into mindrl's cache directory (`mkl_vendor.cache_dir()`), under a name that carries a hash of the source, the flags,
@@ -15,9 +17,10 @@ torch-op forms run instead (`mindrl.models.fused`); MINDRL_CPU_KERNELS=0 turns t
 
 Accuracy: `exp` is computed in the kernels (Cody-Waite range reduction, a degree-7 polynomial, the exponent set in
 the bits): SiLU's forward and backward are within the same distance of the fp64 values as torch's own kernels
-(tests/platform/test_cpu_kernels.py), not bit-identical to them. RoPE and RMSNorm's backward do the same products
-and sums as the torch forms, built without contraction into FMAs (`-ffp-contract=off`): RoPE is bit-identical to
-megatron's unfused form, RMSNorm's reductions sum in another order (within 1e-6 relative).
+(tests/platform/test_cpu_kernels.py), not bit-identical to them. RoPE and RMSNorm do the same products and sums as
+the torch forms, built without contraction into FMAs (`-ffp-contract=off`): RoPE is bit-identical to megatron's
+unfused form; RMSNorm's reductions (the sum of squares, the backward's dot products) add in another order, so its
+values differ from torch's in the last bits, as close to the fp64 ones.
 """
 
 from __future__ import annotations
@@ -95,6 +98,27 @@ void mindrl_swiglu_bwd(const float *x, const float *g, float *dx, int64_t rows, 
             float silu = a[j] * s;
             da[j] = gr[j] * b[j] * (s + silu * (1.0f - s));
             db[j] = gr[j] * silu;
+        }
+    }
+}
+
+/* RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps) per row, y = x * rstd (kept for backward), out = w * y. */
+void mindrl_rms_norm_fwd(const float *x, const float *w, float *y, float *out, float *rstd, int64_t rows, int64_t h,
+                         float eps, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * h;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < h; j++) ss += xr[j] * xr[j];
+        float rs = 1.0f / sqrtf(ss / (float)h + eps);
+        rstd[r] = rs;
+        float *yr = y + r * h, *o = out + r * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) {
+            float v = xr[j] * rs;
+            yr[j] = v;
+            o[j] = w[j] * v;
         }
     }
 }
@@ -179,6 +203,7 @@ _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "mindrl_swiglu_fwd": ([_P, _P, _I, _I, _INT], None),
     "mindrl_swiglu_bwd": ([_P, _P, _P, _I, _I, _INT], None),
+    "mindrl_rms_norm_fwd": ([_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_rms_norm_bwd": ([_P, _P, _P, _P, _P, _P, _I, _I, _INT], _INT),
     "mindrl_rope": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _INT, _INT], None),
 }
@@ -293,6 +318,21 @@ class Kernels:
         rows = x.numel() // max(1, 2 * half)
         self._lib.mindrl_swiglu_bwd(x.data_ptr(), grad.data_ptr(), dx.data_ptr(), rows, half, _threads())
         return dx
+
+    def rms_norm_forward(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weight * y, y, rstd) with y = x * rstd, rstd = 1 / sqrt(mean(x^2, last dim) + eps) of shape [..., 1]
+        (what torch's `_fused_rms_norm` returns, the sum of squares in another order)."""
+        x, weight = x.contiguous(), weight.contiguous()
+        hidden = x.shape[-1]
+        y, out = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
+        rstd = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32)
+        self._lib.mindrl_rms_norm_fwd(
+            x.data_ptr(), weight.data_ptr(), y.data_ptr(), out.data_ptr(), rstd.data_ptr(),
+            x.numel() // max(1, hidden), hidden, eps, _threads(),
+        )  # fmt: skip
+        return out, y, rstd
 
     def rms_norm_backward(
         self,

@@ -1,6 +1,8 @@
 """mindrl.models.fused against megatron's unfused ops: the SwiGLU activation module and the RoPE hook's dispatch, op by
 op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads); the
-fused RMSNorm against torch's decomposed one (forward bit-identical, backward as close to fp64 as autograd's)."""
+fused RMSNorm against torch's decomposed one (forward bit-identical, backward as close to fp64 as autograd's). With the
+platform's fp32 kernels (mindrl.platform.cpu_kernels) the SiLU and the norm's sums are computed there: as close to
+the fp64 values as torch's ops, not bit-identical to them."""
 
 from __future__ import annotations
 
@@ -122,10 +124,14 @@ def test_rms_norm_matches_the_decomposed_norm(dtype, kernels, monkeypatch):
     out, dx, dw = run(lambda t, w: rms_norm(t, w, eps), x, weight)
     ref_out, ref_dx, ref_dw = run(unfused, x, weight)
     assert out.dtype == dx.dtype == dw.dtype == dtype
-    assert torch.equal(out, ref_out)
     xf = x.float()
     hf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    assert torch.equal(out, weight * hf.to(dtype))
+    if kernels == "1" and _native(dtype):  # the kernel's sum of squares: as close to the fp64 norm as torch's
+        hf = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)  # y, the weight grad's truth
+        _no_further_from_truth(out, ref_out, weight.double() * hf, dtype)
+    else:
+        assert torch.equal(out, ref_out)
+        assert torch.equal(out, weight * hf.to(dtype))
     # the truth: the same function in fp64, with the weight applied to y as rounded to dtype (what forward multiplies)
     x64 = x.double().requires_grad_()
     y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
@@ -182,13 +188,14 @@ def _fusion_parity(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     if ps.get_tensor_model_parallel_rank() or ps.get_data_parallel_rank():
         return None
     valid = mask.bool()
+    norm_logit_diff = (norm_logits - ref_logits)[valid].abs().max().item()
     grad_diff = max(((fused_grads[n] - g).abs().max() / g.abs().max()).item() for n, g in ref_grads.items())
     norm_grad_rel = max(((norm_grads[n] - g).abs().max() / g.abs().max()).item() for n, g in ref_grads.items())
     return (
         (fused_logits - ref_logits)[valid].abs().max().item(),
         grad_diff,
         ref_logits[valid].abs().max().item(),
-        torch.equal(norm_logits, ref_logits),
+        norm_logit_diff,
         norm_grad_rel,
     )
 
@@ -203,14 +210,16 @@ def test_fused_model_matches_the_unfused_model(pool, tiny_models, tp, kernels):
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
     results = [r for r in pool.run(_fusion_parity_rank, tiny_models["untied"], tp, ids, mask, kernels) if r]
-    logit_diff, grad_diff, scale, norm_logits_equal, norm_grad_rel = results[0]
+    logit_diff, grad_diff, scale, norm_logit_diff, norm_grad_rel = results[0]
     print(f"tp{tp}: max |fused - unfused| logits {logit_diff:.3g} (|logits| {scale:.3g}), grads {grad_diff:.3g} "
           "relative; "
-          f"RMSNorm fused vs torch's: logits equal {norm_logits_equal}, grads {norm_grad_rel:.3g} relative")  # fmt: skip
+          f"RMSNorm fused vs torch's: logits {norm_logit_diff:.3g}, grads {norm_grad_rel:.3g} relative")  # fmt: skip
     assert scale > 0.01
     if kernels == "1" and _native(torch.float32):
         assert logit_diff <= 1e-6 * scale and grad_diff < 1e-5, (logit_diff, grad_diff)
+        assert norm_logit_diff <= 1e-6 * scale  # the kernel's norm: its sums in another order
     else:
         assert logit_diff == 0 and grad_diff == 0  # bit-identical
-    # the fused RMSNorm: the same forward values; a backward summed in another order (fp32 rounding only)
-    assert norm_logits_equal and norm_grad_rel < 1e-5
+        assert norm_logit_diff == 0  # the fused RMSNorm's forward: the very values of torch's
+    # the fused RMSNorm's backward, summed in another order: fp32 rounding only
+    assert norm_grad_rel < 1e-5

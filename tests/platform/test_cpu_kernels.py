@@ -1,5 +1,5 @@
-"""mindrl's fused CPU kernels (mindrl.platform.cpu_kernels) against torch: SwiGLU forward / backward and RMSNorm's
-backward as close to the fp64 values as torch's ops, RoPE bit-identical to the torch-op form, for odd sizes, strided
+"""mindrl's fused CPU kernels (mindrl.platform.cpu_kernels) against torch: SwiGLU and RMSNorm, forward and backward,
+as close to the fp64 values as torch's ops, RoPE bit-identical to the torch-op form, for odd sizes, strided
 inputs and pass-through channels; built for this CPU and for plain AVX2 (x86-64-v3); off, or without a compiler,
 None with the reason."""
 
@@ -87,6 +87,21 @@ def test_swiglu_propagates_nan(kernels):
     x = torch.tensor([[float("nan"), 1.0, 2.0, 3.0]])
     assert kernels.swiglu_forward(x)[0, 0].isnan()
     assert kernels.swiglu_backward(x, torch.ones(1, 2))[0, 0].isnan()
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 3), (37, 64), (300, 512)])
+def test_rms_norm_forward(kernels, rows, hidden):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2, hidden, generator=gen)[:, 0] * 3  # strided rows
+    w = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    out, y, rstd = kernels.rms_norm_forward(x, w, 1e-6)
+    ref_y, ref_rstd = torch.ops.aten._fused_rms_norm(x, [hidden], None, 1e-6)
+    assert rstd.shape == ref_rstd.shape and y.shape == out.shape == x.shape
+    x64 = x.double()
+    rstd64 = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    _close(rstd, ref_rstd, rstd64)
+    _close(y, ref_y, x64 * rstd64)
+    _close(out, w * ref_y, w.double() * x64 * rstd64)
 
 
 @pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=["both", "dx", "dw"])

@@ -171,11 +171,20 @@ def test_first_iteration_is_layout_invariant(assets, tmp_path_factory, tmp_path,
     # Same seed, per-prompt seeds: the same tokens and rewards whatever the training / inference layout.
     assert [r["response"] for r in other_rollouts] == [r["response"] for r in base_rollouts]
     assert [r["reward"] for r in other_rollouts] == [r["reward"] for r in base_rollouts]
-    for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm", "actor/entropy"):
+    for key in ("critic/vf_loss", "actor/grad_norm", "critic/grad_norm", "actor/entropy"):
         assert math.isclose(other[key], base[key], rel_tol=1e-5, abs_tol=1e-7), (key, other[key], base[key])
+    # pg_loss is a mean of O(1) terms (whitened advantage x ratio) that cancel to ~1e-7: its rounding is absolute,
+    # a few fp32 ulps of the terms, which each layout sums in its own order
+    assert math.isclose(other["actor/pg_loss"], base["actor/pg_loss"], abs_tol=1e-6), (
+        other["actor/pg_loss"],
+        base["actor/pg_loss"],
+    )
     # The weights after the update agree, tensor for tensor, as the checkpoints hold them (whole, layout-free).
     a, b = _weights(base_dir, tmp_path), _weights(other_dir, tmp_path)
     assert a.keys() == b.keys() and len(a) >= 10
+    # Adam's first step is lr * g / (|g| + eps): a gradient near eps (1e-8) is amplified lr / eps times, so the
+    # layouts' rounding in it (~1e-10) can move a weight by ~lr * 1e-2 (one element in 131,072 of fc1 did)
+    slack = 1e-2 * base["actor/lr"]
     for k in a:
         scale = a[k].abs().max().item() or 1.0
-        assert (a[k] - b[k]).abs().max().item() <= 1e-5 * scale, k
+        assert (a[k] - b[k]).abs().max().item() <= 1e-5 * scale + slack, k
