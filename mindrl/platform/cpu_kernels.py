@@ -12,8 +12,8 @@ into mindrl's cache directory (`mkl_vendor.cache_dir()`), under a name that carr
 the compiler and the CPU's model and flags (a cache shared by other machines never runs another CPU's build). The
 library is linked against the OpenMP runtime torch itself loaded, so the kernels use torch's thread pool and its
 thread count (`torch.get_num_threads()`), not a second pool spinning against it. Where there is no compiler, no
-OpenMP runtime in torch, or the build fails, `load()` returns None (with a warning saying why) and mindrl's
-torch-op forms run instead (`mindrl.models.fused`); MINDRL_CPU_KERNELS=0 turns the kernels off.
+OpenMP runtime in torch, or the build or the load fails, `load()` returns None (with a warning saying why) and
+mindrl's torch-op forms run instead (`mindrl.models.fused`); MINDRL_CPU_KERNELS=0 turns the kernels off.
 
 Accuracy: `exp` is computed in the kernels (Cody-Waite range reduction, a degree-7 polynomial, the exponent set in
 the bits): SiLU's forward and backward are within the same distance of the fp64 values as torch's own kernels
@@ -41,6 +41,8 @@ from mindrl.platform.mkl_vendor import cache_dir
 
 ENV = "MINDRL_CPU_KERNELS"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
+# -z defs: a compiler whose OpenMP calls another runtime (clang's __kmpc_*) fails to link, instead of at load
+LINK = ("-lm", "-Wl,-z,defs")
 
 SOURCE = r"""
 #include <stdint.h>
@@ -262,7 +264,7 @@ def build(directory: str, march: str = "native") -> str | None:
         warnings.warn(f"mindrl: CPU kernels not built ({why}): the torch-op forms run instead", stacklevel=2)
         return None
     flags = [f if f != "-march=native" else f"-march={march}" for f in FLAGS]
-    key = hashlib.sha256("\n".join([SOURCE, *flags, os.path.realpath(compiler), gomp, _cpu_identity()]).encode())
+    key = hashlib.sha256("\n".join([SOURCE, *flags, *LINK, os.path.realpath(compiler), gomp, _cpu_identity()]).encode())
     path = os.path.join(directory, f"libmindrl_cpu_kernels_{key.hexdigest()[:16]}.so")
     if os.path.isfile(path):
         return path
@@ -272,7 +274,18 @@ def build(directory: str, march: str = "native") -> str | None:
             src, out = os.path.join(tmp, "kernels.c"), os.path.join(tmp, "kernels.so")
             with open(src, "w") as f:
                 f.write(SOURCE)
-            cmd = [compiler, *flags, "-shared", "-fPIC", "-o", out, src, gomp, f"-Wl,-rpath,{os.path.dirname(gomp)}"]
+            cmd = [
+                compiler,
+                *flags,
+                "-shared",
+                "-fPIC",
+                "-o",
+                out,
+                src,
+                gomp,
+                *LINK,
+                f"-Wl,-rpath,{os.path.dirname(gomp)}",
+            ]
             subprocess.run(cmd, check=True, capture_output=True)
             os.replace(out, path)  # atomic: concurrent builders all leave one complete file
     except (OSError, subprocess.CalledProcessError) as e:
@@ -382,7 +395,15 @@ def _threads() -> int:
 @functools.cache
 def _load(directory: str, march: str) -> Kernels | None:
     path = build(directory, march)
-    return Kernels(path) if path else None
+    if path is None:
+        return None
+    try:
+        return Kernels(path)
+    except (OSError, AttributeError) as e:  # a library this process cannot load, or one without every kernel
+        warnings.warn(
+            f"mindrl: could not load the CPU kernels {path}: {e}; the torch-op forms run instead", stacklevel=2
+        )
+        return None
 
 
 def load(march: str = "native") -> Kernels | None:

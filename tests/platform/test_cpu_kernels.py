@@ -65,6 +65,11 @@ def test_without_a_compiler_the_torch_forms_run(monkeypatch, tmp_path):
     if shutil.which("false"):
         with pytest.warns(UserWarning, match="could not build the CPU kernels"):
             assert cpu_kernels.build(str(tmp_path / "b")) is None
+    not_a_library = tmp_path / "libbroken.so"
+    not_a_library.write_text("not ELF")
+    monkeypatch.setattr(cpu_kernels, "build", lambda directory, march: str(not_a_library))
+    with pytest.warns(UserWarning, match="could not load the CPU kernels"):
+        assert cpu_kernels._load(str(tmp_path / "c"), "native") is None
 
 
 @pytest.mark.parametrize("rows,half", [(1, 1), (7, 24), (94, 1408)])
