@@ -8,7 +8,7 @@ sum of squares and one pass writing y and the output, where torch's decompositio
 multiplies twice).
 
 They are C, compiled once per machine with the host's C compiler (`$CC`, else `cc` or `gcc`; `-O3 -march=native`)
-into mindrl's cache directory (`mkl_vendor.cache_dir()`), under a name that carries a hash of the source, the flags,
+into mindrl's cache directory (`native_build.cache_dir()`), under a name that carries a hash of the source, the flags,
 the compiler and the CPU's model and flags (a cache shared by other machines never runs another CPU's build). The
 library is linked against the OpenMP runtime torch itself loaded, so the kernels use torch's thread pool and its
 thread count (`torch.get_num_threads()`), not a second pool spinning against it. Where there is no compiler, no
@@ -30,14 +30,12 @@ import functools
 import hashlib
 import os
 import platform as _platform
-import shutil
 import subprocess
-import tempfile
 import warnings
 
 import torch
 
-from mindrl.platform.mkl_vendor import cache_dir
+from mindrl.platform.native_build import c_compiler, cache_dir, compile_library, failure_detail
 
 ENV = "MINDRL_CPU_KERNELS"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
@@ -249,16 +247,12 @@ def _cpu_identity() -> str:
     return "\n".join(keep) or _platform.processor()
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
-
-
 def build(directory: str, march: str = "native") -> str | None:
     """The kernels' shared library in `directory`, compiled there unless this source, flags, compiler and CPU have
     one already; None (with a warning) where it cannot be built. `march` other than "native" (e.g. "x86-64-v3", AVX2)
     builds for that target, for tests."""
     gomp = torch_openmp_runtime()
-    compiler = _compiler()
+    compiler = c_compiler()
     if gomp is None or compiler is None:
         why = "torch has no OpenMP runtime loaded" if gomp is None else "no C compiler ($CC, cc or gcc)"
         warnings.warn(f"mindrl: CPU kernels not built ({why}): the torch-op forms run instead", stacklevel=2)
@@ -269,30 +263,11 @@ def build(directory: str, march: str = "native") -> str | None:
     if os.path.isfile(path):
         return path
     try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            src, out = os.path.join(tmp, "kernels.c"), os.path.join(tmp, "kernels.so")
-            with open(src, "w") as f:
-                f.write(SOURCE)
-            cmd = [
-                compiler,
-                *flags,
-                "-shared",
-                "-fPIC",
-                "-o",
-                out,
-                src,
-                gomp,
-                *LINK,
-                f"-Wl,-rpath,{os.path.dirname(gomp)}",
-            ]
-            subprocess.run(cmd, check=True, capture_output=True)
-            os.replace(out, path)  # atomic: concurrent builders all leave one complete file
+        compile_library(compiler, SOURCE, path, flags, [gomp, *LINK, f"-Wl,-rpath,{os.path.dirname(gomp)}"])
     except (OSError, subprocess.CalledProcessError) as e:
-        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[-800:]
         warnings.warn(
-            f"mindrl: could not build the CPU kernels into {path} with {compiler}: {e} {detail}; the torch-op "
-            f"forms run instead ({ENV}=0 silences this)",
+            f"mindrl: could not build the CPU kernels into {path} with {compiler}: {e} {failure_detail(e)}; the "
+            f"torch-op forms run instead ({ENV}=0 silences this)",
             stacklevel=2,
         )
         return None
@@ -393,8 +368,8 @@ def _threads() -> int:
 
 
 @functools.cache
-def _load(directory: str, march: str) -> Kernels | None:
-    path = build(directory, march)
+def _load(march: str) -> Kernels | None:
+    path = build(cache_dir(), march)
     if path is None:
         return None
     try:
@@ -410,4 +385,4 @@ def load(march: str = "native") -> Kernels | None:
     """This process's kernels (built on first use), or None where they are off or cannot be built."""
     if not enabled():
         return None
-    return _load(cache_dir(), march)
+    return _load(march)

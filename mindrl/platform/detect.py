@@ -85,8 +85,8 @@ class Platform:
     def elementwise_kernels(self):
         """mindrl's fused elementwise kernels for this platform's fp32 training (`mindrl.models.fused` asks), or None
         where it has none. On CPU the kernels of `cpu_kernels` (C, built once per machine; None without a compiler,
-        or with MINDRL_CPU_KERNELS=0): SwiGLU forward / backward, RMSNorm's backward and RoPE each in one pass, where
-        torch's ops take 2-6 passes (the benchmark's short update, paired in one rank: 2.672 -> 2.594 s).
+        or with MINDRL_CPU_KERNELS=0): SwiGLU, RMSNorm and RoPE, forward and backward, each in one pass where torch's
+        ops take 2-6 (the benchmark's short update, paired in one rank: 2.602 -> 2.503 s).
         Devices keep their own kernels (megatron's compiled / TE / MindSpeed ones)."""
         if self.name != "cpu":
             return None

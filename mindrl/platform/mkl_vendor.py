@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
-import tempfile
 import warnings
 
 import torch
 
 from mindrl.platform.detect import is_x86_64
+from mindrl.platform.native_build import c_compiler, cache_dir, compile_library, failure_detail
 
 SYMBOL = "mkl_serv_intel_cpu_true"
 _SOURCE = f"int {SYMBOL}(void) {{ return 1; }}\n"
@@ -49,14 +48,6 @@ def cpu_vendor() -> str:
 
 def libtorch_cpu() -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-
-
-def cache_dir() -> str:
-    """MINDRL_CACHE_DIR, else $XDG_CACHE_HOME/mindrl, else ~/.cache/mindrl."""
-    if os.environ.get("MINDRL_CACHE_DIR"):
-        return os.environ["MINDRL_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mindrl")
 
 
 def applies() -> bool:
@@ -88,7 +79,7 @@ def build(directory: str) -> str | None:
     path = os.path.join(directory, _NAME)
     if os.path.isfile(path):
         return path
-    compiler = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if compiler is None:
         warnings.warn(
             "mindrl: no C compiler ($CC, cc or gcc) to build the MKL vendor shim: torch.matmul keeps MKL's "
@@ -97,18 +88,11 @@ def build(directory: str) -> str | None:
         )
         return None
     try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            src, out = os.path.join(tmp, "shim.c"), os.path.join(tmp, _NAME)
-            with open(src, "w") as f:
-                f.write(_SOURCE)
-            subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", out, src], check=True, capture_output=True)
-            os.replace(out, path)  # atomic: concurrent builders all leave one complete file
+        compile_library(compiler, _SOURCE, path, ["-O2"])
     except (OSError, subprocess.CalledProcessError) as e:
-        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[-500:]
         warnings.warn(
-            f"mindrl: could not build the MKL vendor shim into {path} with {compiler}: {e} {detail}; torch.matmul "
-            "keeps MKL's vendor-generic path on this AMD CPU (MINDRL_MKL_VENDOR_SHIM=0 silences this)",
+            f"mindrl: could not build the MKL vendor shim into {path} with {compiler}: {e} {failure_detail(e)}; "
+            "torch.matmul keeps MKL's vendor-generic path on this AMD CPU (MINDRL_MKL_VENDOR_SHIM=0 silences this)",
             stacklevel=2,
         )
         return None

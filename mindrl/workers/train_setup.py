@@ -124,9 +124,9 @@ def accumulate_wgrad_in_main_grad(ddp) -> None:
             module.gradient_accumulation_fusion = True
 
 
-def use_fused_adam(optimizer) -> int:
+def use_fused_adam(optimizer) -> None:
     """Step megatron's torch Adam(W) with torch's fused kernel where the platform asks for it
-    (`Platform.fused_adam`); the number of param groups switched. Idempotent.
+    (`Platform.fused_adam`). Idempotent.
 
     megatron builds torch's optimizer without apex or Transformer Engine and leaves it on the per-tensor loop. The
     flag lives in the param groups, which `load_state_dict` replaces with the saved ones: call again after loading
@@ -134,18 +134,14 @@ def use_fused_adam(optimizer) -> int:
     from mindrl.platform.detect import current_platform
 
     if not current_platform().fused_adam:
-        return 0
-    switched = 0
+        return
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
         if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):  # apex / TE optimizers are fused already
             continue
         for group in inner.param_groups:
-            if group.get("differentiable") or group.get("fused"):
-                continue
-            group["fused"], group["foreach"] = True, False
-            switched += 1
-    return switched
+            if not group.get("differentiable"):
+                group["fused"], group["foreach"] = True, False
 
 
 def current_lr(optimizer) -> float:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from mindrl.platform import current_platform, mkl_vendor
+from mindrl.platform import current_platform, mkl_vendor, native_build
 
 
 def _rank_view():
@@ -38,9 +37,7 @@ def test_workers_run_mkls_instruction_set_path_where_the_shim_applies(pool):
             assert mkl_vendor.loaded() is False and not onednn  # MKL's own path is the faster one there
 
 
-@pytest.mark.skipif(
-    not (shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")), reason="no C compiler to build the shim"
-)
+@pytest.mark.skipif(native_build.c_compiler() is None, reason="no C compiler to build the shim")
 def test_the_shim_builds_and_answers_intel(tmp_path):
     path = mkl_vendor.build(str(tmp_path))
     assert path is not None and os.path.dirname(path) == str(tmp_path)
