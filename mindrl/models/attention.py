@@ -13,6 +13,7 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from mindrl.models.fused import kernels_for
 from mindrl.platform.detect import current_platform
 
 SCORE_CHUNK_BYTES = 4 << 20
@@ -25,7 +26,9 @@ class GemmAttention(torch.autograd.Function):
 
     q: [b, kv, g * s, d] (the g query heads of KV head j, one after another), k, v: [b, kv, s, d]; mask: bool
     [b, 1, s, s], True = masked, every row keeping at least one key. The probabilities of each chunk of rows are
-    kept for backward (b kv g s^2 values), which then needs no second pass over the scores."""
+    kept for backward (b kv g s^2 values), which then needs no second pass over the scores. With the platform's fused
+    kernels (`Platform.elementwise_kernels`, fp32) the scale, mask and softmax are one pass over each row, as is the
+    softmax's backward with the scale."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale: float):
@@ -39,8 +42,15 @@ class GemmAttention(torch.autograd.Function):
             j = min(b, i + chunk)
             n = j - i
             scores = torch.bmm(q[i:j].reshape(n * kv, gs, d), k[i:j].reshape(n * kv, s, d).transpose(1, 2))
-            scores.mul_(scale).view(n, kv, g, s, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
-            p = torch.softmax(scores, dim=-1)
+            kernels = kernels_for(scores)
+            if (
+                kernels is not None
+                and kernels.masked_softmax_(scores.view(n, kv * g, s, s), mask[i:j], scale) is not None
+            ):
+                p = scores  # scaled, masked and normalised in place, one pass per row
+            else:
+                scores.mul_(scale).view(n, kv, g, s, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
+                p = torch.softmax(scores, dim=-1)
             torch.bmm(p, v[i:j].reshape(n * kv, s, d), out=out[i:j].view(n * kv, gs, d))
             probs.append(p)
         ctx.save_for_backward(q, k, v, *probs)
@@ -61,7 +71,11 @@ class GemmAttention(torch.autograd.Function):
             do = grad_out[i:j].view(n * kv, gs, d)
             torch.bmm(p.transpose(1, 2), do, out=dv[i:j].view(n * kv, s, d))
             dp = torch.bmm(do, v[i:j].reshape(n * kv, s, d).transpose(1, 2))
-            ds = torch._softmax_backward_data(dp, p, -1, p.dtype).mul_(ctx.scale)
+            kernels = kernels_for(dp, p)
+            if kernels is not None:
+                ds = kernels.softmax_backward_(p, dp, ctx.scale)
+            else:
+                ds = torch._softmax_backward_data(dp, p, -1, p.dtype).mul_(ctx.scale)
             torch.bmm(ds, k[i:j].reshape(n * kv, s, d), out=dq[i:j].view(n * kv, gs, d))
             torch.bmm(ds.transpose(1, 2), q[i:j].reshape(n * kv, gs, d), out=dk[i:j].view(n * kv, s, d))
         return dq, dk, dv, None, None

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mindrl.platform.detect import current_platform
 
 
-def _kernels(*tensors: torch.Tensor):
+def kernels_for(*tensors: torch.Tensor):
     """The platform's fused elementwise kernels where they cover these tensors, else None."""
     kernels = current_platform().elementwise_kernels()
     return kernels if kernels is not None and kernels.takes(*tensors) else None
@@ -46,7 +46,7 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
 
     Every product is rounded before the sum, as in megatron's (t * cos) + (rotate_half(t) * sin): the result is
     bit-identical to it (an addcmul would round once and differ in the last bit)."""
-    kernels = _kernels(t, cos, sin)
+    kernels = kernels_for(t, cos, sin)
     out = kernels.rope(t, cos, sin, 1 if sign > 0 else -1) if kernels is not None else None
     if out is not None:
         return out  # the same products and sums, each rounded as here: bit-identical
@@ -102,7 +102,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        kernels = _kernels(x)
+        kernels = kernels_for(x)
         if kernels is not None:
             return kernels.swiglu_forward(x)
         half = x.shape[-1] // 2
@@ -111,7 +111,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
-        kernels = _kernels(x, grad)
+        kernels = kernels_for(x, grad)
         if kernels is not None:
             return kernels.swiglu_backward(x, grad)
         half = x.shape[-1] // 2
@@ -162,7 +162,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        kernels = _kernels(x, weight)
+        kernels = kernels_for(x, weight)
         if kernels is not None:  # one pass; the sum of squares in the kernel's order (not bit-identical to torch's)
             out, y, rstd = kernels.rms_norm_forward(x, weight, eps)
         else:
@@ -175,7 +175,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         y, rstd, weight = ctx.saved_tensors
-        kernels = _kernels(grad, weight) if ctx.dtype == torch.float32 else None
+        kernels = kernels_for(grad, weight) if ctx.dtype == torch.float32 else None
         if kernels is not None:
             return (*kernels.rms_norm_backward(grad, y, rstd, weight, *ctx.needs_input_grad[:2]), None)
         hidden = y.shape[-1]

@@ -16,6 +16,7 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
+from mindrl.models.fused import kernels_for
 from mindrl.platform.detect import current_platform
 
 BLOCK_ELEMENTS = 1 << 17
@@ -60,7 +61,13 @@ class _BlockedLogprobs(torch.autograd.Function):
         stats = torch.zeros(3, x.shape[0], dtype=torch.float32, device=x.device)
         picked = x.gather(1, local_idx.unsqueeze(1)).squeeze(1).float().div_(temperature).sub_(shift)
         stats[1] = picked * in_slice
-        for rows, scratch in _blocks(x):
+        kernels = _row_kernels(x)
+        if kernels is not None:  # one read of the logits, no scratch
+            sum_exp, weighted = kernels.softmax_stats(x, shift, temperature, with_entropy)
+            stats[0] = sum_exp
+            if with_entropy:
+                stats[2] = weighted
+        for rows, scratch in _blocks(x) if kernels is None else ():
             z = _shifted(x[rows], temperature, shift[rows], scratch)
             if with_entropy:
                 e = z.exp()
@@ -87,9 +94,10 @@ class _BlockedLogprobs(torch.autograd.Function):
         vocab = logits.shape[-1]
         x = logits.reshape(-1, vocab)
         g = grad_logprobs.reshape(-1).float() / t
-        grad = torch.empty_like(x)
+        kernels = _row_kernels(x)
+        grad = kernels.softmax_grad(x, lse, g.neg(), t) if kernels is not None else torch.empty_like(x)
         fp32 = grad.dtype == torch.float32
-        for rows, scratch in _blocks(x):
+        for rows, scratch in _blocks(x) if kernels is None else ():
             # d log p(label) / d x = (onehot(label) - softmax) / T
             p = _shifted(x[rows], t, lse[rows], grad[rows] if fp32 else scratch)
             p.exp_().mul_(g[rows].neg().unsqueeze(1))
@@ -97,6 +105,13 @@ class _BlockedLogprobs(torch.autograd.Function):
                 grad[rows].copy_(p)
         grad.scatter_add_(1, local_idx.unsqueeze(1), (g * in_slice).to(grad.dtype).unsqueeze(1))
         return grad.view(logits.shape), None, None, None
+
+
+def _row_kernels(x: torch.Tensor):
+    """The platform's fused kernels where they take these logit rows (fp32, each row contiguous), else None: then the
+    softmax's statistics are one pass over each row, and its gradient one pass writing it."""
+    kernels = kernels_for(x)
+    return kernels if kernels is not None and x.dim() == 2 and x.stride(1) == 1 else None
 
 
 def _blocks(x: torch.Tensor):

@@ -197,6 +197,103 @@ void mindrl_rope(const float *t, const float *cs, const float *sn, float *out, i
         }
     }
 }
+
+/* Attention's masked softmax, in place over scores x [nb, per_b, sq, s] (per_b rows groups of sq query rows per
+   batch element): x = softmax(scale * x) over the last dimension, keys with mask[b, i, j] != 0 excluded (probability
+   0). mask: uint8 [nb, sq, s] (row stride s), batch stride mask_b (0: one mask for all). A row whose keys are all
+   masked becomes NaN, as torch's softmax of a row of -inf. */
+void mindrl_masked_softmax_fwd(float *x, const uint8_t *mask, int64_t nb, int64_t per_b, int64_t sq, int64_t s,
+                               int64_t mask_b, float scale, int nt) {
+    const int64_t rows = nb * per_b * sq;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *m = mask + (r / (per_b * sq)) * mask_b + (r % sq) * s;
+        float *row = x + r * s;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < s; j++) {
+            float v = m[j] ? -INFINITY : row[j] * scale;
+            row[j] = v;
+            mx = v > mx ? v : mx;
+        }
+        if (mx == -INFINITY) {
+            for (int64_t j = 0; j < s; j++) row[j] = NAN;
+            continue;
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < s; j++) {
+            float e = m[j] ? 0.0f : exp_f(row[j] - mx);
+            row[j] = e;
+            sum += e;
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < s; j++) row[j] *= inv;
+    }
+}
+
+/* Softmax's backward times the score scale, in place: dp [rows, s] becomes p * (dp - sum_j p dp) * scale. */
+void mindrl_softmax_bwd(const float *p, float *dp, int64_t rows, int64_t s, float scale, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *pr = p + r * s;
+        float *g = dp + r * s;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < s; j++) dot += g[j] * pr[j];
+#pragma omp simd
+        for (int64_t j = 0; j < s; j++) g[j] = pr[j] * (g[j] - dot) * scale;
+    }
+}
+
+/* Log-softmax statistics of logit rows x [rows, v] (row stride xs), z = x / t - shift[r] (t = 1: x - shift[r]):
+   s0[r] = sum_j exp(z), and where s2 is not NULL s2[r] = sum_j exp(z) z (the entropy's). One read of x; the sums are accumulated in double (a row of
+   8192 terms then rounds once, where fp32 lanes would lose several bits). */
+void mindrl_softmax_stats(const float *x, int64_t xs, const float *shift, float *s0, float *s2, int64_t rows,
+                          int64_t v, float t, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        const float sh = shift[r];
+        double a = 0.0, b = 0.0;
+        if (t == 1.0f) {
+#pragma omp simd reduction(+ : a, b)
+            for (int64_t j = 0; j < v; j++) {
+                float z = xr[j] - sh, e = exp_f(z);
+                a += (double)e;
+                b += (double)e * (double)z;
+            }
+        } else {
+#pragma omp simd reduction(+ : a, b)
+            for (int64_t j = 0; j < v; j++) {
+                float z = xr[j] / t - sh, e = exp_f(z);
+                a += (double)e;
+                b += (double)e * (double)z;
+            }
+        }
+        s0[r] = (float)a;
+        if (s2) s2[r] = (float)b;
+    }
+}
+
+/* The log-probabilities' gradient apart from the label's term: grad [rows, v] = exp(x / t - lse[r]) * ng[r]
+   (ng = -dL/dlogp / t; t = 1: x - lse[r]). One read of x, one write of grad. */
+void mindrl_softmax_grad(const float *x, int64_t xs, const float *lse, const float *ng, float *grad, int64_t rows,
+                         int64_t v, float t, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        float *o = grad + r * v;
+        const float sh = lse[r], k = ng[r];
+        if (t == 1.0f) {
+#pragma omp simd
+            for (int64_t j = 0; j < v; j++) o[j] = exp_f(xr[j] - sh) * k;
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < v; j++) o[j] = exp_f(xr[j] / t - sh) * k;
+        }
+    }
+}
 """
 
 _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -206,6 +303,10 @@ _SIGNATURES = {
     "mindrl_rms_norm_fwd": ([_P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_rms_norm_bwd": ([_P, _P, _P, _P, _P, _P, _I, _I, _INT], _INT),
     "mindrl_rope": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _INT, _INT], None),
+    "mindrl_masked_softmax_fwd": ([_P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_softmax_bwd": ([_P, _P, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_softmax_stats": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_softmax_grad": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
 }
 
 
@@ -361,6 +462,58 @@ class Kernels:
             t.stride(0), t.stride(1), t.stride(2), 1 if sign > 0 else -1, _threads(),
         )  # fmt: skip
         return out
+
+    def masked_softmax_(self, scores: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor | None:
+        """In place: scores [n, rows_per_b, sq, s] (contiguous) become softmax(scale * scores) over the last
+        dimension with the keys where mask [n, 1, sq, s] (bool, True = masked; a stride-0 batch dimension allowed)
+        is set excluded; a row with every key masked becomes NaN, as torch's softmax of -inf. None where the layouts
+        are not these (the caller's torch ops run)."""
+        n, per_b, sq, s = scores.shape
+        ok = scores.is_contiguous() and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape == (n, 1, sq, s)
+        if not ok or (sq > 1 and mask.stride(2) != s) or (s > 1 and mask.stride(3) != 1):
+            return None
+        self._lib.mindrl_masked_softmax_fwd(
+            scores.data_ptr(), mask.data_ptr(), n, per_b, sq, s, mask.stride(0) if n > 1 else 0, scale, _threads()
+        )
+        return scores
+
+    def softmax_backward_(self, probs: torch.Tensor, grad: torch.Tensor, scale: float) -> torch.Tensor:
+        """In place: grad (the probabilities' gradient) becomes the scores' gradient, probs * (grad - sum(grad *
+        probs)) * scale over the last dimension. Both contiguous, the same shape."""
+        probs, s = probs.contiguous(), probs.shape[-1]
+        assert grad.is_contiguous() and grad.shape == probs.shape
+        self._lib.mindrl_softmax_bwd(probs.data_ptr(), grad.data_ptr(), probs.numel() // max(1, s), s, scale,
+                                     _threads())  # fmt: skip
+        return grad
+
+    def softmax_stats(
+        self, x: torch.Tensor, shift: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(sum exp(z), sum exp(z) z or None) per row of x [rows, v] (fp32, last dimension contiguous), z = x /
+        temperature - shift (one value per row), in one read of x."""
+        rows, v = x.shape
+        shift = shift.contiguous()
+        s0 = torch.empty(rows, dtype=torch.float32)
+        s2 = torch.empty(rows, dtype=torch.float32) if with_entropy else None
+        self._lib.mindrl_softmax_stats(
+            x.data_ptr(), x.stride(0), shift.data_ptr(), s0.data_ptr(), s2.data_ptr() if s2 is not None else None,
+            rows, v, temperature, _threads(),
+        )  # fmt: skip
+        return s0, s2
+
+    def softmax_grad(
+        self, x: torch.Tensor, lse: torch.Tensor, neg_grad: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        """exp(x / temperature - lse) * neg_grad (lse, neg_grad: one value per row) for x [rows, v] (fp32, last
+        dimension contiguous): the log-probabilities' gradient before the label's term, one read and one write."""
+        rows, v = x.shape
+        lse, neg_grad = lse.contiguous(), neg_grad.contiguous()
+        grad = torch.empty(rows, v, dtype=torch.float32)
+        self._lib.mindrl_softmax_grad(
+            x.data_ptr(), x.stride(0), lse.data_ptr(), neg_grad.data_ptr(), grad.data_ptr(), rows, v, temperature,
+            _threads(),
+        )  # fmt: skip
+        return grad
 
 
 def _threads() -> int:

@@ -84,14 +84,16 @@ def test_sdpa_matches_dot_product_attention(pool, tiny_tp2, tp, path):
     assert grad_diff < 1e-4
 
 
+@pytest.mark.parametrize("kernels", ["1", "0"], ids=["kernels", "torch-ops"])
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "left-padded"])
-def test_gemm_attention_matches_sdpa_in_fp64(monkeypatch, masked):
+def test_gemm_attention_matches_sdpa_in_fp64(monkeypatch, masked, kernels):
     """GemmAttention (grouped heads read in place, the batch in chunks: here 1 to 3 rows, so the last chunk is short)
     against torch's SDPA with repeated K/V heads, both fp32, measured against SDPA in fp64: outputs and the grads of
     q, k and v within 1e-6 of the largest true value, as torch's kernel is (printed)."""
     from mindrl.models import attention
     from mindrl.models.forward import attention_inputs
 
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", kernels)  # fp32: the masked softmax and its backward fused, or not
     gen = torch.Generator().manual_seed(7)
     s, b, heads, kv, d = 37, 5, 6, 2, 16
     q, k, v = (torch.randn(s, b, n, d, generator=gen, dtype=torch.float64) for n in (heads, kv, kv))

@@ -4,6 +4,9 @@ fp32 and bf16, with temperature, blocks smaller than the batch (a partial last b
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +31,12 @@ def _reference(logits, labels, grad, temperature):
     return lp.detach(), entropy.detach(), x.grad
 
 
-def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_rows: int):
+def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_rows: int, kernels: str):
+    with mock.patch.dict(os.environ, {"MINDRL_CPU_KERNELS": kernels}):  # the rank is shared: put it back after
+        return _vocab_parallel_case(tp, dtype, temperature, block_rows)
+
+
+def _vocab_parallel_case(tp: int, dtype: torch.dtype, temperature: float, block_rows: int):
     from megatron.core import parallel_state as ps
 
     from mindrl.models import vocab_parallel
@@ -64,13 +72,28 @@ def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize(
-    "dtype,temperature,block_rows",
-    [(torch.float32, 1.0, 21), (torch.float32, 0.7, 5), (torch.bfloat16, 0.7, 4), (torch.bfloat16, 1.0, 4)],
-    ids=["fp32-one-block", "fp32-T0.7-blocks-of-5-rows", "bf16-T0.7-blocks-of-4-rows", "bf16-T1-blocks-of-4-rows"],
+    "dtype,temperature,block_rows,kernels",
+    [
+        (torch.float32, 1.0, 21, "0"),
+        (torch.float32, 0.7, 5, "0"),
+        (torch.float32, 1.0, 5, "1"),
+        (torch.float32, 0.7, 5, "1"),
+        (torch.bfloat16, 0.7, 4, "1"),
+        (torch.bfloat16, 1.0, 4, "1"),
+    ],
+    ids=[
+        "fp32-one-block",
+        "fp32-T0.7-blocks-of-5-rows",
+        "fp32-T1-kernels",
+        "fp32-T0.7-kernels",
+        "bf16-T0.7-blocks-of-4-rows",
+        "bf16-T1-blocks-of-4-rows",
+    ],
 )
-def test_blocked_logprobs_match_log_softmax(pool, tp, dtype, temperature, block_rows):
-    """21 rows of 64 logits: one block, or blocks of 5 / 4 rows whose last one is partial."""
-    results = pool.run(_vocab_parallel_rank, tp, dtype, temperature, block_rows)
+def test_blocked_logprobs_match_log_softmax(pool, tp, dtype, temperature, block_rows, kernels):
+    """21 rows of 64 logits: one block, or blocks of 5 / 4 rows whose last one is partial; fp32 also through the
+    platform's fused kernels where it has them (one pass over each row, no blocks)."""
+    results = pool.run(_vocab_parallel_rank, tp, dtype, temperature, block_rows, kernels)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for rank, out in enumerate(results):
         ref_lp, ref_ent, ref_grad = out["reference"]

@@ -159,3 +159,77 @@ def test_kernels_use_torchs_thread_count(kernels):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)  # rows are independent: the split between threads changes no value
+
+
+@pytest.mark.parametrize("shared_mask", [True, False], ids=["causal-shared", "per-row-padding"])
+@pytest.mark.parametrize("n,per_b,s", [(1, 1, 1), (3, 4, 37), (2, 8, 94)])
+def test_masked_softmax(kernels, n, per_b, s, shared_mask):
+    """Attention's scale + mask + softmax in place, against torch's masked_fill + softmax (fp64 as the truth); masked
+    keys get exactly 0, a row with every key masked NaN (as torch's softmax of -inf)."""
+    gen = torch.Generator().manual_seed(n * per_b + s)
+    scores = torch.randn(n, per_b, s, s, generator=gen) * 6
+    causal = torch.ones(s, s, dtype=torch.bool).triu_(1)
+    if shared_mask:
+        mask = causal.expand(n, 1, s, s)  # stride 0 over the batch, as gemm_attention's default
+    else:
+        mask = causal.repeat(n, 1, 1, 1)
+        for row in range(n):
+            mask[row, 0, :, : row * 5] = True  # left padding
+        if s > 1:
+            mask[0, 0, 0, :] = True  # a row with nothing to attend to
+        mask = mask.view(n, 1, s, s)
+    scale = 0.125
+
+    def reference(x):
+        return torch.softmax(x.mul(scale).masked_fill(mask, float("-inf")), dim=-1)
+
+    got = kernels.masked_softmax_(scores.clone(), mask, scale)
+    assert got is not None
+    ref, truth = reference(scores), reference(scores.double())
+    finite = ~truth.isnan()
+    assert torch.equal(got.isnan(), truth.isnan())
+    assert torch.all(got[finite & mask.expand_as(got)] == 0)
+    _close(got[finite], ref[finite], truth[finite])
+    assert kernels.masked_softmax_(scores.clone(), mask.float(), scale) is None  # not a boolean mask
+
+
+@pytest.mark.parametrize("rows,s", [(1, 1), (56, 94), (9, 300)])
+def test_softmax_backward(kernels, rows, s):
+    gen = torch.Generator().manual_seed(rows + s)
+    p = torch.softmax(torch.randn(rows, s, generator=gen) * 3, dim=-1)
+    dp = torch.randn(rows, s, generator=gen)
+    ref = torch._softmax_backward_data(dp, p, -1, p.dtype).mul_(0.125)
+    truth = torch._softmax_backward_data(dp.double(), p.double(), -1, torch.float64).mul_(0.125)
+    got = kernels.softmax_backward_(p, dp.clone(), 0.125)
+    _close(got, ref, truth)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("rows,v", [(1, 1), (13, 64), (40, 8192)])
+def test_softmax_stats_and_grad(kernels, rows, v, temperature):
+    """The blocked log-probs' statistics (sum exp(z), sum exp(z) z) and gradient (exp(z - log Z) times a per-row
+    factor) on logit rows with a row stride (a column slice, as a TP rank's vocabulary slice of wider logits)."""
+    gen = torch.Generator().manual_seed(rows + v)
+    wide = torch.randn(rows, v + 3, generator=gen) * 8
+    x = wide[:, 1 : v + 1]
+    shift = x.amax(dim=-1).div(temperature)
+    x64 = x.double()
+    t32 = torch.tensor(temperature, dtype=torch.float32).item()  # the temperature both fp32 forms divide by
+    z64 = x64 / t32 - shift.double().unsqueeze(1)
+    s0, s2 = kernels.softmax_stats(x, shift, temperature, with_entropy=True)
+    z = x / temperature - shift.unsqueeze(1)
+    _close(s0, z.exp().sum(-1), z64.exp().sum(-1))
+    # sum exp(z) z adds terms of both signs: bounded by the terms' sizes, each carrying the rounding of z = x / T - shift
+    # (relative to |x / T|) and of exp (relative to 1)
+    err = (s2.double() - (z64.exp() * z64).sum(-1)).abs()
+    size = (z64.exp() * (1 + z64.abs()) * (1 + x64.abs() / t32)).sum(-1)
+    assert torch.all(err <= 4 * torch.finfo(torch.float32).eps * size), (err / size).max()
+    only, none = kernels.softmax_stats(x, shift, temperature, with_entropy=False)
+    assert none is None and torch.equal(only, s0)
+    lse = shift + s0.log()
+    ng = torch.randn(rows, generator=gen)
+    grad = kernels.softmax_grad(x, lse, ng, temperature)
+    assert grad.shape == (rows, v) and grad.is_contiguous()
+    ref = (x / temperature - lse.unsqueeze(1)).exp() * ng.unsqueeze(1)
+    truth = (x64 / t32 - lse.double().unsqueeze(1)).exp() * ng.double().unsqueeze(1)
+    _close(grad, ref, truth)
