@@ -1,8 +1,10 @@
 """IntegratedWorker: one Ray actor per device holding the actor (megatron TP x PP x DP + optimizer), the
-reference model (offloaded except while it computes) and the rollout engine, through `HybridEngine`."""
+reference model (offloaded except while it computes, where an offload frees device memory) and the rollout engine,
+through `HybridEngine`."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -16,6 +18,7 @@ from mindrl.workers.settings import IntegratedSettings
 class IntegratedWorker(MegatronRank):
     def setup(self, s: IntegratedSettings) -> RankInfo:
         from mindrl.checkpoint.mcore_ckpt import build_and_load
+        from mindrl.platform.detect import current_platform
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine
         from mindrl.workers.checkpointing import load_train_state
@@ -36,8 +39,10 @@ class IntegratedWorker(MegatronRank):
             # Built at the actor's TP/PP and dtype: each rank's reference shard pairs with its actor shard (sync).
             self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
             self.ref.eval()
-            self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
-            self.ref_offloader.offload()
+            self.ref_offloader = None
+            if current_platform().offload_frees_memory:  # on CPU a host-to-host copy each way that frees nothing
+                self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
+                self.ref_offloader.offload()
         self.hybrid = None
         if s.remote_rollout:  # the rollout servers hold the engines: only the weight stream lives here
             from mindrl.resharding import WeightStreamer
@@ -107,11 +112,8 @@ class IntegratedWorker(MegatronRank):
             raise RuntimeError("reference logprobs were requested but no reference model was configured")
         with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
             if reference:
-                self.ref_offloader.onload()
-                try:
+                with onloaded(self.ref_offloader):
                     lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
-                finally:
-                    self.ref_offloader.offload()
             else:
                 lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
         return self.output(lp), time.perf_counter() - t0
@@ -141,11 +143,8 @@ class IntegratedWorker(MegatronRank):
         if self.ref is None:
             raise RuntimeError("sync_reference was called but no reference model was configured")
         t0 = time.perf_counter()
-        self.ref_offloader.onload()
-        try:
+        with onloaded(self.ref_offloader):
             mix_into(self.ref, self.actor, alpha)
-        finally:
-            self.ref_offloader.offload()
         return time.perf_counter() - t0
 
     def save_reference(self, root: str) -> None:
@@ -154,11 +153,8 @@ class IntegratedWorker(MegatronRank):
 
         if self.ref is None:
             raise RuntimeError("save_reference was called but no reference model was configured")
-        self.ref_offloader.onload()
-        try:
+        with onloaded(self.ref_offloader):
             save_weights_only(self.ref, self.ref_spec, "actor", self.settings.actor, root)
-        finally:
-            self.ref_offloader.offload()
 
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
         from mindrl.workers.checkpointing import save_train_state
@@ -175,6 +171,20 @@ class IntegratedWorker(MegatronRank):
     def shutdown(self) -> None:
         if getattr(self, "hybrid", None) is not None:
             self.hybrid.engine.shutdown()
+
+
+@contextlib.contextmanager
+def onloaded(offloader):
+    """The offloaded model on the device for the block, offloaded again after it (also on an error); a None
+    offloader (the model stays where it is): nothing to move."""
+    if offloader is None:
+        yield
+        return
+    offloader.onload()
+    try:
+        yield
+    finally:
+        offloader.offload()
 
 
 def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:

@@ -6,6 +6,7 @@ at TP2 and PP2 on the shared gloo pool."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 
@@ -160,3 +161,29 @@ def test_bf16_mix_is_computed_in_fp32_and_rounded_once(source_dtype):
         assert p.equal(exact), n
         in_bf16 = before[n].mul(1.0 - alpha).add(src[n].detach().to(torch.bfloat16), alpha=alpha)
         assert not p.equal(in_bf16), n  # two roundings differ somewhere: the test can tell the two paths apart
+
+
+@pytest.mark.parametrize("with_offloader", [True, False], ids=["offloaded", "in-place"])
+def test_reference_is_onloaded_only_inside_the_block(with_offloader):
+    """`onloaded`: an offloaded model's parameters are back (bit-identical) inside the block and offloaded again after
+    it, also when the block raises; without an offloader (a CPU worker: `Platform.offload_frees_memory` is False
+    there, so the reference stays in place) the block runs on the model as it is."""
+    from mindrl.platform.detect import current_platform
+    from mindrl.resharding import OffloadConfig, TrainStateOffloader
+    from mindrl.workers.integrated_worker import onloaded
+
+    assert current_platform().offload_frees_memory is (current_platform().name != "cpu")
+    model = torch.nn.Linear(8, 4)
+    before = [p.detach().clone() for p in model.parameters()]
+    offloader = TrainStateOffloader([model], None, OffloadConfig(offload_train_param=True)) if with_offloader else None
+    if offloader is not None:
+        offloader.offload()
+        assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+    for fail in (False, True):
+        with pytest.raises(RuntimeError, match="inside") if fail else contextlib.nullcontext():
+            with onloaded(offloader):
+                assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+                if fail:
+                    raise RuntimeError("inside")
+        resident = [p.untyped_storage().nbytes() > 0 for p in model.parameters()]
+        assert resident == [offloader is None] * len(resident)
