@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for fp32 training on CPU: SwiGLU, RMSNorm and RoPE, forward and backward.
+"""Fused elementwise kernels for fp32 training on CPU: SwiGLU, RMSNorm and RoPE, forward and backward; attention's
+masked softmax and its backward; the log-probabilities' softmax statistics and gradient.
 
 On a CPU the actor update's GEMMs run near the matmul peak (MKL / oneDNN), and what is left is elementwise work that
 torch runs as one pass over memory per op: SwiGLU's backward alone is four passes (a product, silu's backward, silu
@@ -20,7 +21,9 @@ the bits): SiLU's forward and backward are within the same distance of the fp64 
 (tests/platform/test_cpu_kernels.py), not bit-identical to them. RoPE and RMSNorm do the same products and sums as
 the torch forms, built without contraction into FMAs (`-ffp-contract=off`): RoPE is bit-identical to megatron's
 unfused form; RMSNorm's reductions (the sum of squares, the backward's dot products) add in another order, so its
-values differ from torch's in the last bits, as close to the fp64 ones.
+values differ from torch's in the last bits, as close to the fp64 ones. The attention softmax and its backward are as
+close to the fp64 values as torch's masked_fill + softmax and softmax backward; the log-probs' sums of exp(z) are
+accumulated in double, closer to the fp64 sums than torch's fp32 reductions.
 """
 
 from __future__ import annotations
@@ -210,19 +213,17 @@ void mindrl_masked_softmax_fwd(float *x, const uint8_t *mask, int64_t nb, int64_
         const uint8_t *m = mask + (r / (per_b * sq)) * mask_b + (r % sq) * s;
         float *row = x + r * s;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < s; j++) {
-            float v = m[j] ? -INFINITY : row[j] * scale;
+            const float v = m[j] ? -INFINITY : row[j] * scale;
             row[j] = v;
-            mx = v > mx ? v : mx;
+            mx = mx > v ? mx : v;
         }
-        if (mx == -INFINITY) {
-            for (int64_t j = 0; j < s; j++) row[j] = NAN;
-            continue;
-        }
+        /* a row with every key masked: -inf - -inf is NaN, as torch's softmax of -inf */
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < s; j++) {
-            float e = m[j] ? 0.0f : exp_f(row[j] - mx);
+            const float e = exp_f(row[j] - mx); /* a masked key: exp(-inf) is 0 exactly */
             row[j] = e;
             sum += e;
         }

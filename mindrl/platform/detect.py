@@ -86,8 +86,10 @@ class Platform:
         """mindrl's fused elementwise kernels for this platform's fp32 training (`mindrl.models.fused` asks), or None
         where it has none. On CPU the kernels of `cpu_kernels` (C, built once per machine; None without a compiler,
         or with MINDRL_CPU_KERNELS=0): SwiGLU, RMSNorm and RoPE, forward and backward, each in one pass where torch's
-        ops take 2-6 (the benchmark's short update, paired in one rank: 2.602 -> 2.503 s).
-        Devices keep their own kernels (megatron's compiled / TE / MindSpeed ones)."""
+        ops take 2-6 (the benchmark's short update, paired in one rank: 2.602 -> 2.503 s); GemmAttention's masked
+        softmax and its backward, the blocked log-probs' softmax statistics and gradient (`mindrl.models.attention`,
+        `mindrl.models.vocab_parallel`; 2.640 -> 2.620 s). Devices keep their own kernels (megatron's compiled / TE /
+        MindSpeed ones)."""
         if self.name != "cpu":
             return None
         from mindrl.platform import cpu_kernels

@@ -204,6 +204,37 @@ def _pack_error(rank: int, e: BaseException) -> tuple:
     return rank, exc, f"{type(e).__name__}: {e}", tb
 
 
+STACKS_PREFIX = "mindrl-stacks-"
+"""A rank pool's folder for its ranks' stack dumps: <tmp>/mindrl-stacks-<creator pid>-<random>, removed at close."""
+
+
+def sweep_stale_stacks_dirs(root: str | None = None) -> list[str]:
+    """Remove the stack-dump folders of rank pools whose creating process is gone (killed before its close could
+    remove them): the ones named with a pid that no process has now. Folders of live processes (this one's other
+    pools included) and folders without a pid in the name are left. Returns the removed paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(STACKS_PREFIX) :].split("-", 1)[0] if name.startswith(STACKS_PREFIX) else ""
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or a process we may not signal): not ours to remove
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        path = os.path.join(root, name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class RankPool:
     """`world_size` local ranks with torch.distributed initialised; `run(fn, ...)` runs fn on all of them.
 
@@ -213,7 +244,8 @@ class RankPool:
     def __init__(self, world_size: int, threads: int = 1, timeout_s: float | None = None, pg_timeout_s: float = 1800):
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self._stacks_dir = tempfile.mkdtemp(prefix="mindrl-stacks-")
+        sweep_stale_stacks_dirs()
+        self._stacks_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
         env = {**current_platform().worker_env, **os.environ}  # the platform's defaults, below the user's settings

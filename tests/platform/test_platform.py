@@ -178,3 +178,23 @@ def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
+    """A rank pool killed before its close leaves <tmp>/mindrl-stacks-<pid>-*: the next pool removes the folders whose
+    pid is gone, and keeps those of live processes (this one's own pools) and names without a pid."""
+    from mindrl.platform.launch import STACKS_PREFIX, sweep_stale_stacks_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{STACKS_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{STACKS_PREFIX}{os.getpid()}-def"
+    old_style = tmp_path / f"{STACKS_PREFIX}x1y2z3"
+    other = tmp_path / "unrelated"
+    for d in (dead, live, old_style, other):
+        d.mkdir()
+        (d / "rank0.txt").write_text("stack")
+    assert sweep_stale_stacks_dirs(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and live.exists() and old_style.exists() and other.exists()
+    with RankPool(1) as p:
+        assert os.path.basename(p._stacks_dir).startswith(f"{STACKS_PREFIX}{os.getpid()}-")
