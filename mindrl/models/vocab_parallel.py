@@ -7,7 +7,9 @@ loss from the reduced sums, and its own slice's gradient is (onehot - softmax) *
 The log-probabilities (and the entropy as a metric) run as one autograd function that walks the vocabulary in
 row blocks small enough to stay in cache and keeps nothing of vocabulary size for backward beyond the logits
 themselves: autograd's composite form made a dozen full passes over (tokens x vocab) in memory, forward and
-backward. A differentiable entropy (an entropy bonus) takes the composite form.
+backward. A differentiable entropy (an entropy bonus) takes the composite form. Where the platform has fused kernels
+for fp32 rows (`Platform.elementwise_kernels`, on CPU) each row's statistics are one read of its logits and its
+gradient one read and one write, without the blocks' scratch.
 """
 
 from __future__ import annotations
