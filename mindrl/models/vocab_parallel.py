@@ -69,14 +69,8 @@ class _BlockedLogprobs(torch.autograd.Function):
             stats[0] = sum_exp
             if with_entropy:
                 stats[2] = weighted
-        for rows, scratch in _blocks(x) if kernels is None else ():
-            z = _shifted(x[rows], temperature, shift[rows], scratch)
-            if with_entropy:
-                e = z.exp()
-                stats[0, rows] = e.sum(dim=-1)
-                stats[2, rows] = e.mul_(z).sum(dim=-1)
-            else:
-                stats[0, rows] = z.exp_().sum(dim=-1)
+        else:
+            _blocked_stats(x, temperature, shift, with_entropy, stats)
         if tp > 1:
             torch.distributed.all_reduce(stats, group=ps.get_tensor_model_parallel_group())
         log_z = stats[0].log()
@@ -96,17 +90,36 @@ class _BlockedLogprobs(torch.autograd.Function):
         vocab = logits.shape[-1]
         x = logits.reshape(-1, vocab)
         g = grad_logprobs.reshape(-1).float() / t
+        # d log p(label) / d x = (onehot(label) - softmax) / T: the softmax term here, the label's below
         kernels = _row_kernels(x)
-        grad = kernels.softmax_grad(x, lse, g.neg(), t) if kernels is not None else torch.empty_like(x)
-        fp32 = grad.dtype == torch.float32
-        for rows, scratch in _blocks(x) if kernels is None else ():
-            # d log p(label) / d x = (onehot(label) - softmax) / T
-            p = _shifted(x[rows], t, lse[rows], grad[rows] if fp32 else scratch)
-            p.exp_().mul_(g[rows].neg().unsqueeze(1))
-            if not fp32:
-                grad[rows].copy_(p)
+        grad = kernels.softmax_grad(x, lse, g.neg(), t) if kernels is not None else _blocked_grad(x, t, lse, g)
         grad.scatter_add_(1, local_idx.unsqueeze(1), (g * in_slice).to(grad.dtype).unsqueeze(1))
         return grad.view(logits.shape), None, None, None
+
+
+def _blocked_stats(x: torch.Tensor, temperature: float, shift: torch.Tensor, with_entropy: bool, stats: torch.Tensor):
+    """stats[0] = sum exp(z) (and stats[2] = sum exp(z) z) per row, z = x / T - shift, block by block in a scratch."""
+    for rows, scratch in _blocks(x):
+        z = _shifted(x[rows], temperature, shift[rows], scratch)
+        if with_entropy:
+            e = z.exp()
+            stats[0, rows] = e.sum(dim=-1)
+            stats[2, rows] = e.mul_(z).sum(dim=-1)
+        else:
+            stats[0, rows] = z.exp_().sum(dim=-1)
+
+
+def _blocked_grad(x: torch.Tensor, temperature: float, lse: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """-softmax(x / T) * g per row (g: the log-probs' gradient / T), block by block: written straight into the
+    gradient for fp32 logits, through a scratch for 16-bit ones."""
+    grad = torch.empty_like(x)
+    fp32 = grad.dtype == torch.float32
+    for rows, scratch in _blocks(x):
+        p = _shifted(x[rows], temperature, lse[rows], grad[rows] if fp32 else scratch)
+        p.exp_().mul_(g[rows].neg().unsqueeze(1))
+        if not fp32:
+            grad[rows].copy_(p)
+    return grad
 
 
 def _row_kernels(x: torch.Tensor):

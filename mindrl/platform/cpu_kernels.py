@@ -248,8 +248,8 @@ void mindrl_softmax_bwd(const float *p, float *dp, int64_t rows, int64_t s, floa
 }
 
 /* Log-softmax statistics of logit rows x [rows, v] (row stride xs), z = x / t - shift[r] (t = 1: x - shift[r]):
-   s0[r] = sum_j exp(z), and where s2 is not NULL s2[r] = sum_j exp(z) z (the entropy's). One read of x; the sums are accumulated in double (a row of
-   8192 terms then rounds once, where fp32 lanes would lose several bits). */
+   s0[r] = sum_j exp(z), and where s2 is not NULL s2[r] = sum_j exp(z) z (the entropy's). One read of x; the sums
+   are accumulated in double (a row of 8192 terms then rounds once, where fp32 lanes would lose several bits). */
 void mindrl_softmax_stats(const float *x, int64_t xs, const float *shift, float *s0, float *s2, int64_t rows,
                           int64_t v, float t, int nt) {
 #pragma omp parallel for schedule(static) num_threads(nt)
