@@ -3,11 +3,17 @@
 Same inputs ([s, b, heads, dim] q/k/v of this TP rank, megatron's boolean mask with True = masked), one fused op.
 Short sequences on platforms that ask for it (`Platform.gemm_attention_max_len`) run `GemmAttention` instead:
 batched GEMMs with the softmax kept for backward.
+
+Rows that share a prompt may come packed (`PrefixGroups`): one prompt, then its samples' responses one after another,
+each response seeing the prompt and itself only. Their mask is the full [b, 1, s, s] one, so any core attention is
+right on them; `SDPAttention` reads the layout marked on it (`mark_prefix_groups`) and attends the prompt once and each
+response over [prompt, itself], computing no score a mask would hide.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from megatron.core import tensor_parallel
@@ -21,11 +27,67 @@ SCORE_CHUNK_BYTES = 4 << 20
 each chunk's scores, softmax and their backward stay in a CPU's cache (one row at a time when one row is larger)."""
 
 
+@dataclass(frozen=True)
+class PrefixGroups:
+    """The packed layout of `samples` rows that share one prompt: the prompt's `prompt` columns once, then each
+    sample's `response` columns in turn (s = prompt + samples * response). A response column takes the position it
+    has in its own row (prompt + t), so RoPE sees every row as it is unpacked; the prompt's last column predicts
+    every sample's first response token."""
+
+    prompt: int
+    samples: int
+    response: int
+
+    @property
+    def width(self) -> int:
+        return self.prompt + self.samples * self.response
+
+    def positions(self, device=None) -> torch.Tensor:
+        """[s] each packed column's position in its own row."""
+        p, r = self.prompt, self.response
+        return torch.cat([torch.arange(p), torch.arange(p, p + r).repeat(self.samples)]).to(device)
+
+    def segments(self, device=None) -> torch.Tensor:
+        """[s] -1 on the prompt's columns, j on sample j's."""
+        return torch.cat(
+            [torch.full((self.prompt,), -1), torch.arange(self.samples).repeat_interleave(self.response)]
+        ).to(device)
+
+    def response_sources(self, device=None) -> torch.Tensor:
+        """[samples * response] the packed columns whose outputs predict each sample's response tokens in turn:
+        the prompt's last column, then the sample's own columns but its last."""
+        p, r = self.prompt, self.response
+        own = p + torch.arange(self.samples).view(-1, 1) * r + torch.arange(r - 1).view(1, -1)
+        return torch.cat([torch.full((self.samples, 1), p - 1), own], 1).flatten().to(device)
+
+
+_GROUPS_ATTR = "_mindrl_prefix_groups"
+
+
+def mark_prefix_groups(mask: torch.Tensor, layout: PrefixGroups) -> torch.Tensor:
+    """Mark the full mask [b, 1, s, s] of packed prefix groups with their layout (and the two masks `SDPAttention`
+    attends with, cut once per micro-batch): the prompt's own [b, 1, P, P] and the responses' [b * samples, 1, R,
+    P + R], rows in (prompt, sample) order. Returns the mask."""
+    b, p, g, r = mask.shape[0], layout.prompt, layout.samples, layout.response
+    if tuple(mask.shape) != (b, 1, layout.width, layout.width):
+        raise ValueError(f"a mask of shape {tuple(mask.shape)} for prefix groups of width {layout.width}")
+    rows = mask[:, :, p:].reshape(b, 1, g, r, layout.width)
+    own = torch.diagonal(rows[..., p:].reshape(b, 1, g, r, g, r), dim1=2, dim2=4).permute(0, 1, 4, 2, 3)
+    response = torch.cat([rows[..., :p], own], -1).transpose(1, 2).reshape(b * g, 1, r, p + r)
+    setattr(mask, _GROUPS_ATTR, (layout, mask[:, :, :p, :p].contiguous(), response))
+    return mask
+
+
+def prefix_groups_of(mask: torch.Tensor | None):
+    """(layout, prompt mask, response mask) marked on `mask` by `mark_prefix_groups`, else None."""
+    return getattr(mask, _GROUPS_ATTR, None) if mask is not None else None
+
+
 class GemmAttention(torch.autograd.Function):
     """softmax(scale * q k^T, masked) v as batched GEMMs, with grouped-query heads read in place (no repeated K/V).
 
-    q: [b, kv, g * s, d] (the g query heads of KV head j, one after another), k, v: [b, kv, s, d]; mask: bool
-    [b, 1, s, s], True = masked, every row keeping at least one key. The probabilities of each chunk of rows are
+    q: [b, kv, g * sq, d] (the g query heads of KV head j, one after another), k, v: [b, kv, s, d]; mask: bool
+    [b, 1, sq, s], True = masked, every row keeping at least one key. The probabilities of each chunk of rows are
     kept for backward (b kv g s^2 values), which then needs no second pass over the scores. With the platform's fused
     kernels (`Platform.elementwise_kernels`, fp32) the scale, mask and softmax are one pass over each row, as is the
     softmax's backward with the scale."""
@@ -33,8 +95,8 @@ class GemmAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale: float):
         b, kv, gs, d = q.shape
-        s = k.shape[2]
-        g = gs // s
+        sq, s = mask.shape[2], k.shape[2]
+        g = gs // sq
         chunk = max(1, SCORE_CHUNK_BYTES // (kv * gs * s * q.element_size()))
         out = torch.empty_like(q)
         probs = []
@@ -45,11 +107,11 @@ class GemmAttention(torch.autograd.Function):
             kernels = kernels_for(scores)
             if (
                 kernels is not None
-                and kernels.masked_softmax_(scores.view(n, kv * g, s, s), mask[i:j], scale) is not None
+                and kernels.masked_softmax_(scores.view(n, kv * g, sq, s), mask[i:j], scale) is not None
             ):
                 p = scores  # scaled, masked and normalised in place, one pass per row
             else:
-                scores.mul_(scale).view(n, kv, g, s, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
+                scores.mul_(scale).view(n, kv, g, sq, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
                 p = torch.softmax(scores, dim=-1)
             torch.bmm(p, v[i:j].reshape(n * kv, s, d), out=out[i:j].view(n * kv, gs, d))
             probs.append(p)
@@ -84,15 +146,16 @@ class GemmAttention(torch.autograd.Function):
 def gemm_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """Megatron-layout attention through `GemmAttention`: q [s, b, heads, d], k/v [s, b, kv heads, d], mask bool
-    [b, 1, s, s] (True = masked; None: causal). Returns the context [b, heads, s, d]."""
-    s, b, heads, d = query.shape
-    kv = key.shape[2]
+    """Megatron-layout attention through `GemmAttention`: q [sq, b, heads, d], k/v [s, b, kv heads, d], mask bool
+    [b, 1, sq, s] (True = masked; None: causal, the queries being the last sq positions). Returns the context [b,
+    heads, sq, d]."""
+    sq, b, heads, d = query.shape
+    s, kv = key.shape[0], key.shape[2]
     if mask is None:
-        mask = torch.ones(s, s, dtype=torch.bool, device=query.device).triu_(1).expand(b, 1, s, s)
-    q = query.permute(1, 2, 0, 3).reshape(b, kv, heads // kv * s, d)
+        mask = torch.ones(sq, s, dtype=torch.bool, device=query.device).triu_(s - sq + 1).expand(b, 1, sq, s)
+    q = query.permute(1, 2, 0, 3).reshape(b, kv, heads // kv * sq, d)
     k, v = (t.permute(1, 2, 0, 3).contiguous() for t in (key, value))
-    return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, s, d)
+    return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, sq, d)
 
 
 class SDPAttention(DotProductAttention):
@@ -119,10 +182,16 @@ class SDPAttention(DotProductAttention):
         dtype = query.dtype
         if self.config.attention_softmax_in_fp32 and dtype != torch.float32:
             query, key, value = query.float(), key.float(), value.float()
-        short = query.shape[0] <= current_platform().gemm_attention_max_len(torch.is_grad_enabled())
+        groups = prefix_groups_of(attention_mask)
+        if groups is not None:
+            return self._prefix_groups(query, key, value, *groups, dropout).to(dtype)
+        return self._context(self._attend(query, key, value, attention_mask, dropout).to(dtype))
+
+    def _attend(self, query, key, value, attention_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
+        """q [sq, b, heads, d], k/v [s, b, kv heads, d] -> the context [b, heads, sq, d]."""
+        short = max(query.shape[0], key.shape[0]) <= current_platform().gemm_attention_max_len(torch.is_grad_enabled())
         if short and not dropout and query.dtype == torch.float32:
-            out = gemm_attention(query, key, value, attention_mask, self.softmax_scale).to(dtype)
-            return self._context(out)
+            return gemm_attention(query, key, value, attention_mask, self.softmax_scale)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
@@ -133,8 +202,27 @@ class SDPAttention(DotProductAttention):
         # other ranks'), not from the default generator that megatron seeds alike on every TP rank.
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None
         with rng or contextlib.nullcontext():
-            out = self._sdpa(q, k, v, attention_mask, dropout).to(dtype)
-        return self._context(out)
+            return self._sdpa(q, k, v, attention_mask, dropout)
+
+    def _prefix_groups(self, query, key, value, layout: PrefixGroups, prompt_mask, sample_mask, dropout: float):
+        """Packed prefix groups (see `PrefixGroups`): the prompt attends to itself once; each sample's response
+        attends to [prompt, itself], the prompt's keys and values shared by the samples (their gradients sum
+        there). Returns the context [s, b, heads * d] in the packed layout."""
+        p, g, r = layout.prompt, layout.samples, layout.response
+        b = query.shape[1]
+
+        def samples(t):  # the responses' columns [g * r, b, n, d] -> [r, b * g, n, d], rows in (prompt, sample) order
+            return t[p:].reshape(g, r, b, *t.shape[2:]).permute(1, 2, 0, 3, 4).reshape(r, b * g, *t.shape[2:])
+
+        def shared(t):  # the prompt's columns [p, b, n, d], once per sample: [p, b * g, n, d]
+            return t[:p].unsqueeze(2).expand(p, b, g, *t.shape[2:]).reshape(p, b * g, *t.shape[2:])
+
+        prompt = self._context(self._attend(query[:p], key[:p], value[:p], prompt_mask, dropout))
+        k, v = (torch.cat([shared(t), samples(t)]) for t in (key, value))
+        out = self._attend(samples(query), k, v, sample_mask, dropout)  # [b * g, n, r, d]
+        n, d = out.shape[1], out.shape[3]
+        responses = out.reshape(b, g, n, r, d).permute(1, 3, 0, 2, 4).reshape(g * r, b, n * d)
+        return torch.cat([prompt, responses])
 
     def _context(self, out: torch.Tensor) -> torch.Tensor:
         """[b, n, s, d] -> [s, b, n*d]."""

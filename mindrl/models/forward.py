@@ -13,6 +13,8 @@ from megatron.core import parallel_state as ps
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
+from mindrl.models.attention import PrefixGroups, mark_prefix_groups
+
 
 def attention_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     """(position_ids, megatron boolean mask [b,1,s,s] with True = masked) for left/right-padded rows."""
@@ -27,6 +29,33 @@ def attention_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
     # Fully masked rows (padding queries) would softmax over nothing: let them see themselves.
     mask = mask & ~torch.eye(s, dtype=torch.bool, device=input_ids.device).view(1, 1, s, s)
     return position_ids, mask
+
+
+def prefix_group_inputs(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor
+):
+    """(input_ids [G, s], position_ids, marked mask [G, 1, s, s], layout) of G prompts (ids and attention mask [G, P],
+    left-padded) each followed by its samples' responses (ids and attention mask [G * n, R], right-padded, the
+    samples of prompt i in rows i * n ... i * n + n - 1), packed as `PrefixGroups`. A query sees the real keys at or
+    before its position in its own row (the prompt, and its own response), and itself: the rows' unpacked masks
+    (`attention_inputs`) in the packed layout."""
+    groups, p = prompt_ids.shape
+    n, r = response_ids.shape[0] // groups, response_ids.shape[1]
+    if groups * n != response_ids.shape[0] or n < 1:
+        raise ValueError(f"{response_ids.shape[0]} responses do not split into {groups} prompts' samples")
+    layout = PrefixGroups(p, n, r)
+    device = prompt_ids.device
+    ids = torch.cat([prompt_ids, response_ids.reshape(groups, n * r)], 1)
+    valid = torch.cat([prompt_mask, response_mask.reshape(groups, n * r)], 1).bool()
+    pos, seg = layout.positions(device), layout.segments(device)
+    seen = (pos.view(1, -1) <= pos.view(-1, 1)) & ((seg.view(1, -1) == seg.view(-1, 1)) | (seg.view(1, -1) < 0))
+    s = layout.width
+    mask = ~(seen.view(1, 1, s, s) & valid.view(groups, 1, 1, s))
+    mask &= ~torch.eye(s, dtype=torch.bool, device=device).view(1, 1, s, s)
+    prompt_count = prompt_mask.long().sum(1, keepdim=True)
+    response_pos = prompt_count.repeat_interleave(n, 0) + response_mask.long().cumsum(1) - 1
+    position_ids = torch.cat([(prompt_mask.long().cumsum(1) - 1).clamp(min=0), response_pos.reshape(groups, n * r)], 1)
+    return ids, position_ids.clamp(min=0), mark_prefix_groups(mask, layout), layout
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -115,16 +115,17 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     return stats_metrics(prefix, values[mask.bool()])
 
 
-def _token_metrics(role: str, counts: tuple[float, float, float]) -> dict[str, float]:
+def _token_metrics(role: str, counts: tuple[float, float, float, float]) -> dict[str, float]:
     """perf/* for the update's positions (see `mindrl.workers.rl_model._Plan`): the actor's unprefixed, the
     critic's as perf/critic_*. Its forward passes cut micro-batches the same way."""
-    computed, real, untrimmed = counts
+    computed, real, untrimmed, shared = counts
     prefix = "perf/" if role == "actor" else "perf/critic_"
     return {
         f"{prefix}computed_tokens": computed,
         f"{prefix}real_tokens": real,
         f"{prefix}untrimmed_tokens": untrimmed,
-        f"{prefix}padding_ratio": 1.0 - real / computed if computed else 0.0,
+        f"{prefix}shared_prompt_tokens": shared,
+        f"{prefix}padding_ratio": 1.0 - (real - shared) / computed if computed else 0.0,
     }
 
 

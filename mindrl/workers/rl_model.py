@@ -6,6 +6,11 @@ Response token t of a row sits at column P + t of input_ids (P = the batch's pro
 by the output at column P + t - 1, so the outputs for the responses are columns [P - 1, P - 1 + R). Each
 micro-batch is cut to its own rows' widths first (`_plan`: no padding computed beyond its longest row), and the
 output layer runs on those response columns only (`_response_head`).
+
+Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows) go through the model packed
+(`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each attending to the prompt
+and to itself. The prompt's positions are computed once per group instead of once per sample, with the same
+result: every response token sees the same keys at the same positions as in its own row.
 """
 
 from __future__ import annotations
@@ -22,14 +27,23 @@ from megatron.core.utils import get_model_config
 
 from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_mean, policy_loss, value_loss
 from mindrl.batch import Batch
-from mindrl.models.forward import attention_inputs, model_device
+from mindrl.models.attention import PrefixGroups
+from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform.detect import current_platform
 from mindrl.workers.profiling import OPTIMIZER_RANGE
 
 SAVINGS = True
 """Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
-coefficient is 0. False: the plain path (every micro-batch at the batch's widths), kept for equality tests."""
+coefficient is 0, rows that share a prompt packed with it once (`PREFIX_SHARING`). False: the plain path (every
+micro-batch at the batch's widths), kept for equality tests."""
+
+PREFIX_SHARING = True
+"""With SAVINGS: consecutive rows with the same prompt go through the model as prefix groups. False: each row on its
+own (A/B and equality tests)."""
+
+_SAMPLES = "prefix_samples"
+"""A micro-batch's meta key: rows per prefix group (absent: rows on their own)."""
 
 
 @dataclass(frozen=True)
@@ -51,27 +65,74 @@ class PPOLossSettings:
     """The sampling temperature: logprobs are those of softmax(logits / temperature)."""
 
 
+def _layout(mb: Batch) -> PrefixGroups | None:
+    """The packed layout of a micro-batch of prefix groups (see `_plan`); None for rows on their own."""
+    n = mb.meta.get(_SAMPLES, 1)
+    return PrefixGroups(mb.meta["prompt_length"], n, mb["responses"].shape[1]) if n > 1 else None
+
+
 def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch.Tensor:
-    """The outputs that predict the response tokens; head_sliced: the output layer only ran on those already."""
+    """The outputs that predict the response tokens, (rows, R, ...); head_sliced: the output layer only ran on those
+    already."""
     if head_sliced:
         return output
+    layout = _layout(mb)
+    if layout is not None:  # [G, s, ...] -> [G * n, R, ...]
+        picked = output.index_select(1, layout.response_sources(output.device))
+        return picked.reshape(len(mb), layout.response, *output.shape[2:])
     p, r = mb.meta["prompt_length"], mb["responses"].shape[1]
     return output[:, p - 1 : p - 1 + r]
 
 
 def _model_inputs(mb: Batch):
+    n = mb.meta.get(_SAMPLES, 1)
+    if n > 1:
+        p, mask = mb.meta["prompt_length"], mb["attention_mask"]
+        ids, position_ids, mask, _ = prefix_group_inputs(
+            mb["input_ids"][::n, :p], mask[::n, :p], mb["input_ids"][:, p:], mask[:, p:]
+        )
+        return ids, position_ids, mask
     ids = mb["input_ids"]
     position_ids, mask = attention_inputs(ids, mb["attention_mask"])
     return ids, position_ids, mask
 
 
-def _output_layer(model) -> torch.nn.Module | None:
-    """The model's output layer through its wrappers (DDP, Float16Module); None off the last pipeline stage."""
-    while not hasattr(model, "output_layer"):
+def _inner(model, name: str) -> torch.nn.Module | None:
+    """The model's submodule `name` through its wrappers (DDP, Float16Module); None where it has none."""
+    while not hasattr(model, name):
         if not hasattr(model, "module"):
             return None
         model = model.module
-    return model.output_layer
+    return getattr(model, name)
+
+
+def _output_layer(model) -> torch.nn.Module | None:
+    """The model's output layer through its wrappers; None off the last pipeline stage."""
+    return _inner(model, "output_layer")
+
+
+@contextmanager
+def _packed_positions(model, mb: Batch):
+    """For prefix groups, RoPE at each packed column's own-row position (`PrefixGroups.positions`): megatron
+    builds the rotary table for columns 0 .. s - 1, and a hook on its rotary module picks the table's rows."""
+    layout, rotary = _layout(mb), _inner(model, "rotary_pos_emb")
+    if layout is None:
+        yield
+        return
+    if rotary is None:
+        raise RuntimeError("prefix groups need the model's rotary embedding (RoPE)")
+    positions = layout.positions(model_device(model))
+
+    def pick(module, args, output):
+        if output.shape[0] != layout.width:
+            raise RuntimeError(f"rotary table of {output.shape[0]} rows for packed rows of {layout.width} columns")
+        return output.index_select(0, positions)
+
+    handle = rotary.register_forward_hook(pick)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
@@ -85,13 +146,20 @@ def _response_head(model, mb: Batch):
         yield False
         return
     start, length = mb.meta["prompt_length"] - 1, mb["responses"].shape[1]
+    layout = _layout(mb)
+    sources = None if layout is None else layout.response_sources(model_device(model))
 
     # The head runs on the rows in batch-major order, [b, R, h], and hands megatron the [R, b, V] transposed view
     # of its output, so megatron's closing transpose(0, 1).contiguous() to [b, R, V] is a view, not a copy of the
     # logits (one copy of R x b x V in forward and one in backward); the hidden states moved instead are V / h times
     # smaller.
     def cut(module, args, kwargs):
-        return (args[0][start : start + length].transpose(0, 1).contiguous(), *args[1:]), kwargs
+        hidden = args[0]
+        if sources is None:
+            return (hidden[start : start + length].transpose(0, 1).contiguous(), *args[1:]), kwargs
+        # prefix groups: [g * R, G, h] picked columns -> [G * g, R, h], rows in (prompt, sample) order
+        picked = hidden.index_select(0, sources).view(layout.samples, length, hidden.shape[1], hidden.shape[2])
+        return (picked.permute(2, 0, 1, 3).reshape(-1, length, hidden.shape[2]), *args[1:]), kwargs
 
     def seq_major(module, args, output):
         out, bias = output
@@ -110,20 +178,28 @@ def _response_head(model, mb: Batch):
 
 def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
     """(the model's outputs for micro-batch mb, whether they cover the response positions only)."""
-    with _response_head(model, mb) as sliced:
+    with _response_head(model, mb) as sliced, _packed_positions(model, mb):
         return model(*_model_inputs(mb)), sliced
 
 
+def _model_shape(mb: Batch) -> tuple[int, int]:
+    """(sequence width, rows) of the micro-batch as the model sees it (prefix groups: packed)."""
+    layout = _layout(mb)
+    if layout is None:
+        return mb["input_ids"].shape[1], len(mb)
+    return layout.width, len(mb) // layout.samples
+
+
 def _schedule(model, micro: list[Batch], step_fn, forward_only: bool, collect: bool = False):
-    # The width only shapes the pipeline's P2P buffers: with PP > 1 every micro-batch has the same (_plan).
-    width = max(mb["input_ids"].shape[1] for mb in micro)
+    # The shape only sizes the pipeline's P2P buffers: with PP > 1 every micro-batch has the same (_plan).
+    width, rows = max(_model_shape(mb) for mb in micro)
     return get_forward_backward_func()(
         forward_step_func=step_fn,
         data_iterator=iter(micro),
         model=[model],
         num_microbatches=len(micro),
         seq_length=width,
-        micro_batch_size=len(micro[0]),
+        micro_batch_size=rows,
         forward_only=forward_only,
         collect_non_loss_data=collect,
     )
@@ -139,10 +215,13 @@ class _Plan:
     response_width: int
     """The batch's R, to which per-row outputs are padded back."""
     computed_tokens: int
-    """Positions the model runs on: sum over micro-batches of rows x width."""
+    """Positions the model runs on: sum over micro-batches of rows x width (prefix groups: one packed row each,
+    so fewer than real_tokens where rows share prompts)."""
     real_tokens: int
     untrimmed_tokens: int
     """rows x (P + R): what the batch's own rectangle would have cost."""
+    shared_tokens: int = 0
+    """Real prompt tokens not computed again: a prefix group of n rows computes its prompt once, not n times."""
 
     def restore(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """Per-micro-batch (rows, width) outputs -> (batch rows, R) in the batch's row order, zero-padded."""
@@ -153,12 +232,27 @@ class _Plan:
         return out
 
 
+def prompt_group_size(batch: Batch, micro_batch_size: int) -> int:
+    """The largest n that divides micro_batch_size such that the batch's rows come in runs of n consecutive rows
+    with the same prompt (ids and mask): the rows' prefix groups. 1 where there are none."""
+    p = batch.meta["prompt_length"]
+    mask = batch["attention_mask"][:, :p].bool()
+    ids = batch["input_ids"][:, :p].masked_fill(~mask, 0)
+    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)
+    bounds = [0, *(torch.nonzero(~same).flatten() + 1).tolist(), len(batch)]
+    n = micro_batch_size
+    for start, end in zip(bounds, bounds[1:]):
+        n = math.gcd(n, end - start)
+    return max(n, 1)
+
+
 def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
     """Micro-batches without padding waste: rows sorted by real length (longest first), each micro-batch cut
     to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
     shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
-    parallelism the width is rounded up to a multiple of TP (more prompt padding). The micro-batches are on the
-    model's device."""
+    parallelism the width is rounded up to a multiple of TP (more prompt padding). Rows that share a prompt
+    (`prompt_group_size`) stay together and go through the model as prefix groups (`PREFIX_SHARING`; not under
+    context parallelism). The micro-batches are on the model's device."""
     n = len(batch)
     device = model_device(model)
     mbs = min(micro_batch_size, n)
@@ -171,20 +265,27 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
         micro = [mb.to(device) for mb in batch.split(n // mbs)]
         tokens = n * batch["input_ids"].shape[1]
         return _Plan(micro, torch.arange(n), batch["responses"].shape[1], tokens, real_tokens(batch), tokens)
+    shareable = PREFIX_SHARING and ps.get_context_parallel_world_size() == 1 and _inner(model, "rotary_pos_emb")
+    group = prompt_group_size(batch, mbs) if shareable else 1
     if uniform:
-        order = torch.arange(n)
-    else:  # stable: ties keep the batch's order
-        order = torch.sort(p_len + r_len, descending=True, stable=True).indices
+        groups = torch.arange(n // group)
+    else:  # longest group first; stable: ties keep the batch's order
+        groups = torch.sort((p_len + r_len).view(-1, group).amax(1), descending=True, stable=True).indices
+    order = (groups.view(-1, 1) * group + torch.arange(group)).flatten()
     micro, computed = [], 0
     for k in range(0, n, mbs):
         rows = order[k : k + mbs]
         span = order if uniform else rows
         pw, rw = max(1, int(p_len[span].max())), max(1, int(r_len[span].max()))
-        pw += -(pw + rw) % multiple
-        micro.append(batch.index(rows).reframe(pw, rw).to(device))
-        computed += len(rows) * (pw + rw)
+        pw += -(pw + group * rw) % multiple
+        mb = batch.index(rows).reframe(pw, rw)
+        if group > 1:
+            mb.meta[_SAMPLES] = group
+        micro.append(mb.to(device))
+        computed += len(rows) // group * (pw + group * rw)
     untrimmed = n * batch["input_ids"].shape[1]
-    return _Plan(micro, order, batch["responses"].shape[1], computed, real_tokens(batch), untrimmed)
+    shared = int(p_len.view(-1, group)[:, 1:].sum())
+    return _Plan(micro, order, batch["responses"].shape[1], computed, real_tokens(batch), untrimmed, shared)
 
 
 def real_tokens(batch: Batch) -> int:
@@ -353,14 +454,14 @@ def ppo_update(
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
     `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients), and
-    "_tokens": (computed, real, untrimmed) positions over all micro-batches and DP ranks (see `_Plan`)."""
+    "_tokens": (computed, real, untrimmed, shared) positions over all micro-batches and DP ranks (see `_Plan`)."""
     loss_fn = _actor_loss if role == "actor" else _critic_loss
     dp = ps.get_data_parallel_world_size()
     sums: dict[str, float] = {}
     grad_norms: list[float] = []
     diff_sum, diff_max, diff_count = 0.0, 0.0, 0.0
     steps = skipped = 0
-    token_counts = torch.zeros(3, dtype=torch.float64)  # computed, real, untrimmed
+    token_counts = torch.zeros(4, dtype=torch.float64)  # computed, real, untrimmed, shared
     ddp.train()
     for _ in range(epochs):
         for mini in shard.split(num_mini_batches):
@@ -373,7 +474,9 @@ def ppo_update(
                 "dp_size": dp,
             }
             plan = _plan(ddp, mini, micro_batch_size)
-            token_counts += torch.tensor([plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens])
+            token_counts += torch.tensor(
+                [plan.computed_tokens, plan.real_tokens, plan.untrimmed_tokens, plan.shared_tokens], dtype=torch.float64
+            )
 
             def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
                 mb = next(data_iterator)

@@ -129,6 +129,54 @@ def test_gemm_attention_matches_sdpa_in_fp64(monkeypatch, masked, kernels):
     assert truth[0].abs().max() > 0.1
 
 
+@pytest.mark.parametrize("path", ["gemm", "sdpa"])
+def test_prefix_groups_attend_as_their_rows(monkeypatch, path):
+    """Packed prefix groups (two prompts, one left-padded, with 3 samples each, responses right-padded), attended
+    the decomposed way (the prompt once, each response over [prompt, itself]) and through the packed layout's full
+    mask, equal each row attended on its own with its usual mask: fp32 within 1e-6 of the largest fp64 value, at
+    every real query."""
+    from types import SimpleNamespace
+
+    from mindrl.models.attention import SDPAttention, prefix_groups_of
+    from mindrl.models.forward import attention_inputs, prefix_group_inputs
+
+    monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "320" if path == "gemm" else "0")
+    gen = torch.Generator().manual_seed(11)
+    groups, n, p, r, heads, kv, d = 2, 3, 5, 4, 4, 2, 8
+    prompt_mask = torch.tensor([[1] * p, [0, 0] + [1] * (p - 2)])
+    response_mask = torch.tensor([[1] * r, [1, 1, 0, 0], [1] * 3 + [0]] * groups)
+    prompt_ids = torch.randint(1, 50, (groups, p), generator=gen) * prompt_mask
+    response_ids = torch.randint(1, 50, (groups * n, r), generator=gen) * response_mask
+    _, _, mask, layout = prefix_group_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    s = layout.width
+    q, k, v = (torch.randn(s, groups, h, d, generator=gen, dtype=torch.float64) for h in (heads, kv, kv))
+    core = SDPAttention.__new__(SDPAttention)  # the attention maths only: no megatron module state is read
+    torch.nn.Module.__init__(core)
+    core.softmax_scale, core.num_attention_heads_per_partition, core.num_query_groups_per_partition = d**-0.5, heads, kv
+    core.hidden_size_per_partition, core.config = heads * d, SimpleNamespace(sequence_parallel=False)
+
+    def row_truth(i, j):  # row j of prompt i on its own: [p + r, heads * d]
+        cols = torch.cat([torch.arange(p), p + j * r + torch.arange(r)])
+        valid = torch.cat([prompt_mask[i], response_mask[i * n + j]]).view(1, -1)
+        _, row_mask = attention_inputs(valid, valid)
+        t = [x[cols, i : i + 1] for x in (q, k, v)]
+        return core._context(core._attend(*t, row_mask, 0.0))[:, 0]
+
+    size = max(row_truth(i, j).abs().max().item() for i in range(groups) for j in range(n))
+    for name in ("decomposed", "full mask"):
+        if name == "decomposed":
+            out = core._prefix_groups(*(x.float() for x in (q, k, v)), *prefix_groups_of(mask), 0.0)
+        else:
+            out = core._context(core._attend(*(x.float() for x in (q, k, v)), mask.clone(), 0.0))
+        for i in range(groups):
+            for j in range(n):
+                want = row_truth(i, j)
+                got = torch.cat([out[:p, i], out[p + j * r : p + (j + 1) * r, i]]).double()
+                real = torch.cat([prompt_mask[i], response_mask[i * n + j]]).bool()
+                err = (got - want)[real].abs().max().item() / size
+                assert err < 1e-6, (name, i, j, err)
+
+
 def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
     from mindrl.platform.detect import Platform
 

@@ -122,12 +122,14 @@ def reference_critic(hf_dir: str, batch: Batch, s: PPOLossSettings) -> tuple[dic
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-def make_batch(actor_dir: str, critic_dir: str) -> Batch:
+def make_batch(actor_dir: str, critic_dir: str, prompt_lens=PROMPT_LENS, samples: int = 1) -> Batch:
     """An RL batch in the trainer's layout with every key the actor and critic updates read. The old and
     rollout logprobs are the current policy's plus noise (the ratio is not 1 and some tokens clip), the
-    reference logprobs another perturbation; the old values are the current critic's plus noise."""
+    reference logprobs another perturbation; the old values are the current critic's plus noise. samples > 1:
+    each prompt's row `samples` times in a row (a GRPO group), with different responses."""
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in prompt_lens for _ in range(samples)]
+    prompts = [prompts[i // samples * samples] for i in range(len(prompts))]
     responses = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in RESPONSE_LENS]
     prompt_ids, prompt_mask = pad_rows(prompts, pad=0, left=True)
     response_ids, response_mask = pad_rows(responses, pad=0, left=False)
@@ -176,6 +178,13 @@ def ckpts(tiny_models, tmp_path_factory, get_pool) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def rl_batch(tiny_models) -> Batch:
     return make_batch(tiny_models["untied"], tiny_models["orm"])
+
+
+@pytest.fixture(scope="module")
+def grouped_batch(tiny_models) -> Batch:
+    """Two prompts (6 and 3 tokens, left-padded to 6) with 4 samples each, responses of 1 to 10 tokens (the plain
+    path's width 16 splits over TP2's sequence parallelism)."""
+    return make_batch(tiny_models["untied"], tiny_models["orm"], prompt_lens=[6, 3], samples=4)
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +381,32 @@ def test_savings_equal_the_plain_path(pool, tiny_models, ckpts, rl_batch, role, 
     the batch's R as its constant; sequence parallelism rounds each width up to a multiple of TP (and keeps the
     output layer on every position)."""
     runs = pool.run(ppo_rank_fns.savings_vs_plain_rank, ckpts[role], tp, pp, rl_batch, role, loss, mbs, sp)
+    check_savings(runs, rl_batch, role, tiny_models, shared=False)
+
+
+@pytest.mark.parametrize(
+    "role,tp,pp,mbs,sp",
+    [
+        pytest.param("actor", 1, 1, 2, False, id="actor-tp1-groups-of-2"),
+        pytest.param("actor", 2, 1, 4, False, id="actor-tp2-groups-of-4"),
+        pytest.param("actor", 1, 2, 4, False, id="actor-pp2"),
+        pytest.param("actor", 2, 1, 4, True, id="actor-tp2-sequence-parallel"),
+        pytest.param("critic", 2, 2, 8, False, id="critic-tp2pp2-two-groups"),
+    ],
+)
+def test_prefix_groups_equal_the_plain_path(pool, tiny_models, ckpts, grouped_batch, role, tp, pp, mbs, sp):
+    """Rows that share a prompt, run as prefix groups (the prompt once, each response attending to it and to
+    itself, RoPE at the rows' own positions), give the plain path's logprobs / values, metrics, gradients and weight
+    update within the bounds of test_savings_equal_the_plain_path, and count the prompts' copies they did not
+    compute. Each DP rank's shard holds whole groups of 2 or 4 rows, one or two per micro-batch."""
+    loss = ACTOR_LOSS if role == "actor" else CRITIC_LOSS
+    runs = pool.run(ppo_rank_fns.savings_vs_plain_rank, ckpts[role], tp, pp, grouped_batch, role, loss, mbs, sp)
+    check_savings(runs, grouped_batch, role, tiny_models, shared=True)
+
+
+def check_savings(runs: list, batch: Batch, role: str, tiny_models, shared: bool) -> None:
+    """The saving path's results in `runs` (savings_vs_plain_rank's) against the plain path's; shared: whether its
+    rows shared prompts (prefix groups) or each ran on its own."""
 
     def close(got: torch.Tensor | float, want: torch.Tensor | float) -> bool:  # 1e-6 of the magnitude (fp32)
         got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
@@ -381,9 +416,11 @@ def test_savings_equal_the_plain_path(pool, tiny_models, ckpts, rl_batch, role, 
     assert sorted(plain) == sorted(saved)
     for k in plain:
         if k == "_tokens":
-            computed, real, untrimmed = saved[k]
-            assert plain[k] == (untrimmed, real, untrimmed)
-            assert real == rl_batch["attention_mask"].sum().item() and computed < untrimmed, saved[k]
+            computed, real, untrimmed, not_recomputed = saved[k]
+            assert plain[k] == (untrimmed, real, untrimmed, 0)
+            assert real == batch["attention_mask"].sum().item() and computed < untrimmed, saved[k]
+            assert (not_recomputed > 0) == shared, saved[k]
+            assert computed >= real - not_recomputed, saved[k]
         else:
             assert close(saved[k], plain[k]), (k, plain[k], saved[k])
     forwards = [(r["plain"]["forward"], r["savings"]["forward"]) for r in runs if r["plain"]["forward"] is not None]
