@@ -5,8 +5,9 @@ One GRPO-shaped batch (prompts x n rows of prompt + response tokens, no padding)
 step per iteration at each TP layout on a --world-rank pool (TP1 runs as one rank with all the threads,
 TP2 as two ranks with a thread each, so every layout uses the same cores). Reports medians after a warm-up
 iteration: seconds, tokens/s, FLOPs (6*N*T + attention), MFU against the measured fp32 matmul peak at the
-model's GEMM shapes, and a torch.profiler breakdown of one more iteration (GEMMs, elementwise, optimizer,
-communication, Python / framework) as a table; `--json PATH` writes the numbers.
+model's GEMM shapes, HFU (the FLOPs mindrl computes, each prompt once for its n samples, against the same peak),
+and a torch.profiler breakdown of one more iteration (GEMMs, elementwise, optimizer, communication, Python /
+framework) as a table; `--json PATH` writes the numbers.
 
     python tools/bench_update.py                              # the ~32M model, 16 x 4 rows of 30 + 64 tokens
     python tools/bench_update.py --tp 1 --iterations 5 --json /tmp/update.json
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -67,10 +69,11 @@ class ModelShape:
         per_layer = sum(k * n for k, n in self.gemm_shapes()[:4])
         return self.num_layers * per_layer + self.hidden_size * self.vocab_size
 
-    def attention_flops(self, seq_len: int, causal: bool) -> float:
+    def attention_flops(self, seq_len: int, causal: bool, keys: int | None = None) -> float:
         """Forward attention-score FLOPs of one sequence: QK^T and AV, 2 * 2 * s^2 * hidden per layer (full
-        square: a masked dense implementation computes it all); causal (a KV-cached decode): half of it."""
-        full = 4.0 * self.num_layers * self.hidden_size * seq_len * seq_len
+        square: a masked dense implementation computes it all); causal (a KV-cached decode): half of it. keys:
+        seq_len queries over this many keys (a rectangle) instead of the square."""
+        full = 4.0 * self.num_layers * self.hidden_size * seq_len * (seq_len if keys is None else keys)
         return full / 2 if causal else full
 
 
@@ -259,8 +262,28 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
 
 # ------------------------------------------------------------------------------------------- driver
 def update_flops(shape: ModelShape, rows: int, seq_len: int) -> float:
-    """Forward + backward: 6 * N * tokens + 3 * the (full-square) attention forward."""
+    """Forward + backward: 6 * N * tokens + 3 * the (full-square) attention forward. Issue 16's model FLOPs: every
+    row's prompt counted (what MFU and the roofline bound are charged, on either side)."""
     return 6.0 * shape.matmul_params * rows * seq_len + 3 * rows * shape.attention_flops(seq_len, causal=False)
+
+
+def forward_flops_shared(shape: ModelShape, prompts: int, n: int, prompt_len: int, response_len: int) -> float:
+    """One forward of prompts x n rows run as prefix groups (`mindrl.models.attention.PrefixGroups`), as mindrl
+    computes it: 2 * N per packed position (each prompt once, then its n responses), attention the prompt's square
+    once and each response over [prompt, itself]."""
+    positions = prompts * (prompt_len + n * response_len)
+    attention = shape.attention_flops(prompt_len, False) + n * shape.attention_flops(
+        response_len, False, keys=prompt_len + response_len
+    )
+    return 2.0 * shape.matmul_params * positions + prompts * attention
+
+
+def computed_update_flops(shape: ModelShape, prompts: int, n: int, prompt_len: int, response_len: int) -> float:
+    """Forward + backward (3x the forward) as mindrl computes them: rows that share a prompt as prefix groups
+    where n > 1, else `update_flops`. What the hardware utilisation (HFU) is charged."""
+    if n < 2:
+        return update_flops(shape, prompts, prompt_len + response_len)
+    return 3 * forward_flops_shared(shape, prompts, n, prompt_len, response_len)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -317,9 +340,12 @@ def main(argv: list[str] | None = None) -> dict:
     rows = a.prompts * a.n
     tokens = rows * seq
     flops = update_flops(shape, rows, seq)
+    group = math.gcd(a.n, a.micro_batch_size)  # the rows of a prompt that share a micro-batch (rl_model._plan)
+    computed = computed_update_flops(shape, rows // group, group, a.prompt_len, a.response_len)
     peak = matmul_peak(shape, a.cores, tokens=(a.micro_batch_size * seq, 2048), device=device)
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; batch {rows} rows x {seq} tokens = {tokens}; "
-          f"{flops / 1e12:.3f} TFLOP per update; matmul peak {describe_peak(peak)} "
+          f"{flops / 1e12:.3f} TFLOP per update ({computed / 1e12:.3f} computed: prompts shared by their {a.n} "
+          f"samples); matmul peak {describe_peak(peak)} "
           f"({where})", flush=True)  # fmt: skip
     batch = make_batch(a.prompts, a.n, a.prompt_len, a.response_len, shape.vocab_size, a.kl)
     from tools.bench_update import _update_rank  # importable by the ranks (not __main__)
@@ -345,6 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
             "flops": flops,
             "gflops": flops / step_s / 1e9,
             "mfu": flops / step_s / 1e9 / peak["peak_gflops"],
+            "computed_flops": computed,
+            "hfu": computed / step_s / 1e9 / peak["peak_gflops"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in res),
             "profile": None,
         }
@@ -355,20 +383,23 @@ def main(argv: list[str] | None = None) -> dict:
             if top:
                 print(top, flush=True)
         results.append(row)
-        print(f"TP{tp}: {step_s:.3f} s/update, {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}", flush=True)
+        print(f"TP{tp}: {step_s:.3f} s/update, {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
+              f"HFU {row['hfu']:.1%}", flush=True)  # fmt: skip
 
     cats = ("gemm", "elementwise", "optimizer", "communication", "python")
-    print(f"\n{'layout':<8}{'ranks x thr':>12}{'update s':>10}{'tokens/s':>10}{'GFLOP/s':>9}{'MFU':>7}"
+    print(f"\n{'layout':<8}{'ranks x thr':>12}{'update s':>10}{'tokens/s':>10}{'GFLOP/s':>9}{'MFU':>7}{'HFU':>7}"
           f"{'RSS MiB':>9}  profile (rank 0, one update): " + ", ".join(cats))  # fmt: skip
     for r in results:
         prof = r["profile"]
         split = "-" if prof is None else "  ".join(
             f"{c} {prof[c]:.2f}s ({prof[c] / prof['wall']:.0%})" for c in cats)  # fmt: skip
         print(f"TP{r['tp']:<6}{r['ranks']:>6} x {r['threads_per_rank']:<4}{r['step_s']:>10.3f}"
-              f"{r['tokens_per_s']:>10.0f}{r['gflops']:>9.1f}{r['mfu']:>7.1%}{r['peak_rss_mb']:>9.0f}  {split}")  # fmt: skip
+              f"{r['tokens_per_s']:>10.0f}{r['gflops']:>9.1f}{r['mfu']:>7.1%}{r['hfu']:>7.1%}{r['peak_rss_mb']:>9.0f}"
+              f"  {split}")  # fmt: skip
     print(
-        f"FLOPs per update = 6*N*T + attention = {flops:.3e}; MFU = achieved / matmul peak "
-        f"{describe_peak(peak)} (best fp32 GEMM at the model's GEMM shapes, {where})"
+        f"FLOPs per update = 6*N*T + attention = {flops:.3e}; MFU = those FLOPs / s / matmul peak "
+        f"{describe_peak(peak)} (best fp32 GEMM at the model's GEMM shapes, {where}); HFU = the FLOPs computed "
+        f"({computed:.3e}: each prompt once for its {a.n} samples) / s / peak"
     )
     out = {
         "peak_gflops": peak["peak_gflops"],

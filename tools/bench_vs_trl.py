@@ -12,8 +12,9 @@ Also measures the matmul peak (the best fp32 GEMM at the model's GEMM shapes wit
 torch.matmul and, on x86 CPUs, oneDNN's linear, which mindrl's megatron layers use there)
 and reports per side, shape and KL setting the medians after a warm-up iteration: step seconds, tokens/s
 ((prompt + response tokens) / step), the phase split, step FLOPs (2NT generation + 6NT update + 2NT per
-reference forward + attention), the roofline bound (FLOPs / peak), step / bound, peak RSS (the side's whole
-process tree: for mindrl the driver, Ray and its workers) and mindrl / TRL tokens/s.
+reference forward + attention), the roofline bound (FLOPs / peak), step / bound, step / the FLOPs the side
+computes (mindrl runs each prompt once for its samples in the update and the reference forward), peak RSS (the
+side's whole process tree: for mindrl the driver, Ray and its workers) and mindrl / TRL tokens/s.
 
     python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
     python tools/bench_vs_trl.py --sides mindrl --layout tp1w2 --shapes short,long --kl none,0.04
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -36,7 +38,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.bench_update import ModelShape, describe_peak, make_model, matmul_peak, update_flops  # noqa: E402
+from tools.bench_update import (  # noqa: E402
+    ModelShape,
+    computed_update_flops,
+    describe_peak,
+    forward_flops_shared,
+    make_model,
+    matmul_peak,
+    update_flops,
+)
 
 SHAPES = {"short": 64, "long": 256}
 LAYOUTS = {"tp1w1": (1, 1), "tp1w2": (1, 2), "tp2w2": (2, 2)}  # name -> (TP, world); world / TP is DP
@@ -383,6 +393,23 @@ def step_flops(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, r
     return float(flops)
 
 
+def mindrl_computed_flops(shape: ModelShape, prompts: int, n: int, prompt_len: int, new_tokens: int,
+                          reference: bool, micro_batch_size: int) -> float:  # fmt: skip
+    """What mindrl computes of `step_flops`: generation the same, the update and the reference forward with each
+    prompt once for the samples of it that share a micro-batch (prefix groups)."""
+    rows, seq = prompts * n, prompt_len + new_tokens
+    group = math.gcd(n, micro_batch_size)
+    flops = 2 * shape.matmul_params * rows * seq + rows * shape.attention_flops(seq, causal=True)
+    flops += computed_update_flops(shape, rows // group, group, prompt_len, new_tokens)
+    if reference:
+        flops += (
+            forward_flops_shared(shape, rows // group, group, prompt_len, new_tokens)
+            if group > 1
+            else 2 * shape.matmul_params * rows * seq + rows * shape.attention_flops(seq, causal=False)
+        )
+    return float(flops)
+
+
 def cpu_description() -> str:
     model, flags = "unknown CPU", []
     try:
@@ -485,9 +512,16 @@ def main(argv: list[str] | None = None) -> dict:
                         out.setdefault("errors", {})[f"{name}.{shape_name}.{kl_name}"] = str(e)
                         continue
                     upd = update_flops(shape, rows, a.prompt_len + new_tokens)
+                    computed = flops
+                    if side == "mindrl":
+                        computed = mindrl_computed_flops(shape, a.prompts, a.n, a.prompt_len, new_tokens,
+                                                         kl_name != "none", a.micro_batch_size)  # fmt: skip
+                    own = computed / (peak["peak_gflops"] * 1e9)
                     r.update(tokens_per_s=tokens / r["step_s"], flops=flops, bound_s=bound,
                              step_over_bound=r["step_s"] / bound,
-                             update_mfu=upd / max(r["phases"]["update"], 1e-9) / (peak["peak_gflops"] * 1e9))  # fmt: skip
+                             update_mfu=upd / max(r["phases"]["update"], 1e-9) / (peak["peak_gflops"] * 1e9),
+                             computed_flops=computed, computed_bound_s=own,
+                             step_over_computed_bound=r["step_s"] / own)  # fmt: skip
                     table.append((name, shape_name, kl_name, r))
                     print(f"  -> {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tokens/s, "
                           f"{r['step_over_bound']:.2f}x the bound", flush=True)  # fmt: skip
@@ -509,15 +543,18 @@ def main(argv: list[str] | None = None) -> dict:
                     )
 
     print(f"\n{'side':<13}{'shape':<6}{'kl':<5}{'step s':>8}{'tokens/s':>9}{'TFLOP':>7}{'bound s':>8}{'x bound':>8}"
-          f"{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
+          f"{'x own':>7}{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
     for side, shape_name, kl_name, r in table:
         ph = " ".join(f"{r['phases'][k]:.2f}" for k in PHASES)
         print(f"{side:<13}{shape_name:<6}{kl_name:<5}{r['step_s']:>8.2f}{r['tokens_per_s']:>9.0f}{r['flops'] / 1e12:>7.2f}"
-              f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}  {ph}")  # fmt: skip
+              f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['step_over_computed_bound']:>7.2f}"
+              f"{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}  {ph}")  # fmt: skip
     for shape_name, per in out.get("ratio", {}).items():
         for kl_name, ratio in per.items():
             print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}")
-    print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak; "
+    print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak (every row's prompt "
+          f"counted, both sides); x own = step / (the FLOPs the side computes / peak): mindrl's update and reference "
+          f"run each prompt once for its samples; "
           f"mindrl layouts {a.layout}; medians of {a.iterations} steps after a warm-up")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:

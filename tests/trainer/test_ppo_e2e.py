@@ -24,6 +24,7 @@ REQUIRED = [
     "critic/returns/mean", "response_length/mean", "response_length/max", "response_length/min",
     "prompt_length/mean", "acc_for_ppo_rewards/mean", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
     "e2e_tps", "update_tps", "vllm_tps", "perf/computed_tokens", "perf/real_tokens", "perf/padding_ratio",
+    "perf/shared_prompt_tokens",
 ]  # fmt: skip
 PPO_ONLY = ["critic/vf_loss", "critic/vf_clipfrac", "critic/lr", "critic/grad_norm", "critic/values/mean",
             "timing/critic_model", "timing/update_critic", "timing/reference_model",
@@ -53,7 +54,11 @@ def _check_metrics(lines: list[dict], cfg, keys: list[str]) -> None:
         assert sum(phases) <= m["timing/rollout_total"] * 1.25 + 0.25
         assert m["rollout/logprob_diff_mean"] < 1e-3  # fp32: the engine samples from the trained policy
         assert m["actor/skipped_updates"] == 0
-        assert 0 < m["perf/real_tokens"] <= m["perf/computed_tokens"] <= m["perf/untrimmed_tokens"]
+        # n samples per prompt run as prefix groups: the prompts' other n - 1 copies are not computed
+        assert 0 < m["perf/shared_prompt_tokens"] < m["perf/real_tokens"]
+        real_computed = m["perf/real_tokens"] - m["perf/shared_prompt_tokens"]
+        assert real_computed <= m["perf/computed_tokens"] <= m["perf/untrimmed_tokens"]
+        assert 0 <= m["perf/padding_ratio"] < 1
 
 
 def _no_leftovers() -> None:
