@@ -158,6 +158,61 @@ def gemm_attention(
     return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, sq, d)
 
 
+class _PackedContext(torch.autograd.Function):
+    """The prompt's context [b, heads, p, d] and the samples' [b * g, kv, hg * r, d] (GemmAttention's layouts) written
+    into one packed context [p + g * r, b, heads, d]; backward lays each part's gradient out of it in one copy (no
+    zero-filled full-size gradients, as slicing and copying into slices would make)."""
+
+    @staticmethod
+    def forward(ctx, prompt, samples, g: int, kv: int):
+        b, heads, p, d = prompt.shape
+        hg = heads // kv
+        r = samples.shape[2] // hg
+        out = prompt.new_empty(p + g * r, b, heads, d)
+        out[:p].copy_(prompt.permute(2, 0, 1, 3))
+        out[p:].view(g, r, b, kv, hg, d).copy_(samples.view(b, g, kv, hg, r, d).permute(1, 4, 0, 2, 3, 5))
+        ctx.dims = (b, p, d, g, kv, hg, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        b, p, d, g, kv, hg, r = ctx.dims
+        prompt = grad[:p].permute(1, 2, 0, 3).contiguous()
+        samples = grad[p:].reshape(g, r, b, kv, hg, d).permute(2, 0, 3, 4, 1, 5).reshape(b * g, kv, hg * r, d)
+        return prompt, samples, None, None
+
+
+def prefix_gemm_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: PrefixGroups,
+    prompt_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Packed prefix groups through `GemmAttention`, each operand laid out in one copy: q [s, b, heads, d], k/v [s,
+    b, kv heads, d] in the packed layout, the masks of `mark_prefix_groups`. The prompt attends to itself; each
+    sample's queries to [the prompt's keys, its own], the prompt's keys and values broadcast to the samples by the
+    one copy that lays them out (their gradients sum there). Returns the context [s, b, heads, d]."""
+    s, b, heads, d = query.shape
+    kv = key.shape[2]
+    hg, p, g, r = heads // kv, layout.prompt, layout.samples, layout.response
+    # split, not slices: its backward joins the parts' gradients in one copy
+    (qp, qr), (kp, kr), (vp, vr) = (t.split([p, s - p]) for t in (query, key, value))
+    prompt = gemm_attention(qp, kp, vp, prompt_mask, scale)  # [b, heads, p, d]
+    # [g * r, b, kv * hg, d] -> [b * g, kv, hg * r, d]
+    q = qr.reshape(g, r, b, kv, hg, d).permute(2, 0, 3, 4, 1, 5).reshape(b * g, kv, hg * r, d)
+
+    def keys(shared, own):  # -> [b * g, kv, p + r, d]: the prompt's rows, then the sample's own
+        shared = shared.permute(1, 2, 0, 3).unsqueeze(1).expand(b, g, kv, p, d)
+        own = own.reshape(g, r, b, kv, d).permute(2, 0, 3, 1, 4)
+        return torch.cat([shared, own], 3).view(b * g, kv, p + r, d)
+
+    samples = GemmAttention.apply(q, keys(kp, kr), keys(vp, vr), sample_mask, scale)
+    return _PackedContext.apply(prompt, samples, g, kv)
+
+
 class SDPAttention(DotProductAttention):
     """DotProductAttention whose scores, masked softmax and context run as one SDPA call (forward and backward),
     instead of baddbmm + a separate masked softmax over a materialised [b, heads, s, s] tensor."""
@@ -189,8 +244,7 @@ class SDPAttention(DotProductAttention):
 
     def _attend(self, query, key, value, attention_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
         """q [sq, b, heads, d], k/v [s, b, kv heads, d] -> the context [b, heads, sq, d]."""
-        short = max(query.shape[0], key.shape[0]) <= current_platform().gemm_attention_max_len(torch.is_grad_enabled())
-        if short and not dropout and query.dtype == torch.float32:
+        if self._gemm(query.shape[0], key.shape[0], query.dtype, dropout):
             return gemm_attention(query, key, value, attention_mask, self.softmax_scale)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
@@ -210,6 +264,10 @@ class SDPAttention(DotProductAttention):
         there). Returns the context [s, b, heads * d] in the packed layout."""
         p, g, r = layout.prompt, layout.samples, layout.response
         b = query.shape[1]
+        if self._gemm(r, p + r, query.dtype, dropout):  # the largest of its attentions: a response over p + r keys
+            return prefix_gemm_attention(query, key, value, layout, prompt_mask, sample_mask, self.softmax_scale).view(
+                -1, b, self.hidden_size_per_partition
+            )
 
         def samples(t):  # the responses' columns [g * r, b, n, d] -> [r, b * g, n, d], rows in (prompt, sample) order
             return t[p:].reshape(g, r, b, *t.shape[2:]).permute(1, 2, 0, 3, 4).reshape(r, b * g, *t.shape[2:])
@@ -223,6 +281,12 @@ class SDPAttention(DotProductAttention):
         n, d = out.shape[1], out.shape[3]
         responses = out.reshape(b, g, n, r, d).permute(1, 3, 0, 2, 4).reshape(g * r, b, n * d)
         return torch.cat([prompt, responses])
+
+    @staticmethod
+    def _gemm(queries: int, keys: int, dtype: torch.dtype, dropout: float) -> bool:
+        """Whether attention of this size runs as `GemmAttention` (see `Platform.gemm_attention_max_len`)."""
+        short = max(queries, keys) <= current_platform().gemm_attention_max_len(torch.is_grad_enabled())
+        return short and not dropout and dtype == torch.float32
 
     def _context(self, out: torch.Tensor) -> torch.Tensor:
         """[b, n, s, d] -> [s, b, n*d]."""

@@ -134,7 +134,8 @@ def test_prefix_groups_attend_as_their_rows(monkeypatch, path):
     """Packed prefix groups (two prompts, one left-padded, with 3 samples each, responses right-padded), attended
     the decomposed way (the prompt once, each response over [prompt, itself]) and through the packed layout's full
     mask, equal each row attended on its own with its usual mask: fp32 within 1e-6 of the largest fp64 value, at
-    every real query."""
+    every real query; their gradients (the prompt's keys and values summed over the samples) within 1e-6 of the
+    full mask's in fp64."""
     from types import SimpleNamespace
 
     from mindrl.models.attention import SDPAttention, prefix_groups_of
@@ -163,18 +164,30 @@ def test_prefix_groups_attend_as_their_rows(monkeypatch, path):
         return core._context(core._attend(*t, row_mask, 0.0))[:, 0]
 
     size = max(row_truth(i, j).abs().max().item() for i in range(groups) for j in range(n))
-    for name in ("decomposed", "full mask"):
+    grad = torch.randn(s, groups, heads * d, generator=gen, dtype=torch.float64)
+
+    def run(name, dtype):  # (context, grads of q, k, v) in the packed layout
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
         if name == "decomposed":
-            out = core._prefix_groups(*(x.float() for x in (q, k, v)), *prefix_groups_of(mask), 0.0)
-        else:
-            out = core._context(core._attend(*(x.float() for x in (q, k, v)), mask.clone(), 0.0))
+            out = core._prefix_groups(*leaves, *prefix_groups_of(mask), 0.0)
+        else:  # a copy of the mask carries no layout: the full [s, s] mask
+            out = core._context(core._attend(*leaves, mask.clone(), 0.0))
+        out.backward(grad.to(dtype))
+        return [out.detach().double()] + [x.grad.double() for x in leaves]
+
+    truth = run("full mask", torch.float64)
+    for name in ("decomposed", "full mask"):
+        out, *grads = run(name, torch.float32)
         for i in range(groups):
             for j in range(n):
                 want = row_truth(i, j)
-                got = torch.cat([out[:p, i], out[p + j * r : p + (j + 1) * r, i]]).double()
+                got = torch.cat([out[:p, i], out[p + j * r : p + (j + 1) * r, i]])
                 real = torch.cat([prompt_mask[i], response_mask[i * n + j]]).bool()
                 err = (got - want)[real].abs().max().item() / size
                 assert err < 1e-6, (name, i, j, err)
+        for what, got, want in zip(("dq", "dk", "dv"), grads, truth[1:]):
+            err = (got - want).abs().max().item() / want.abs().max().item()
+            assert err < 1e-6, (name, what, err)
 
 
 def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
