@@ -16,6 +16,7 @@ result: every response token sees the same keys at the same positions as in its 
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +41,9 @@ micro-batch at the batch's widths), kept for equality tests."""
 
 PREFIX_SHARING = True
 """With SAVINGS: consecutive rows with the same prompt go through the model as prefix groups. False: each row on its
-own (A/B and equality tests)."""
+own (A/B and equality tests). The environment's MINDRL_PREFIX_SHARING=0 turns it off too (`prefix_sharing`)."""
+
+PREFIX_SHARING_ENV = "MINDRL_PREFIX_SHARING"
 
 _SAMPLES = "prefix_samples"
 """A micro-batch's meta key: rows per prefix group (absent: rows on their own)."""
@@ -232,6 +235,15 @@ class _Plan:
         return out
 
 
+def prefix_sharing() -> bool:
+    """Whether rows that share a prompt run as prefix groups: PREFIX_SHARING, and MINDRL_PREFIX_SHARING (1, the
+    default, or 0; read at every plan, so that a worker's environment decides, e.g. through the runtime env)."""
+    value = os.environ.get(PREFIX_SHARING_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{PREFIX_SHARING_ENV}={value!r} must be 0 or 1")
+    return PREFIX_SHARING and value == "1"
+
+
 def prompt_group_size(batch: Batch, micro_batch_size: int) -> int:
     """The largest n that divides micro_batch_size such that the batch's rows come in runs of n consecutive rows
     with the same prompt (ids and mask): the rows' prefix groups. 1 where there are none."""
@@ -265,7 +277,7 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
         micro = [mb.to(device) for mb in batch.split(n // mbs)]
         tokens = n * batch["input_ids"].shape[1]
         return _Plan(micro, torch.arange(n), batch["responses"].shape[1], tokens, real_tokens(batch), tokens)
-    shareable = PREFIX_SHARING and ps.get_context_parallel_world_size() == 1 and _inner(model, "rotary_pos_emb")
+    shareable = prefix_sharing() and ps.get_context_parallel_world_size() == 1 and _inner(model, "rotary_pos_emb")
     group = prompt_group_size(batch, mbs) if shareable else 1
     if uniform:
         groups = torch.arange(n // group)

@@ -404,6 +404,46 @@ def test_prefix_groups_equal_the_plain_path(pool, tiny_models, ckpts, grouped_ba
     check_savings(runs, grouped_batch, role, tiny_models, shared=True)
 
 
+def test_prompt_groups_are_runs_of_the_same_prompt():
+    """prompt_group_size: the largest n dividing the micro-batch size such that the rows come in runs of n with the
+    same prompt ids and mask (a differently padded copy of a prompt is another prompt)."""
+    from mindrl.workers.rl_model import prompt_group_size
+
+    def batch(prompts):
+        ids, mask = pad_rows(prompts, pad=0, left=True)
+        responses = torch.ones(len(prompts), 3, dtype=torch.long)
+        return Batch(
+            {"input_ids": torch.cat([ids, responses], 1), "attention_mask": torch.cat([mask, responses], 1)},
+            meta={"prompt_length": ids.shape[1]},
+        )
+
+    a, b, c = [5, 6, 7], [8, 9], [5, 6, 7, 7]
+    assert prompt_group_size(batch([a] * 4 + [b] * 4), 16) == 4
+    assert prompt_group_size(batch([a] * 4 + [b] * 4), 2) == 2
+    assert prompt_group_size(batch([a] * 4 + [b] * 4), 6) == 2
+    assert prompt_group_size(batch([a] * 8), 8) == 8
+    assert prompt_group_size(batch([a] * 4 + [b] * 2 + [c] * 2), 8) == 2
+    assert prompt_group_size(batch([a, b, a, b]), 4) == 1
+    assert prompt_group_size(batch([a] * 3 + [b] * 3), 4) == 1
+
+
+def test_prefix_sharing_switch(monkeypatch):
+    """MINDRL_PREFIX_SHARING: unset or 1 shares, 0 does not, anything else is an error naming the variable."""
+    from mindrl.workers import rl_model
+
+    monkeypatch.delenv("MINDRL_PREFIX_SHARING", raising=False)
+    assert rl_model.prefix_sharing()
+    monkeypatch.setenv("MINDRL_PREFIX_SHARING", "0")
+    assert not rl_model.prefix_sharing()
+    monkeypatch.setenv("MINDRL_PREFIX_SHARING", "1")
+    assert rl_model.prefix_sharing()
+    monkeypatch.setattr(rl_model, "PREFIX_SHARING", False)
+    assert not rl_model.prefix_sharing()
+    monkeypatch.setenv("MINDRL_PREFIX_SHARING", "off")
+    with pytest.raises(ValueError, match="MINDRL_PREFIX_SHARING='off' must be 0 or 1"):
+        rl_model.prefix_sharing()
+
+
 def check_savings(runs: list, batch: Batch, role: str, tiny_models, shared: bool) -> None:
     """The saving path's results in `runs` (savings_vs_plain_rank's) against the plain path's; shared: whether its
     rows shared prompts (prefix groups) or each ran on its own."""
