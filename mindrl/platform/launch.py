@@ -190,7 +190,7 @@ _PEER_FAILURE = (
 )
 
 
-def _is_peer_failure(summary: str) -> bool:
+def is_peer_failure(summary: str) -> bool:
     """True for errors a rank gets because another rank failed (its collective lost the peer)."""
     return any(s in summary for s in _PEER_FAILURE)
 
@@ -335,7 +335,7 @@ class RankPool:
             self.close(force=True)
             if errors:
                 # Report the root cause: a rank's own error or death before its peers' broken connections.
-                rank, exc, summary, tb = sorted(errors, key=lambda e: (_is_peer_failure(e[2]), e[0]))[0]
+                rank, exc, summary, tb = sorted(errors, key=lambda e: (is_peer_failure(e[2]), e[0]))[0]
                 if isinstance(exc, Exception) and not isinstance(exc, RankError):
                     # Re-raise the rank's own exception type (e.g. a ConversionError) with its context.
                     raise exc from RankError(f"{what}: rank {rank} failed:\n{tb}")

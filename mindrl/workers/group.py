@@ -14,6 +14,7 @@ from typing import Any
 
 from mindrl.batch import Batch, shard_rows
 from mindrl.platform import current_platform
+from mindrl.platform.launch import is_peer_failure
 
 logger = logging.getLogger("mindrl.workers")
 
@@ -156,9 +157,32 @@ def _death_summary(e: Exception) -> str:
     )
 
 
+PEER_GRACE_S = 15.0
+"""How long a rank's error that only says its collective lost a peer waits for the other ranks' outcomes, so that
+the error names the rank that died or raised (Ray may report a killed actor after its peers' broken connections)."""
+
+
+def _root_cause(failure: tuple, pending: list, grace_s: float) -> tuple:
+    """(ref, exception) to report: `failure` unless it is a peer failure and another of `pending` ends within
+    `grace_s` with an error of its own (a death or an exception that is not a peer failure)."""
+    import ray
+
+    if not is_peer_failure(str(failure[1])) or not pending:
+        return failure
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception as e:
+            if not is_peer_failure(str(e)):
+                return ref, e
+    return failure
+
+
 def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Sequence[str] | None = None) -> list:
     """ray.get in completion order: the first error kills `kill` (the group's actors) and raises WorkerError
-    naming `what` and the failing rank (labels[i], default "rank i")."""
+    naming `what` and the failing rank (labels[i], default "rank i"). An error that only reports a lost collective
+    peer waits up to PEER_GRACE_S for the rank behind it (`_root_cause`)."""
     import ray
     from ray.exceptions import RayActorError
 
@@ -169,7 +193,8 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Se
         for ref in ready:
             try:
                 ray.get(ref)
-            except Exception as e:
+            except Exception as first:
+                ref, e = _root_cause((ref, first), pending, PEER_GRACE_S)
                 for actor in kill:
                     ray.kill(actor, no_restart=True)
                 who = labels[index[ref]] if labels else f"rank {index[ref]}"
