@@ -685,12 +685,25 @@ class PPOTrainer:
             checkpoints.prune(save_dir, keep, it)
         logger.info("iteration %d saved in %.1f s", it, time.perf_counter() - t0)
 
-    @staticmethod
-    def _discard(tmps: list[str]) -> None:
+    DISCARD_SETTLE_S = 30.0
+    """How long `_discard` keeps removing a half-written iteration that reappears."""
+
+    @classmethod
+    def _discard(cls, tmps: list[str]) -> None:
+        """Remove half-written iteration folders. A failed group's ranks are killed without waiting for them (ray.kill),
+        so a dying rank's last writes can land after a first removal: remove each folder again until it stays gone
+        for 0.5 s, for up to DISCARD_SETTLE_S; a warning names one that remains."""
         import shutil
 
+        deadline = time.monotonic() + cls.DISCARD_SETTLE_S
         for tmp in tmps:
-            shutil.rmtree(tmp, ignore_errors=True)
+            while True:
+                shutil.rmtree(tmp, ignore_errors=True)
+                time.sleep(0.5)
+                if not os.path.exists(tmp) or time.monotonic() > deadline:
+                    break
+            if os.path.exists(tmp):
+                logger.warning("could not remove the half-written checkpoint %s; delete it by hand", tmp)
 
     def _check_save_space(self, targets) -> None:
         """Refuse, before any rank writes, a save the disk cannot hold: its size is the last saved iteration's, or
