@@ -267,23 +267,23 @@ def update_flops(shape: ModelShape, rows: int, seq_len: int) -> float:
     return 6.0 * shape.matmul_params * rows * seq_len + 3 * rows * shape.attention_flops(seq_len, causal=False)
 
 
-def forward_flops_shared(shape: ModelShape, prompts: int, n: int, prompt_len: int, response_len: int) -> float:
-    """One forward of prompts x n rows run as prefix groups (`mindrl.models.attention.PrefixGroups`), as mindrl
-    computes it: 2 * N per packed position (each prompt once, then its n responses), attention the prompt's square
-    once and each response over [prompt, itself]."""
+def computed_forward_flops(shape: ModelShape, prompts: int, n: int, prompt_len: int, response_len: int) -> float:
+    """One forward of prompts x n rows as mindrl computes it: with n > 1 as prefix groups
+    (`mindrl.models.attention.PrefixGroups`), 2 * N per packed position (each prompt once, then its n responses) and
+    attention the prompt's square once and each response over [prompt, itself]; with n = 1 row by row (the full
+    square)."""
+    seq = prompt_len + response_len
+    if n < 2:
+        return 2.0 * shape.matmul_params * prompts * seq + prompts * shape.attention_flops(seq, causal=False)
     positions = prompts * (prompt_len + n * response_len)
-    attention = shape.attention_flops(prompt_len, False) + n * shape.attention_flops(
-        response_len, False, keys=prompt_len + response_len
-    )
+    attention = shape.attention_flops(prompt_len, False) + n * shape.attention_flops(response_len, False, keys=seq)
     return 2.0 * shape.matmul_params * positions + prompts * attention
 
 
 def computed_update_flops(shape: ModelShape, prompts: int, n: int, prompt_len: int, response_len: int) -> float:
-    """Forward + backward (3x the forward) as mindrl computes them: rows that share a prompt as prefix groups
-    where n > 1, else `update_flops`. What the hardware utilisation (HFU) is charged."""
-    if n < 2:
-        return update_flops(shape, prompts, prompt_len + response_len)
-    return 3 * forward_flops_shared(shape, prompts, n, prompt_len, response_len)
+    """Forward + backward (3x the forward) as mindrl computes them (`computed_forward_flops`); `update_flops` where
+    n = 1. What the hardware utilisation (HFU) is charged."""
+    return 3 * computed_forward_flops(shape, prompts, n, prompt_len, response_len)
 
 
 def main(argv: list[str] | None = None) -> dict:

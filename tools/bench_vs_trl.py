@@ -40,9 +40,9 @@ sys.path.insert(0, ROOT)
 
 from tools.bench_update import (  # noqa: E402
     ModelShape,
+    computed_forward_flops,
     computed_update_flops,
     describe_peak,
-    forward_flops_shared,
     make_model,
     matmul_peak,
     update_flops,
@@ -402,11 +402,7 @@ def mindrl_computed_flops(shape: ModelShape, prompts: int, n: int, prompt_len: i
     flops = 2 * shape.matmul_params * rows * seq + rows * shape.attention_flops(seq, causal=True)
     flops += computed_update_flops(shape, rows // group, group, prompt_len, new_tokens)
     if reference:
-        flops += (
-            forward_flops_shared(shape, rows // group, group, prompt_len, new_tokens)
-            if group > 1
-            else 2 * shape.matmul_params * rows * seq + rows * shape.attention_flops(seq, causal=False)
-        )
+        flops += computed_forward_flops(shape, rows // group, group, prompt_len, new_tokens)
     return float(flops)
 
 

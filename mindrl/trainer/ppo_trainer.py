@@ -690,9 +690,10 @@ class PPOTrainer:
 
     @classmethod
     def _discard(cls, tmps: list[str]) -> None:
-        """Remove half-written iteration folders. A failed group's ranks are killed without waiting for them (ray.kill),
-        so a dying rank's last writes can land after a first removal: remove each folder again until it stays gone
-        for 0.5 s, for up to DISCARD_SETTLE_S; a warning names one that remains."""
+        """Remove half-written iteration folders. A failed group's ranks are killed without waiting for their
+        processes to exit (see `group.collect`), so a dying rank's last writes can land after a first removal: remove
+        each folder again until it stays gone for 0.5 s, for up to DISCARD_SETTLE_S; a warning names one that
+        remains."""
         import shutil
 
         deadline = time.monotonic() + cls.DISCARD_SETTLE_S

@@ -182,7 +182,9 @@ def _root_cause(failure: tuple, pending: list, grace_s: float) -> tuple:
 def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Sequence[str] | None = None) -> list:
     """ray.get in completion order: the first error kills `kill` (the group's actors) and raises WorkerError
     naming `what` and the failing rank (labels[i], default "rank i"). An error that only reports a lost collective
-    peer waits up to PEER_GRACE_S for the rank behind it (`_root_cause`)."""
+    peer waits up to PEER_GRACE_S for the rank behind it (`_root_cause`). ray.kill does not wait for the processes
+    to exit (and Ray reports an actor dead as soon as it is asked to kill it), so a killed rank may still write for
+    a moment after this raises."""
     import ray
     from ray.exceptions import RayActorError
 

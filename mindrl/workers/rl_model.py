@@ -88,12 +88,10 @@ def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch
 
 
 def _model_inputs(mb: Batch):
-    n = mb.meta.get(_SAMPLES, 1)
-    if n > 1:
-        p, mask = mb.meta["prompt_length"], mb["attention_mask"]
-        ids, position_ids, mask, _ = prefix_group_inputs(
-            mb["input_ids"][::n, :p], mask[::n, :p], mb["input_ids"][:, p:], mask[:, p:]
-        )
+    layout = _layout(mb)
+    if layout is not None:
+        n, p, ids, mask = layout.samples, layout.prompt, mb["input_ids"], mb["attention_mask"]
+        ids, position_ids, mask, _ = prefix_group_inputs(ids[::n, :p], mask[::n, :p], ids[:, p:], mask[:, p:])
         return ids, position_ids, mask
     ids = mb["input_ids"]
     position_ids, mask = attention_inputs(ids, mb["attention_mask"])
