@@ -83,6 +83,7 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
             "shards_seconds": statistics.median(shard_times) if shard_times else None,
             "shards_peak_extra_bytes": max(shard_peaks) if shard_peaks else None,
             "transport": stats.transport,
+            "layout": stats.layout,
         }
         out["model_bytes"] = stats.bytes_emitted
     src = torch.randint(0, 255, (out["model_bytes"],), dtype=torch.uint8, device=platform.device())
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                     "largest_param_bytes": per[0]["largest_param_bytes"],
                     "model_bytes": res[0]["model_bytes"],
                     "transport": per[0]["transport"],
+                    "stream_layout": per[0]["layout"],
                     "shards_s": None if per[0]["shards_seconds"] is None else max(x["shards_seconds"] for x in per),
                     "shards_peak_extra_bytes": None
                     if per[0]["shards_peak_extra_bytes"] is None
@@ -167,18 +169,19 @@ def main(argv: list[str] | None = None) -> None:
                 row["ratio"] = row["reshard_s"] / row["memcpy_s"]
                 rows.append(row)
                 print(f"TP{tp}xPP{pp} bucket {mb:g} MiB: reshard {row['reshard_s']:.3f}s "
-                      f"({row['ratio']:.1f}x memcpy, {row['transport']})", flush=True)  # fmt: skip
+                      f"({row['ratio']:.1f}x memcpy, {row['transport']}, {row['stream_layout']})", flush=True)  # fmt: skip
 
     print(f"\n{'layout':<9}{'bucket MiB':>11}{'buckets':>9}{'reshard s':>11}{'memcpy s':>10}{'ratio':>8}"
-          f"{'peak extra MiB':>16}{'own-shard s':>13}{'its peak MiB':>14}")  # fmt: skip
+          f"{'peak extra MiB':>16}{'own-shard s':>13}{'its peak MiB':>14}{'stream':>9}")  # fmt: skip
     for r in rows:
         layout = f"TP{r['tp']}xPP{r['pp']}"
         print(f"{layout:<9}{r['bucket_mb']:>11g}{r['num_buckets']:>9}{r['reshard_s']:>11.3f}"
               f"{r['memcpy_s']:>10.4f}{r['ratio']:>8.1f}{r['peak_extra_bytes'] / mib:>16.1f}"
-              f"{_fmt(r['shards_s'], '.3f'):>13}{_fmt(r['shards_peak_extra_bytes'], '.1f', mib):>14}")  # fmt: skip
+              f"{_fmt(r['shards_s'], '.3f'):>13}{_fmt(r['shards_peak_extra_bytes'], '.1f', mib):>14}{r['stream_layout']:>9}")  # fmt: skip
     print(f"model {rows[0]['model_bytes'] / mib:.1f} MiB; largest parameter {rows[0]['largest_param_bytes'] / mib:.1f} MiB; "
           "own-shard = stream_shards (infer TP == train TP, no TP all-gather); peak extra = live gathered bucket "
-          "+ reassembled parameter + the consumer's previous item")  # fmt: skip
+          "+ reassembled parameter + the consumer's previous item (stream hf: the model's one HF-layout copy in shared "
+          "memory, used when the model fits in one bucket; buckets: bucket by bucket)")  # fmt: skip
     print(json.dumps({"params": num_params, "world": a.world, "repeats": a.repeats, "results": rows}))
 
 

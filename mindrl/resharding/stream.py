@@ -13,6 +13,11 @@ on one host, steps 2-3 go through shared memory instead (`transport == "shm"`): 
 own mapped segment, one barrier, and peers read the owner stage's slots in place (no gloo copies). Peak extra memory is one gathered bucket,
 one reassembled parameter, and the item the consumer still holds while it asks for the next one (at most
 one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
+
+When the whole model fits in one bucket, the shared-memory transport holds it once per host in HF layout
+(`ReshardStats.layout == "hf"`): each rank writes its own shard straight into its rows (or columns) of the HF
+tensors, one barrier, and every rank emits views of those tensors: no reassembly copy and no per-bucket barriers.
+Those views stay valid until the next pass of the stream on any rank of the model-parallel group.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class ReshardStats:
     peak_extra_bytes: int = 0  # max bytes of live streamer-allocated buffers (see _LiveBytes)
     bucket_sizes: list[int] = field(default_factory=list)  # gathered bytes per bucket
     transport: str = "gloo"  # "shm": same-host CPU ranks read each other's slots in place; "none": TP1 x PP1
+    layout: str = "buckets"  # "hf": the whole model in shared memory in HF layout, emitted as views (see the module)
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,8 @@ class WeightStreamer:
         self._plan = self._make_plan()
         self._shm: dict[tuple[int, int], torch.Tensor] | None = None  # (pp_rank, tp_rank) -> mapped segment
         self._shm_slot = 0  # bytes of this rank's segment: the largest bucket's slot
+        self._hf: dict[str, torch.Tensor] | None = None  # layout "hf": hf_name -> the HF tensor in shared memory
+        self._hf_bytes = 0  # bytes of those tensors (the model, once per host)
         self._setup_shm()
 
     # ----------------------------------------------------------------------------------- planning
@@ -203,6 +211,10 @@ class WeightStreamer:
             return
         if not current_platform().is_cpu:  # device tensors: the collectives are the fast path there
             return
+        entries = self._hf_entries()
+        if sum(_nbytes(shape, p.dtype) for p, names in entries for _, shape, _ in names) <= self.bucket_bytes:
+            self._setup_hf_layout(entries)
+            return
         slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
         self._shm_slot = slot
         group = ps.get_model_parallel_group()
@@ -224,6 +236,94 @@ class WeightStreamer:
         finally:
             if path:
                 os.unlink(path)
+
+    def _hf_entries(self) -> list[tuple[_Param, list[tuple[str, tuple[int, ...], int | None]]]]:
+        """Per parameter in stream order: its HF tensors as (hf_name, full shape, the dim TP splits or None)."""
+        out = []
+        for bucket in self._plan:
+            for p in bucket:
+                mapping = param_mapping(self.spec, p.name)
+                meta = [torch.empty(p.local_shape, dtype=p.dtype, device="meta")] * self.tp
+                dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                out.append((p, [(n, tuple(t.shape), dim) for n, t in shards_to_hf(self.spec, mapping, meta)]))
+        return out
+
+    def _setup_hf_layout(self, entries) -> None:
+        """Layout "hf": one shared file per pipeline stage, created by its TP rank 0, holding that stage's HF
+        tensors (64-byte aligned); every rank of the model-parallel group maps every stage's file, then it is
+        unlinked. Collective over the model-parallel group; falls back to gloo buckets when the ranks are not all
+        on this host or /dev/shm is missing."""
+        from megatron.core import parallel_state as ps
+
+        offsets: dict[int, int] = {}
+        placed = []  # (stage, hf_name, shape, dtype, offset)
+        for p, names in entries:
+            for name, shape, _ in names:
+                at = offsets.get(p.stage, 0)
+                placed.append((p.stage, name, shape, p.dtype, at))
+                offsets[p.stage] = at + -(-_nbytes(shape, p.dtype) // 64) * 64
+        group = ps.get_model_parallel_group()
+        creator = self.tp_rank == 0 and os.path.isdir("/dev/shm")
+        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if creator else ""
+        try:
+            if path:
+                with open(path, "wb") as f:
+                    f.truncate(max(offsets.get(self.pp_rank, 0), 1))
+            me = (self.pp_rank, self.tp_rank, _host_id(), path)
+            peers: list[Any] = [None] * torch.distributed.get_world_size(group)
+            torch.distributed.all_gather_object(peers, me, group=group)
+            files = {pp: f for pp, tp, _, f in peers if tp == 0}
+            if all(p[2] == me[2] for p in peers) and all(files.get(s) for s in range(self.pp)):
+                stages = {
+                    s: torch.from_file(f, shared=True, size=max(offsets.get(s, 0), 1), dtype=torch.uint8)
+                    for s, f in files.items()
+                }
+                self._hf = {
+                    name: stages[s][at : at + _nbytes(shape, dtype)].view(dtype).view(shape)
+                    for s, name, shape, dtype, at in placed
+                }
+                self._hf_bytes = sum(offsets.values())
+                self.stats.transport, self.stats.layout = "shm", "hf"
+            torch.distributed.barrier(group=group)  # every peer has mapped the files: unlink them
+        finally:
+            if path:
+                os.unlink(path)
+
+    def _hf_pass(self, gather_tp: bool) -> Iterator[tuple[str, torch.Tensor, int | None]]:
+        """Layout "hf": a barrier (every rank is done with the last pass's views), the owner stage's ranks write
+        their shards into the HF tensors, a second barrier, then views of the tensors (gather_tp=False: of this
+        rank's chunk of each)."""
+        from megatron.core import parallel_state as ps
+
+        assert self._hf is not None
+        group = ps.get_model_parallel_group()
+        torch.distributed.barrier(group=group)
+        local = dataclasses.replace(
+            self.spec, num_heads=self.spec.num_heads // self.tp, num_kv_heads=self.spec.num_kv_heads // self.tp
+        )
+        params = local_params(self.model, self.spec)
+        entries = [(p, param_mapping(self.spec, p.name)) for bucket in self._plan for p in bucket]
+        with torch.no_grad():
+            for p, mapping in entries:
+                if p.stage != self.pp_rank:
+                    continue
+                dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                if dim is None and self.tp_rank != 0:  # a replicated tensor: TP rank 0 writes it
+                    continue
+                for name, piece in shards_to_hf(local, mapping, [params[p.name].detach()]):
+                    target = self._hf[name] if dim is None else self._hf[name].chunk(self.tp, dim)[self.tp_rank]
+                    target.copy_(piece)
+        torch.distributed.barrier(group=group)
+        for _, mapping in entries:
+            dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+            for name in mapping.hf_names:
+                if name not in self._hf:  # a tied output copy (left out of the plan's names)
+                    continue
+                full = self._hf[name]
+                if gather_tp or dim is None:
+                    yield name, full, None
+                else:
+                    yield name, full.chunk(self.tp, dim)[self.tp_rank], dim
 
     def _shm_bucket(self, bucket: list[_Param], params: dict[str, torch.Tensor], gather_tp: bool) -> list[torch.Tensor]:
         """The owner stage's TP slots of this bucket, read in place from shared memory: one flat view per
@@ -256,7 +356,8 @@ class WeightStreamer:
         """Yield (hf_name, tensor) for the whole model, in HF file order. Collective: every rank must
         exhaust it (see `load_into`). Emitted tensors are views into the current bucket (valid until the
         consumer drops them; copy them to keep them past the next item); at TP1 x PP1 they are views of
-        the parameters themselves (copy them before the params are offloaded or updated)."""
+        the parameters themselves (copy them before the params are offloaded or updated); in layout "hf"
+        (`ReshardStats.layout`) views of the model's HF tensors in shared memory, valid until the next pass."""
         for hf_name, tensor, _ in self._stream(gather_tp=True):
             yield hf_name, tensor
 
@@ -271,10 +372,24 @@ class WeightStreamer:
         stats = ReshardStats(
             bucket_bytes=self.bucket_bytes,
             largest_param_bytes=self.stats.largest_param_bytes,
-            transport="shm" if self._shm is not None else "none" if self.tp * self.pp == 1 else "gloo",
+            transport="shm"
+            if self._shm is not None or self._hf is not None
+            else "none"
+            if self.tp * self.pp == 1
+            else "gloo",
         )
         live = _LiveBytes()
         t0 = time.perf_counter()
+        if self._hf is not None:
+            stats.layout, stats.num_buckets, stats.bucket_sizes = "hf", 1, [self._hf_bytes]
+            for name, tensor, dim in self._hf_pass(gather_tp):
+                stats.num_tensors += 1
+                stats.bytes_emitted += tensor.nbytes
+                yield name, tensor, dim
+            stats.seconds = time.perf_counter() - t0
+            stats.peak_extra_bytes = self._hf_bytes  # the host's one copy, mapped by every rank
+            self.stats = stats
+            return
         params = local_params(self.model, self.spec)
         rows = self.tp if gather_tp else 1
         spec = self.spec
@@ -361,6 +476,13 @@ class WeightStreamer:
         for _ in it:
             pass
         return self.stats
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
 
 
 def _host_id() -> str:

@@ -46,6 +46,33 @@ def stream_own_shards(load_dir: str, tp: int, pp: int) -> dict:
     return {"tp_rank": ps.get_tensor_model_parallel_rank(), "shards": out, "stats": streamer.stats}
 
 
+def stream_views_twice(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -> dict:
+    """Stream, keeping the emitted tensors themselves (no copy) past the end of the pass; add 1 to every weight;
+    stream again, and stream this rank's own shards."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
+    streamer = WeightStreamer(model, spec, bucket_size_mb)
+    views = dict(streamer.stream())
+    first = {n: t.clone() for n, t in views.items()}  # read after the pass ended
+    first_stats = streamer.stats
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    second = {n: t.clone() for n, t in streamer.stream()}
+    shards = {n: (t.clone(), dim) for n, t, dim in streamer.stream_shards()}
+    return {
+        "first": first,
+        "second": second,
+        "shards": shards,
+        "stats": first_stats,
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+    }
+
+
 def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
     """Each rank's consumer stops at a different item; load_into drains the rest, so the next full pass
     is still matched across ranks (no deadlock) and correct."""

@@ -113,6 +113,26 @@ def test_peak_extra_memory_is_one_bucket_not_a_model_copy(pool, saved, tiny_mode
     assert peaks[0] < peaks[-1] and peaks[0] < model_bytes / 2, (peaks, model_bytes)
 
 
+@pytest.mark.parametrize("tp,pp,variant", [(2, 2, "untied"), (2, 2, "tied"), (2, 1, "untied"), (1, 2, "tied")])
+def test_a_model_within_one_bucket_is_streamed_as_views_of_one_shared_copy(pool, tiny_models, saved, tp, pp, variant):
+    """Same-host CPU ranks, the whole model within one bucket: the owner stage's ranks write their shards into one
+    HF-layout copy in shared memory and every rank emits views of it (layout "hf"). The views stay right after the
+    pass ends; the next pass carries changed weights; the own-shard stream is each rank's chunk of the same copy."""
+    want = hf_tensors(tiny_models[variant])
+    model_bytes = sum(t.nbytes for t in want.values())
+    plus_one = {k: v + 1.0 for k, v in want.items()}
+    for rank, res in enumerate(pool.run(rank_fns.stream_views_twice, saved[variant], tp, pp, 64.0)):
+        stats, where = res["stats"], f"TP{tp}xPP{pp} {variant} rank {rank}"
+        assert (stats.transport, stats.layout, stats.num_buckets) == ("shm", "hf", 1), where
+        assert model_bytes <= stats.peak_extra_bytes <= model_bytes + 64 * stats.num_tensors, where
+        assert_same_tensors(res["first"], want, where + " first pass")
+        assert_same_tensors(res["second"], plus_one, where + " after the update")
+        assert sorted(res["shards"]) == sorted(want), where
+        for name, (shard, dim) in res["shards"].items():
+            ref = plus_one[name] if dim is None else plus_one[name].chunk(tp, dim)[res["tp_rank"]]
+            assert shard.shape == ref.shape and torch.equal(shard, ref), (where, name, dim)
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 2), (2, 1)])
 def test_own_shard_stream_for_same_infer_tp(pool, tiny_models, saved, tp, pp):
     """Stretch goal: infer TP == train TP, each rank gets its own shard without the TP all-gather."""
