@@ -187,12 +187,12 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
               data_path=os.path.join(work, "data", "train"), global_batch_size=a.prompts,
               seq_length=seq, train_iters=a.iterations + 1 + int(a.profile), save_interval=10**6,
               no_shuffle=True)  # fmt: skip
-    ac.update(model="bench_qwen2", tensor_model_parallel_size=tp, micro_batch_size=a.micro_batch_size, lr=a.lr,
+    ac.update(model="bench_qwen2", tensor_model_parallel_size=tp, micro_batch_size=a.mindrl_micro_batch_size, lr=a.lr,
               weight_decay=0.0, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.999,
               load=os.path.join(work, f"mcore_tp{tp}"), save=None)  # fmt: skip
     rl.update(init_kl_coef=kl, n_samples_per_prompt=a.n, mini_batch_size=a.prompts, epochs=1,
-              max_prompt_length=a.prompt_len, actor_forward_micro_batch_size=a.micro_batch_size,
-              ref_forward_micro_batch_size=a.micro_batch_size, verifier_function=["format"], verifier_weight=[1.0],
+              max_prompt_length=a.prompt_len, actor_forward_micro_batch_size=a.mindrl_micro_batch_size,
+              ref_forward_micro_batch_size=a.mindrl_micro_batch_size, verifier_function=["format"], verifier_weight=[1.0],
               use_tensorboard=False, log_rollouts_interval=10**6, actor_resource={"num_npus": world},
               run_dir=os.path.join(work, "runs", "mindrl"))  # fmt: skip
     rl["integrated_mode_config"] = {"ref_model_load_path": os.path.join(work, f"mcore_tp{tp}")}
@@ -436,6 +436,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--prompt-len", type=int, default=30)
     p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch on both sides")
+    p.add_argument("--mindrl-micro-batch-size", type=int, default=None,
+                   help="mindrl's rows per micro-batch (update and forwards), if not --micro-batch-size: a micro-batch "
+                        "only bounds memory, the update is the same (one optimizer step per GRPO step on both sides); "
+                        "TRL's ties its generation batch to its micro-batch, so it keeps --micro-batch-size")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores (TRL threads, matmul peak)")
     p.add_argument("--rollout-compile", action="store_true",
@@ -449,6 +453,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workdir", default=os.path.join(ROOT, "outputs", "bench_vs_trl"))
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
     a = p.parse_args(argv)
+    if a.mindrl_micro_batch_size is None:
+        a.mindrl_micro_batch_size = a.micro_batch_size
+    for flag, value in (
+        ("--micro-batch-size", a.micro_batch_size),
+        ("--mindrl-micro-batch-size", a.mindrl_micro_batch_size),
+    ):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
     shapes = a.shapes.split(",")
     kls = a.kl.split(",")
     sides = a.sides.split(",")
@@ -475,7 +487,8 @@ def main(argv: list[str] | None = None) -> dict:
     hf = make_model(os.path.join(work, "hf"), shape)
     print(f"machine: {cpu_description()}", flush=True)
     rows = a.prompts * a.n
-    micro_tokens = sorted({a.micro_batch_size * (a.prompt_len + SHAPES[s]) for s in shapes})
+    micro_tokens = sorted({mb * (a.prompt_len + SHAPES[s]) for s in shapes
+                           for mb in (a.micro_batch_size, a.mindrl_micro_batch_size)})  # fmt: skip
     peak = matmul_peak(shape, a.threads, tokens=tuple(micro_tokens))
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {describe_peak(peak)} "
           f"({a.threads} threads)", flush=True)  # fmt: skip
@@ -483,7 +496,8 @@ def main(argv: list[str] | None = None) -> dict:
     write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
     out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "cpu": cpu_description(),
-                 "iterations": a.iterations, "mindrl_layout": a.layout,
+                 "iterations": a.iterations, "mindrl_layout": a.layout, "micro_batch_size": a.micro_batch_size,
+                 "mindrl_micro_batch_size": a.mindrl_micro_batch_size,
                  "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
     table = []
     for shape_name in shapes:
@@ -511,7 +525,7 @@ def main(argv: list[str] | None = None) -> dict:
                     computed = flops
                     if side == "mindrl":
                         computed = mindrl_computed_flops(shape, a.prompts, a.n, a.prompt_len, new_tokens,
-                                                         kl_name != "none", a.micro_batch_size)  # fmt: skip
+                                                         kl_name != "none", a.mindrl_micro_batch_size)  # fmt: skip
                     own = computed / (peak["peak_gflops"] * 1e9)
                     r.update(tokens_per_s=tokens / r["step_s"], flops=flops, bound_s=bound,
                              step_over_bound=r["step_s"] / bound,
@@ -551,7 +565,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak (every row's prompt "
           f"counted, both sides); x own = step / (the FLOPs the side computes / peak): mindrl's update and reference "
           f"run each prompt once for its samples; "
-          f"mindrl layouts {a.layout}; medians of {a.iterations} steps after a warm-up")  # fmt: skip
+          f"mindrl layouts {a.layout}; micro-batch rows: mindrl {a.mindrl_micro_batch_size}, TRL {a.micro_batch_size}; "
+          f"medians of {a.iterations} steps after a warm-up")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
