@@ -165,6 +165,7 @@ class WeightStreamer:
         self._shm: dict[tuple[int, int], torch.Tensor] | None = None  # (pp_rank, tp_rank) -> mapped segment
         self._shm_slot = 0  # bytes of this rank's segment: the largest bucket's slot
         self._hf: dict[str, torch.Tensor] | None = None  # layout "hf": hf_name -> the HF tensor in shared memory
+        self._hf_order: list[tuple[str, int | None]] = []  # layout "hf": (hf_name, TP split dim) in stream order
         self._hf_bytes = 0  # bytes of those tensors (the model, once per host)
         self._setup_shm()
 
@@ -211,9 +212,9 @@ class WeightStreamer:
             return
         if not current_platform().is_cpu:  # device tensors: the collectives are the fast path there
             return
-        entries = self._hf_entries()
-        if sum(_nbytes(shape, p.dtype) for p, names in entries for _, shape, _ in names) <= self.bucket_bytes:
-            self._setup_hf_layout(entries)
+        placed, stage_bytes = self._hf_placement()
+        if sum(stage_bytes.values()) <= self.bucket_bytes:
+            self._setup_hf_layout(placed, stage_bytes)
             return
         slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
         self._shm_slot = slot
@@ -237,52 +238,53 @@ class WeightStreamer:
             if path:
                 os.unlink(path)
 
-    def _hf_entries(self) -> list[tuple[_Param, list[tuple[str, tuple[int, ...], int | None]]]]:
-        """Per parameter in stream order: its HF tensors as (hf_name, full shape, the dim TP splits or None)."""
-        out = []
+    def _hf_placement(
+        self,
+    ) -> tuple[list[tuple[int, str, tuple[int, ...], torch.dtype, int, int | None]], dict[int, int]]:
+        """Layout "hf"'s plan, the same on every rank: each HF tensor in stream order as (stage, hf_name, full shape,
+        dtype, byte offset in its stage's file, the dim TP splits or None), and each stage's file size. Offsets
+        are 64-byte aligned."""
+        placed, stage_bytes = [], {}
         for bucket in self._plan:
             for p in bucket:
                 mapping = param_mapping(self.spec, p.name)
                 meta = [torch.empty(p.local_shape, dtype=p.dtype, device="meta")] * self.tp
                 dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
-                out.append((p, [(n, tuple(t.shape), dim) for n, t in shards_to_hf(self.spec, mapping, meta)]))
-        return out
+                for name, t in shards_to_hf(self.spec, mapping, meta):
+                    at = stage_bytes.get(p.stage, 0)
+                    placed.append((p.stage, name, tuple(t.shape), p.dtype, at, dim))
+                    stage_bytes[p.stage] = at + -(-_nbytes(tuple(t.shape), p.dtype) // 64) * 64
+        return placed, stage_bytes
 
-    def _setup_hf_layout(self, entries) -> None:
+    def _setup_hf_layout(self, placed, stage_bytes: dict[int, int]) -> None:
         """Layout "hf": one shared file per pipeline stage, created by its TP rank 0, holding that stage's HF
-        tensors (64-byte aligned); every rank of the model-parallel group maps every stage's file, then it is
+        tensors (`_hf_placement`); every rank of the model-parallel group maps every stage's file, then it is
         unlinked. Collective over the model-parallel group; falls back to gloo buckets when the ranks are not all
         on this host or /dev/shm is missing."""
         from megatron.core import parallel_state as ps
 
-        offsets: dict[int, int] = {}
-        placed = []  # (stage, hf_name, shape, dtype, offset)
-        for p, names in entries:
-            for name, shape, _ in names:
-                at = offsets.get(p.stage, 0)
-                placed.append((p.stage, name, shape, p.dtype, at))
-                offsets[p.stage] = at + -(-_nbytes(shape, p.dtype) // 64) * 64
         group = ps.get_model_parallel_group()
         creator = self.tp_rank == 0 and os.path.isdir("/dev/shm")
         path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if creator else ""
         try:
             if path:
                 with open(path, "wb") as f:
-                    f.truncate(max(offsets.get(self.pp_rank, 0), 1))
+                    f.truncate(max(stage_bytes.get(self.pp_rank, 0), 1))
             me = (self.pp_rank, self.tp_rank, _host_id(), path)
             peers: list[Any] = [None] * torch.distributed.get_world_size(group)
             torch.distributed.all_gather_object(peers, me, group=group)
             files = {pp: f for pp, tp, _, f in peers if tp == 0}
             if all(p[2] == me[2] for p in peers) and all(files.get(s) for s in range(self.pp)):
                 stages = {
-                    s: torch.from_file(f, shared=True, size=max(offsets.get(s, 0), 1), dtype=torch.uint8)
+                    s: torch.from_file(f, shared=True, size=max(stage_bytes.get(s, 0), 1), dtype=torch.uint8)
                     for s, f in files.items()
                 }
                 self._hf = {
                     name: stages[s][at : at + _nbytes(shape, dtype)].view(dtype).view(shape)
-                    for s, name, shape, dtype, at in placed
+                    for s, name, shape, dtype, at, _ in placed
                 }
-                self._hf_bytes = sum(offsets.values())
+                self._hf_order = [(name, dim) for _, name, _, _, _, dim in placed]
+                self._hf_bytes = sum(stage_bytes.values())
                 self.stats.transport, self.stats.layout = "shm", "hf"
             torch.distributed.barrier(group=group)  # every peer has mapped the files: unlink them
         finally:
@@ -314,16 +316,12 @@ class WeightStreamer:
                     target = self._hf[name] if dim is None else self._hf[name].chunk(self.tp, dim)[self.tp_rank]
                     target.copy_(piece)
         torch.distributed.barrier(group=group)
-        for _, mapping in entries:
-            dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
-            for name in mapping.hf_names:
-                if name not in self._hf:  # a tied output copy (left out of the plan's names)
-                    continue
-                full = self._hf[name]
-                if gather_tp or dim is None:
-                    yield name, full, None
-                else:
-                    yield name, full.chunk(self.tp, dim)[self.tp_rank], dim
+        for name, dim in self._hf_order:
+            full = self._hf[name]
+            if gather_tp or dim is None:
+                yield name, full, None
+            else:
+                yield name, full.chunk(self.tp, dim)[self.tp_rank], dim
 
     def _shm_bucket(self, bucket: list[_Param], params: dict[str, torch.Tensor], gather_tp: bool) -> list[torch.Tensor]:
         """The owner stage's TP slots of this bucket, read in place from shared memory: one flat view per

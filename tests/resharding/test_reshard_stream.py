@@ -124,6 +124,7 @@ def test_a_model_within_one_bucket_is_streamed_as_views_of_one_shared_copy(pool,
     for rank, res in enumerate(pool.run(rank_fns.stream_views_twice, saved[variant], tp, pp, 64.0)):
         stats, where = res["stats"], f"TP{tp}xPP{pp} {variant} rank {rank}"
         assert (stats.transport, stats.layout, stats.num_buckets) == ("shm", "hf", 1), where
+        assert list(res["first"]) == expected_hf_names(ModelSpec.from_hf_dir(tiny_models[variant])), where
         assert model_bytes <= stats.peak_extra_bytes <= model_bytes + 64 * stats.num_tensors, where
         assert_same_tensors(res["first"], want, where + " first pass")
         assert_same_tensors(res["second"], plus_one, where + " after the update")
