@@ -22,11 +22,13 @@ Those views stay valid until the next pass of the stream on any rank of the mode
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -219,11 +221,8 @@ class WeightStreamer:
         slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
         self._shm_slot = slot
         group = ps.get_model_parallel_group()
-        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if os.path.isdir("/dev/shm") else ""
+        path = _new_segment(self._shm_slot) if os.path.isdir("/dev/shm") else ""
         try:
-            if path:
-                with open(path, "wb") as f:
-                    f.truncate(self._shm_slot)
             me = (self.pp_rank, self.tp_rank, _host_id(), path)
             peers: list[Any] = [None] * torch.distributed.get_world_size(group)
             torch.distributed.all_gather_object(peers, me, group=group)
@@ -265,11 +264,8 @@ class WeightStreamer:
 
         group = ps.get_model_parallel_group()
         creator = self.tp_rank == 0 and os.path.isdir("/dev/shm")
-        path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}" if creator else ""
+        path = _new_segment(max(stage_bytes.get(self.pp_rank, 0), 1)) if creator else ""
         try:
-            if path:
-                with open(path, "wb") as f:
-                    f.truncate(max(stage_bytes.get(self.pp_rank, 0), 1))
             me = (self.pp_rank, self.tp_rank, _host_id(), path)
             peers: list[Any] = [None] * torch.distributed.get_world_size(group)
             torch.distributed.all_gather_object(peers, me, group=group)
@@ -474,6 +470,26 @@ class WeightStreamer:
         for _ in it:
             pass
         return self.stats
+
+
+def _new_segment(size: int) -> str:
+    """A new /dev/shm file of `size` bytes with its pages reserved, or "" when /dev/shm cannot hold it: the
+    stream then falls back to gloo (a warning says so). A file only truncated to its size would fail later, with a
+    SIGBUS at the first write past what /dev/shm can hold (e.g. a container's 64 MiB)."""
+    path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        with open(path, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+        return path
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        warnings.warn(
+            f"weight resharding: /dev/shm cannot hold {size / 2**20:.1f} MiB ({e.strerror or e}); the ranks exchange "
+            "the weights through gloo instead (slower). Give /dev/shm more room, e.g. docker run --shm-size.",
+            stacklevel=3,
+        )
+        return ""
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

@@ -73,6 +73,29 @@ def stream_views_twice(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -
     }
 
 
+def stream_with_full_shm(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -> dict:
+    """/dev/shm cannot hold the segments (posix_fallocate fails as on a full tmpfs): the streamer warns and
+    exchanges the weights through gloo."""
+    import errno
+    import os
+    import warnings
+    from unittest import mock
+
+    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = build_and_load(load_dir, tp, pp, None)
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with warnings.catch_warnings(record=True) as caught, mock.patch.object(os, "posix_fallocate", full):
+        warnings.simplefilter("always")
+        streamer = WeightStreamer(model, spec, bucket_size_mb)
+    tensors = {n: t.clone() for n, t in streamer.stream()}
+    return {"tensors": tensors, "stats": streamer.stats, "warnings": [str(w.message) for w in caught]}
+
+
 def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
     """Each rank's consumer stops at a different item; load_into drains the rest, so the next full pass
     is still matched across ranks (no deadlock) and correct."""

@@ -134,6 +134,19 @@ def test_a_model_within_one_bucket_is_streamed_as_views_of_one_shared_copy(pool,
             assert shard.shape == ref.shape and torch.equal(shard, ref), (where, name, dim)
 
 
+@pytest.mark.parametrize("bucket_mb", [64.0, 0.25])
+def test_a_full_dev_shm_falls_back_to_gloo_with_a_warning(pool, tiny_models, saved, bucket_mb):
+    """Segments whose pages /dev/shm cannot reserve (a container's small tmpfs) would SIGBUS at the first write
+    past its size: the streamer reserves them up front and, when that fails, says so and uses gloo, bit-exact."""
+    want = hf_tensors(tiny_models["untied"])
+    for rank, res in enumerate(pool.run(rank_fns.stream_with_full_shm, saved["untied"], 2, 2, bucket_mb)):
+        assert (res["stats"].transport, res["stats"].layout) == ("gloo", "buckets"), rank
+        assert_same_tensors(res["tensors"], want, f"full /dev/shm, bucket {bucket_mb} MiB, rank {rank}")
+        # TP rank 0 creates the files of layout "hf"; every rank creates its own segment in the bucket layout
+        if bucket_mb < 1 or rank % 2 == 0:
+            assert any("/dev/shm cannot hold" in w and "gloo" in w for w in res["warnings"]), (rank, res["warnings"])
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 2), (2, 1)])
 def test_own_shard_stream_for_same_infer_tp(pool, tiny_models, saved, tp, pp):
     """Stretch goal: infer TP == train TP, each rank gets its own shard without the TP all-gather."""
