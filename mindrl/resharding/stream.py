@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import socket
 import time
@@ -163,13 +164,23 @@ class WeightStreamer:
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.device = current_platform().device()
         self.stats = ReshardStats(bucket_bytes=self.bucket_bytes)
+        # un-fusing one rank's own QKV shard: its query groups only
+        self._rank_spec = dataclasses.replace(
+            spec, num_heads=spec.num_heads // self.tp, num_kv_heads=spec.num_kv_heads // self.tp
+        )
         self._plan = self._make_plan()
         self._shm: dict[tuple[int, int], torch.Tensor] | None = None  # (pp_rank, tp_rank) -> mapped segment
         self._shm_slot = 0  # bytes of this rank's segment: the largest bucket's slot
         self._hf: dict[str, torch.Tensor] | None = None  # layout "hf": hf_name -> the HF tensor in shared memory
         self._hf_order: list[tuple[str, int | None]] = []  # layout "hf": (hf_name, TP split dim) in stream order
         self._hf_bytes = 0  # bytes of those tensors (the model, once per host)
+        self._hf_writes: list[tuple[str, Any, int | None]] = []  # layout "hf": what this rank writes each pass
         self._setup_shm()
+        self._transport = (
+            "shm" if self._shm is not None or self._hf is not None else "none" if self.tp * self.pp == 1 else "gloo"
+        )
+        self._layout = "hf" if self._hf is not None else "buckets"
+        self.stats.transport, self.stats.layout = self._transport, self._layout
 
     # ----------------------------------------------------------------------------------- planning
     def _make_plan(self) -> list[list[_Param]]:
@@ -208,8 +219,6 @@ class WeightStreamer:
         """Map every model-parallel peer's segment when all of them are CPU ranks on this host (collective
         over the model-parallel group). Segments are unlinked once mapped: nothing stays in /dev/shm, and
         the memory goes when the last rank drops its mapping. MINDRL_RESHARD_SHM=0 keeps gloo."""
-        from megatron.core import parallel_state as ps
-
         if self.tp * self.pp == 1 or os.environ.get("MINDRL_RESHARD_SHM", "1") == "0":
             return
         if not current_platform().is_cpu:  # device tensors: the collectives are the fast path there
@@ -218,21 +227,28 @@ class WeightStreamer:
         if sum(stage_bytes.values()) <= self.bucket_bytes:
             self._setup_hf_layout(placed, stage_bytes)
             return
-        slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
-        self._shm_slot = slot
+        self._shm_slot = max(sum(p.local_numel * p.dtype.itemsize for p in b) for b in self._plan)
+        with self._shared_files(self._shm_slot) as peers:
+            if peers is not None and all(peers.values()):
+                self._shm = {key: _map(f, self._shm_slot) for key, f in peers.items()}
+
+    @contextlib.contextmanager
+    def _shared_files(self, size: int | None) -> Iterator[dict[tuple[int, int], str] | None]:
+        """Collective over the model-parallel group: this rank creates a /dev/shm file of `size` bytes (None: none),
+        and gets every peer's path by (pp_rank, tp_rank) ("" for a peer that made none), or None when the ranks are
+        not all on this host. The caller maps what it uses inside the block; on leaving it, a barrier (every peer
+        has mapped the files) and the unlink: nothing stays in /dev/shm."""
+        from megatron.core import parallel_state as ps
+
         group = ps.get_model_parallel_group()
-        path = _new_segment(self._shm_slot) if os.path.isdir("/dev/shm") else ""
+        path = _new_segment(size) if size is not None and os.path.isdir("/dev/shm") else ""
         try:
             me = (self.pp_rank, self.tp_rank, _host_id(), path)
             peers: list[Any] = [None] * torch.distributed.get_world_size(group)
             torch.distributed.all_gather_object(peers, me, group=group)
-            if all(p[3] and p[2] == me[2] for p in peers):
-                self._shm = {
-                    (pp, tp): torch.from_file(f, shared=True, size=self._shm_slot, dtype=torch.uint8)
-                    for pp, tp, _, f in peers
-                }
-                self.stats.transport = "shm"
-            torch.distributed.barrier(group=group)  # every peer has mapped my segment: unlink it
+            same_host = all(p[2] == me[2] for p in peers)
+            yield {(pp, tp): f for pp, tp, _, f in peers} if same_host else None
+            torch.distributed.barrier(group=group)
         finally:
             if path:
                 os.unlink(path)
@@ -248,7 +264,7 @@ class WeightStreamer:
             for p in bucket:
                 mapping = param_mapping(self.spec, p.name)
                 meta = [torch.empty(p.local_shape, dtype=p.dtype, device="meta")] * self.tp
-                dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                dim = _split_dim(mapping, self.tp)
                 for name, t in shards_to_hf(self.spec, mapping, meta):
                     at = stage_bytes.get(p.stage, 0)
                     placed.append((p.stage, name, tuple(t.shape), p.dtype, at, dim))
@@ -257,67 +273,49 @@ class WeightStreamer:
 
     def _setup_hf_layout(self, placed, stage_bytes: dict[int, int]) -> None:
         """Layout "hf": one shared file per pipeline stage, created by its TP rank 0, holding that stage's HF
-        tensors (`_hf_placement`); every rank of the model-parallel group maps every stage's file, then it is
-        unlinked. Collective over the model-parallel group; falls back to gloo buckets when the ranks are not all
-        on this host or /dev/shm is missing."""
-        from megatron.core import parallel_state as ps
-
-        group = ps.get_model_parallel_group()
-        creator = self.tp_rank == 0 and os.path.isdir("/dev/shm")
-        path = _new_segment(max(stage_bytes.get(self.pp_rank, 0), 1)) if creator else ""
-        try:
-            me = (self.pp_rank, self.tp_rank, _host_id(), path)
-            peers: list[Any] = [None] * torch.distributed.get_world_size(group)
-            torch.distributed.all_gather_object(peers, me, group=group)
-            files = {pp: f for pp, tp, _, f in peers if tp == 0}
-            if all(p[2] == me[2] for p in peers) and all(files.get(s) for s in range(self.pp)):
-                stages = {
-                    s: torch.from_file(f, shared=True, size=max(stage_bytes.get(s, 0), 1), dtype=torch.uint8)
-                    for s, f in files.items()
-                }
-                self._hf = {
-                    name: stages[s][at : at + _nbytes(shape, dtype)].view(dtype).view(shape)
-                    for s, name, shape, dtype, at, _ in placed
-                }
-                self._hf_order = [(name, dim) for _, name, _, _, _, dim in placed]
-                self._hf_bytes = sum(stage_bytes.values())
-                self.stats.transport, self.stats.layout = "shm", "hf"
-            torch.distributed.barrier(group=group)  # every peer has mapped the files: unlink them
-        finally:
-            if path:
-                os.unlink(path)
+        tensors (`_hf_placement`); every rank of the model-parallel group maps every stage's file (`_shared_files`).
+        Falls back to gloo buckets when the ranks are not all on this host or a file could not be made. Also plans
+        this rank's writes: (megatron name, mapping, split dim) of each parameter its stage owns that it writes."""
+        size = max(stage_bytes.get(self.pp_rank, 0), 1) if self.tp_rank == 0 else None
+        with self._shared_files(size) as peers:
+            files = {pp: f for (pp, tp), f in (peers or {}).items() if tp == 0}
+            if peers is None or not all(files.get(s) for s in range(self.pp)):
+                return
+            stages = {s: _map(f, max(stage_bytes.get(s, 0), 1)) for s, f in files.items()}
+        self._hf = {
+            name: stages[s][at : at + _nbytes(shape, dtype)].view(dtype).view(shape)
+            for s, name, shape, dtype, at, _ in placed
+        }
+        self._hf_order = [(name, dim) for _, name, _, _, _, dim in placed]
+        self._hf_bytes = sum(stage_bytes.values())
+        for bucket in self._plan:
+            for p in bucket:
+                mapping = param_mapping(self.spec, p.name)
+                dim = _split_dim(mapping, self.tp)
+                if p.stage == self.pp_rank and (dim is not None or self.tp_rank == 0):  # TP rank 0: replicated ones
+                    self._hf_writes.append((p.name, mapping, dim))
 
     def _hf_pass(self, gather_tp: bool) -> Iterator[tuple[str, torch.Tensor, int | None]]:
-        """Layout "hf": a barrier (every rank is done with the last pass's views), the owner stage's ranks write
-        their shards into the HF tensors, a second barrier, then views of the tensors (gather_tp=False: of this
-        rank's chunk of each)."""
+        """Layout "hf": a barrier (every rank is done with the last pass's views), this rank writes its shards into
+        the HF tensors, a second barrier, then views of the tensors (gather_tp=False: of this rank's chunk of each)."""
         from megatron.core import parallel_state as ps
 
         assert self._hf is not None
         group = ps.get_model_parallel_group()
         torch.distributed.barrier(group=group)
-        local = dataclasses.replace(
-            self.spec, num_heads=self.spec.num_heads // self.tp, num_kv_heads=self.spec.num_kv_heads // self.tp
-        )
         params = local_params(self.model, self.spec)
-        entries = [(p, param_mapping(self.spec, p.name)) for bucket in self._plan for p in bucket]
         with torch.no_grad():
-            for p, mapping in entries:
-                if p.stage != self.pp_rank:
-                    continue
-                dim = None if self.tp == 1 else _SHARD_DIM[mapping.tp_split]
-                if dim is None and self.tp_rank != 0:  # a replicated tensor: TP rank 0 writes it
-                    continue
-                for name, piece in shards_to_hf(local, mapping, [params[p.name].detach()]):
-                    target = self._hf[name] if dim is None else self._hf[name].chunk(self.tp, dim)[self.tp_rank]
-                    target.copy_(piece)
+            for name, mapping, dim in self._hf_writes:
+                for hf_name, piece in shards_to_hf(self._rank_spec, mapping, [params[name].detach()]):
+                    full = self._hf[hf_name]
+                    (full if dim is None else full.chunk(self.tp, dim)[self.tp_rank]).copy_(piece)
         torch.distributed.barrier(group=group)
-        for name, dim in self._hf_order:
-            full = self._hf[name]
+        for hf_name, dim in self._hf_order:
+            full = self._hf[hf_name]
             if gather_tp or dim is None:
-                yield name, full, None
+                yield hf_name, full, None
             else:
-                yield name, full.chunk(self.tp, dim)[self.tp_rank], dim
+                yield hf_name, full.chunk(self.tp, dim)[self.tp_rank], dim
 
     def _shm_bucket(self, bucket: list[_Param], params: dict[str, torch.Tensor], gather_tp: bool) -> list[torch.Tensor]:
         """The owner stage's TP slots of this bucket, read in place from shared memory: one flat view per
@@ -366,16 +364,13 @@ class WeightStreamer:
         stats = ReshardStats(
             bucket_bytes=self.bucket_bytes,
             largest_param_bytes=self.stats.largest_param_bytes,
-            transport="shm"
-            if self._shm is not None or self._hf is not None
-            else "none"
-            if self.tp * self.pp == 1
-            else "gloo",
+            transport=self._transport,
+            layout=self._layout,
         )
         live = _LiveBytes()
         t0 = time.perf_counter()
         if self._hf is not None:
-            stats.layout, stats.num_buckets, stats.bucket_sizes = "hf", 1, [self._hf_bytes]
+            stats.num_buckets, stats.bucket_sizes = 1, [self._hf_bytes]
             for name, tensor, dim in self._hf_pass(gather_tp):
                 stats.num_tensors += 1
                 stats.bytes_emitted += tensor.nbytes
@@ -386,11 +381,7 @@ class WeightStreamer:
             return
         params = local_params(self.model, self.spec)
         rows = self.tp if gather_tp else 1
-        spec = self.spec
-        if not gather_tp:  # un-fusing one rank's QKV shard: its query groups only
-            spec = dataclasses.replace(
-                spec, num_heads=spec.num_heads // self.tp, num_kv_heads=spec.num_kv_heads // self.tp
-            )
+        spec = self.spec if gather_tp else self._rank_spec
         direct = self.tp * self.pp == 1  # nothing to exchange: emit views of the parameters themselves
         for bucket in self._plan:
             if direct:
@@ -412,7 +403,7 @@ class WeightStreamer:
                     shards = [shards_of[r][offset : offset + n].view(p.local_shape) for r in range(rows)]
                 offset += n
                 mapping = param_mapping(self.spec, p.name)
-                dim = None if gather_tp or self.tp == 1 else _SHARD_DIM[mapping.tp_split]
+                dim = None if gather_tp else _split_dim(mapping, self.tp)
                 last = i == len(bucket) - 1 and len(bucket) > 1
                 # gather_tp=False: this rank's shard itself. Each HF tensor is written at most once.
                 for hf_name, tensor in shards_to_hf(spec, mapping, shards):
@@ -493,10 +484,16 @@ def _new_segment(size: int) -> str:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape) * dtype.itemsize
+
+
+def _split_dim(mapping, tp: int) -> int | None:
+    """The HF tensor dim a TP split of this parameter cuts; None when it is replicated or TP is 1."""
+    return None if tp == 1 else _SHARD_DIM[mapping.tp_split]
+
+
+def _map(path: str, size: int) -> torch.Tensor:
+    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
 def _host_id() -> str:
