@@ -295,6 +295,71 @@ void mindrl_softmax_grad(const float *x, int64_t xs, const float *lse, const flo
         }
     }
 }
+
+/* Categorical sampling from logit rows x [rows, v] (contiguous; -inf = excluded), one uniform u[r] in [0, 1) per row:
+   ids[r] = the first j whose cumulative probability exceeds u[r] (inverse CDF over softmax(x), the sums in double),
+   lp [rows, v] = log_softmax(x). Pass 1: the max; pass 2: e = exp(x - max) into lp and their sum; the search adds
+   blocks of 64 until the block that crosses u[r] * sum, then its entries; pass 3: lp = x - logsumexp. A row without
+   a finite positive sum (NaN, every entry -inf) gets ids[r] = -1 for the caller to report. */
+void mindrl_sample_rows(const float *x, const double *u, float *lp, int64_t *ids, int64_t rows, int64_t v, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * v;
+        float *o = lp + r * v;
+        float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < v; j++) m = xr[j] > m ? xr[j] : m;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < v; j++) {
+            const float e = exp_f(xr[j] - m); /* -inf - m: clamped to -88, which exp_f takes to 0 exactly */
+            o[j] = e;
+            s += (double)e;
+        }
+        if (!(m > -INFINITY) || !(s > 0.0) || !(s < INFINITY)) {
+            ids[r] = -1;
+            continue;
+        }
+        const double target = u[r] * s;
+        double c = 0.0;
+        int64_t j = 0, t = -1;
+        for (; j + 64 <= v; j += 64) {
+            double b = 0.0;
+#pragma omp simd reduction(+ : b)
+            for (int64_t k = 0; k < 64; k++) b += (double)o[j + k];
+            if (c + b > target) break;
+            c += b;
+        }
+        for (; j < v; j++) {
+            c += (double)o[j];
+            if (c > target && o[j] > 0.0f) {
+                t = j;
+                break;
+            }
+        }
+        if (t < 0) /* rounding left the cumulative sum at or below the target: the last token with mass */
+            for (j = v - 1; j >= 0 && t < 0; j--)
+                if (o[j] > 0.0f) t = j;
+        ids[r] = t;
+        const float lse = m + (float)log(s);
+#pragma omp simd
+        for (int64_t k = 0; k < v; k++) o[k] = xr[k] - lse;
+    }
+}
+
+/* counts[r] = #{j : x[r, j] >= values[r]} for rows of x [rows, v] (row stride xs): a sampled token's rank. */
+void mindrl_count_at_least(const float *x, int64_t xs, const float *values, int64_t *counts, int64_t rows, int64_t v,
+                           int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        const float a = values[r];
+        int64_t n = 0;
+#pragma omp simd reduction(+ : n)
+        for (int64_t j = 0; j < v; j++) n += xr[j] >= a;
+        counts[r] = n;
+    }
+}
 """
 
 _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -308,6 +373,8 @@ _SIGNATURES = {
     "mindrl_softmax_bwd": ([_P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_softmax_stats": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_softmax_grad": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_sample_rows": ([_P, _P, _P, _P, _I, _I, _INT], None),
+    "mindrl_count_at_least": ([_P, _I, _P, _P, _I, _I, _INT], None),
 }
 
 
@@ -515,6 +582,38 @@ class Kernels:
             _threads(),
         )  # fmt: skip
         return grad
+
+    def sample_rows(self, logits: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [rows] int64, log_softmax(logits)) for logit rows [rows, v] (fp32; -inf excludes a token) and one
+        uniform in [0, 1) per row (fp64): each row's token drawn by inverse CDF from softmax(logits). A row with no
+        finite positive probability mass (a NaN, or every entry -inf) raises ValueError naming it."""
+        logits, uniforms = logits.contiguous(), uniforms.to(torch.float64).contiguous()
+        rows, v = logits.shape
+        assert uniforms.shape == (rows,), (uniforms.shape, rows)
+        ids = torch.empty(rows, dtype=torch.int64)
+        logprobs = torch.empty(rows, v, dtype=torch.float32)
+        self._lib.mindrl_sample_rows(
+            logits.data_ptr(), uniforms.data_ptr(), logprobs.data_ptr(), ids.data_ptr(), rows, v, _threads()
+        )
+        bad = (ids < 0).nonzero()
+        if len(bad):
+            r = int(bad[0])
+            raise ValueError(
+                f"cannot sample row {r} of {rows}: its logits have no finite probability mass (NaN or every token "
+                f"excluded; max {logits[r].max().item()}, NaNs {int(logits[r].isnan().sum())})"
+            )
+        return ids, logprobs
+
+    def count_at_least(self, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """(x >= values).sum(-1) for x [rows, v] (fp32, last dimension contiguous) and values [rows, 1] or [rows],
+        int64, in one read of x without a boolean tensor."""
+        rows, v = x.shape
+        values = values.reshape(rows).to(torch.float32).contiguous()
+        counts = torch.empty(rows, dtype=torch.int64)
+        self._lib.mindrl_count_at_least(
+            x.data_ptr(), x.stride(0), values.data_ptr(), counts.data_ptr(), rows, v, _threads()
+        )
+        return counts
 
 
 def _threads() -> int:

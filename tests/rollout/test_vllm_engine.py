@@ -26,9 +26,10 @@ def test_creation_leaves_host_state_alone(vllm_engine):
     [
         SamplingConfig(max_tokens=24, temperature=1.0, n=2, seed=3),
         SamplingConfig(max_tokens=24, temperature=0.7, n=2, seed=4),
+        SamplingConfig(max_tokens=24, temperature=0.7, min_p=0.05, n=2, seed=6),
         SamplingConfig(max_tokens=24, temperature=0.7, top_k=40, top_p=0.9, min_p=0.02, n=2, seed=5),
     ],
-    ids=["t1", "t0.7", "t0.7-topk-topp-minp"],
+    ids=["t1", "t0.7", "t0.7-minp", "t0.7-topk-topp-minp"],
 )
 def test_logprobs_equal_hf_forward(vllm_engine, hf_models, sampling):
     out = vllm_engine.generate(PROMPTS, sampling)
@@ -37,6 +38,38 @@ def test_logprobs_equal_hf_forward(vllm_engine, hf_models, sampling):
     if sampling.temperature != 1.0:  # the logprobs are the processed ones, not the raw distribution's
         raw = SamplingConfig(max_tokens=sampling.max_tokens)
         assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, raw) > 1e-2
+
+
+def test_sampled_tokens_follow_the_models_distribution(vllm_engine, hf_models):
+    """The engine's random sampling (on CPU mindrl's inverse-CDF kernel in place of vLLM-CPU's Gumbel-max step,
+    vllm_ops.install_c_sampler) draws the first token from softmax(HF logits / T): 1,536 draws of one token at
+    T = 0.5, a chi-square test over the tokens expected at least 8 times (the rest lumped) at P < 1e-6; and min-p's
+    excluded tokens are never drawn."""
+    if current_platform().rollout_sampler_kernels() is not None:
+        assert vllm_engine.sampler == "mindrl_c"
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        logits = hf_models["a"](torch.tensor([prompt])).logits[0, -1].double()
+    for min_p in (0.0, 0.2):
+        sampling = SamplingConfig(max_tokens=1, temperature=0.5, min_p=min_p, n=512)
+        # per-prompt seeds, as the trainer sends them: sample j of a prompt draws with seed + j (no overlaps here)
+        outs = vllm_engine.generate([prompt] * 3, sampling, seeds=[11, 2000, 4000])
+        drawn = [s.token_ids[0] for out in outs for s in out]
+        p = torch.softmax(logits / 0.5, -1)
+        if min_p:
+            p = torch.where(p >= min_p * p.max(), p, 0.0)
+            p /= p.sum()
+        counts = torch.bincount(torch.tensor(drawn), minlength=p.numel()).double()
+        assert counts[p == 0].sum() == 0
+        expected = p * len(drawn)
+        big = expected >= 8
+        obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+        exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+        keep = exp > 0
+        chi2 = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum().item()
+        dof = int(keep.sum()) - 1
+        assert dof >= 3, dof  # a distribution with some spread, not a near-greedy one
+        assert chi2 < dof + 10 * dof**0.5 + 20, (chi2, dof)
 
 
 def test_greedy_matches_hf_greedy(vllm_engine, hf_models):
