@@ -38,6 +38,7 @@ import warnings
 
 import torch
 
+from mindrl.platform.detect import env_switch
 from mindrl.platform.native_build import c_compiler, cache_dir, compile_library, failure_detail
 
 ENV = "MINDRL_CPU_KERNELS"
@@ -379,12 +380,8 @@ _SIGNATURES = {
 
 
 def enabled() -> bool:
-    """Whether the kernels may be used (MINDRL_CPU_KERNELS is not 0); read at every call, so a test or an A/B can
-    switch inside one process."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r} must be 0 or 1")
-    return value == "1"
+    """Whether the kernels may be used (MINDRL_CPU_KERNELS, `env_switch`)."""
+    return env_switch(ENV)
 
 
 def torch_openmp_runtime() -> str | None:

@@ -166,7 +166,7 @@ class Platform:
         sampler: one pass pair per row where vLLM-CPU 0.32 draws Gumbel noise for every vocabulary entry (see
         docs/performance.md for the per-step times); MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's (an A/B, or vLLM's exact
         token streams for a seed). Devices sample with vLLM's / vllm-ascend's kernels."""
-        if self.name != "cpu" or os.environ.get("MINDRL_ROLLOUT_C_SAMPLER", "1").strip() == "0":
+        if self.name != "cpu" or not env_switch("MINDRL_ROLLOUT_C_SAMPLER"):
             return None
         return self.elementwise_kernels()
 
@@ -342,6 +342,16 @@ class Platform:
         from mindrl.platform import adapt
 
         adapt.apply(self)
+
+
+def env_switch(name: str) -> bool:
+    """An on/off environment switch of mindrl's: unset or 1 is on, 0 is off, anything else is a ValueError naming the
+    variable (a misspelt "false" must not leave a feature silently on). Read at every call, so that a worker's
+    environment, a test or an A/B in one process decides."""
+    value = os.environ.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r} must be 0 or 1")
+    return value == "1"
 
 
 def is_x86_64() -> bool:

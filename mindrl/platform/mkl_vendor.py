@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from mindrl.platform.detect import is_x86_64
+from mindrl.platform.detect import env_switch, is_x86_64
 from mindrl.platform.native_build import c_compiler, cache_dir, compile_library, failure_detail
 
 SYMBOL = "mkl_serv_intel_cpu_true"
@@ -53,7 +53,7 @@ def libtorch_cpu() -> str:
 def applies() -> bool:
     """Whether this host's MKL would run its vendor-generic path: x86-64, an AMD CPU, a torch with MKL whose
     libtorch_cpu.so exports the vendor check. (The caller checks that the platform is the CPU.)"""
-    if os.environ.get("MINDRL_MKL_VENDOR_SHIM", "1").strip() == "0":
+    if not env_switch("MINDRL_MKL_VENDOR_SHIM"):
         return False
     if not is_x86_64() or cpu_vendor() != "AuthenticAMD":
         return False

@@ -40,6 +40,7 @@ import torch
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
 from mindrl.platform import current_platform
+from mindrl.platform.detect import env_switch
 
 DEFAULT_BUCKET_MB = 512
 # The HF tensor dimension a megatron TP split cuts (gate/up and q/k/v shards are row chunks of each).
@@ -219,7 +220,7 @@ class WeightStreamer:
         """Map every model-parallel peer's segment when all of them are CPU ranks on this host (collective
         over the model-parallel group). Segments are unlinked once mapped: nothing stays in /dev/shm, and
         the memory goes when the last rank drops its mapping. MINDRL_RESHARD_SHM=0 keeps gloo."""
-        if self.tp * self.pp == 1 or os.environ.get("MINDRL_RESHARD_SHM", "1") == "0":
+        if self.tp * self.pp == 1 or not env_switch("MINDRL_RESHARD_SHM"):
             return
         if not current_platform().is_cpu:  # device tensors: the collectives are the fast path there
             return

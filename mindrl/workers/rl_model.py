@@ -16,7 +16,6 @@ result: every response token sees the same keys at the same positions as in its 
 from __future__ import annotations
 
 import math
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +30,7 @@ from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
-from mindrl.platform.detect import current_platform
+from mindrl.platform.detect import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
 
 SAVINGS = True
@@ -236,10 +235,7 @@ class _Plan:
 def prefix_sharing() -> bool:
     """Whether rows that share a prompt run as prefix groups: PREFIX_SHARING, and MINDRL_PREFIX_SHARING (1, the
     default, or 0; read at every plan, so that a worker's environment decides, e.g. through the runtime env)."""
-    value = os.environ.get(PREFIX_SHARING_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{PREFIX_SHARING_ENV}={value!r} must be 0 or 1")
-    return PREFIX_SHARING and value == "1"
+    return env_switch(PREFIX_SHARING_ENV) and PREFIX_SHARING  # the variable is checked either way
 
 
 def prompt_group_size(batch: Batch, micro_batch_size: int) -> int:

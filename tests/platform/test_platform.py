@@ -216,3 +216,34 @@ def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
     assert not dead.exists() and live.exists() and old_style.exists() and other.exists()
     with RankPool(1) as p:
         assert os.path.basename(p._stacks_dir).startswith(f"{STACKS_PREFIX}{os.getpid()}-")
+
+
+@pytest.mark.parametrize(
+    "name", ["MINDRL_CPU_KERNELS", "MINDRL_ROLLOUT_C_SAMPLER", "MINDRL_PREFIX_SHARING", "MINDRL_RESHARD_SHM"]
+)
+def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
+    """mindrl's on/off environment switches (one reader, `env_switch`): unset or 1 on, 0 off, a misspelt value an error
+    that names the variable, not a feature silently left on."""
+    from mindrl.platform.detect import env_switch
+
+    monkeypatch.delenv(name, raising=False)
+    assert env_switch(name)
+    monkeypatch.setenv(name, " 0 ")
+    assert not env_switch(name)
+    monkeypatch.setenv(name, "false")
+    with pytest.raises(ValueError, match=f"{name}='false' must be 0 or 1"):
+        env_switch(name)
+
+
+def test_the_rollout_sampler_switch(monkeypatch):
+    """MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's sampling step (no kernels offered); a bad value is an error."""
+    platform = current_platform()
+    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "0")
+    assert platform.rollout_sampler_kernels() is None
+    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "yes")
+    if platform.name == "cpu":
+        with pytest.raises(ValueError, match="MINDRL_ROLLOUT_C_SAMPLER='yes' must be 0 or 1"):
+            platform.rollout_sampler_kernels()
+    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "1")
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "1")
+    assert (platform.rollout_sampler_kernels() is not None) == (platform.elementwise_kernels() is not None)
