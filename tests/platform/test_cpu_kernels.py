@@ -299,3 +299,45 @@ def test_count_at_least(kernels):
     values = x[:, 17:18].clone()
     assert torch.equal(kernels.count_at_least(x, values), (x >= values).sum(-1))
     assert torch.equal(kernels.count_at_least(x, values.squeeze(1)), (x >= values).sum(-1))
+
+
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 8192, 64), (7, 100, 33), (64, 1024, 512), (65, 96, 1408), (300, 70, 512), (3, 1, 5)],
+    ids=["one-row", "odd", "decode", "long-k", "row-blocks", "one-output"],
+)
+def test_gemm(kernels, m, n, k):
+    """The rollout's GEMM (vllm_ops.PackedLinear): x @ w^T + bias within the bound of a k-term fp32 dot product
+    (|error| <= k eps sum |x||w|, plus the bias' rounding) of the fp64 value, for a partial last panel, a tail of
+    rows, several row blocks; strided and 3-D inputs; the same values with 1 thread as with 2."""
+    gen = torch.Generator().manual_seed(m * 7 + n)
+    x, w, b = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    packed = kernels.gemm_pack(w)
+    eps = torch.finfo(torch.float32).eps
+    exact = x.double() @ w.double().t()
+    bound = (k + 1) * eps * (x.double().abs() @ w.double().abs().t() + b.double().abs())
+    for bias in (b, None):
+        got = kernels.gemm(x, packed, n, bias)
+        truth = exact + (b.double() if bias is not None else 0.0)
+        assert got.shape == (m, n) and bool(((got.double() - truth).abs() <= bound).all())
+    wide = torch.zeros(m, k + 9)
+    wide[:, 4 : 4 + k] = x
+    assert torch.equal(kernels.gemm(wide[:, 4 : 4 + k], packed, n, b), kernels.gemm(x, packed, n, b))  # row stride
+    assert torch.equal(kernels.gemm(x.reshape(1, m, k), packed, n, b), kernels.gemm(x, packed, n, b).reshape(1, m, n))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.gemm(x, packed, n, b)
+        torch.set_num_threads(2)
+        two = kernels.gemm(x, packed, n, b)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # each output is one thread's sum, in one order
+
+
+def test_gemm_rejects_a_mismatched_weight_or_bias(kernels):
+    packed = kernels.gemm_pack(torch.randn(40, 16))
+    with pytest.raises(ValueError, match="packed weight of .* is not one of \\[40, 17\\]"):
+        kernels.gemm(torch.randn(3, 17), packed, 40)
+    with pytest.raises(ValueError, match="bias of 39 floats for 40 outputs"):
+        kernels.gemm(torch.randn(3, 16), packed, 40, torch.randn(39))

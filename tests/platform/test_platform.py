@@ -219,7 +219,14 @@ def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["MINDRL_CPU_KERNELS", "MINDRL_ROLLOUT_C_SAMPLER", "MINDRL_PREFIX_SHARING", "MINDRL_RESHARD_SHM"]
+    "name",
+    [
+        "MINDRL_CPU_KERNELS",
+        "MINDRL_ROLLOUT_C_SAMPLER",
+        "MINDRL_ROLLOUT_C_LINEAR",
+        "MINDRL_PREFIX_SHARING",
+        "MINDRL_RESHARD_SHM",
+    ],
 )
 def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
     """mindrl's on/off environment switches (one reader, `env_switch`): unset or 1 on, 0 off, a misspelt value an error
@@ -235,15 +242,23 @@ def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
         env_switch(name)
 
 
-def test_the_rollout_sampler_switch(monkeypatch):
-    """MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's sampling step (no kernels offered); a bad value is an error."""
+@pytest.mark.parametrize(
+    "name,offered",
+    [("MINDRL_ROLLOUT_C_SAMPLER", "rollout_sampler_kernels"), ("MINDRL_ROLLOUT_C_LINEAR", "rollout_linear_kernels")],
+)
+def test_the_rollout_kernel_switches(monkeypatch, name, offered):
+    """MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's sampling step, MINDRL_ROLLOUT_C_LINEAR=0 its linears (no kernels
+    offered); a bad value is an error; MINDRL_CPU_KERNELS=0 turns both off."""
     platform = current_platform()
-    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "0")
-    assert platform.rollout_sampler_kernels() is None
-    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "yes")
+    kernels = getattr(platform, offered)
+    monkeypatch.setenv(name, "0")
+    assert kernels() is None
+    monkeypatch.setenv(name, "yes")
     if platform.name == "cpu":
-        with pytest.raises(ValueError, match="MINDRL_ROLLOUT_C_SAMPLER='yes' must be 0 or 1"):
-            platform.rollout_sampler_kernels()
-    monkeypatch.setenv("MINDRL_ROLLOUT_C_SAMPLER", "1")
+        with pytest.raises(ValueError, match=f"{name}='yes' must be 0 or 1"):
+            kernels()
+    monkeypatch.setenv(name, "1")
     monkeypatch.setenv("MINDRL_CPU_KERNELS", "1")
-    assert (platform.rollout_sampler_kernels() is not None) == (platform.elementwise_kernels() is not None)
+    assert (kernels() is not None) == (platform.elementwise_kernels() is not None)
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
+    assert kernels() is None

@@ -380,3 +380,52 @@ def test_cpu_engine_norms_run_on_vllms_c_kernels(vllm_engine, monkeypatch):
         monkeypatch.setattr(impl, "impl_fn", counted)
     vllm_engine.generate(PROMPTS[:2], SamplingConfig(max_tokens=4, temperature=1.0, seed=1))
     assert calls["rms_norm"] > 0 and calls["fused_add_rms_norm"] > 0, calls
+
+
+def test_cpu_engine_linears_and_swiglu_run_mindrls_kernels(vllm_engine, weights):
+    """On CPU the eager engine's fp32 linear layers and LM head compute with mindrl's GEMM (vllm_ops.PackedLinear),
+    packed again at each weight reload (the parity tests above check the values, before and after reloads), and its
+    SwiGLUs with mindrl's kernel. vLLM's dispatch keeps what the GEMM does not cover, and layers of an engine built
+    without the kernels."""
+    platform = current_platform()
+    if platform.rollout_linear_kernels() is None or platform.rollout_activation_kernels() is None:
+        pytest.skip("this platform keeps vLLM's own linears and activations")
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    from mindrl.rollout import vllm_ops
+
+    model = vllm_engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    layers = {name: m for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+    assert layers and all(isinstance(m.cpu_linear, vllm_ops.PackedLinear) for m in layers.values())
+    assert vllm_engine.c_linears == len(layers)
+    assert all(m.weight.numel() == 0 for name, m in layers.items() if name.endswith("proj"))  # as vLLM's dispatch
+    swiglus = [m for m in model.modules() if type(m) is SiluAndMul]
+    assert vllm_engine.c_swiglus == len(swiglus) > 0
+    assert all(isinstance(m._forward_method, vllm_ops.CSwiGLU) for m in swiglus)
+    before = {name: m.cpu_linear for name, m in layers.items()}
+    vllm_engine.load_weights(weights["a"].items())
+    after = {name: m.cpu_linear for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+    assert after.keys() == before.keys()
+    assert all(isinstance(f, vllm_ops.PackedLinear) and f is not before[name] for name, f in after.items())
+
+    calls = []
+
+    def original(layer, remove_weight):
+        calls.append(layer)
+
+    for weight in (torch.randn(8, 4, dtype=torch.bfloat16), torch.empty(8, 4, device="meta"), torch.randn(8)):
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        vllm_ops._dispatch_linear(original, layer, True)
+        assert calls[-1] is layer and not hasattr(layer, "cpu_linear")
+    fp32 = torch.nn.Module()
+    fp32.weight = torch.nn.Parameter(torch.randn(8, 4), requires_grad=False)
+    vllm_ops._dispatch_linear(original, fp32, True)  # outside c_linears, a layer that never had the GEMM
+    assert calls[-1] is fp32 and len(calls) == 4
+    with vllm_ops.c_linears(platform.rollout_linear_kernels()):
+        vllm_ops._dispatch_linear(original, fp32, False)
+    assert len(calls) == 4 and isinstance(fp32.cpu_linear, vllm_ops.PackedLinear) and fp32.weight.shape == (8, 4)
+    x = torch.randn(3, 4)
+    assert torch.allclose(fp32.cpu_linear(x, fp32.weight, None), x @ fp32.weight.t(), atol=1e-6)
+    with pytest.raises(TypeError, match="packed linear \\[8, 4\\] .* got input \\(3, 4\\) torch.bfloat16"):
+        fp32.cpu_linear(x.bfloat16(), fp32.weight, None)
