@@ -341,3 +341,18 @@ def test_gemm_rejects_a_mismatched_weight_or_bias(kernels):
         kernels.gemm(torch.randn(3, 17), packed, 40)
     with pytest.raises(ValueError, match="bias of 39 floats for 40 outputs"):
         kernels.gemm(torch.randn(3, 16), packed, 40, torch.randn(39))
+
+
+def test_gemm_without_avx(tmp_path_factory):
+    """The GEMM's portable form (GCC vectors, what a CPU without AVX2 + FMA or a non-x86 one compiles), built for
+    baseline x86-64: the same bound as the intrinsics' forms."""
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler")
+    path = cpu_kernels.build(str(tmp_path_factory.getbasetemp() / "kernels"), march="x86-64")
+    assert path is not None
+    kernels = cpu_kernels.Kernels(path)
+    gen = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(13, 70, generator=gen), torch.randn(37, 70, generator=gen), torch.randn(37, generator=gen)
+    got = kernels.gemm(x, kernels.gemm_pack(w), 37, b).double()
+    bound = 71 * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().t() + b.double().abs())
+    assert bool(((got - (x.double() @ w.double().t() + b.double())).abs() <= bound).all())

