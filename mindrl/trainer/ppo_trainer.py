@@ -384,6 +384,8 @@ class PPOTrainer:
     """A rule-reward call may take this long beyond its samples' own timeouts before the worker counts as hung."""
     REWARD_PING_S = 15.0
     """While a rule-reward call runs, the worker is pinged this often (and given as long to answer)."""
+    REWARD_EXIT_S = 5.0
+    """At shutdown, how long the rule-reward worker's own exit may take to remove its temporary folder."""
     REWARD_START_S = 300.0
     """A new rule-reward worker (a Ray worker process, its imports, its tokenizer) may take this long to start; until
     it has started (its first ping answered), a missed ping means "still starting", not "hung". The worker has 2
@@ -421,17 +423,26 @@ class PPOTrainer:
         except OSError as e:  # a record for a later cleanup: not worth failing the run over (e.g. a full disk)
             logger.warning("could not record the rule-reward worker's temporary folder %s: %s", path, e)
 
-    def _kill_reward_worker(self) -> None:
+    def _kill_reward_worker(self, exiting: bool = False) -> None:
         """Kill the rule-reward worker and remove the multiprocessing folder it leaves behind in the temporary
-        directory (killed, it runs no exit handler), when it ran on this node and had said where the folder is."""
+        directory (killed, it runs no exit handler), when it ran on this node and had said where the folder is.
+        exiting: the worker is ending through Python's exit (`shutdown`), whose handler removes the folder: wait a
+        little for that first (removing it under the handler made the worker print a FileNotFoundError)."""
         import ray
 
-        ray.kill(self.reward, no_restart=True)
         try:
             node, _, path = ray.get(self._reward_temp, timeout=5)
         except Exception:  # it never answered (killed while starting): nothing known to remove
+            node = path = None
+        here = path is not None and node == ray.get_runtime_context().get_node_id()
+        if here and exiting:
+            until = time.monotonic() + self.REWARD_EXIT_S
+            while os.path.exists(path) and time.monotonic() < until:
+                time.sleep(0.05)
+        ray.kill(self.reward, no_restart=True)
+        if path is None:
             return
-        if node == ray.get_runtime_context().get_node_id():
+        if here:
             shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(self.run_dir, TEMP_RECORD))
@@ -763,11 +774,16 @@ class PPOTrainer:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.run_dir, SHM_RECORD))
         if getattr(self, "reward", None) is not None:
+            from ray.exceptions import RayActorError
+
+            exiting = False
             try:
                 ray.get(self.reward.shutdown.remote(), timeout=30)
+            except RayActorError:  # the call ends with the actor's exit
+                exiting = True
             except Exception:
                 pass
-            self._kill_reward_worker()
+            self._kill_reward_worker(exiting)
             self.reward = None
         if getattr(self, "pg", None) is not None:
             from ray.util.placement_group import remove_placement_group
