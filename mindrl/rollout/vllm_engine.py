@@ -179,7 +179,8 @@ class VllmEngine(RolloutEngine):
         self.sampler = install_c_sampler(self.llm, sampler_kernels) if sampler_kernels is not None else "vllm"
         # how many linear layers run mindrl's GEMM (0: vLLM's oneDNN / torch linears)
         self.c_linears = count_c_linears(self.llm) if linear_kernels is not None else 0
-        activation_kernels = platform.rollout_activation_kernels() if config.enforce_eager else None
+        # vLLM's SwiGLU on the kernel the actor's update runs (the platform's elementwise kernels; none on devices)
+        activation_kernels = platform.elementwise_kernels() if config.enforce_eager else None
         # how many SwiGLU modules run mindrl's kernel (0: vLLM's form)
         self.c_swiglus = install_c_swiglu(self.llm, activation_kernels) if activation_kernels is not None else 0
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on

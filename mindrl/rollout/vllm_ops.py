@@ -144,16 +144,21 @@ def c_linears(kernels):
         _BUILDING.reset(token)
 
 
+def _per_model(llm, fn) -> int:
+    """fn(model) on every worker's model of `llm` (a `vllm.LLM`, through `collective_rpc`): the smallest of the
+    counts it returns (0 where a worker has no model runner of that form)."""
+
+    def call(worker) -> int:
+        model = getattr(getattr(worker, "model_runner", None), "model", None)
+        return 0 if model is None else fn(model)
+
+    return min(llm.collective_rpc(call))
+
+
 def count_c_linears(llm) -> int:
     """How many linear layers of `llm`'s model run `PackedLinear` (the smallest count over its workers)."""
-
-    def count(worker) -> int:
-        model = getattr(getattr(worker, "model_runner", None), "model", None)
-        if model is None:
-            return 0
-        return sum(isinstance(getattr(m, "cpu_linear", None), PackedLinear) for m in model.modules())
-
-    return min(llm.collective_rpc(count))
+    return _per_model(llm, lambda model: sum(isinstance(getattr(m, "cpu_linear", None), PackedLinear)
+                                             for m in model.modules()))  # fmt: skip
 
 
 class CSwiGLU:
@@ -177,12 +182,9 @@ def install_c_swiglu(llm, kernels) -> int:
     things) of every worker's model of `llm` (a `vllm.LLM`, eager: a compiled engine traces vLLM's form). Returns
     how many modules run it (the smallest count over the workers; 0: this vLLM has no such module or attribute)."""
 
-    def install(worker) -> int:
+    def install(model) -> int:
         from vllm.model_executor.layers.activation import SiluAndMul
 
-        model = getattr(getattr(worker, "model_runner", None), "model", None)
-        if model is None:
-            return 0
         count = 0
         for module in model.modules():
             if type(module) is SiluAndMul and hasattr(module, "_forward_method"):
@@ -191,7 +193,7 @@ def install_c_swiglu(llm, kernels) -> int:
                 count += 1
         return count
 
-    return min(llm.collective_rpc(install))
+    return _per_model(llm, install)
 
 
 SAMPLER = "mindrl_c"

@@ -388,7 +388,7 @@ def test_cpu_engine_linears_and_swiglu_run_mindrls_kernels(vllm_engine, weights)
     SwiGLUs with mindrl's kernel. vLLM's dispatch keeps what the GEMM does not cover, and layers of an engine built
     without the kernels."""
     platform = current_platform()
-    if platform.rollout_linear_kernels() is None or platform.rollout_activation_kernels() is None:
+    if platform.rollout_linear_kernels() is None or platform.elementwise_kernels() is None:
         pytest.skip("this platform keeps vLLM's own linears and activations")
     from vllm.model_executor.layers.activation import SiluAndMul
 
