@@ -141,3 +141,21 @@ def test_bench_soak_help():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_soak.py"), "--help"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert out.returncode == 0 and "usage:" in out.stdout and "/dev/shm" in out.stdout
+
+
+def test_bench_vs_trl_floor_terms():
+    """The floor's memory term: decode_kv_bytes counts each decode step's cached K and V over every layer (the
+    prefill gives the first token); read_bandwidth times a real read of a buffer."""
+    from tools.bench_update import ModelShape, last_level_cache_bytes, read_bandwidth
+    from tools.bench_vs_trl import decode_kv_bytes
+
+    shape = ModelShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=97)
+    # 3 new tokens after a 5-token prompt: steps 1 and 2 read 6 and 7 positions; a position is K + V of 2 layers x 2
+    # KV heads x 16 dims in fp32 = 512 bytes; 3 rows.
+    assert decode_kv_bytes(shape, rows=3, prompt_len=5, new_tokens=3) == 3 * 512 * (6 + 7)
+    assert decode_kv_bytes(shape, rows=3, prompt_len=5, new_tokens=1) == 0  # the prefill's token only
+    # The benchmark's long shape: 64 rows, 30 + 256 tokens, 16 KiB per position.
+    assert decode_kv_bytes(ModelShape(), 64, 30, 256) == 64 * 16384 * sum(30 + j for j in range(1, 256))
+    assert last_level_cache_bytes() >= 0
+    gbps = read_bandwidth(1, nbytes=8 << 20, seconds=0.01)
+    assert 0.1 < gbps < 10_000

@@ -16,6 +16,7 @@ framework) as a table; `--json PATH` writes the numbers.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -180,6 +181,46 @@ def gemm_rates(
     finally:
         torch.set_num_threads(old)
     return per_shape, best_by_kernel
+
+
+def read_bandwidth(threads: int, nbytes: int | None = None, seconds: float = 0.3) -> float:
+    """Best streaming read rate (GB/s) of this host's memory with `threads` torch threads: torch.sum over an fp32
+    buffer of `nbytes` (default: four times the last-level cache, at least 512 MiB, so the reads come from DRAM).
+    The rate KV-cached generation can read its cache at, at best (`bench_vs_trl`'s floor)."""
+    import torch
+
+    if nbytes is None:
+        nbytes = max(512 << 20, 4 * last_level_cache_bytes())
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buf = torch.ones(nbytes // 4)
+        buf.sum()  # warm-up: the pages are faulted in by ones(); this one settles the threads
+        reps, best, t0 = 0, float("inf"), time.perf_counter()
+        while reps < 3 or time.perf_counter() - t0 < seconds:
+            t1 = time.perf_counter()
+            buf.sum()
+            best = min(best, time.perf_counter() - t1)
+            reps += 1
+    finally:
+        torch.set_num_threads(old)
+    return buf.numel() * 4 / best / 1e9
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of cpu0 in bytes, from sysfs (0 where sysfs does not say)."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(index) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
 
 
 def describe_peak(peak: dict) -> str:

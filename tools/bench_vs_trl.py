@@ -13,8 +13,10 @@ torch.matmul and, on x86 CPUs, oneDNN's linear, which mindrl's megatron layers u
 and reports per side, shape and KL setting the medians after a warm-up iteration: step seconds, tokens/s
 ((prompt + response tokens) / step), the phase split, step FLOPs (2NT generation + 6NT update + 2NT per
 reference forward + attention), the roofline bound (FLOPs / peak), step / bound, step / the FLOPs the side
-computes (mindrl runs each prompt once for its samples in the update and the reference forward), peak RSS (the
-side's whole process tree: for mindrl the driver, Ray and its workers) and mindrl / TRL tokens/s.
+computes (mindrl runs each prompt once for its samples in the update and the reference forward), step / the floor
+(the bound plus the decode's KV-cache reads at the host's measured memory read rate: the memory traffic of KV-cached
+generation, which no FLOP count sees), peak RSS (the side's whole process tree: for mindrl the driver, Ray and its
+workers) and mindrl / TRL tokens/s.
 
     python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
     python tools/bench_vs_trl.py --sides mindrl --layout tp1w2 --shapes short,long --kl none,0.04
@@ -45,6 +47,7 @@ from tools.bench_update import (  # noqa: E402
     describe_peak,
     make_model,
     matmul_peak,
+    read_bandwidth,
     update_flops,
 )
 
@@ -393,6 +396,14 @@ def step_flops(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, r
     return float(flops)
 
 
+def decode_kv_bytes(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, itemsize: int = 4) -> float:
+    """The K and V bytes KV-cached generation reads: decode step j (1 .. new_tokens - 1; the prefill gives the first
+    token) reads every row's cached keys and values at prompt_len + j positions, over all layers and KV heads."""
+    per_position = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
+    positions = (new_tokens - 1) * prompt_len + new_tokens * (new_tokens - 1) // 2
+    return float(rows * per_position * positions)
+
+
 def mindrl_computed_flops(shape: ModelShape, prompts: int, n: int, prompt_len: int, new_tokens: int,
                           reference: bool, micro_batch_size: int) -> float:  # fmt: skip
     """What mindrl computes of `step_flops`: generation the same, the update and the reference forward with each
@@ -490,12 +501,13 @@ def main(argv: list[str] | None = None) -> dict:
     micro_tokens = sorted({mb * (a.prompt_len + SHAPES[s]) for s in shapes
                            for mb in (a.micro_batch_size, a.mindrl_micro_batch_size)})  # fmt: skip
     peak = matmul_peak(shape, a.threads, tokens=tuple(micro_tokens))
+    bandwidth = read_bandwidth(a.threads)
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {describe_peak(peak)} "
-          f"({a.threads} threads)", flush=True)  # fmt: skip
+          f"({a.threads} threads); memory read {bandwidth:.1f} GB/s", flush=True)  # fmt: skip
     texts, ids = build_prompts(hf, a.prompts * (a.iterations + 1), a.prompt_len)
     write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
-    out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "cpu": cpu_description(),
+    out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "read_gbps": bandwidth, "cpu": cpu_description(),
                  "iterations": a.iterations, "mindrl_layout": a.layout, "micro_batch_size": a.micro_batch_size,
                  "mindrl_micro_batch_size": a.mindrl_micro_batch_size,
                  "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
@@ -505,6 +517,7 @@ def main(argv: list[str] | None = None) -> dict:
             new_tokens = SHAPES[shape_name]
             flops = step_flops(shape, rows, a.prompt_len, new_tokens, reference=kl_name != "none")
             bound = flops / (peak["peak_gflops"] * 1e9)
+            kv_read = decode_kv_bytes(shape, rows, a.prompt_len, new_tokens) / (bandwidth * 1e9)
             tokens = rows * (a.prompt_len + new_tokens)
             for side in sides:
                 best = None
@@ -531,7 +544,8 @@ def main(argv: list[str] | None = None) -> dict:
                              step_over_bound=r["step_s"] / bound,
                              update_mfu=upd / max(r["phases"]["update"], 1e-9) / (peak["peak_gflops"] * 1e9),
                              computed_flops=computed, computed_bound_s=own,
-                             step_over_computed_bound=r["step_s"] / own)  # fmt: skip
+                             step_over_computed_bound=r["step_s"] / own, kv_read_s=kv_read,
+                             floor_s=bound + kv_read, step_over_floor=r["step_s"] / (bound + kv_read))  # fmt: skip
                     table.append((name, shape_name, kl_name, r))
                     print(f"  -> {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tokens/s, "
                           f"{r['step_over_bound']:.2f}x the bound", flush=True)  # fmt: skip
@@ -553,18 +567,20 @@ def main(argv: list[str] | None = None) -> dict:
                     )
 
     print(f"\n{'side':<13}{'shape':<6}{'kl':<5}{'step s':>8}{'tokens/s':>9}{'TFLOP':>7}{'bound s':>8}{'x bound':>8}"
-          f"{'x own':>7}{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
+          f"{'x own':>7}{'x floor':>8}{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
     for side, shape_name, kl_name, r in table:
         ph = " ".join(f"{r['phases'][k]:.2f}" for k in PHASES)
         print(f"{side:<13}{shape_name:<6}{kl_name:<5}{r['step_s']:>8.2f}{r['tokens_per_s']:>9.0f}{r['flops'] / 1e12:>7.2f}"
-              f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['step_over_computed_bound']:>7.2f}"
+              f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['step_over_computed_bound']:>7.2f}{r['step_over_floor']:>8.2f}"
               f"{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}  {ph}")  # fmt: skip
     for shape_name, per in out.get("ratio", {}).items():
         for kl_name, ratio in per.items():
             print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}")
     print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak (every row's prompt "
           f"counted, both sides); x own = step / (the FLOPs the side computes / peak): mindrl's update and reference "
-          f"run each prompt once for its samples; "
+          f"run each prompt once for its samples; x floor = step / (bound + the decode's KV-cache reads at the "
+          f"measured {bandwidth:.1f} GB/s: generation's attention reads every cached key and value per new token, "
+          f"memory traffic the FLOP bound does not count); "
           f"mindrl layouts {a.layout}; micro-batch rows: mindrl {a.mindrl_micro_batch_size}, TRL {a.micro_batch_size}; "
           f"medians of {a.iterations} steps after a warm-up")  # fmt: skip
     if a.json:
