@@ -185,12 +185,13 @@ def gemm_rates(
 
 def read_bandwidth(threads: int, nbytes: int | None = None, seconds: float = 0.3) -> float:
     """Best streaming read rate (GB/s) of this host's memory with `threads` torch threads: torch.sum over an fp32
-    buffer of `nbytes` (default: four times the last-level cache, at least 512 MiB, so the reads come from DRAM).
+    buffer of `nbytes` (default: four times the last-level cache, at least 512 MiB and at most 2 GiB, so the reads
+    come from DRAM).
     The rate KV-cached generation can read its cache at, at best (`bench_vs_trl`'s floor)."""
     import torch
 
     if nbytes is None:
-        nbytes = max(512 << 20, 4 * last_level_cache_bytes())
+        nbytes = min(2 << 30, max(512 << 20, 4 * last_level_cache_bytes()))
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
