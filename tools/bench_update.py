@@ -185,9 +185,8 @@ def gemm_rates(
 
 def read_bandwidth(threads: int, nbytes: int | None = None, seconds: float = 0.3) -> float:
     """Best streaming read rate (GB/s) of this host's memory with `threads` torch threads: torch.sum over an fp32
-    buffer of `nbytes` (default: four times the last-level cache, at least 512 MiB and at most 2 GiB, so the reads
-    come from DRAM).
-    The rate KV-cached generation can read its cache at, at best (`bench_vs_trl`'s floor)."""
+    buffer of `nbytes` (default: four times the last-level cache, 512 MiB to 2 GiB, so the reads come from DRAM).
+    The best rate KV-cached generation can read its cache at (`bench_vs_trl`'s floor)."""
     import torch
 
     if nbytes is None:

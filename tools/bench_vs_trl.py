@@ -396,10 +396,10 @@ def step_flops(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, r
     return float(flops)
 
 
-def decode_kv_bytes(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int, itemsize: int = 4) -> float:
-    """The K and V bytes KV-cached generation reads: decode step j (1 .. new_tokens - 1; the prefill gives the first
-    token) reads every row's cached keys and values at prompt_len + j positions, over all layers and KV heads."""
-    per_position = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
+def decode_kv_bytes(shape: ModelShape, rows: int, prompt_len: int, new_tokens: int) -> float:
+    """The fp32 K and V bytes KV-cached generation reads: decode step j (1 .. new_tokens - 1; the prefill gives the
+    first token) reads every row's cached keys and values at prompt_len + j positions, over all layers and KV heads."""
+    per_position = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
     positions = (new_tokens - 1) * prompt_len + new_tokens * (new_tokens - 1) // 2
     return float(rows * per_position * positions)
 

@@ -766,8 +766,8 @@ class Kernels:
         return counts
 
     def gemm_pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """A linear layer's weight [n, k] (fp32) in the layout `gemm` reads: panels of the build's panel width of outputs, k steps
-        of them each (zero past n), 64-byte aligned. A copy: later changes to the weight are not seen."""
+        """A linear layer's weight [n, k] (fp32) in the layout `gemm` reads: panels of the build's width of outputs,
+        k steps of them each (zero past n), 64-byte aligned. A copy: later changes to the weight are not seen."""
         n, k = weight.shape
         weight = weight.contiguous()
         nr = self._panel
