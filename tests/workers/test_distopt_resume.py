@@ -99,17 +99,32 @@ def _merged(results: list[dict], key: str) -> dict:
     return out
 
 
+def _loss_gap(a: list[dict], b: list[dict]) -> float:
+    return max(abs(x - y) for x, y in zip(a[0]["losses"], b[0]["losses"]))
+
+
+def _weight_gap(a: list[dict], b: list[dict]) -> float:
+    wa, wb = _merged(a, "weights"), _merged(b, "weights")
+    assert wa.keys() == wb.keys()
+    return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+
+
 @pytest.mark.parametrize("save_at,load_at", [((2, 1), (1, 1)), ((1, 1), (2, 1)), ((1, 2), (2, 1))])
 def test_distributed_optimizer_resumes_onto_another_layout(pool, actor_ckpt, tmp_path, save_at, load_at):
     """Saved at one TP x PP x DP, resumed at another: the model-space optimizer state reshards. Proven directly:
     every parameter's fp32 main param, exp_avg, exp_avg_sq and step, gathered to full HF-named tensors, are equal
-    bit for bit just before the save (at the old layout) and just after the load (at the new one). The run then
-    continues as the straight run at the new layout does (losses within 1e-5; the weights differ only by the two
-    layouts' reduction order, ~8e-5 after Adam's normalised steps on this tiny model)."""
+    bit for bit just before the save (at the old layout) and just after the load (at the new one). Its first half is
+    the straight run at the old layout, bit for bit. The run then continues as the straight run at the new layout
+    does, within the two layouts' own gap: the straight runs at the old and the new layout differ only by their
+    reduction order, measured here on this CPU's kernels; the resumed run took half its steps at each, so it may
+    not stray further from the new layout's straight run than twice that gap (the factor: headroom for the max
+    norm over single elements, whose Adam steps jump when a tiny gradient's rounding differs)."""
     import os
 
     straight = pool.run(distopt_rank_fns.train_straight, actor_ckpt, load_at[0], DISTOPT, "float32", STEPS, 0,
                         load_at[1])  # fmt: skip
+    old_layout = pool.run(distopt_rank_fns.train_straight, actor_ckpt, save_at[0], DISTOPT, "float32", STEPS, 0,
+                          save_at[1])  # fmt: skip
     resumed = pool.run(
         distopt_rank_fns.train_resumed_elsewhere, actor_ckpt, save_at, load_at, DISTOPT, STEPS, 0, str(tmp_path / "ck")
     )
@@ -124,16 +139,23 @@ def test_distributed_optimizer_resumes_onto_another_layout(pool, actor_ckpt, tmp
         assert all(saved[k].equal(loaded[k]) for k in saved), (kind, worst[kind])
         if kind == "step":
             assert {v.unique().item() for v in saved.values()} == {float(STEPS // 2)}
-    loss = max(abs(x - y) for x, y in zip(straight[0]["losses"], resumed[0]["losses"]))
-    a, b = _merged(straight, "weights"), _merged(resumed, "weights")
-    weights = max((a[k] - b[k]).abs().max().item() for k in a)
+    half = STEPS // 2
+    assert resumed[0]["losses"][:half] == old_layout[0]["losses"][:half]  # the first half ran at the old layout
+    loss = _loss_gap(straight, resumed)
+    weights = _weight_gap(straight, resumed)
+    layouts_loss, layouts_weights = _loss_gap(straight, old_layout), _weight_gap(straight, old_layout)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / "ck") for f in fs)
     print(
         f"TPxPP {save_at}->{load_at}: optimizer state after the load vs before the save {worst}; continued run vs "
-        f"straight: loss diff {loss:.3g}, weight diff {weights:.3g}; save {max(r['save_s'] for r in resumed):.2f} s, "
+        f"straight: loss diff {loss:.3g}, weight diff {weights:.3g} (the layouts' straight runs: {layouts_loss:.3g}, "
+        f"{layouts_weights:.3g}); save {max(r['save_s'] for r in resumed):.2f} s, "
         f"load {max(r['load_s'] for r in resumed):.2f} s, {size / 1e6:.1f} MB"
     )
-    assert loss < 1e-5 and weights < 2e-4, (loss, weights)
+    assert layouts_weights > 0.0  # really two reduction orders: the bound below is not vacuous
+    # a loss is one fp32 sum: where the layouts' losses happen to round alike, a few of its own ulps still apart
+    ulps = 4 * torch.finfo(torch.float32).eps * max(abs(x) for x in straight[0]["losses"])
+    assert loss <= max(2 * layouts_loss, ulps), (loss, layouts_loss, ulps)
+    assert weights <= 2 * layouts_weights, (weights, layouts_weights)
     assert {e["step"].item() for r in resumed for e in r["optim"]} == {float(STEPS)}
     assert all(r["shared_steps"] == 0 for r in resumed)
 
