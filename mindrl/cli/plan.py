@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_plan(args: argparse.Namespace, cfg=None, prog: str = "mindrl-plan") -> int:
     """Load the config (unless given), print the plan; 0 when it fits, 1 when it does not, 2 on a bad config."""
     from mindrl.config import ConfigError
-    from mindrl.config.cli import config_from_args
     from mindrl.plan import PlanError, make_plan, to_json, to_text
+    from mindrl.preflight import config_from_args
 
     try:
         if cfg is None:

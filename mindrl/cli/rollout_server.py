@@ -10,8 +10,13 @@ import asyncio
 import signal
 import sys
 
+from mindrl.config.settings import RolloutConfig
 from mindrl.serving.protocol import read_token
 from mindrl.serving.server import DEFAULT_MAX_BODY_MB, LOG_PREFIX, ServerConfig
+
+ENGINE_ARGS = ("infer_tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "seed",
+               "kv_cache_memory_bytes")  # fmt: skip
+"""The flags that are RolloutConfig's keys as they are."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="file holding the bearer token clients must send (content stripped)")
     p.add_argument(
         "--tensor-parallel-size",
+        dest="infer_tensor_parallel_size",
         type=int,
         default=1,
         help="inference TP: a world of this many engine ranks (child processes) serving as one engine",
@@ -80,20 +86,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{LOG_PREFIX} error: --token-file: {e}", file=sys.stderr)
             return 2
     try:
-        config = ServerConfig(
+        engine = RolloutConfig(
+            **{key: getattr(args, key) for key in ENGINE_ARGS},
             model=args.model,
+            load_format="auto",
+            dtype=args.dtype or _default_dtype(),
+            enable_prefix_caching=not args.no_prefix_caching,
+        )
+        config = ServerConfig(
+            engine,
             host=args.host,
             port=args.port,
             token=token,
-            tensor_parallel_size=args.tensor_parallel_size,
             data_parallel_size=args.data_parallel_size,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            dtype=args.dtype or _default_dtype(),
-            seed=args.seed,
-            enable_prefix_caching=not args.no_prefix_caching,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             max_body_mb=args.max_body_mb,
         )
     except ValueError as e:

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.config import ConfigError
-    from mindrl.config.sft import load_sft_config
     from mindrl.platform.launch import RankError
+    from mindrl.preflight import load_sft_config
     from mindrl.trainer.sft import train_sft
 
     start = time.perf_counter()

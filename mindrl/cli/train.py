@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_plan(args, prog="mindrl-train --dry-run")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.config import ConfigError
-    from mindrl.config.cli import config_from_args
+    from mindrl.preflight import config_from_args
     from mindrl.trainer.ppo_trainer import TrainingAborted, train
     from mindrl.workers.group import WorkerError
 

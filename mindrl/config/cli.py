@@ -1,13 +1,11 @@
 """The config part of every mindrl command line: `--config-name NAME [--config-path DIR] [key=value ...]`,
-hydra's spelling, so MindSpeed-RL launch lines carry over."""
+hydra's spelling, so MindSpeed-RL launch lines carry over. `mindrl.preflight.config_from_args` loads what they name."""
 
 from __future__ import annotations
 
 import argparse
 
 from mindrl.config.errors import ConfigError, Issue
-from mindrl.config.loader import load_config
-from mindrl.config.root import RLConfig
 
 
 def add_config_args(parser: argparse.ArgumentParser, default_name: str | None = None) -> None:
@@ -41,15 +39,9 @@ def add_config_args(parser: argparse.ArgumentParser, default_name: str | None = 
     )
 
 
-def config_from_args(args: argparse.Namespace) -> RLConfig:
-    """Load and validate the config the parsed arguments name; raises ConfigError."""
-    bad = [o for o in args.overrides if "=" not in o and not o.startswith("~")]
+def check_override_syntax(overrides: list[str]) -> None:
+    """Raise one ConfigError naming every argument that is not an override (key=value or ~key)."""
+    bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
     if bad:
         raise ConfigError([Issue(o, "an override must look like key=value (or ~key to delete)", "command line")
                            for o in bad])  # fmt: skip
-    return load_config(
-        args.config_name,
-        config_path=args.config_path,
-        overrides=list(args.overrides),
-        check_paths=not getattr(args, "no_check_paths", False),
-    )

@@ -8,43 +8,26 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector
 from mindrl.config.section import Section, ignored_field
-from mindrl.rollout.base import DTYPES, RolloutConfig, SamplingConfig
+from mindrl.config.settings import DTYPES, EngineSettings, RolloutConfig, SamplingConfig, SamplingSettings
 
 ROLLOUT_MODES = ("integrated", "server")
 WEIGHT_TRANSFERS = ("auto", "http", "dist")
 
 
 @dataclass
-class SamplingSection(Section):
-    """MindSpeed-RL's generate_config.sampling_config (defaults are MindSpeed-RL's vLLM engine defaults), plus
-    mindrl's stop / stop_token_ids / ignore_eos. The samples per prompt come from rl_config.n_samples_per_prompt."""
+class SamplingSection(Section, SamplingSettings):
+    """MindSpeed-RL's generate_config.sampling_config: `SamplingSettings` with MindSpeed-RL's vLLM engine defaults.
+    The samples per prompt come from rl_config.n_samples_per_prompt."""
 
     SECTION: ClassVar[str] = "generate_config.sampling_config"
 
     logprobs: int = 1
     """MindSpeed-RL: whether vLLM returns logprobs. mindrl always returns each sampled token's logprob, so this
     only has to be >= 0; no top-k alternatives are requested."""
-    max_tokens: int = 128
-    """Most tokens per response."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold, in (0, 1]."""
     top_k: int = 50
     """Sample among the k most likely tokens; -1 disables (MindSpeed-RL's default: 50)."""
-    min_p: float = 0.0
-    """Drop tokens less likely than min_p times the most likely one; 0 disables."""
     temperature: float = 0.2
     """Softmax temperature (MindSpeed-RL's default: 0.2; RL configs use 1.0); 0 is greedy."""
-    detokenize: bool = False
-    """Also return response text."""
-    seed: int | None = None
-    """vLLM request seed. mindrl seeds every prompt from megatron_training.seed and the dataset row instead,
-    so this only matters for direct engine use."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings (mindrl addition)."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Extra stop token ids besides the tokenizer's EOS (mindrl addition)."""
-    ignore_eos: bool = False
-    """Generate past EOS (benchmarks only; mindrl addition)."""
 
     def validate(self, col: Collector) -> None:
         if self.logprobs < 0:
@@ -66,9 +49,9 @@ class SamplingSection(Section):
 
 
 @dataclass
-class GenerateConfig(Section):
-    """The rollout engine (vLLM) in MindSpeed-RL's keys, plus mindrl's rollout_mode, kv_cache_memory_gib,
-    bucket_size_mb, sleep_level and enable_chunked_prefill."""
+class GenerateConfig(Section, EngineSettings):
+    """The rollout engine (vLLM) in MindSpeed-RL's keys (those an engine takes as they are: `EngineSettings`),
+    plus mindrl's rollout_mode, kv_cache_memory_gib, bucket_size_mb, sleep_level and enable_chunked_prefill."""
 
     SECTION: ClassVar[str] = "generate_config"
     IGNORED: ClassVar[dict[str, str]] = {
@@ -98,27 +81,14 @@ class GenerateConfig(Section):
     """Accepted for compatibility; mindrl's Qwen2/Llama models need no remote code, so it has no effect."""
     max_num_seqs: int = 1
     """Most sequences decoded at once per engine (MindSpeed-RL's default: 1; set it to the batch)."""
-    max_model_len: int = 2048
-    """Prompt + response tokens per sequence; must cover max_prompt_length + max_tokens."""
     max_num_batched_tokens: int = 2048
     """Most tokens in one engine step."""
-    dtype: str = "bfloat16"
-    """Engine dtype: bfloat16 | float16 | float32 (use the training dtype for matching logprobs)."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of device memory for the engine's weights + KV cache."""
     offload_train_optimizer: bool = False
     """Move the optimizer state to host memory during rollout."""
     offload_train_grad: bool = False
     """Move the gradient buffers to host memory during rollout."""
     offload_train_param: bool = False
     """Move the training weights to host memory during rollout."""
-    enable_prefix_caching: bool = False
-    """Reuse the KV cache of shared prompt prefixes (the n samples of a prompt)."""
-    enforce_eager: bool = True
-    """No graph capture or compilation. On CPU `false` lets vLLM-CPU compile the model with inductor: ~1 min more at
-    engine start (and a C++ compiler at run time), a rollout about 20% faster (docs/performance.md)."""
-    enable_chunked_prefill: bool | None = None
-    """Split long prefills over steps; None: the platform's default (mindrl addition)."""
     rollout_mode: str = "integrated"
     """Where rollout runs (mindrl addition): 'integrated' (the engine inside the actor's processes) or 'server'
     (mindrl-rollout-server processes at server_urls; the actor pushes its weights to them every iteration)."""
@@ -139,8 +109,6 @@ class GenerateConfig(Section):
     """Explicit KV-cache size per engine in GiB, e.g. on CPU; None: the platform default (mindrl addition)."""
     bucket_size_mb: float = 512.0
     """Resharding bucket: MiB of weights streamed into the engine at a time (mindrl addition)."""
-    sleep_level: int = 1
-    """vLLM sleep level between rollouts: 1 keeps weights in host memory, 2 drops them (mindrl addition)."""
     sampling_config: SamplingSection = field(default_factory=SamplingSection)
     """How responses are sampled."""
 
@@ -200,40 +168,17 @@ class GenerateConfig(Section):
     # -- builders for mindrl.rollout -----------------------------------------------------------------
     def sampling(self, n: int) -> SamplingConfig:
         """The engine's SamplingConfig for `n` samples per prompt."""
-        s = self.sampling_config
-        return SamplingConfig(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            logprobs=0,
-            seed=s.seed,
-            detokenize=s.detokenize,
-            n=n,
-            stop=list(s.stop),
-            stop_token_ids=list(s.stop_token_ids),
-            ignore_eos=s.ignore_eos,
-        )
+        return SamplingConfig(**{**self.sampling_config.sampling_settings(), "logprobs": 0}, n=n)
 
     def rollout_config(self, model_dir: str, seed: int) -> RolloutConfig:
         """The engine's RolloutConfig: HF config from `model_dir`, dummy weights (the trainer streams the
         actor's in), engine seed `seed`."""
         kv = None if self.kv_cache_memory_gib is None else int(self.kv_cache_memory_gib * 2**30)
         return RolloutConfig(
+            **self.engine_settings(),
             model=model_dir,
-            infer_tensor_parallel_size=self.infer_tensor_parallel_size,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            dtype=self.dtype,
-            enforce_eager=self.enforce_eager,
-            enable_prefix_caching=self.enable_prefix_caching,
             load_format="dummy",
             seed=seed,
             kv_cache_memory_bytes=kv,
-            sleep_level=self.sleep_level,
             tokenizer=self.tokenizer_name_or_path,
-            enable_chunked_prefill=self.enable_chunked_prefill,
         )

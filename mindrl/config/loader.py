@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,6 @@ from mindrl.config.megatron import (
     megatron_keys,
 )
 from mindrl.config.model import ModelArchConfig
-from mindrl.config.paths import check_paths as _check_paths
 from mindrl.config.profiler import ProfilerConfig
 from mindrl.config.rl import RLSectionConfig
 from mindrl.config.root import RLConfig
@@ -54,7 +53,7 @@ def load_config(
     config_name: str,
     config_path: str | None = None,
     overrides: Sequence[str] = (),
-    check_paths: bool = True,
+    checks: Sequence[Callable[[RLConfig, Collector], None]] = (),
 ) -> RLConfig:
     """Load, merge and validate a config; raise one ConfigError listing every problem.
 
@@ -63,8 +62,8 @@ def load_config(
         configs/ directory. A MindSpeed-RL configs/ folder loads unchanged.
     overrides: hydra-style "rl_config.epochs=2", "+rl_config.use_kl_in_reward=true", "~key". A plain override of
         a schema key the YAML leaves out is added (no "+" needed); an unknown key is an error.
-    check_paths: also check that checkpoints, dataset and tokenizer exist (and that the checkpoints hold the
-        model the config describes).
+    checks: further checks of the built config that report to the same collector, so one ConfigError lists
+        their problems with the rest (mindrl.preflight's checks of checkpoints, dataset, tokenizer and env file).
     """
     config_dir, name = _locate(config_name, config_path)
     source = os.path.join(config_dir, name + ".yaml")
@@ -72,8 +71,8 @@ def load_config(
     col = Collector(default_source=source, provenance=provenance, issues=issues)
     with collecting(col):
         cfg = _build(raw, col, config_dir, name, source)
-        if check_paths:
-            _check_paths(cfg, col)
+        for check in checks:
+            check(cfg, col)
     col.raise_if_any(name)
     cfg.ignored_keys = list(col.ignored)
     if cfg.ignored_keys:

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector
 from mindrl.config.section import Section, ignored_field
-from mindrl.workers.train_setup import LR_DECAY_STYLES
+from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings
 
+DATASET_SUFFIX = "_packed_input_ids_document"
 TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
 STAGES = (None, "ray_ppo", "ray_grpo")
 
@@ -278,9 +279,10 @@ class MegatronTrainingConfig(Section):
 
 
 @dataclass
-class RoleConfig(Section):
+class RoleConfig(Section, OptimSettings):
     """One trained model's settings (actor_config or critic_config): layout, micro-batch, optimizer, LR
-    schedule and checkpoints. Unset keys come from megatron_training, then from the defaults below."""
+    schedule (the keys of `OptimSettings`, with MindSpeed-RL's defaults) and checkpoints. Unset keys come from
+    megatron_training, then from the defaults."""
 
     SECTION: ClassVar[str] = "actor_config"
 
@@ -294,26 +296,12 @@ class RoleConfig(Section):
     """Responses per micro-batch in the update (gradient accumulation over micro-batches)."""
     lr: float | None = None
     """Peak learning rate (required)."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
     lr_decay_style: str = "linear"
     """constant | linear | cosine | inverse-square-root | WSD (MindSpeed-RL's default: linear)."""
     lr_warmup_fraction: float | None = None
     """Warmup as a fraction of the run's optimizer steps (exclusive with lr_warmup_iters)."""
-    lr_warmup_iters: int = 0
-    """Warmup in optimizer steps (mindrl addition; exclusive with lr_warmup_fraction)."""
-    lr_decay_iters: int | None = None
-    """Optimizer steps over which lr decays to min_lr (mindrl addition); None: the whole run."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
-    clip_grad: float = 1.0
-    """Global gradient-norm clip; 0 disables."""
-    adam_beta1: float = 0.9
-    """Adam beta1."""
-    adam_beta2: float = 0.999
-    """Adam beta2."""
-    adam_eps: float = 1e-8
-    """Adam epsilon (mindrl addition)."""
     initial_loss_scale: float = 2.0**32
     """Initial dynamic loss scale (fp16 only)."""
     load: str | None = None
@@ -409,3 +397,8 @@ def megatron_keys() -> set[str]:
         | set(MEGATRON_IGNORED)
         | set(MEGATRON_UNSUPPORTED)
     )
+
+
+def dataset_output_prefix(data_path: str) -> str:
+    """megatron_training.data_path as mindrl-preprocess's output_prefix (it may name the input_ids dataset)."""
+    return data_path[: -len(DATASET_SUFFIX)] if data_path.endswith(DATASET_SUFFIX) else data_path

@@ -11,7 +11,7 @@ from mindrl.algorithms import LOSS_AGG_MODES, list_advantage_estimators
 from mindrl.algorithms.kl import KL_PENALTY_KINDS
 from mindrl.config.errors import Collector, did_you_mean
 from mindrl.config.section import Section
-from mindrl.rewards import list_verifiers
+from mindrl.rewards.verifiers import list_verifiers
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 # Estimators that normalise within a prompt's group of samples: one sample per prompt gives zero advantages.

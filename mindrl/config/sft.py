@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector, ConfigError, Issue, collecting, did_you_mean
-from mindrl.config.paths import dataset_output_prefix
 from mindrl.config.section import Section
-from mindrl.workers.train_setup import LR_DECAY_STYLES
+from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings
 
 SECTION = "megatron_training"
 _DATA = "the data is already tokenised and templated by mindrl-preprocess"
@@ -22,8 +21,9 @@ _ALWAYS = "mindrl always does this"
 
 
 @dataclass
-class SFTTrainingConfig(Section):
-    """`megatron_training:` of an SFT config. Names and meanings follow megatron / MindSpeed-LLM arguments.
+class SFTTrainingConfig(Section, OptimSettings):
+    """`megatron_training:` of an SFT config. Names and meanings follow megatron / MindSpeed-LLM arguments; the
+    optimizer and LR keys are `OptimSettings`'.
 
     Relative paths are relative to the current directory (the shipped configs assume the repo root)."""
 
@@ -79,25 +79,10 @@ class SFTTrainingConfig(Section):
     """Optimizer steps of the run."""
     lr: float = 1e-5
     """Peak learning rate."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
     lr_decay_style: str = "cosine"
     """constant, linear, cosine, inverse-square-root or WSD."""
-    lr_decay_iters: int | None = None
-    """Steps over which lr decays to min_lr (default: train_iters)."""
-    lr_warmup_iters: int = 0
-    """Steps of linear warmup from 0 to lr (the first step runs at lr 0, as in megatron)."""
     lr_warmup_fraction: float | None = None
     """Warmup as a fraction of the decay steps; exclusive with lr_warmup_iters."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    clip_grad: float = 1.0
-    """Global gradient-norm clip (0 disables)."""
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    use_distributed_optimizer: bool = False
-    """Shard the optimizer state over data-parallel ranks."""
     seed: int = 1234
     """Seeds the data order (a fresh permutation per epoch) and megatron's RNGs."""
     bf16: bool = False
@@ -205,12 +190,17 @@ class SFTConfig:
 
 # --------------------------------------------------------------------------------------------------- loading
 def load_sft_config(
-    config_name: str, config_path: str | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+    config_name: str,
+    config_path: str | None = None,
+    overrides: Sequence[str] = (),
+    checks: Sequence[Callable[[SFTTrainingConfig, Collector], None]] = (),
 ) -> SFTConfig:
     """Compose <config_path>/<config_name>.yaml with hydra (config_path None: the repo's configs/; config_name
     may also be a path to a YAML file), apply hydra-style `megatron_training.key=value` overrides, validate.
-    Raises one ConfigError listing every problem. check_paths=False skips reading the data, checkpoint and
-    tokenizer (to check a config written for another machine)."""
+    Raises one ConfigError listing every problem.
+
+    checks: further checks of the valid section, reporting to the same collector (mindrl.preflight's checks of
+    the data, checkpoint and tokenizer); they run only when the config itself has no problem."""
     from mindrl.config.loader import _locate  # the same resolution (and messages) as mindrl-train's
 
     config_dir, name = _locate(config_name, config_path)
@@ -228,8 +218,8 @@ def load_sft_config(
             col.add(SECTION, "is required: a mapping of megatron training arguments")
             col.raise_if_any(name)  # nothing else is worth checking
         mt = SFTTrainingConfig.from_dict(section, SECTION, col)
-        if check_paths and not col.issues:
-            _check_paths(mt, col)
+        for check in checks if not col.issues else ():
+            check(mt, col)
     col.raise_if_any(name)
     return SFTConfig(mt, config_name=name, source=source, ignored_keys=list(col.ignored))
 
@@ -279,66 +269,6 @@ def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> t
     if not isinstance(raw, dict):
         raise ConfigError([Issue("config", f"expected a mapping with '{SECTION}:' at the top level", source)], name)
     return raw, provenance, issues
-
-
-def _check_paths(mt: SFTTrainingConfig, col: Collector) -> None:
-    """The checkpoint (and that the layout fits its model), the tokenizer and the SFT data, reported to col."""
-    from mindrl.checkpoint.hf_io import CheckpointError
-    from mindrl.checkpoint.mcore_ckpt import read_model_meta
-    from mindrl.models.hf_config import ModelConfigError
-
-    with col.scope(SECTION):
-        try:
-            spec, meta = read_model_meta(mt.load)
-        except (CheckpointError, OSError, ValueError, KeyError) as e:
-            col.add("load", f"{e} (make one with mindrl-convert hf2mcore)")
-        else:
-            if meta.get("role") != "actor":
-                col.add("load", f"{mt.load!r} holds a {spec.architecture} (value head); SFT trains a causal LM")
-            try:
-                spec.validate_layout(mt.tensor_model_parallel_size, 1)
-            except ModelConfigError as e:
-                col.add("tensor_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
-            try:
-                spec.validate_layout(1, mt.pipeline_model_parallel_size)
-            except ModelConfigError as e:
-                col.add("pipeline_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
-        if not os.path.isdir(mt.tokenizer_name_or_path):
-            col.add("tokenizer_name_or_path", f"tokenizer directory {mt.tokenizer_name_or_path!r} does not exist")
-        try:
-            counts = sft_data_counts(mt.data_path, mt.split)
-        except ValueError as e:
-            col.add("data_path", f"{mt.data_path!r}: {e}")
-            return
-        if counts[0] < mt.global_batch_size:
-            col.add("global_batch_size", f"{mt.global_batch_size} is larger than the training split ({counts[0]} "
-                    f"samples of {mt.data_path!r} with split {mt.split!r})")  # fmt: skip
-        if mt.eval_interval and counts[1] == 0:
-            col.add("split", f"{mt.split!r} leaves no validation sample of the {sum(counts)} in {mt.data_path!r}")
-
-
-def sft_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
-    """(train, valid, test) document counts of the SFT data at `data_path`, read from the .idx files only.
-    Raises ValueError unless it holds input_ids and labels of equal lengths per document (the Alpaca handler's)."""
-    from mindrl.data.preprocess import dataset_prefix
-
-    prefix = dataset_output_prefix(data_path)
-    for key in ("input_ids", "labels"):
-        p = dataset_prefix(prefix, key)
-        if not (os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx")):
-            raise ValueError(
-                f"{p}.{{bin,idx}} not found (run mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler)"
-            )
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    ids = IndexedDataset(dataset_prefix(prefix, "input_ids"))
-    labels = IndexedDataset(dataset_prefix(prefix, "labels"))
-    if len(ids) != len(labels) or (ids.sequence_lengths != labels.sequence_lengths).any():
-        raise ValueError(
-            "labels are not per-token targets of input_ids (their lengths differ): SFT data comes from "
-            "mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler (labels -100 over the prompt)"
-        )
-    return split_counts(len(ids), split)
 
 
 def split_weights(split: str) -> list[float]:

@@ -3,7 +3,7 @@ sits, each model's layout and the memory of every phase per device, with a verdi
 
     from mindrl.config import load_config
     from mindrl.plan import make_plan, to_text
-    print(to_text(make_plan(load_config("ppo_qwen25_32b_A3", check_paths=False))))
+    print(to_text(make_plan(load_config("ppo_qwen25_32b_A3"))))
 """
 
 from mindrl.plan.devices import CHOICES, Device, pick_device

@@ -12,146 +12,15 @@ import contextlib
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from mindrl.config.settings import DTYPES, RolloutConfig, SamplingConfig
 from mindrl.platform import current_platform
 
 FINISH_REASONS = ("stop", "length")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class SamplingConfig:
-    """How to sample; follows MindSpeed-RL's `generate_config.sampling_config` (plus `n`, `stop`).
-
-    Validated at construction; engines trust it.
-    """
-
-    max_tokens: int = 128
-    """Maximum number of response tokens per sample."""
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (argmax, logprobs then from the raw distribution)."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p (in (0, 1])."""
-    top_k: int = -1
-    """Keep the top_k most likely tokens; -1 (or 0) disables."""
-    min_p: float = 0.0
-    """Drop tokens whose probability is below min_p * (probability of the most likely token); 0 disables."""
-    logprobs: int = 0
-    """Besides the sampled token's logprob (always returned), the number of top logprobs per position."""
-    seed: int | None = None
-    """Per-call seed: same seed, same prompts, same weights -> same samples. None: the engine's RNG stream."""
-    detokenize: bool = False
-    """Also return the response text (needs a tokenizer in the model dir)."""
-    n: int = 1
-    """Samples per prompt."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings (need a tokenizer). The response ends with the token that completed the string."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Token ids that end a response (in addition to the model's EOS); the stop token is kept."""
-    ignore_eos: bool = False
-    """Keep generating past the model's EOS (benchmarks: fixed-length responses)."""
-
-    def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ValueError(f"SamplingConfig: {msg}")
-
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
-            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            bad(f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k!r}")
-        if self.top_k == 0:
-            self.top_k = -1
-        if not (0.0 <= self.min_p <= 1.0):
-            bad(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not isinstance(self.logprobs, int) or self.logprobs < 0:
-            bad(f"logprobs (top logprobs per position) must be an integer >= 0, got {self.logprobs!r}")
-        if not isinstance(self.n, int) or self.n < 1:
-            bad(f"n (samples per prompt) must be an integer >= 1, got {self.n!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad(f"seed must be an int or None, got {self.seed!r}")
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop)
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            bad(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        self.stop_token_ids = list(self.stop_token_ids)
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass
-class RolloutConfig:
-    """The engine's settings; follows MindSpeed-RL's `generate_config` (plus what an in-process engine needs)."""
-
-    model: str
-    """HF model directory: config (and tokenizer, if present). Weights come from it only with load_format='auto'."""
-    infer_tensor_parallel_size: int = 1
-    """Inference TP. > 1 needs an initialised torch.distributed world whose size it divides."""
-    max_num_seqs: int = 256
-    """Most sequences the engine decodes at once."""
-    max_model_len: int = 2048
-    """Prompt + response tokens, at most. A prompt with len(prompt) + max_tokens above it is rejected."""
-    max_num_batched_tokens: int = 8192
-    """Most tokens in one engine step (prefill chunking)."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of device memory for weights + KV cache (ignored when kv_cache_memory_bytes is set)."""
-    dtype: str = "bfloat16"
-    """Inference dtype: float32, float16 or bfloat16 (use float32 for logprob parity checks)."""
-    enforce_eager: bool = True
-    """No graph capture/compilation (fast start; capture pays off only on accelerators)."""
-    enable_prefix_caching: bool = False
-    """Reuse KV blocks of shared prompt prefixes (reset after every load_weights)."""
-    load_format: str = "dummy"
-    """'dummy': random weights, real ones arrive through load_weights (hybrid engine). 'auto': read the dir."""
-    seed: int = 1234
-    """Engine RNG seed. The effective seed is seed + the engine's data-parallel index, so TP peers sample
-    identically and DP replicas sample different streams."""
-    kv_cache_memory_bytes: int | None = None
-    """Explicit KV cache size. None: the platform default (a fixed size on CPU, else gpu_memory_utilization)."""
-    sleep_level: int = 1
-    """vLLM sleep level where the platform has sleep mode: 1 offloads weights to host and drops the KV cache,
-    2 drops both (weights must be reloaded after wake, which the hybrid engine does anyway)."""
-    tokenizer: str | None = None
-    """Tokenizer dir; None: the model dir."""
-    load_tokenizer: bool | None = None
-    """None: load a tokenizer if the dir has one. False: token ids only (detokenize/stop strings unavailable)."""
-    enable_chunked_prefill: bool | None = None
-    """Split long prefills over engine steps. None: the platform's default (off where seeded requests cannot
-    survive a split prefill, i.e. on CPU; then max_num_batched_tokens is raised to max_model_len)."""
-
-    def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ValueError(f"RolloutConfig: {msg}")
-
-        for name in ("infer_tensor_parallel_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                bad(f"{name} must be an integer >= 1, got {v!r}")
-        if not (0.0 < self.gpu_memory_utilization <= 1.0):
-            bad(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if self.dtype not in DTYPES:
-            bad(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.load_format not in ("dummy", "auto"):
-            bad(f"load_format must be 'dummy' or 'auto', got {self.load_format!r}")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
-            bad(f"kv_cache_memory_bytes must be positive or None, got {self.kv_cache_memory_bytes!r}")
-        if self.sleep_level not in (1, 2):
-            bad(f"sleep_level must be 1 or 2, got {self.sleep_level!r}")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 from mindrl.platform import current_platform
 from mindrl.rollout.base import (
     TOKENIZER_FILES,
+    TORCH_DTYPES,
     RolloutConfig,
     RolloutEngine,
     RolloutSample,
@@ -65,9 +66,9 @@ class HFEngine(RolloutEngine):
         self.seed = config.seed + dp_rank
         with forked_rng(self.seed):  # random init must not move the caller's RNG
             if config.load_format == "dummy":
-                self.model = AutoModelForCausalLM.from_config(hf_config, dtype=config.torch_dtype)
+                self.model = AutoModelForCausalLM.from_config(hf_config, dtype=TORCH_DTYPES[config.dtype])
             else:
-                self.model = AutoModelForCausalLM.from_pretrained(config.model, dtype=config.torch_dtype)
+                self.model = AutoModelForCausalLM.from_pretrained(config.model, dtype=TORCH_DTYPES[config.dtype])
         self.model.to(self.device).eval()
         # A checkpoint's generation_config.json (e.g. top_k=20, temperature=0.7) must not leak into sampling.
         self.model.generation_config = GenerationConfig()

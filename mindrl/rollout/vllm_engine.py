@@ -23,6 +23,7 @@ from mindrl.platform import current_platform
 from mindrl.rollout.base import (
     SLEEP_TAGS,
     TOKENIZER_FILES,
+    TORCH_DTYPES,
     RolloutConfig,
     RolloutEngine,
     RolloutSample,
@@ -480,7 +481,7 @@ def default_kv_cache_bytes(hf_config, config: RolloutConfig, platform) -> int | 
         return cap
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    itemsize, tp = config.torch_dtype.itemsize, config.infer_tensor_parallel_size
+    itemsize, tp = TORCH_DTYPES[config.dtype].itemsize, config.infer_tensor_parallel_size
     need = full_batch_kv_bytes(layers, kv_heads, head_dim, itemsize, config.max_num_seqs, config.max_model_len, tp)
     return min(cap, need)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import difflib
 import hmac
 import ipaddress
@@ -26,8 +27,9 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from mindrl.config.settings import RolloutConfig, SamplingConfig
 from mindrl.platform import current_platform
-from mindrl.rollout.base import RolloutConfig, RolloutEngine, RolloutSample, SamplingConfig
+from mindrl.rollout.base import RolloutEngine, RolloutSample
 from mindrl.serving import channel as C
 from mindrl.serving import protocol as P
 from mindrl.serving.protocol import ServerError, bad_request
@@ -52,26 +54,27 @@ def is_loopback(host: str) -> bool:
 class ServerConfig:
     """What `mindrl-rollout-server` serves and how; validated before any engine is built."""
 
-    model: str
-    """HF model dir; the server starts from its weights (version 0)."""
+    engine: RolloutConfig
+    """The engine: `model` is the HF model dir the server starts from (version 0), loaded with load_format 'auto'.
+    With data_parallel_size > 1, replica i samples with seed + i."""
     host: str = "127.0.0.1"
     """Address to bind. Anything but loopback needs a token."""
     port: int = 8000
     """TCP port; 0 picks a free one (the ready line names it)."""
     token: str | None = None
     """Bearer token required on every request but /health (None: no auth, loopback only)."""
-    tensor_parallel_size: int = 1
     data_parallel_size: int = 1
-    max_model_len: int = 2048
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    dtype: str = "bfloat16"
-    seed: int = 1234
-    enable_prefix_caching: bool = True
-    """Reuse KV blocks across requests that share a prompt prefix (reset on every weight commit)."""
-    kv_cache_memory_bytes: int | None = None
+    """Engine replicas, one child process each."""
     max_body_mb: float = DEFAULT_MAX_BODY_MB
     """Largest request body accepted (413 above it): bounds the host memory one request can take."""
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.engine.infer_tensor_parallel_size
 
     @property
     def max_body_bytes(self) -> int:
@@ -91,10 +94,8 @@ class ServerConfig:
             bad("the token is empty (check --token-file)")
         if not (0 <= self.port < 65536):
             bad(f"--port must be in [0, 65535], got {self.port}")
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                bad(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.data_parallel_size, int) or self.data_parallel_size < 1:
+            bad(f"--data-parallel-size must be an integer >= 1, got {self.data_parallel_size!r}")
         if self.tensor_parallel_size > 1 and self.data_parallel_size > 1:
             bad("--tensor-parallel-size > 1 with --data-parallel-size > 1 is not supported yet: run one server per "
                 "TP group and list them all in the trainer's server_urls")  # fmt: skip
@@ -188,19 +189,8 @@ class RolloutServer:
         self.app = self._make_app()
 
     def engine_config(self, replica: int = 0) -> RolloutConfig:
-        c = self.config
-        return RolloutConfig(
-            model=c.model,
-            infer_tensor_parallel_size=c.tensor_parallel_size,
-            load_format="auto",
-            dtype=c.dtype,
-            max_model_len=c.max_model_len,
-            max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
-            enable_prefix_caching=c.enable_prefix_caching,
-            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            seed=c.seed + replica,  # replicas sample different streams for unseeded requests
-        )
+        # replicas sample different streams for unseeded requests
+        return dataclasses.replace(self.config.engine, seed=self.config.engine.seed + replica)
 
     def _make_engine(self):
         d, t = self.config.data_parallel_size, self.config.tensor_parallel_size
@@ -297,7 +287,7 @@ class RolloutServer:
                 model=c.model,
                 tensor_parallel_size=c.tensor_parallel_size,
                 data_parallel_size=c.data_parallel_size,
-                max_model_len=c.max_model_len,
+                max_model_len=c.engine.max_model_len,
                 max_body_bytes=c.max_body_bytes,
             )
             return reply(h.__dict__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from mindrl.checkpoint import mcore_ckpt
+from mindrl.config.settings import OptimSettings
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.trainer.checkpoints import TRAINER_STATE, ResumePoint  # noqa: F401 (TRAINER_STATE: re-exported)
@@ -13,7 +14,6 @@ from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings
-from mindrl.workers.train_setup import OptimSettings
 
 
 def rollout_size(cfg) -> int:
@@ -33,17 +33,8 @@ def total_optimizer_steps(cfg) -> int:
 def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
     warmup = role_cfg.lr_warmup_iters or int(round((role_cfg.lr_warmup_fraction or 0.0) * total_steps))
     dist_opt = role_cfg.use_distributed_optimizer
-    return OptimSettings(
-        lr=float(role_cfg.lr),
-        min_lr=float(role_cfg.min_lr or 0.0),
-        lr_decay_style=role_cfg.lr_decay_style,
-        lr_warmup_steps=int(warmup),
-        lr_decay_steps=role_cfg.lr_decay_iters,
-        weight_decay=float(role_cfg.weight_decay),
-        clip_grad=float(role_cfg.clip_grad),
-        adam_beta1=float(role_cfg.adam_beta1),
-        adam_beta2=float(role_cfg.adam_beta2),
-        adam_eps=float(role_cfg.adam_eps),
+    return role_cfg.optim_settings(
+        lr_warmup_iters=int(warmup),
         use_distributed_optimizer=bool(mt.use_distributed_optimizer if dist_opt is None else dist_opt),
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindrl.config.paths import dataset_output_prefix
+from mindrl.config.megatron import dataset_output_prefix
 from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.handlers import IGNORE_INDEX
 from mindrl.platform.detect import current_platform
@@ -125,23 +125,11 @@ def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
     """Build the model (from mt.load), optimizer and LR schedule on this rank; keep them for the steps."""
     global _STATE
     from mindrl.platform.launch import init_model_parallel
-    from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
+    from mindrl.workers.train_setup import build_model_and_optimizer
 
     mt = SFTTrainingConfig(**mt_dict)
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
-    optim = OptimSettings(
-        lr=mt.lr,
-        min_lr=mt.min_lr,
-        lr_decay_style=mt.lr_decay_style,
-        lr_warmup_steps=mt.warmup_iters,
-        lr_decay_steps=mt.lr_decay_iters,
-        weight_decay=mt.weight_decay,
-        clip_grad=mt.clip_grad,
-        adam_beta1=mt.adam_beta1,
-        adam_beta2=mt.adam_beta2,
-        adam_eps=mt.adam_eps,
-        use_distributed_optimizer=mt.use_distributed_optimizer,
-    )
+    optim = mt.optim_settings(lr_warmup_iters=mt.warmup_iters)
     _, ddp, optimizer, scheduler = build_model_and_optimizer(
         mt.load, tp, pp, optim, total_steps=mt.train_iters, dtype=mt.dtype, sequence_parallel=mt.sequence_parallel
     )

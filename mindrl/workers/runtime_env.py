@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindrl.config.loader import default_config_dir
+
 ENV_VAR = "MINDRL_RUNTIME_ENV"  # path of the YAML file; "" disables the file
 # Values the workers cannot run without: the rollout engine's core lives in the worker process (no subprocess).
 REQUIRED = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -44,8 +46,6 @@ class RuntimeEnv:
 
 def default_path() -> str:
     """The shipped configs/envs/runtime_env.yaml."""
-    from mindrl.config.loader import default_config_dir
-
     return os.path.join(default_config_dir(), "envs", "runtime_env.yaml")
 
 

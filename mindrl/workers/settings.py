@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mindrl.config.settings import OptimSettings
 from mindrl.resharding import OffloadConfig
 from mindrl.rollout.base import RolloutConfig
 from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.rl_model import PPOLossSettings
-from mindrl.workers.train_setup import OptimSettings
 
 
 @dataclass(frozen=True)

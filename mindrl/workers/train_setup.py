@@ -4,42 +4,11 @@ plain language-model steps on random tokens: the shared core of the actor, the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
-
-
-@dataclass(frozen=True)
-class OptimSettings:
-    """Optimizer and LR schedule of one trained model (MindSpeed-RL's actor_config / critic_config keys)."""
-
-    lr: float = 1e-6
-    """Peak learning rate."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
-    lr_decay_style: str = "constant"
-    """One of LR_DECAY_STYLES."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps of linear warmup from 0 to lr."""
-    lr_decay_steps: int | None = None
-    """Optimizer steps over which lr decays to min_lr (None: the run's total optimizer steps)."""
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    """Global gradient-norm clip (0 disables)."""
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks (megatron's DistributedOptimizer)."""
-
-    def __post_init__(self) -> None:
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            raise ValueError(f"lr_decay_style {self.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"need 0 <= min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}")
+from mindrl.config.settings import OptimSettings
 
 
 def build_model_and_optimizer(
@@ -55,7 +24,7 @@ def build_model_and_optimizer(
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
 
-    total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_steps is None).
+    total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -90,13 +59,13 @@ def build_model_and_optimizer(
     )
     optimizer = get_megatron_optimizer(opt_config, [ddp])
     use_fused_adam(optimizer)
-    decay = max(optim.lr_decay_steps or total_steps, optim.lr_warmup_steps + 1)
+    decay = max(optim.lr_decay_iters or total_steps, optim.lr_warmup_iters + 1)
     scheduler = OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0 if optim.lr_warmup_steps else optim.lr,
+        init_lr=0.0 if optim.lr_warmup_iters else optim.lr,
         max_lr=optim.lr,
         min_lr=optim.min_lr,
-        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_warmup_steps=optim.lr_warmup_iters,
         lr_decay_steps=decay,
         lr_decay_style=optim.lr_decay_style,
         start_wd=optim.weight_decay,

@@ -326,7 +326,8 @@ def test_wrong_hf_config_is_named(legacy_ckpts, tiny_models, tmp_path, capsys):
 def test_config_path_check_accepts_legacy_load(legacy_ckpts, tiny_models, assets, tmp_path):  # noqa: F811
     """actor_config.load may name a legacy checkpoint: its hf_files/config.json describes the model (checked against
     the model file like any checkpoint); without one, the error names the key and what to add."""
-    from mindrl.config import ConfigError, load_config
+    from mindrl.config import ConfigError
+    from mindrl.preflight import load_config
     from tests.config.conftest import asset_overrides
 
     root = _copy(legacy_ckpts[("untied", 2, 2)], tmp_path / "legacy")

@@ -17,7 +17,7 @@ GRPO = os.path.join(CONFIGS, "grpo_tiny_cpu.yaml")
 
 def errors(name: str, *overrides: str, config_path: str | None = None) -> ConfigError:
     with pytest.raises(ConfigError) as e:
-        load_config(name, config_path=config_path, overrides=list(overrides), check_paths=False)
+        load_config(name, config_path=config_path, overrides=list(overrides))
     return e.value
 
 

@@ -148,7 +148,7 @@ def ms_dir(tmp_path):
 
 
 def test_mindspeed_folder_loads_unchanged(ms_dir):
-    cfg = load_config("grpo_qwen25_7b_A3", config_path=str(ms_dir), check_paths=False)
+    cfg = load_config("grpo_qwen25_7b_A3", config_path=str(ms_dir))
     assert cfg.source == str(ms_dir / "grpo_qwen25_7b_A3.yaml")
     assert cfg.model.name == "qwen25_7b" and cfg.model.num_kv_heads == 4
     assert cfg.megatron_training.seed == 7 and cfg.megatron_training.dtype == "bfloat16"
@@ -176,7 +176,7 @@ def test_flow_list_defaults_and_config_file_path(ms_dir):
     flow = text.replace("defaults:\n  - model:\n      - qwen25_7b\n", "defaults: [model: qwen25_7b]\n")
     assert flow != text
     (ms_dir / "flow.yaml").write_text(flow)
-    cfg = load_config(str(ms_dir / "flow.yaml"), check_paths=False)  # a file path as the config name
+    cfg = load_config(str(ms_dir / "flow.yaml"))  # a file path as the config name
     assert cfg.config_name == "flow" and cfg.model.hidden_size == 3584
 
 
@@ -184,7 +184,6 @@ def test_merge_precedence(ms_dir):
     cfg = load_config(
         "grpo_qwen25_7b_A3",
         config_path=str(ms_dir),
-        check_paths=False,
         overrides=[
             "actor_config.global_batch_size=32",  # a global key in the role section overrides megatron_training
             "megatron_training.max_position_embeddings=8192",  # an arch key overrides the model file
@@ -200,7 +199,7 @@ def test_merge_precedence(ms_dir):
 
 def test_model_named_outside_the_defaults_list_is_loaded(ms_dir):
     write_configs(ms_dir, {"model/other.yaml": MODEL_7B.replace("qwen25_7b:", "other:")})
-    cfg = load_config("grpo_qwen25_7b_A3", config_path=str(ms_dir), check_paths=False,
+    cfg = load_config("grpo_qwen25_7b_A3", config_path=str(ms_dir),
                       overrides=["actor_config.model=other"])  # fmt: skip
     assert cfg.model.name == "other" and cfg.megatron_training.model == "qwen25_7b"
 
@@ -213,13 +212,13 @@ def test_critic_may_not_disagree_on_global_keys(tmp_path):
     root = write_configs(tmp_path, {"ppo.yaml": text, "model/tiny_qwen2.yaml": open(
         f"{default_config_dir()}/model/tiny_qwen2.yaml").read()})  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        load_config("ppo", config_path=str(root), check_paths=False)
+        load_config("ppo", config_path=str(root))
     assert len(e.value.issues) == 1  # seq_length agrees, global_batch_size does not
     assert "critic_config.global_batch_size" in str(e.value) and "megatron_training.global_batch_size=8" in str(e.value)
 
 
 def test_grpo_with_a_critic_section_ignores_it(tmp_path):
-    cfg = load_config("ppo_tiny_cpu", check_paths=False,
+    cfg = load_config("ppo_tiny_cpu",
                       overrides=["rl_config.adv_estimator=group_norm", "rl_config.use_kl_in_reward=false"])  # fmt: skip
     assert cfg.critic_config is None and cfg.critic_model is None and not cfg.rl_config.needs_critic
     assert "critic_config" in cfg.ignored_keys and "rl_config.critic_resource" in cfg.ignored_keys

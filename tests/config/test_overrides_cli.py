@@ -7,13 +7,13 @@ import argparse
 import pytest
 
 from mindrl.config import ConfigError, load_config
-from mindrl.config.cli import add_config_args, config_from_args
+from mindrl.config.cli import add_config_args
+from mindrl.preflight import config_from_args
 
 
 def test_overrides_change_add_and_delete():
     cfg = load_config(
         "grpo_tiny_cpu",
-        check_paths=False,
         overrides=[
             "rl_config.epochs=2",  # present in the YAML
             "rl_config.use_kl_in_reward=true",  # a schema key the YAML leaves out: added without '+'
@@ -32,7 +32,7 @@ def test_overrides_change_add_and_delete():
 
 def test_unknown_override_key_names_key_source_and_close_match():
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_tiny_cpu", check_paths=False, overrides=["rl_config.epochz=2", "actor_config.lrr=1e-5"])
+        load_config("ppo_tiny_cpu", overrides=["rl_config.epochz=2", "actor_config.lrr=1e-5"])
     msg = str(e.value)
     assert "rl_config.epochz: unknown key; did you mean 'epochs'?" in msg
     assert "override 'rl_config.epochz=2'" in msg
@@ -41,7 +41,7 @@ def test_unknown_override_key_names_key_source_and_close_match():
 
 def test_override_type_error_points_at_the_override():
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_tiny_cpu", check_paths=False, overrides=["actor_config.micro_batch_size=two"])
+        load_config("ppo_tiny_cpu", overrides=["actor_config.micro_batch_size=two"])
     assert len(e.value.issues) == 1
     issue = e.value.issues[0]
     assert issue.key == "actor_config.micro_batch_size" and "expected an integer" in issue.message
@@ -50,13 +50,13 @@ def test_override_type_error_points_at_the_override():
 
 def test_bad_override_syntax():
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_tiny_cpu", check_paths=False, overrides=["rl_config.epochs=1=2"])
+        load_config("ppo_tiny_cpu", overrides=["rl_config.epochs=1=2"])
     assert "rl_config.epochs" in str(e.value) and "bad override" in str(e.value)
 
 
 def test_unknown_model_group_option():
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_tiny_cpu", check_paths=False, overrides=["model=qwen25_7bb"])
+        load_config("ppo_tiny_cpu", overrides=["model=qwen25_7bb"])
     assert "qwen25_7bb" in str(e.value) and "tiny_qwen2" in str(e.value)
 
 
@@ -86,7 +86,7 @@ def test_cli_checks_paths_by_default():
 
 def test_added_keys_are_still_checked_and_empty_sections_mean_defaults():
     with pytest.raises(ConfigError) as e:
-        load_config("grpo_tiny_cpu", check_paths=False, overrides=["+rl_config.epochss=1"])
+        load_config("grpo_tiny_cpu", overrides=["+rl_config.epochss=1"])
     assert "rl_config.epochss: unknown key; did you mean 'epochs'?" in str(e.value)
-    cfg = load_config("grpo_tiny_cpu", check_paths=False, overrides=["rl_config.integrated_mode_config=null"])
+    cfg = load_config("grpo_tiny_cpu", overrides=["rl_config.integrated_mode_config=null"])
     assert cfg.rl_config.integrated_mode_config.ref_model_load_path is None

@@ -1,4 +1,4 @@
-"""Path checks at load: checkpoints exist, are finished megatron checkpoints of the right kind and hold the
+"""Preflight's path checks at load: checkpoints exist, are finished megatron checkpoints of the right kind and hold the
 network the model file describes; the packed dataset and the tokenizer exist."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mindrl.config import ConfigError, load_config
+from mindrl.config import ConfigError
+from mindrl.preflight import load_config
 from tests.config.conftest import asset_overrides, fake_checkpoint
 
 

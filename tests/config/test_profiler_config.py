@@ -37,7 +37,7 @@ profiler_config:
 
 
 def _load(*overrides: str, config_path: str | None = None, name: str = "ppo_tiny_cpu"):
-    return load_config(name, config_path=config_path, overrides=list(overrides), check_paths=False)
+    return load_config(name, config_path=config_path, overrides=list(overrides))
 
 
 def test_off_by_default():

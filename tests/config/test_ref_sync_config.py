@@ -11,14 +11,14 @@ from tests.config.test_errors import errors, issue
 
 
 def test_defaults_are_trls_and_off():
-    rl = load_config("grpo_tiny_cpu", check_paths=False).rl_config
+    rl = load_config("grpo_tiny_cpu").rl_config
     assert (rl.sync_ref_model, rl.ref_model_sync_steps, rl.ref_model_mixup_alpha) == (False, 512, 0.6)
 
 
 @pytest.mark.parametrize("name", ["grpo_tiny_cpu", "ppo_tiny_cpu"])
 def test_sync_loads_with_a_kl_term(name):
     rl = load_config(name, overrides=["rl_config.sync_ref_model=true", "rl_config.ref_model_sync_steps=1",
-                                      "rl_config.ref_model_mixup_alpha=1.0"], check_paths=False).rl_config  # fmt: skip
+                                      "rl_config.ref_model_mixup_alpha=1.0"]).rl_config  # fmt: skip
     assert rl.sync_ref_model and rl.needs_reference and rl.ref_model_sync_steps == 1
 
 
@@ -51,7 +51,7 @@ def test_builder_and_config_agree_on_the_reference():
     from mindrl.trainer import build
 
     for overrides in ([], ["rl_config.init_kl_coef=0.0"], ["rl_config.use_kl_in_reward=false"]):
-        cfg = load_config("ppo_tiny_cpu", overrides=overrides, check_paths=False)
+        cfg = load_config("ppo_tiny_cpu", overrides=overrides)
         assert (
             build.needs_reference(cfg)
             == cfg.rl_config.needs_reference

@@ -12,7 +12,7 @@ from mindrl.rollout.base import RolloutConfig, SamplingConfig
 
 
 def _load(name: str, *overrides: str):
-    return load_config(name, overrides=list(overrides), check_paths=False)
+    return load_config(name, overrides=list(overrides))
 
 
 def test_ppo_resolution():

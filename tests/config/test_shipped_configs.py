@@ -22,7 +22,7 @@ SHIPPED = [
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_config_validates(name):
-    cfg = load_config(name, check_paths=False)
+    cfg = load_config(name)
     assert isinstance(cfg, RLConfig)
     assert cfg.config_name == name and cfg.source.endswith(f"configs/{name}.yaml")
     assert cfg.model.name == cfg.actor_config.model
@@ -35,7 +35,7 @@ def test_shipped_config_validates(name):
 
 
 def test_tiny_configs_match_the_quickstart():
-    ppo, grpo = load_config("ppo_tiny_cpu", check_paths=False), load_config("grpo_tiny_cpu", check_paths=False)
+    ppo, grpo = load_config("ppo_tiny_cpu"), load_config("grpo_tiny_cpu")
     for cfg, n in ((ppo, 2), (grpo, 4)):
         m = cfg.model
         assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads) == (
@@ -63,7 +63,7 @@ def test_tiny_configs_match_the_quickstart():
 
 
 def test_full_size_layouts():
-    ppo = load_config("ppo_qwen25_32b_A3", check_paths=False)
+    ppo = load_config("ppo_qwen25_32b_A3")
     rl = ppo.rl_config
     assert (rl.world_size, ppo.actor_config.tp, ppo.critic_config.tp, rl.actor_dp, rl.critic_dp, rl.infer_dp) == (
         32, 8, 8, 4, 4, 4
@@ -71,14 +71,14 @@ def test_full_size_layouts():
     assert ppo.megatron_training.global_batch_size == 128 and rl.n_samples_per_prompt == 8
     assert rl.max_prompt_length == 2048 and ppo.generate_config.sampling_config.max_tokens == 2048
     assert ppo.model.num_layers == 64 and ppo.model.num_kv_heads == 8 and ppo.megatron_training.dtype == "bfloat16"
-    g7 = load_config("grpo_qwen25_7b_A3", check_paths=False)
+    g7 = load_config("grpo_qwen25_7b_A3")
     m = g7.model
     assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads) == (
         28, 3584, 18944, 28, 4
     )  # fmt: skip
     assert m.padded_vocab_size == 152064 and m.add_qkv_bias and m.norm_epsilon == 1e-6 and m.rotary_base == 1e6
     assert g7.rl_config.actor_dp == 4 and g7.rl_config.infer_dp == 16
-    g32 = load_config("grpo_qwen25_32b_A3", check_paths=False)
+    g32 = load_config("grpo_qwen25_32b_A3")
     assert g32.rl_config.actor_dp == 1 and g32.actor_config.pp == 4
     assert g32.rl_config.verifier_function == ["math_verify"]  # MindSpeed-RL's math_verify_reward
     assert "actor_config.num_layer_list" in g32.ignored_keys
@@ -86,7 +86,7 @@ def test_full_size_layouts():
 
 def test_ignored_keys_logged_once(caplog):
     with caplog.at_level(logging.WARNING, logger="mindrl.config"):
-        cfg = load_config("grpo_qwen25_32b_A3", check_paths=False)
+        cfg = load_config("grpo_qwen25_32b_A3")
     records = [r for r in caplog.records if r.name == "mindrl.config" and "ignored" in r.getMessage()]
     assert len(records) == 1
     msg = records[0].getMessage()
@@ -100,6 +100,8 @@ def test_ignored_keys_logged_once(caplog):
 
 
 def test_tiny_config_with_assets_passes_path_checks(assets):
+    from mindrl.preflight import load_config
+
     cfg = load_config("ppo_tiny_cpu", overrides=asset_overrides(assets))
     assert cfg.actor_config.load == assets["actor"]
     cfg = load_config("grpo_tiny_cpu", overrides=asset_overrides(assets, critic=False))

@@ -14,7 +14,7 @@ from tests.plan import rank_fns
 
 @pytest.fixture(scope="module")
 def tiny_cfg(tiny_models):
-    cfg = load_config("ppo_tiny_cpu", check_paths=False)
+    cfg = load_config("ppo_tiny_cpu")
     import json
     import os
 
@@ -69,7 +69,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_storage_estimate_within_10_percent(actor_ckpt, name, capsys):
     overrides, distributed = LAYOUTS[name]
-    cfg = load_config("ppo_tiny_cpu", overrides=overrides, check_paths=False)
+    cfg = load_config("ppo_tiny_cpu", overrides=overrides)
     plan = make_plan(cfg)
     est = plan.memory["actor"]["train"]
     measured = shared_pool().run(rank_fns.measured_storage, actor_ckpt, 2, distributed)

@@ -18,7 +18,7 @@ SHIPPED = ["ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_7b_A3", "ppo_
 
 @pytest.fixture(scope="module")
 def cfgs():
-    return {name: load_config(name, check_paths=False) for name in SHIPPED}
+    return {name: load_config(name) for name in SHIPPED}
 
 
 def _hand_qwen25_32b() -> int:
@@ -47,8 +47,7 @@ def test_megatron_bytes_per_parameter(cfgs):
     n = lay.params_per_stage[0]
     assert (lay.dp, lay.distributed_optimizer, lay.dtype) == (4, True, "bfloat16")
     assert train["weights_bytes"] + train["grads_bytes"] + train["optimizer_bytes"] == n * (6 + 12 // 4)
-    plan = make_plan(load_config("ppo_qwen25_32b_A3", overrides=["megatron_training.use_distributed_optimizer=false"],
-                                 check_paths=False))  # fmt: skip
+    plan = make_plan(load_config("ppo_qwen25_32b_A3", overrides=["megatron_training.use_distributed_optimizer=false"]))
     train = plan.memory["actor"]["train"]
     assert train["weights_bytes"] + train["grads_bytes"] + train["optimizer_bytes"] == n * 18
 
@@ -111,7 +110,7 @@ def test_device_memory_override_changes_the_verdict(cfgs):
     full = full_batch_kv_bytes(m.num_layers, m.num_kv_heads, m.head_dim, 4 if gen.dtype == "float32" else 2,
                                gen.max_num_seqs, gen.max_model_len, gen.infer_tensor_parallel_size)  # fmt: skip
     assert make_plan(cfg).memory["rollout"]["rollout"]["kv_cache_bytes"] == min(full, 1 << 30) == full
-    cfg = load_config("ppo_tiny_cpu", overrides=["generate_config.kv_cache_memory_gib=1"], check_paths=False)
+    cfg = load_config("ppo_tiny_cpu", overrides=["generate_config.kv_cache_memory_gib=1"])
     small = make_plan(cfg, device_memory_gib=0.5)
     assert not small.verdict["fits"]
     role, phase, term = small.verdict["largest_term"].split(".")  # on CPU the engine never sleeps
@@ -179,7 +178,7 @@ def test_bad_config_gives_the_configs_error(capsys):
     assert code == 2
     assert "mindrl-plan: error: " in err and "actor_config.tensor_model_parallel_size" in err
     with pytest.raises(ConfigError, match="no config 'ppo_tiny_cpuu'.*did you mean"):
-        load_config("ppo_tiny_cpuu", check_paths=False)
+        load_config("ppo_tiny_cpuu")
     assert plan_cli.main(["--config-name", "ppo_tiny_cpuu"]) == 2
     assert "did you mean" in capsys.readouterr().err
     assert plan_cli.main(["--config-name", "ppo_tiny_cpu", "--device-memory-gib", "-1"]) == 2

@@ -51,7 +51,7 @@ def assets(tmp_path_factory):
 
 
 def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic_load=None):
-    from mindrl.config import load_config
+    from mindrl.preflight import load_config
 
     paths = [
         f"actor_config.load={actor_load or assets / 'actor'}",

@@ -389,7 +389,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
 
 _SIGTERM_DRIVER = """
 import os, signal, sys, time
-import mindrl.config.cli as config_cli, mindrl.trainer.ppo_trainer as trainer
+import mindrl.preflight as config_cli, mindrl.trainer.ppo_trainer as trainer
 
 def train(cfg):  # stands in for the run (with its private Ray: ray.init installs a SIGTERM handler of its own)
     from mindrl.workers.group import start_ray, stop_ray

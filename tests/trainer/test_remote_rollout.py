@@ -196,8 +196,7 @@ def test_server_keys_are_validated_at_load():
     urls = "[http://127.0.0.1:8000,'ftp://h:1',http://h:1/v1,http://h,http://127.0.0.1:8000/]"
     with pytest.raises(ConfigError) as e:
         load_config("ppo_tiny_cpu_server", overrides=[f"generate_config.server_urls={urls}",
-                    "generate_config.server_timeout=0", "generate_config.weight_transfer=tcp"],
-                    check_paths=False)  # fmt: skip
+                    "generate_config.server_timeout=0", "generate_config.weight_transfer=tcp"])  # fmt: skip
     text = str(e.value)
     for fragment in (
         "server_urls[1]: 'ftp://h:1' must look like http://HOST:PORT",
@@ -208,7 +207,7 @@ def test_server_keys_are_validated_at_load():
         "generate_config.weight_transfer: 'tcp' is not one of auto, http, dist",
     ):
         assert fragment in text, (fragment, text)
-    cfg = load_config("ppo_tiny_cpu_server", check_paths=False)
+    cfg = load_config("ppo_tiny_cpu_server")
     assert cfg.generate_config.server_urls == ["http://127.0.0.1:8000"] and cfg.generate_config.server_timeout == 300
     assert cfg.generate_config.weight_transfer == "auto"
 

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from mindrl.config import ConfigError
-from mindrl.config.sft import load_sft_config
+from mindrl.preflight import load_sft_config
 from mindrl.trainer import sft
 
 WORLD = 4  # the shared pool's ranks (tests/conftest.py)

@@ -1,0 +1,226 @@
+"""Preflight: the checks of a loaded config that read the disk (checkpoints and that they hold the model the
+config describes, the packed datasets, tokenizers, Ray's runtime env file), run by the CLIs right after loading.
+
+They report to the loader's collector, so one ConfigError lists them with every other problem of the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from mindrl.checkpoint import legacy
+from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
+from mindrl.config import loader
+from mindrl.config import sft as sft_config
+from mindrl.config.cli import check_override_syntax
+from mindrl.config.errors import Collector
+from mindrl.config.megatron import dataset_output_prefix
+from mindrl.config.model import ModelArchConfig
+from mindrl.config.root import RLConfig
+from mindrl.config.sft import SECTION as SFT_SECTION
+from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
+from mindrl.data.preprocess import dataset_prefix
+from mindrl.models.hf_config import ModelConfigError
+from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
+from mindrl.workers.checkpointing import saved_iterations
+from mindrl.workers.runtime_env import RuntimeEnvError, read_env_file
+
+
+def load_config(
+    config_name: str, config_path: str | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+) -> RLConfig:
+    """`mindrl.config.load_config`, plus (unless check_paths is False) the path checks of `check_paths`; one
+    ConfigError lists every problem."""
+    return loader.load_config(config_name, config_path, overrides, checks=(check_rl_paths,) if check_paths else ())
+
+
+def load_sft_config(
+    config_name: str, config_path: str | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+) -> SFTConfig:
+    """`mindrl.config.sft.load_sft_config`, plus (unless check_paths is False) the checkpoint, tokenizer and data
+    checks of `check_sft_paths`."""
+    checks = (check_sft_paths,) if check_paths else ()
+    return sft_config.load_sft_config(config_name, config_path, overrides, checks=checks)
+
+
+def config_from_args(args: argparse.Namespace) -> RLConfig:
+    """Load and validate the config the parsed arguments (`mindrl.config.cli.add_config_args`) name, with the path
+    checks unless --no-check-paths; raises ConfigError."""
+    check_override_syntax(args.overrides)
+    return load_config(
+        args.config_name,
+        config_path=args.config_path,
+        overrides=list(args.overrides),
+        check_paths=not getattr(args, "no_check_paths", False),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- RL configs
+def _p(path: str) -> str:
+    """A path for messages: as written, plus where it resolves when it is relative."""
+    return repr(path) if os.path.isabs(path) else f"{path!r} (= {os.path.abspath(path)})"
+
+
+def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
+    """Report every missing or wrong path of `cfg` to `col`: checkpoints (and that they hold the model the config
+    describes), the packed prompt dataset, the tokenizers and the runtime env file."""
+    mt, rl = cfg.megatron_training, cfg.rl_config
+    _check_checkpoint(col, "actor_config.load", cfg.actor_config.load, cfg.model, value_model=False)
+    ref = rl.integrated_mode_config.ref_model_load_path
+    if ref:
+        _check_checkpoint(
+            col, "rl_config.integrated_mode_config.ref_model_load_path", ref, cfg.model, value_model=False
+        )
+    if cfg.critic_config is not None and cfg.critic_model is not None:
+        _check_checkpoint(col, "critic_config.load", cfg.critic_config.load, cfg.critic_model, value_model=True)
+    if mt.data_path and not col.is_bad("megatron_training.data_path"):
+        _check_dataset(col, mt.data_path, mt.dataset_additional_keys)
+    if rl.runtime_env_path:
+        _check_runtime_env(col, rl.runtime_env_path)
+    for key, path in (
+        ("megatron_training.tokenizer_name_or_path", mt.tokenizer_name_or_path),
+        ("generate_config.tokenizer_name_or_path", cfg.generate_config.tokenizer_name_or_path),
+    ):
+        if path and not (key.startswith("generate") and path == mt.tokenizer_name_or_path):
+            _check_tokenizer(col, key, path)
+
+
+def _older_iteration_spec(path: str):
+    for it in reversed(saved_iterations(path)):
+        try:
+            return read_model_meta(path, it)[0]
+        except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArchConfig, value_model: bool) -> None:
+    if not path or col.is_bad(key):
+        return
+    if not os.path.isdir(path):
+        col.add(key, f"checkpoint directory {_p(path)} does not exist")
+        return
+    if not os.path.isfile(os.path.join(path, TRACKER)):
+        col.add(key, f"{_p(path)} is not a megatron checkpoint: it has no {TRACKER} (convert an HF model with "
+                "mindrl-convert hf2mcore, or point at a finished save)")  # fmt: skip
+        return
+    try:
+        spec = legacy.resolve_spec(path)[0] if legacy.is_legacy(path) else read_model_meta(path)[0]
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:
+        # A damaged newest iteration: a resume falls back to an older complete one (with a warning), whose
+        # description serves the checks here; with none readable, the error stands.
+        spec = _older_iteration_spec(path)
+        if spec is None:
+            col.add(key, f"cannot read the checkpoint's model description: {e}")
+            return
+    if spec.is_value_model != value_model:
+        want = "a value model (convert with --orm)" if value_model else "a causal LM"
+        col.add(key, f"{path!r} holds a {spec.architecture}, but this role needs {want}")
+    if not arch.name:
+        return
+    # The model file must describe the network in the checkpoint: layouts and the planner trust it.
+    where = f"model.{arch.name}"
+    pairs = [
+        ("num_layers", arch.num_layers, spec.num_layers),
+        ("hidden_size", arch.hidden_size, spec.hidden_size),
+        ("ffn_hidden_size", arch.ffn_size, spec.ffn_hidden_size),
+        ("num_attention_heads", arch.num_attention_heads, spec.num_heads),
+        ("num_query_groups", arch.num_kv_heads, spec.num_kv_heads),
+        ("padded_vocab_size", arch.padded_vocab_size, spec.vocab_size),
+        ("add_qkv_bias", arch.add_qkv_bias, spec.qkv_bias),
+    ]
+    if not value_model:
+        pairs.append(("untie_embeddings_and_output_weights", arch.untie_embeddings_and_output_weights,
+                      not spec.tie_word_embeddings))  # fmt: skip
+    for name, ours, theirs in pairs:
+        if ours is not None and ours != theirs and not col.is_bad(f"{where}.{name}"):
+            col.add(f"{where}.{name}", f"is {ours} but the checkpoint {key}={path!r} has {theirs}: the model file "
+                    "must describe the checkpoint's network")  # fmt: skip
+
+
+def _check_dataset(col: Collector, data_path: str, extra_keys: list[str]) -> None:
+    prefix = dataset_output_prefix(data_path)
+    missing = []
+    for k in ["input_ids", *extra_keys]:
+        base = f"{prefix}_packed_{k}_document"
+        missing += [base + ext for ext in (".bin", ".idx") if not os.path.isfile(base + ext)]
+    if missing:
+        col.add("megatron_training.data_path", f"packed dataset files missing: {', '.join(missing)} (data_path "
+                f"{_p(data_path)}; run mindrl-preprocess with output_prefix={prefix!r}, and check "
+                "dataset_additional_keys)")  # fmt: skip
+
+
+def _check_tokenizer(col: Collector, key: str, path: str) -> None:
+    if not os.path.isdir(path):
+        col.add(key, f"tokenizer directory {_p(path)} does not exist")
+    elif not has_tokenizer(path):
+        col.add(key, f"{_p(path)} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+
+
+def _check_runtime_env(col: Collector, path: str) -> None:
+    key = "rl_config.runtime_env_path"
+    if not os.path.isfile(path):
+        col.add(key, f"runtime env file {_p(path)} does not exist")
+        return
+    try:
+        read_env_file(path)
+    except RuntimeEnvError as e:
+        col.add(key, str(e))
+
+
+# ---------------------------------------------------------------------------------------------- SFT configs
+def check_sft_paths(mt: SFTTrainingConfig, col: Collector) -> None:
+    """The checkpoint (and that the layout fits its model), the tokenizer and the SFT data, reported to col."""
+    with col.scope(SFT_SECTION):
+        try:
+            spec, meta = read_model_meta(mt.load)
+        except (CheckpointError, OSError, ValueError, KeyError) as e:
+            col.add("load", f"{e} (make one with mindrl-convert hf2mcore)")
+        else:
+            if meta.get("role") != "actor":
+                col.add("load", f"{mt.load!r} holds a {spec.architecture} (value head); SFT trains a causal LM")
+            try:
+                spec.validate_layout(mt.tensor_model_parallel_size, 1)
+            except ModelConfigError as e:
+                col.add("tensor_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
+            try:
+                spec.validate_layout(1, mt.pipeline_model_parallel_size)
+            except ModelConfigError as e:
+                col.add("pipeline_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
+        if not os.path.isdir(mt.tokenizer_name_or_path):
+            col.add("tokenizer_name_or_path", f"tokenizer directory {mt.tokenizer_name_or_path!r} does not exist")
+        try:
+            counts = sft_data_counts(mt.data_path, mt.split)
+        except ValueError as e:
+            col.add("data_path", f"{mt.data_path!r}: {e}")
+            return
+        if counts[0] < mt.global_batch_size:
+            col.add("global_batch_size", f"{mt.global_batch_size} is larger than the training split ({counts[0]} "
+                    f"samples of {mt.data_path!r} with split {mt.split!r})")  # fmt: skip
+        if mt.eval_interval and counts[1] == 0:
+            col.add("split", f"{mt.split!r} leaves no validation sample of the {sum(counts)} in {mt.data_path!r}")
+
+
+def sft_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
+    """(train, valid, test) document counts of the SFT data at `data_path`, read from the .idx files only.
+    Raises ValueError unless it holds input_ids and labels of equal lengths per document (the Alpaca handler's)."""
+    prefix = dataset_output_prefix(data_path)
+    for key in ("input_ids", "labels"):
+        p = dataset_prefix(prefix, key)
+        if not (os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx")):
+            raise ValueError(
+                f"{p}.{{bin,idx}} not found (run mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler)"
+            )
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    ids = IndexedDataset(dataset_prefix(prefix, "input_ids"))
+    labels = IndexedDataset(dataset_prefix(prefix, "labels"))
+    if len(ids) != len(labels) or (ids.sequence_lengths != labels.sequence_lengths).any():
+        raise ValueError(
+            "labels are not per-token targets of input_ids (their lengths differ): SFT data comes from "
+            "mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler (labels -100 over the prompt)"
+        )
+    return split_counts(len(ids), split)
