@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.config import ConfigError
     from mindrl.config.sft import load_sft_config
-    from mindrl.platform.launch import RankError
+    from mindrl.launch import RankError
     from mindrl.trainer.sft import train_sft
 
     start = time.perf_counter()
