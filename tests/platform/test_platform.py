@@ -210,3 +210,23 @@ def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
     monkeypatch.setenv(name, "false")
     with pytest.raises(ValueError, match=f"{name}='false' must be 0 or 1"):
         env_switch(name)
+
+
+def test_one_class_per_device_kind():
+    """Each kind answers for itself; the facts the rest of mindrl reads differ between the CPU and the devices."""
+    from mindrl.platform import CpuPlatform, CudaPlatform, NpuPlatform
+
+    cpu, cuda, npu = CpuPlatform(), CudaPlatform(), NpuPlatform()
+    assert [(p.name, p.dist_backend, p.ray_resource) for p in (cpu, cuda, npu)] == [
+        ("cpu", "gloo", "CPU"),
+        ("cuda", "nccl", "GPU"),
+        ("npu", "hccl", "NPU"),
+    ]
+    assert cpu.ray_actor_options(0.5) == {"num_cpus": 0.5}
+    assert cuda.ray_actor_options(0.5) == {"num_cpus": 0, "num_gpus": 0.5}
+    assert npu.ray_actor_options(0.5) == {"num_cpus": 0, "resources": {"NPU": 0.5}}
+    assert (cpu.planner_device, cuda.planner_device, npu.planner_device) == (None, "h100", "910b")
+    assert cpu.is_cpu and not cuda.is_cpu and not npu.is_cpu and not cpu.has_sleep_mode and npu.has_sleep_mode
+    assert set(cpu.worker_env) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} and cuda.worker_env == {}
+    assert cpu.rollout_kv_cache_bytes() == 1 << 30 and cuda.rollout_kv_cache_bytes() is None
+    assert cpu.fused_adam and not cuda.fused_adam and cpu.shares_gloo_device and not npu.shares_gloo_device
