@@ -1,9 +1,8 @@
-"""Local multi-process launcher for tools and tests: a pool of torch.distributed ranks on one host.
+"""A pool of local torch.distributed ranks for tools, tests and checkpoint conversion (the trainer's ranks are Ray
+actors, `mindrl.workers`): start once, run any picklable function on every rank, never hang on a failed rank.
 
-The trainer runs its ranks as Ray actors (`mindrl.workers`); conversion tools, checks and tests use this
-pool instead. Ranks start once (imports are the slow part), then run any number of picklable functions.
-A rank that raises or dies fails the call with its traceback, and the pool is torn down: never a hang. A rank
-that does not answer in time fails the call with the Python stacks of all its threads (and of its children's).
+A rank that raises or dies fails the call with its traceback and the pool is torn down; a rank that does not answer
+in time fails it with the Python stacks of all its threads (and of its children's).
 """
 
 from __future__ import annotations
