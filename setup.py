@@ -9,6 +9,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mindrl", "mindrl.*"]),
+    package_data={"mindrl.kernels": ["*.c"]},  # the C kernels' sources, compiled on the host at first use
     python_requires=">=3.10",
     # torch / torch_npu / vllm / vllm-ascend are installed per platform (see README), not here:
     # pinning them would pull the wrong build (e.g. a CUDA torch on an Ascend host).

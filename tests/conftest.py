@@ -40,7 +40,7 @@ _POOL = None
 
 def shared_pool():
     """The session's 4 gloo ranks, started on first use; re-created if a failing test tore them down."""
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     global _POOL
     if _POOL is None or _POOL.closed:
@@ -92,9 +92,9 @@ def _host_snapshot() -> dict:
         "torch.set_num_threads": torch.set_num_threads,
         "torch.Tensor.cuda": torch.Tensor.cuda,  # the megatron CPU shim replaces it (see below)
     }
-    adapt = sys.modules.get("mindrl.platform.adapt")
+    base = sys.modules.get("mindrl.platform.base")
     # The CPU shim is for processes that run megatron (ranks); applied in the pytest process, it stays.
-    snap["the platform shim (mindrl.platform.adapt._APPLIED)"] = sorted(adapt._APPLIED) if adapt else []
+    snap["the platform shim (mindrl.platform.base._APPLIED)"] = sorted(base._APPLIED) if base else []
     for module, attr in _REGISTRIES:
         if module in sys.modules:  # not imported yet: its built-in entries are about to arrive, legitimately
             snap[f"{module}.{attr}"] = dict(getattr(sys.modules[module], attr)._table)

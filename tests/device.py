@@ -31,7 +31,7 @@ CUBLAS_DETERMINISTIC = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 def rank_pool(monkeypatch, on_cpu: bool):
     """A one-rank pool on the device, or (on_cpu) on the CPU of the same host. Not yet entered."""
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     with monkeypatch.context() as m:  # the ranks read the environment when they start
         for k, v in CUBLAS_DETERMINISTIC.items():
@@ -44,7 +44,7 @@ def rank_pool(monkeypatch, on_cpu: bool):
 def convert_on_cpu(hf_dirs: dict[str, str], root: str) -> dict[str, str]:
     """TP1 mcore checkpoints of the given HF models ({name: hf dir}), converted on a CPU rank."""
     from mindrl.checkpoint import convert
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     with pytest.MonkeyPatch.context() as m:
         m.setenv("MINDRL_PLATFORM", "cpu")

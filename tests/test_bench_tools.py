@@ -51,13 +51,13 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     res = json.loads(path.read_text())
     # The peak is the best kernel's: torch.matmul's, on an x86 CPU oneDNN's, and where mindrl preloads its MKL vendor
     # shim into workers (AMD CPUs), torch.matmul's with it
-    from mindrl.platform import current_platform
+    from mindrl.kernels import current_kernels
 
-    platform = current_platform()
+    fast = current_kernels()
     kernels = res["matmul"]["kernels"]
     assert res["peak_gflops"] == max(kernels.values()) > 0
-    expected = {"torch.matmul"} | ({"onednn"} if platform.onednn_available else set())
-    assert set(kernels) == expected | ({"torch.matmul+shim"} if platform.mkl_vendor_shim else set())
+    expected = {"torch.matmul"} | ({"onednn"} if fast.onednn_available else set())
+    assert set(kernels) == expected | ({"torch.matmul+shim"} if fast.mkl_vendor_shim else set())
     (row,) = res["results"]
     assert row["tp"] == 1 and row["step_s"] > 0 and 0 < row["mfu"] < 1.5
     shape = ModelShape.from_hf(tiny_models["untied"])
@@ -67,7 +67,7 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     assert prof["gemm"] > 0 and prof["optimizer"] > 0
     # The profile's top ops: the ranks' megatron linears on oneDNN where that is on, else on MKL (on Intel, and with
     # the vendor shim preloaded on AMD, MKL is the faster and oneDNN is off): aten::mm (forward, input gradient)
-    if platform.onednn_linear and not platform.mkl_vendor_shim:
+    if fast.onednn_linear and not fast.mkl_vendor_shim:
         assert "mkldnn::_linear_pointwise" in stdout and "aten::mm " not in stdout, stdout[-5000:]
     else:
         assert "aten::mm " in stdout and "mkldnn::_linear_pointwise" not in stdout, stdout[-5000:]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mindrl.platform.launch import free_port
+from mindrl.launch import free_port
 from tests.trainer.rl_helpers import assets, wait_for_no_ray  # noqa: F401  (assets: the trainer tests' fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from mindrl.checkpoint import convert
     from mindrl.checkpoint.hf_io import HFCheckpoint
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
     from tools.bench_reshard import _bench_rank  # importable by the ranks (not __main__)
     from tools.make_tiny_model import make_tiny_model
     from tools.scratch import scratch_dir

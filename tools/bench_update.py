@@ -104,19 +104,19 @@ def matmul_peak(
     """Best fp32 GEMM rate (GFLOP/s) over [tokens x K] @ [K x N] at the model's GEMM shapes, with `threads` torch
     threads (restored afterwards), on `device` (an accelerator: each product timed to its completion, TF32 as torch's
     default: off), by each kernel torch offers there: torch.matmul; on an x86 CPU also oneDNN's linear
-    (`mindrl.platform.cpu_linear`, which mindrl's megatron layers use there; MKL's torch.matmul reaches half of it on
-    some AMD CPUs); and where mindrl preloads its MKL vendor shim into workers (`mindrl.platform.mkl_vendor`, AMD CPUs)
+    (`mindrl.kernels.cpu_linear`, which mindrl's megatron layers use there; MKL's torch.matmul reaches half of it on
+    some AMD CPUs); and where mindrl preloads its MKL vendor shim into workers (`mindrl.kernels.mkl_vendor`, AMD CPUs)
     torch.matmul once more in a process with the shim ("torch.matmul+shim"). The peak is the best of them, so that a
     bound computed from it is the machine's, whichever kernel a side uses. Returns {"peak_gflops", "threads",
     "device", "kernels": {kernel: its best}, "shapes": {...}}."""
     import subprocess
 
-    from mindrl.platform.detect import current_platform
+    from mindrl.kernels import current_kernels
 
-    platform = current_platform()
-    names = ["torch.matmul"] + (["onednn"] if device == "cpu" and platform.onednn_available else [])
+    fast = current_kernels()
+    names = ["torch.matmul"] + (["onednn"] if device == "cpu" and fast.onednn_available else [])
     per_shape, best_by_kernel = gemm_rates(names, shape, threads, tokens, seconds, device)
-    shim = platform.mkl_vendor_shim if device == "cpu" else None
+    shim = fast.mkl_vendor_shim if device == "cpu" else None
     if shim and os.environ.get("LD_PRELOAD") != shim:  # the shim works from process start only
         args = json.dumps([["torch.matmul"], asdict(shape), threads, list(tokens), seconds, device])
         code = f"import json, sys; from tools.bench_update import *; print(json.dumps(gemm_rates_json({args!r})))"
@@ -154,7 +154,7 @@ def gemm_rates(
     sync = current_platform().synchronize  # a no-op on the CPU
     kernels = {"torch.matmul": lambda a, w: torch.matmul(a, w.t())}
     if "onednn" in names:
-        from mindrl.platform.cpu_linear import onednn_linear
+        from mindrl.kernels.cpu_linear import onednn_linear
 
         kernels["onednn"] = onednn_linear
     old = torch.get_num_threads()
@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"--tp {tp} must divide the heads ({a.num_heads}) and KV heads ({a.num_kv_heads})")
 
     from mindrl.checkpoint import convert
+    from mindrl.launch import RankPool
     from mindrl.platform.detect import current_platform
-    from mindrl.platform.launch import RankPool
 
     platform = current_platform()
     device = str(platform.device(0))  # the ranks' device: TPk runs on devices 0..k-1 (on CPU: the cores)

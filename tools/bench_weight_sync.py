@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from mindrl.checkpoint import convert
     from mindrl.checkpoint.hf_io import HFCheckpoint
-    from mindrl.platform.launch import RankPool, free_port
+    from mindrl.launch import RankPool, free_port
     from mindrl.serving.client import RolloutClient
     from tools.bench_weight_sync import _bench_rank  # importable by the rank (not __main__)
     from tools.make_tiny_model import make_tiny_model

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mindrl.checkpoint import convert, mcore_ckpt
     from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint
+    from mindrl.launch import RankPool
     from mindrl.models.hf_config import ModelConfigError, ModelSpec
-    from mindrl.platform.launch import RankPool
     from mindrl.workers.hybrid_check import CheckSettings, check_rank
 
     world = a.tp * a.pp

@@ -59,7 +59,7 @@ def _check_pool(pool, world_size: int) -> None:
 @contextlib.contextmanager
 def _ranks(pool, world_size: int):
     """The caller's pool or a new one of world_size ranks."""
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     if pool is not None:
         _check_pool(pool, world_size)
@@ -152,9 +152,9 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
     from megatron.core import parallel_state as ps
     from tqdm import tqdm
 
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
     from mindrl.models.weight_map import full_to_local, global_name, hf_to_full
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
     rss_before = _peak_rss()  # interpreter + torch + megatron, before any weight exists

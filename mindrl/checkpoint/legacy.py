@@ -401,8 +401,8 @@ def build_and_load(
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model) like `mcore_ckpt.build_and_load`, from a legacy checkpoint at any saved TP / PP.
     Collective in name only (each rank reads the files it needs); call inside a rank."""
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
     spec, source = resolve_spec(root, hf_config)

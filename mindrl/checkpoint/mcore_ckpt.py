@@ -161,8 +161,8 @@ def build_and_load(
     saved one. A legacy per-rank checkpoint (mp_rank_* files, see `legacy`) takes its architecture from
     `hf_config` (an HF model dir) or the config.json in load_dir/hf_files."""
     from mindrl.checkpoint import legacy
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
-    from mindrl.platform.launch import init_model_parallel
 
     if legacy.is_legacy(load_dir, iteration):
         return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration)

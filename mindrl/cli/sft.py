@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.config import ConfigError
-    from mindrl.platform.launch import RankError
+    from mindrl.launch import RankError
     from mindrl.preflight import load_sft_config
     from mindrl.trainer.sft import train_sft
 

@@ -89,7 +89,7 @@ class GemmAttention(torch.autograd.Function):
     q: [b, kv, g * sq, d] (the g query heads of KV head j, one after another), k, v: [b, kv, s, d]; mask: bool
     [b, 1, sq, s], True = masked, every row keeping at least one key. The probabilities of each chunk of rows are
     kept for backward (b kv g s^2 values), which then needs no second pass over the scores. With the platform's fused
-    kernels (`Platform.elementwise_kernels`, fp32) the scale, mask and softmax are one pass over each row, as is the
+    kernels (`KernelSet.elementwise_kernels`, fp32) the scale, mask and softmax are one pass over each row, as is the
     softmax's backward with the scale."""
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Build this rank's pipeline stage of the actor / reference `GPTModel` or the critic (value head).
 
-Call after megatron's parallel state is initialised (`mindrl.platform.launch.init_model_parallel`).
+Call after megatron's parallel state is initialised (`mindrl.launch.init_model_parallel`).
 The critic / outcome-reward model is the same trunk with a scalar value head instead of the LM head.
 """
 

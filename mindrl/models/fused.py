@@ -4,7 +4,7 @@ RoPE is installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's 
 SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec); `rms_norm` is what builder.RMSNorm calls
 where the platform has no fused backward of its own.
 
-Where the platform has fused elementwise kernels (`Platform.elementwise_kernels`: on CPU, C kernels built once per
+Where the platform has fused elementwise kernels (`KernelSet.elementwise_kernels`: on CPU, C kernels built once per
 machine) the functions run them for fp32 tensors, one pass each instead of the torch ops' 2-6; otherwise the torch-op
 forms below run, which are bit-identical to megatron's unfused forms.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mindrl.platform.detect import current_platform
+from mindrl.kernels import current_kernels
 
 
 def kernels_for(*tensors: torch.Tensor):
     """The platform's fused elementwise kernels where they cover these tensors, else None."""
-    kernels = current_platform().elementwise_kernels()
+    kernels = current_kernels().elementwise_kernels()
     return kernels if kernels is not None and kernels.takes(*tensors) else None
 
 

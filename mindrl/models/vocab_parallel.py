@@ -8,7 +8,7 @@ The log-probabilities (and the entropy as a metric) run as one autograd function
 row blocks small enough to stay in cache and keeps nothing of vocabulary size for backward beyond the logits
 themselves: autograd's composite form made a dozen full passes over (tokens x vocab) in memory, forward and
 backward. A differentiable entropy (an entropy bonus) takes the composite form. Where the platform has fused kernels
-for fp32 rows (`Platform.elementwise_kernels`, on CPU) each row's statistics are one read of its logits and its
+for fp32 rows (`KernelSet.elementwise_kernels`, on CPU) each row's statistics are one read of its logits and its
 gradient one read and one write, without the blocks' scratch.
 """
 

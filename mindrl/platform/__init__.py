@@ -1,9 +1,22 @@
-"""Where am I running: the only package that knows about npu / cuda / cpu.
+"""Where am I running: the only package that knows about npu / cuda / cpu, one class per device kind.
 
-Everything else asks `current_platform()` for the device, the torch.distributed backend and the Ray
-resource, and calls `current_platform().apply()` once per process before building megatron models.
+Everything else asks `current_platform()` for the device, the torch.distributed backend and the Ray resource, and
+calls `current_platform().apply()` once per process before building megatron models.
 """
 
-from mindrl.platform.detect import Platform, current_platform
+from mindrl.platform.base import Platform, env_switch, in_host_memory
+from mindrl.platform.cpu import CpuPlatform
+from mindrl.platform.cuda import CudaPlatform
+from mindrl.platform.detect import cpu_platform, current_platform
+from mindrl.platform.npu import NpuPlatform
 
-__all__ = ["Platform", "current_platform"]
+__all__ = [
+    "CpuPlatform",
+    "CudaPlatform",
+    "NpuPlatform",
+    "Platform",
+    "cpu_platform",
+    "current_platform",
+    "env_switch",
+    "in_host_memory",
+]

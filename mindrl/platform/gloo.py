@@ -1,14 +1,10 @@
-"""One gloo transport device per process, shared by every gloo process group of that process.
+"""One gloo transport device per process, shared by every gloo process group of that process (`GLOO_SOCKET_IFNAME`
+honoured as torch honours it: one device per listed interface, shared the same way).
 
-torch gives each gloo process group its own TCP device, and each device runs an event-loop thread that wakes every
-10 ms (gloo's `epoll_wait` timeout) whether or not anything is sent. Megatron's parallel state and vLLM's group
-coordinators make dozens of groups per process (34 in a TP1 integrated worker), so the process wakes about 3,400
-times a second. On a CPU host those wake-ups land on the cores the training's OpenMP threads occupy: each one
-preempts a thread that its partner then waits for at the next barrier. A gloo device is built to carry many contexts
-(its pairs are matched by sequence number on one listener, and one loop serves them all), so every group of the
-process uses the same device here: one loop thread, about 100 wake-ups a second.
-
-`GLOO_SOCKET_IFNAME` is honoured as torch honours it: one device per listed interface, shared the same way.
+Why: torch gives each group its own device whose event-loop thread wakes every 10 ms (gloo's `epoll_wait` timeout),
+and megatron's and vLLM's dozens of groups per process then preempt the training's OpenMP threads on a CPU host. A
+gloo device carries many contexts (pairs matched by sequence number on one listener, one loop for all), so every
+group uses the same one. docs/performance.md has the wake-up counts.
 """
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ def write_buckets_in_process(
     """Stands in for megatron's `FileSystemWriterAsync.write_preloaded_data_multiproc`, which forks one process per
     checkpoint file and waits on a joinable queue without a timeout. A rank is multithreaded (gloo, OpenMP, vLLM's
     engine when it runs in the same process), and a child forked while another thread holds a lock it needs never
-    starts; a child that dies before it reports leaves the wait unanswered too. Either way the save hangs: a CI run
-    lost 600 s that way in a conversion whose ranks had run vLLM and oneDNN before. Here each file is written by a
-    thread of the saving process, through megatron's own per-file writer (the bytes on disk are the same), and a
-    writer's exception reaches `retrieve_write_results` as in megatron, which raises it on every save."""
+    starts; a child that dies before it reports leaves the wait unanswered too. Either way the save hangs. Here each
+    file is written by a thread of the saving process, through megatron's own per-file writer (the bytes on disk are
+    the same), and a writer's exception reaches `retrieve_write_results` as in megatron, which raises it on every
+    save."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 

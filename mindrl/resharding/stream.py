@@ -39,8 +39,7 @@ import torch
 
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
-from mindrl.platform import current_platform
-from mindrl.platform.detect import env_switch
+from mindrl.platform import current_platform, env_switch
 
 DEFAULT_BUCKET_MB = 512
 # The HF tensor dimension a megatron TP split cuts (gate/up and q/k/v shards are row chunks of each).

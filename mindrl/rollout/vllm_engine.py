@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from mindrl.kernels import current_kernels
 from mindrl.platform import current_platform
 from mindrl.rollout.base import (
     SLEEP_TAGS,
@@ -88,6 +89,7 @@ class VllmEngine(RolloutEngine):
         from transformers import AutoConfig
 
         platform = current_platform()
+        fast = current_kernels()  # mindrl's kernels for this platform's engine (none on devices)
         self.supports_sleep = platform.has_sleep_mode
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
@@ -145,8 +147,8 @@ class VllmEngine(RolloutEngine):
                 if not platform.compiles_rollout_sampler_ops:
                     _eager_sampler_ops()
                 # An eager engine runs each op as it comes: vLLM's fused C norms instead of its torch-op form.
-                kernels = c_norm_priority() if platform.rollout_c_rms_norm and config.enforce_eager else {}
-                linear_kernels = platform.rollout_linear_kernels() if config.enforce_eager else None
+                kernels = c_norm_priority() if fast.rollout_c_rms_norm and config.enforce_eager else {}
+                linear_kernels = fast.rollout_linear_kernels() if config.enforce_eager else None
                 linears = c_linears(linear_kernels) if linear_kernels is not None else contextlib.nullcontext()
                 with linears:
                     self.llm = LLM(
@@ -176,12 +178,12 @@ class VllmEngine(RolloutEngine):
             raise
         finally:
             host.restore()
-        sampler_kernels = platform.rollout_sampler_kernels()
+        sampler_kernels = fast.rollout_sampler_kernels()
         self.sampler = install_c_sampler(self.llm, sampler_kernels) if sampler_kernels is not None else "vllm"
         # how many linear layers run mindrl's GEMM (0: vLLM's oneDNN / torch linears)
         self.c_linears = count_c_linears(self.llm) if linear_kernels is not None else 0
         # vLLM's SwiGLU on the kernel the actor's update runs (the platform's elementwise kernels; none on devices)
-        activation_kernels = platform.elementwise_kernels() if config.enforce_eager else None
+        activation_kernels = fast.elementwise_kernels() if config.enforce_eager else None
         # how many SwiGLU modules run mindrl's kernel (0: vLLM's form)
         self.c_swiglus = install_c_swiglu(self.llm, activation_kernels) if activation_kernels is not None else 0
         # vLLM samples unseeded requests from the global RNG: give it a stream of its own, identical on

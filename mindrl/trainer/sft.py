@@ -124,7 +124,7 @@ def _state() -> _RankState:
 def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
     """Build the model (from mt.load), optimizer and LR schedule on this rank; keep them for the steps."""
     global _STATE
-    from mindrl.platform.launch import init_model_parallel
+    from mindrl.launch import init_model_parallel
     from mindrl.workers.train_setup import build_model_and_optimizer
 
     mt = SFTTrainingConfig(**mt_dict)
@@ -328,7 +328,7 @@ def train_sft(cfg: SFTConfig, pool=None, log=print) -> SFTResult:
     on (default: a new one). Writes metrics to the run dir and checkpoints to megatron_training.save."""
     from mindrl.checkpoint.mcore_ckpt import read_model_meta
     from mindrl.data.prompt_dataset import ResumableShuffleSampler
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
     from mindrl.trainer.metrics import MetricsLogger, format_eta
 
     mt = cfg.megatron_training

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mindrl.batch import Batch, shard_rows
+from mindrl.launch import is_peer_failure
 from mindrl.platform import current_platform
-from mindrl.platform.launch import is_peer_failure
 
 logger = logging.getLogger("mindrl.workers")
 

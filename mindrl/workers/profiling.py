@@ -24,7 +24,7 @@ optimizer's."""
 CATEGORIES = ("gemm", "elementwise", "optimizer", "communication", "python")
 _COMM = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter", "gloo", "c10d::",
          "barrier", "record_param_comms", "modelparallelregion", "sequenceparallelregion", "asynccommunication")  # fmt: skip
-# torch's GEMMs, mindrl's oneDNN linears on CPU (mindrl.platform.cpu_linear), vLLM-CPU's (its linear layers run
+# torch's GEMMs, mindrl's oneDNN linears on CPU (mindrl.kernels.cpu_linear), vLLM-CPU's (its linear layers run
 # oneDNN or packed-weight kernels registered as torch ops), and mindrl's GEMM in a CPU rollout engine (the range
 # vllm_ops.GEMM_RANGE)
 _GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm", "_linear_pointwise", "onednn_mm",

@@ -31,7 +31,7 @@ def node_address() -> tuple[str, int]:
     private local Ray, the node's cluster address on a multi-node cluster."""
     import ray
 
-    from mindrl.platform.launch import free_port
+    from mindrl.launch import free_port
 
     return ray.util.get_node_ip_address(), free_port()
 
@@ -43,8 +43,9 @@ class MegatronRank:
         return node_address()
 
     def init_world(self, rank: int, world_size: int, master_addr: str, master_port: int, threads: int = 1) -> int:
+        from mindrl.kernels import current_kernels
+        from mindrl.launch import init_distributed
         from mindrl.platform import current_platform
-        from mindrl.platform.launch import init_distributed
 
         os.environ.update(
             RANK=str(rank),
@@ -55,6 +56,7 @@ class MegatronRank:
         os.environ.setdefault("LOCAL_RANK", str(current_platform().local_rank(rank)))
         torch.set_num_threads(threads)
         current_platform().apply()
+        current_kernels().install()
         init_distributed(rank, world_size, master_addr, master_port, timeout_s=1800)
         self.rank = rank
         self.profiler = StageProfiler(None, rank)  # setup() configures it from the settings' `profile`
@@ -63,7 +65,7 @@ class MegatronRank:
     def init_layout(self, tp: int, pp: int, seed: int) -> RankInfo:
         from megatron.core import parallel_state as ps
 
-        from mindrl.platform.launch import init_model_parallel
+        from mindrl.launch import init_model_parallel
 
         init_model_parallel(tp, pp, seed)
         self.info = RankInfo(

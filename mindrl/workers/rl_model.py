@@ -30,7 +30,7 @@ from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
-from mindrl.platform.detect import current_platform, env_switch
+from mindrl.platform import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
 
 SAVINGS = True

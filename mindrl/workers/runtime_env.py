@@ -1,7 +1,7 @@
 """The environment variables every Ray worker gets: configs/envs/runtime_env.yaml (or the file MINDRL_RUNTIME_ENV
 names), overridden by the launching user's environment and an explicit runtime_env, plus what mindrl requires.
 
-Precedence, lowest first: the platform's defaults (`Platform.worker_env`) < the file < the driver's os.environ (for
+Precedence, lowest first: the platform's defaults (`KernelSet.worker_env`) < the file < the driver's os.environ (for
 the defaults' and the file's keys) < `explicit["env_vars"]` < REQUIRED.
 """
 
@@ -111,9 +111,9 @@ def build_runtime_env(
                 "(the rollout engine runs inside each worker process); remove the key"
             )
     if defaults is None:
-        from mindrl.platform import current_platform
+        from mindrl.kernels import current_kernels
 
-        defaults = current_platform().worker_env
+        defaults = current_kernels().worker_env
     merged = {**defaults, **file_vars}
     from_environ = sorted(k for k in merged if k in environ and environ[k] != merged[k])
     merged.update({k: environ[k] for k in from_environ})

@@ -25,7 +25,7 @@ from mindrl.models.hf_config import ModelSpec
 @pytest.fixture(scope="module")
 def rank_pool():
     """One local rank for the few conversions that must really run (its own, closed with the module)."""
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     with RankPool(1, timeout_s=300) as pool:
         yield pool

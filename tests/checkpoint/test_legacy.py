@@ -99,7 +99,7 @@ def make_legacy(pool, hf_dir: str, work, tp: int, pp: int, orm: bool) -> str:
 @pytest.fixture(scope="module")
 def legacy_ckpts(tiny_models, tmp_path_factory):
     """(variant, tp, pp) -> a legacy checkpoint root of that tiny model, saved by real megatron ranks."""
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
     from tests import conftest
 
     if conftest._POOL is None or conftest._POOL.closed:  # module fixtures are set up before `pool`: same pool

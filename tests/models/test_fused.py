@@ -1,7 +1,7 @@
 """mindrl.models.fused against megatron's unfused ops: the SwiGLU activation module and the RoPE hook's dispatch, op by
 op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads); the
 fused RMSNorm against torch's decomposed one (forward bit-identical, backward as close to fp64 as autograd's). With the
-platform's fp32 kernels (mindrl.platform.cpu_kernels) the SiLU and the norm's sums are computed there: as close to
+platform's fp32 kernels (mindrl.kernels.cpu_kernels) the SiLU and the norm's sums are computed there: as close to
 the fp64 values as torch's ops, not bit-identical to them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 def _native(dtype) -> bool:
     """Whether mindrl's fused elementwise kernels run for this dtype here (fp32 where the platform has them)."""
-    from mindrl.platform.detect import current_platform
+    from mindrl.kernels import current_kernels
 
-    return dtype == torch.float32 and current_platform().elementwise_kernels() is not None
+    return dtype == torch.float32 and current_kernels().elementwise_kernels() is not None
 
 
 def _no_further_from_truth(got, ref, truth, dtype, ulps: int = 4) -> None:
@@ -156,11 +156,11 @@ def _fusion_parity_rank(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Ten
 def _fusion_parity(hf_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import parallel_state as ps
 
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs, forward_outputs
     from mindrl.models.fused import SwiGLU
     from mindrl.models.hf_config import ModelSpec
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, 1)
     torch.manual_seed(0)

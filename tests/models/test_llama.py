@@ -9,8 +9,8 @@ import torch
 
 import tests.conftest as conftest
 from mindrl.checkpoint import convert, mcore_ckpt
+from mindrl.launch import RankPool
 from mindrl.models.hf_config import ModelSpec
-from mindrl.platform.launch import RankPool
 from tests.checkpoint.test_convert import assert_bit_exact
 
 # name -> make_tiny_model overrides (all Llama: no q/k/v bias, GQA 4/2 heads, head_dim 32).

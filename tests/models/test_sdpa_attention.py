@@ -56,7 +56,7 @@ def _parity(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
 @pytest.fixture(scope="module")
 def tiny_tp2(tmp_path_factory) -> str:
     import tests.conftest as conftest
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
     from tools.make_tiny_model import make_tiny_model
 
     if conftest._POOL is None or conftest._POOL.closed:
@@ -191,9 +191,9 @@ def test_prefix_groups_attend_as_their_rows(monkeypatch, path):
 
 
 def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
-    from mindrl.platform.detect import Platform
+    from mindrl.platform import CpuPlatform, CudaPlatform
 
-    cpu, cuda = Platform("cpu", "gloo", "CPU", False), Platform("cuda", "nccl", "GPU", True)
+    cpu, cuda = CpuPlatform(), CudaPlatform()
     monkeypatch.delenv("MINDRL_GEMM_ATTENTION_MAX_LEN", raising=False)
     assert (cpu.gemm_attention_max_len(), cpu.gemm_attention_max_len(training=False)) == (320, 160)
     assert cuda.gemm_attention_max_len() == cuda.gemm_attention_max_len(training=False) == 0

@@ -39,8 +39,8 @@ def _vocab_parallel_rank(tp: int, dtype: torch.dtype, temperature: float, block_
 def _vocab_parallel_case(tp: int, dtype: torch.dtype, temperature: float, block_rows: int):
     from megatron.core import parallel_state as ps
 
+    from mindrl.launch import init_model_parallel
     from mindrl.models import vocab_parallel
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, 1)
     logits, labels, grad = _case(dtype)

@@ -10,9 +10,9 @@ def count_params(hf_dir: str, role: str, tp: int, pp: int) -> dict:
     """This rank's parameter count in the model mindrl builds (mindrl.models.builder) at TP x PP."""
     from megatron.core import parallel_state as ps
 
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
     from mindrl.models.hf_config import ModelSpec
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, pp)
     model = build_model(ModelSpec.from_hf_dir(hf_dir), role, dtype="float32", perform_initialization=False)
@@ -74,10 +74,10 @@ def saved_activation_bytes(
 def _saved_activation_bytes(
     hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool
 ) -> dict:
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs
     from mindrl.models.hf_config import ModelSpec
-    from mindrl.platform.launch import init_model_parallel
 
     init_model_parallel(tp, 1)
     spec = ModelSpec.from_hf_dir(hf_dir)

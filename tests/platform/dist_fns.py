@@ -51,7 +51,7 @@ def switch_layouts(layouts):
     import gc
     import threading
 
-    from mindrl.platform.launch import init_model_parallel
+    from mindrl.launch import init_model_parallel
 
     counts = []
     for tp, pp in layouts:
@@ -103,7 +103,7 @@ def gloo_loops_and_wakeups(tp, window_s):
 
     from megatron.core import parallel_state as ps
 
-    from mindrl.platform.launch import init_model_parallel
+    from mindrl.launch import init_model_parallel
 
     init_model_parallel(tp, 1)
     t = torch.tensor([1.0])

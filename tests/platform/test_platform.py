@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import platform
 import re
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import time
 import pytest
 import torch
 
+from mindrl.launch import RankError, RankPool
 from mindrl.platform import current_platform
-from mindrl.platform.launch import RankError, RankPool
 from tests.platform import dist_fns
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,35 +56,6 @@ def test_cpu_shim_adapts_megatron_only():
 def test_optimizer_type_checks_are_adapted_where_megatron_calls_them():
     """megatron.core.optimizer.optimizer imports clip_grad_by_total_norm_fp32 by name: its copy must be wrapped."""
     _in_fresh_process("optimizer_type_checks")
-
-
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN linears are x86-only")
-def test_megatron_linears_run_on_onednn_with_megatrons_results():
-    _in_fresh_process("onednn_linear", MINDRL_ONEDNN_LINEAR="1")  # on an Intel CPU it is off by default (MKL's faster)
-
-
-def _onednn_linear_in(env: dict) -> str:
-    code = "from mindrl.platform import current_platform as c; print(c().onednn_linear)"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-    return proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
-
-
-def test_onednn_linears_are_where_mkl_runs_its_vendor_generic_path():
-    """By default oneDNN's linears are on exactly on a non-Intel x86 CPU without the MKL vendor shim (measured there:
-    MKL at half of oneDNN's rate; on Intel and with the shim MKL is the faster); 0 turns them off, 1 on, anything
-    else is an error that says what the variable takes."""
-    from mindrl.platform import mkl_vendor
-
-    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MINDRL_ONEDNN_LINEAR")}
-    available = current_platform().onednn_available
-    generic = mkl_vendor.cpu_vendor() != "GenuineIntel" or not torch.backends.mkl.is_available()
-    assert _onednn_linear_in(base) == str(available and generic)
-    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="auto")) == str(available and generic)
-    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="0")) == "False"
-    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="1")) == str(available)
-    assert "MINDRL_ONEDNN_LINEAR='yes' must be auto, 0 or 1" in _onednn_linear_in(
-        dict(base, MINDRL_ONEDNN_LINEAR="yes")
-    )
 
 
 def test_no_device_branching_outside_platform():
@@ -177,7 +147,7 @@ def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
     import psutil
 
     script = (
-        "from mindrl.platform.launch import RankPool\n"
+        "from mindrl.launch import RankPool\n"
         "from tests.platform import dist_fns\n"
         f"RankPool(2).run(dist_fns.report_pid_then_block, {str(tmp_path / 'pid')!r})\n"
     )
@@ -201,7 +171,7 @@ def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
 def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
     """A rank pool killed before its close leaves <tmp>/mindrl-stacks-<pid>-*: the next pool removes the folders whose
     pid is gone, and keeps those of live processes (this one's own pools) and names without a pid."""
-    from mindrl.platform.launch import STACKS_PREFIX, sweep_stale_stacks_dirs
+    from mindrl.launch import STACKS_PREFIX, sweep_stale_stacks_dirs
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -231,7 +201,7 @@ def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
 def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
     """mindrl's on/off environment switches (one reader, `env_switch`): unset or 1 on, 0 off, a misspelt value an error
     that names the variable, not a feature silently left on."""
-    from mindrl.platform.detect import env_switch
+    from mindrl.platform import env_switch
 
     monkeypatch.delenv(name, raising=False)
     assert env_switch(name)
@@ -242,23 +212,21 @@ def test_on_off_switches_take_0_or_1_and_name_a_bad_value(monkeypatch, name):
         env_switch(name)
 
 
-@pytest.mark.parametrize(
-    "name,offered",
-    [("MINDRL_ROLLOUT_C_SAMPLER", "rollout_sampler_kernels"), ("MINDRL_ROLLOUT_C_LINEAR", "rollout_linear_kernels")],
-)
-def test_the_rollout_kernel_switches(monkeypatch, name, offered):
-    """MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's sampling step, MINDRL_ROLLOUT_C_LINEAR=0 its linears (no kernels
-    offered); a bad value is an error; MINDRL_CPU_KERNELS=0 turns both off."""
-    platform = current_platform()
-    kernels = getattr(platform, offered)
-    monkeypatch.setenv(name, "0")
-    assert kernels() is None
-    monkeypatch.setenv(name, "yes")
-    if platform.name == "cpu":
-        with pytest.raises(ValueError, match=f"{name}='yes' must be 0 or 1"):
-            kernels()
-    monkeypatch.setenv(name, "1")
-    monkeypatch.setenv("MINDRL_CPU_KERNELS", "1")
-    assert (kernels() is not None) == (platform.elementwise_kernels() is not None)
-    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
-    assert kernels() is None
+def test_one_class_per_device_kind():
+    """Each kind answers for itself; the facts the rest of mindrl reads differ between the CPU and the devices."""
+    from mindrl.platform import CpuPlatform, CudaPlatform, NpuPlatform
+
+    cpu, cuda, npu = CpuPlatform(), CudaPlatform(), NpuPlatform()
+    assert [(p.name, p.dist_backend, p.ray_resource) for p in (cpu, cuda, npu)] == [
+        ("cpu", "gloo", "CPU"),
+        ("cuda", "nccl", "GPU"),
+        ("npu", "hccl", "NPU"),
+    ]
+    assert cpu.ray_actor_options(0.5) == {"num_cpus": 0.5}
+    assert cuda.ray_actor_options(0.5) == {"num_cpus": 0, "num_gpus": 0.5}
+    assert npu.ray_actor_options(0.5) == {"num_cpus": 0, "resources": {"NPU": 0.5}}
+    assert (cpu.planner_device, cuda.planner_device, npu.planner_device) == (None, "h100", "910b")
+    assert cpu.is_cpu and not cuda.is_cpu and not npu.is_cpu and not cpu.has_sleep_mode and npu.has_sleep_mode
+    assert set(cpu.worker_env) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} and cuda.worker_env == {}
+    assert cpu.rollout_kv_cache_bytes() == 1 << 30 and cuda.rollout_kv_cache_bytes() is None
+    assert cpu.fused_adam and not cuda.fused_adam and cpu.shares_gloo_device and not npu.shares_gloo_device

@@ -114,9 +114,9 @@ def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
 
 def stream_critic_error(hf_dir: str) -> str:
     """The error a critic raises (caught here: a raising rank would tear the shared pool down)."""
+    from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
     from mindrl.models.hf_config import ModelSpec
-    from mindrl.platform.launch import init_model_parallel
     from mindrl.resharding import ReshardError, WeightStreamer
 
     init_model_parallel(1, 1)

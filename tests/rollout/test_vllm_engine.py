@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mindrl.kernels import current_kernels
 from mindrl.platform import current_platform
 from mindrl.rollout import RolloutEngine, SamplingConfig, processed_logprobs
 from tests.rollout import helpers
@@ -45,7 +46,7 @@ def test_sampled_tokens_follow_the_models_distribution(vllm_engine, hf_models):
     vllm_ops.install_c_sampler) draws the first token from softmax(HF logits / T): 1,536 draws of one token at
     T = 0.5, a chi-square test over the tokens expected at least 8 times (the rest lumped) at P < 1e-6; and min-p's
     excluded tokens are never drawn."""
-    if current_platform().rollout_sampler_kernels() is not None:
+    if current_kernels().rollout_sampler_kernels() is not None:
         assert vllm_engine.sampler == "mindrl_c"
     prompt = PROMPTS[0]
     with torch.no_grad():
@@ -337,7 +338,7 @@ def test_one_live_engine_per_process(vllm_engine, rollout_models):
 def test_cpu_engine_norms_run_on_vllms_c_kernels(vllm_engine, monkeypatch):
     """On CPU the eager engine's RMSNorms go to vLLM's C kernels (mindrl.rollout.vllm_ops), with the values of vLLM's
     torch-op form; what the kernels would get wrong (a strided view, a weight of another dtype) falls through to it."""
-    if not current_platform().rollout_c_rms_norm:
+    if not current_kernels().rollout_c_rms_norm:
         pytest.skip("this platform keeps vLLM's own norm providers")
     from vllm import ir
 
@@ -387,8 +388,8 @@ def test_cpu_engine_linears_and_swiglu_run_mindrls_kernels(vllm_engine, weights)
     packed again at each weight reload (the parity tests above check the values, before and after reloads), and its
     SwiGLUs with mindrl's kernel. vLLM's dispatch keeps what the GEMM does not cover, and layers of an engine built
     without the kernels."""
-    platform = current_platform()
-    if platform.rollout_linear_kernels() is None or platform.elementwise_kernels() is None:
+    fast = current_kernels()
+    if fast.rollout_linear_kernels() is None or fast.elementwise_kernels() is None:
         pytest.skip("this platform keeps vLLM's own linears and activations")
     from vllm.model_executor.layers.activation import SiluAndMul
 
@@ -422,7 +423,7 @@ def test_cpu_engine_linears_and_swiglu_run_mindrls_kernels(vllm_engine, weights)
     fp32.weight = torch.nn.Parameter(torch.randn(8, 4), requires_grad=False)
     vllm_ops._dispatch_linear(original, fp32, True)  # outside c_linears, a layer that never had the GEMM
     assert calls[-1] is fp32 and len(calls) == 4
-    with vllm_ops.c_linears(platform.rollout_linear_kernels()):
+    with vllm_ops.c_linears(fast.rollout_linear_kernels()):
         vllm_ops._dispatch_linear(original, fp32, False)
     assert len(calls) == 4 and isinstance(fp32.cpu_linear, vllm_ops.PackedLinear) and fp32.weight.shape == (8, 4)
     x = torch.randn(3, 4)

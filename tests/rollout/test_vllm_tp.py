@@ -11,7 +11,7 @@ import platform
 import pytest
 import torch
 
-from mindrl.platform.launch import RankPool
+from mindrl.launch import RankPool
 from mindrl.rollout import SamplingConfig
 from tests.rollout import helpers, rank_fns
 from tests.rollout.helpers import PROMPTS

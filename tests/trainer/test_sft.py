@@ -23,7 +23,7 @@ WORLD = 4  # the shared pool's ranks (tests/conftest.py)
 def shared_pool():
     """The session's 4-rank pool (the `pool` fixture's), for module-scoped fixtures."""
     import tests.conftest as conftest
-    from mindrl.platform.launch import RankPool
+    from mindrl.launch import RankPool
 
     if conftest._POOL is None or conftest._POOL.closed:
         conftest._POOL = RankPool(WORLD, timeout_s=600)

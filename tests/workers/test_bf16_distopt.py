@@ -11,7 +11,7 @@ import pytest
 import tests.conftest as conftest
 from mindrl.checkpoint import convert
 from mindrl.checkpoint.hf_io import HFCheckpoint
-from mindrl.platform.launch import RankPool
+from mindrl.launch import RankPool
 from mindrl.workers.train_setup import OptimSettings
 from tests.workers import distopt_rank_fns, ppo_rank_fns
 from tests.workers.test_ppo_update import ACTOR_LOSS, make_batch

@@ -15,8 +15,8 @@ import torch
 import tests.conftest as conftest
 from mindrl.checkpoint import convert
 from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.launch import RankPool
 from mindrl.platform.detect import current_platform
-from mindrl.platform.launch import RankPool
 from mindrl.workers.train_setup import OptimSettings
 from tests.workers import distopt_rank_fns
 

@@ -15,7 +15,7 @@ import torch
 from mindrl.batch import Batch, pad_rows
 from mindrl.checkpoint import convert
 from mindrl.checkpoint.hf_io import HFCheckpoint
-from mindrl.platform.launch import RankPool
+from mindrl.launch import RankPool
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.train_setup import OptimSettings
 from tests.workers import ppo_rank_fns

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mindrl.platform import current_platform
+from mindrl.kernels import current_kernels
 from mindrl.workers.runtime_env import ENV_VAR, REQUIRED, RuntimeEnvError, build_runtime_env, default_path
 
 
@@ -51,7 +51,7 @@ def test_precedence_platform_then_file_then_environment_then_explicit_then_requi
 
 def test_empty_setting_disables_the_file():
     env = build_runtime_env(environ={ENV_VAR: ""})
-    assert env.path is None and env.runtime_env["env_vars"] == {**current_platform().worker_env, **REQUIRED}
+    assert env.path is None and env.runtime_env["env_vars"] == {**current_kernels().worker_env, **REQUIRED}
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
 
     monkeypatch.setenv(ENV_VAR, _file(tmp_path, "env_vars:\n  MINDRL_PROBE_A: file\n  MINDRL_PROBE_B: file\n"))
     monkeypatch.setenv("MINDRL_PROBE_B", "user")
-    for k in current_platform().worker_env:
+    for k in current_kernels().worker_env:
         monkeypatch.delenv(k, raising=False)
     assert start_ray(None, 1)
     try:
@@ -107,7 +107,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
 
         pid, a, b, kept, start = ray.get(probe.remote(), timeout=120)
         assert pid != os.getpid() and (a, b) == ("file", "user")
-        assert all(start.get(k) == v for k, v in current_platform().worker_env.items()), start
+        assert all(start.get(k) == v for k, v in current_kernels().worker_env.items()), start
         assert kept == TASK_EVENTS_KEPT < 100_000
     finally:
         stop_ray()

@@ -1,9 +1,8 @@
-"""Local multi-process launcher for tools and tests: a pool of torch.distributed ranks on one host.
+"""A pool of local torch.distributed ranks for tools, tests and checkpoint conversion (the trainer's ranks are Ray
+actors, `mindrl.workers`): start once, run any picklable function on every rank, never hang on a failed rank.
 
-The trainer runs its ranks as Ray actors (`mindrl.workers`); conversion tools, checks and tests use this
-pool instead. Ranks start once (imports are the slow part), then run any number of picklable functions.
-A rank that raises or dies fails the call with its traceback, and the pool is torn down: never a hang. A rank
-that does not answer in time fails the call with the Python stacks of all its threads (and of its children's).
+A rank that raises or dies fails the call with its traceback and the pool is torn down; a rank that does not answer
+in time fails it with the Python stacks of all its threads (and of its children's).
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ from typing import Any
 
 import torch
 
-from mindrl.platform.detect import current_platform
+from mindrl.kernels import current_kernels
+from mindrl.platform import current_platform
 from mindrl.platform.orphans import exit_with_parent
 
 
@@ -120,6 +120,7 @@ def _rank_main() -> None:
     torch.set_num_threads(int(os.environ.get("MINDRL_RANK_THREADS", "1")))
     try:
         current_platform().apply()
+        current_kernels().install()
         init_distributed(
             rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"])
         )
@@ -248,7 +249,7 @@ class RankPool:
         self._stacks_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
-        env = {**current_platform().worker_env, **os.environ}  # the platform's defaults, below the user's settings
+        env = {**current_kernels().worker_env, **os.environ}  # the platform's defaults, below the user's settings
         env.update(
             WORLD_SIZE=str(world_size),
             MASTER_PORT=str(free_port()),
@@ -263,7 +264,7 @@ class RankPool:
         self._procs = []
         for rank in range(world_size):
             env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-            cmd = [sys.executable, "-c", "from mindrl.platform.launch import _rank_main; _rank_main()"]
+            cmd = [sys.executable, "-c", "from mindrl.launch import _rank_main; _rank_main()"]
             self._procs.append(subprocess.Popen(cmd, env=env_r))
         self.closed = False
         conns: dict[int, object] = {}

@@ -1,5 +1,5 @@
-"""Small C libraries that mindrl builds on the host the first time it needs them (the MKL vendor shim, the CPU
-kernels): where they are cached, which compiler builds them, and an atomic build that concurrent processes can race."""
+"""C libraries built on the host on first use (the CPU kernels, the MKL vendor shim): their sources, cache
+directory and compiler, and an atomic build that concurrent processes can race."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+
+
+def read_source(name: str) -> str:
+    """The text of the C source `name` shipped beside this module (package data of mindrl.kernels)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), encoding="utf-8") as f:
+        return f.read()
 
 
 def cache_dir() -> str:

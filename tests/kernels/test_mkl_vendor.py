@@ -1,4 +1,4 @@
-"""mindrl.platform.mkl_vendor: on an AMD CPU every worker preloads a library that answers MKL's vendor check, so
+"""mindrl.kernels.mkl_vendor: on an AMD CPU every worker preloads a library that answers MKL's vendor check, so
 torch's MKL runs the code path of the CPU's instruction set (the rank's `mkl_serv_cpu_detect` is above the vendor-
 generic 0 that an unpatched process reads) and megatron's linears stay on MKL instead of oneDNN; elsewhere (or where
 it could not be built) nothing is preloaded. The shim builds with the host's compiler
@@ -14,23 +14,23 @@ import sys
 import pytest
 import torch
 
-from mindrl.platform import current_platform, mkl_vendor, native_build
+from mindrl.kernels import current_kernels, mkl_vendor, native_build
 
 
 def _rank_view():
     a, b = torch.randn(300, 200), torch.randn(200, 100)
     err = ((a @ b).double() - a.double() @ b.double()).abs().max().item()
-    return os.environ.get("LD_PRELOAD", ""), mkl_vendor.mkl_code_path(), err, current_platform().onednn_linear
+    return os.environ.get("LD_PRELOAD", ""), mkl_vendor.mkl_code_path(), err, current_kernels().onednn_linear
 
 
 def test_workers_run_mkls_instruction_set_path_where_the_shim_applies(pool):
-    shim = current_platform().mkl_vendor_shim
+    shim = current_kernels().mkl_vendor_shim
     local = mkl_vendor.mkl_code_path()  # this test process has nothing preloaded
     for preload, code_path, err, onednn in pool.run(_rank_view):
         assert err < 1e-3  # fp32 sums of 200 products of N(0, 1) numbers
         if shim is None:
             assert "mindrl" not in preload and code_path == local
-            assert onednn == current_platform().onednn_linear
+            assert onednn == current_kernels().onednn_linear
         else:
             assert mkl_vendor.applies() and mkl_vendor.cpu_vendor() == "AuthenticAMD"
             assert preload == shim and code_path > local, (preload, code_path, local)
@@ -54,7 +54,7 @@ def test_a_failed_build_warns_and_leaves_mkl_alone(tmp_path, monkeypatch):
 
 
 def test_the_shim_can_be_turned_off():
-    code = "from mindrl.platform import current_platform as c; print(sorted(c().worker_env), c().mkl_vendor_shim)"
+    code = "from mindrl.kernels import current_kernels as c; print(sorted(c().worker_env), c().mkl_vendor_shim)"
     env = {**os.environ, "MINDRL_MKL_VENDOR_SHIM": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,9 +1,7 @@
-"""Adapt megatron-core to the device: torch_npu's transfer_to_npu on Ascend, a CPU shim on CPU.
+"""Megatron-core on a CPU host: its modules see a `torch` whose `cuda` namespace and device="cuda" mean the CPU.
 
-The CPU shim (facts in shared/notes/megatron-on-cpu.md): megatron modules see a `torch` proxy whose
-`cuda` namespace maps to the CPU and whose factories turn device="cuda" into the CPU; the tensor-parallel
-RNG tracker runs on the CPU generator; `Tensor.cuda()` is the identity; and the optimizer's
-`param.type() == 'torch.cuda.FloatTensor'` checks accept CPU tensors while those calls run.
+Also: the tensor-parallel RNG tracker on the CPU generator, `Tensor.cuda()` as the identity, the optimizer's
+CUDA type-name checks accepting CPU tensors, and the weight-gradient accumulation slot filled.
 """
 
 from __future__ import annotations
@@ -12,19 +10,10 @@ import contextlib
 import functools
 import importlib
 import importlib.abc
-import os
 import sys
-import threading
 import types
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from mindrl.platform.detect import Platform
-
-_APPLIED: set[str] = set()
-_LOCK = threading.Lock()
 
 # megatron modules imported up front so that their `torch` global can be swapped before use.
 _MEGATRON_MODULES = (
@@ -60,46 +49,6 @@ _MEGATRON_MODULES = (
 )
 
 
-def apply(platform: Platform) -> None:
-    with _LOCK:
-        if platform.name in _APPLIED:
-            return
-        if platform.name == "npu":
-            _apply_npu()
-        else:
-            # Megatron's recommended setting for overlapping TP communication on GPUs; on CPU it only
-            # silences megatron's warning that it is unset.
-            os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-        if platform.name == "cpu":
-            _apply_cpu()
-            if platform.onednn_linear:
-                from mindrl.platform import cpu_linear
-
-                cpu_linear.install()
-        _in_process_checkpoint_writes()
-        _APPLIED.add(platform.name)
-
-
-def _in_process_checkpoint_writes() -> None:
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    from mindrl.platform.orphans import checkpoint_results_queue, write_buckets_in_process
-
-    filesystem_async._get_write_results_queue = checkpoint_results_queue
-    filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(write_buckets_in_process)
-
-
-def _apply_npu() -> None:
-    # Not runnable here (no NPU): torch_npu redirects torch.cuda.* to the NPU, and MindSpeed's adaptor,
-    # when installed, swaps megatron kernels for Ascend-fused ones.
-    import torch_npu  # noqa: F401
-    from torch_npu.contrib import transfer_to_npu  # noqa: F401
-
-    with contextlib.suppress(ImportError):
-        import mindspeed.megatron_adaptor  # noqa: F401
-
-
-# --------------------------------------------------------------------------------------------- CPU
 _CPU = torch.device("cpu")
 _FACTORIES = (
     "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "rand", "randn", "randint",
@@ -340,7 +289,25 @@ def _import_megatron_quietly() -> None:
             importlib.import_module(name)
 
 
-def _apply_cpu() -> None:
+class CpuWgradAccumulation:
+    """The CPU form of megatron's `fused_weight_gradient_mlp_cuda`: main_grad += grad_output^T @ input.
+
+    One GEMM that adds into the grad buffer, instead of a fresh weight-grad tensor that DDP's hook then adds to
+    main_grad in another pass over it (and frees). `mindrl.kernels.cpu_linear` puts a oneDNN form in its place."""
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+        """total_input (tokens, in), grad_output (tokens, out), main_grad (out, in)."""
+        if total_input.dtype != main_grad.dtype:  # 16-bit activations, fp32 grads: the 16-bit GEMM, added
+            main_grad.add_(grad_output.t().matmul(total_input))
+        else:
+            main_grad.addmm_(grad_output.t(), total_input)
+
+    wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+
+
+def adapt_megatron() -> None:
+    """Adapt megatron-core to the CPU (once per process: `Platform.apply` calls it)."""
     global _TORCH_PROXY
     _TORCH_PROXY = _TorchOnCpu()
     _import_megatron_quietly()
@@ -366,10 +333,8 @@ def _apply_cpu() -> None:
 
     # Weight-gradient accumulation into DDP's main_grad (megatron's apex kernel on CUDA), see
     # mindrl.workers.train_setup.accumulate_wgrad_in_main_grad.
-    from mindrl.platform import cpu_linear
-
     layers = sys.modules["megatron.core.tensor_parallel.layers"]
-    layers.fused_weight_gradient_mlp_cuda = cpu_linear.CpuWgradAccumulation
+    layers.fused_weight_gradient_mlp_cuda = CpuWgradAccumulation
     layers._grad_accum_fusion_available = True
 
     # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.

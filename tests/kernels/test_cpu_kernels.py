@@ -1,4 +1,4 @@
-"""mindrl's fused CPU kernels (mindrl.platform.cpu_kernels) against torch: SwiGLU and RMSNorm, forward and backward,
+"""mindrl's fused CPU kernels (mindrl.kernels.cpu_kernels) against torch: SwiGLU and RMSNorm, forward and backward,
 as close to the fp64 values as torch's ops, RoPE bit-identical to the torch-op form, for odd sizes, strided
 inputs and pass-through channels; built for this CPU and for plain AVX2 (x86-64-v3); off, or without a compiler,
 None with the reason."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mindrl.platform import cpu_kernels
+from mindrl.kernels import cpu_kernels
 
 HAS_COMPILER = cpu_kernels.c_compiler() is not None
 

@@ -1,37 +1,27 @@
-"""MKL's CPU-vendor check, answered "Intel" on AMD CPUs, so that torch's MKL picks its kernels by instruction set.
-
-torch's CPU wheel links oneMKL statically into libtorch_cpu.so. MKL picks its code path by CPU vendor: on an AMD CPU
-it runs a generic path whatever the CPU supports (`mkl_serv_cpu_detect()` reads 0 there, 7 on the same AMD EPYC with
-this shim). On a 2-core AMD EPYC VM with full-width AVX-512, fp32 `torch.matmul` ran at 210-218 GFLOP/s against
-oneDNN's 460-505 at the benchmark model's shapes (docs/performance.md). mindrl's megatron linears already run on
-oneDNN (`cpu_linear`), but torch's other GEMMs do not: the CPU flash-attention kernel's inner products, `bmm`, and
-whatever a user's code calls. MKL asks `mkl_serv_intel_cpu_true()`, which libtorch_cpu.so exports and calls through
-its PLT, so a preloaded library defining it to return 1 answers for it: MKL then dispatches on the CPU's
-instruction-set flags, as it does on Intel CPUs (an AMD CPU without AVX-512, which should get MKL's AVX2 path, was not
-available to measure).
-
-The shim is a one-line C file, built once with the host's C compiler into mindrl's cache directory, and preloaded
-into every worker process (`Platform.worker_env`: Ray workers and rank pools). Only where it applies: an x86-64 CPU
-whose vendor is AMD, a torch with MKL whose libtorch_cpu.so exports the symbol, and a C compiler (`$CC`, else `cc`).
-MINDRL_MKL_VENDOR_SHIM=0 turns it off; a user's own LD_PRELOAD replaces it (the user's environment wins over the
-platform's defaults).
-"""
+"""MKL's CPU-vendor check answered "Intel" on AMD CPUs by a preloaded shim, so that torch's MKL picks its kernels
+by instruction set instead of running its vendor-generic path (`KernelSet.worker_env` preloads it into workers)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import platform as host_platform
 import subprocess
 import warnings
 
 import torch
 
-from mindrl.platform.detect import env_switch, is_x86_64
-from mindrl.platform.native_build import c_compiler, cache_dir, compile_library, failure_detail
+from mindrl.kernels.native_build import c_compiler, cache_dir, compile_library, failure_detail, read_source
+from mindrl.platform import env_switch
 
-SYMBOL = "mkl_serv_intel_cpu_true"
-_SOURCE = f"int {SYMBOL}(void) {{ return 1; }}\n"
+SYMBOL = "mkl_serv_intel_cpu_true"  # what the shim defines (mkl_vendor_shim.c), returning 1
+SOURCE_FILE = "mkl_vendor_shim.c"
 _NAME = "libmindrl_mkl_intel_cpu_true.so"
+
+
+def is_x86_64() -> bool:
+    """Whether this host's CPU is x86-64 (where the oneDNN and MKL choices apply)."""
+    return host_platform.machine().lower() in ("x86_64", "amd64")
 
 
 def cpu_vendor() -> str:
@@ -88,7 +78,7 @@ def build(directory: str) -> str | None:
         )
         return None
     try:
-        compile_library(compiler, _SOURCE, path, ["-O2"])
+        compile_library(compiler, read_source(SOURCE_FILE), path, ["-O2"])
     except (OSError, subprocess.CalledProcessError) as e:
         warnings.warn(
             f"mindrl: could not build the MKL vendor shim into {path} with {compiler}: {e} {failure_detail(e)}; "

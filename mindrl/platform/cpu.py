@@ -1,0 +1,105 @@
+"""The CPU platform: ranks share the host's one device, gloo carries the collectives, megatron runs on a shim.
+
+Figures behind the choices below are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mindrl.platform.base import Platform
+from mindrl.platform.megatron_cpu import adapt_megatron
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    dist_backend = "gloo"
+    ray_resource = "CPU"
+    has_sleep_mode = False
+    is_cpu = True
+
+    # vLLM-CPU's generators refuse the offset rewind a split seeded prefill needs (it kills the engine).
+    seeded_chunked_prefill = False
+    # Inductor would build vLLM's compiled helpers in every engine process (seconds each) for ops whose eager forms
+    # give the same integers and cost nothing at these sizes.
+    compiles_rollout_sampler_ops = False
+    # Row blocks sized for a core's cache; on devices each block is a handful of kernel launches, so few large ones.
+    cache_blocked_logprobs = True
+    # Megatron's compiled SwiGLU gives the same update time but inductor builds it in every process, per grad mode
+    # and shape (and needs a C++ compiler at run time).
+    eager_fused_swiglu = True
+    # torch has no fused RMSNorm backward on CPU and decomposes the op into about a dozen passes when it needs grads.
+    eager_fused_rms_norm = True
+    # megatron has no apex / Transformer Engine Adam here and would fall back to torch's per-tensor loop (about eight
+    # passes per parameter); the fused step differs from the loop's in the last bits.
+    fused_adam = True
+    # The device is host memory: an offload is a host-to-host copy each way that frees nothing. What mindrl offloads
+    # on its own (the reference model) stays in place; what a config asks to offload is still moved.
+    offload_frees_memory = False
+    # One gloo event-loop thread per group wakes every 10 ms and preempts the training's OpenMP threads on the cores
+    # they fill; one shared transport device per process instead.
+    shares_gloo_device = True
+
+    def device(self, local_rank: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    def local_rank(self, rank: int) -> int:
+        return rank
+
+    def set_device(self, local_rank: int) -> None:
+        pass
+
+    def device_count(self) -> int:
+        return 1
+
+    def synchronize(self) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def memory_allocated(self) -> int:
+        return 0
+
+    def max_memory_allocated(self) -> int:
+        return 0
+
+    def reset_peak_memory_stats(self) -> None:
+        pass
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=False)  # host and device coincide
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        # glibc malloc keeps what a step frees for the next step (no mmap of big blocks, no trim of the heap's top),
+        # so each update and rollout does not page-fault its memory in again, zero-filled by the kernel. Devices keep
+        # glibc's defaults: their big buffers are device memory, and host memory handed back matters there (offload).
+        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+    def ray_actor_options(self, fraction: float) -> dict:
+        return {"num_cpus": fraction}
+
+    def weight_channel_group(self, store, rank: int, world_size: int, timeout_s: float):
+        import datetime
+
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
+
+    def _gemm_attention_default(self, training: bool) -> int:
+        # torch's CPU flash kernel computes its small blocks at a fraction of the GEMM rate (in backward most) until
+        # the scores no longer stay in the cache; forward alone it catches up sooner.
+        return 320 if training else 160
+
+    def rollout_kv_cache_bytes(self) -> int | None:
+        # vLLM-CPU reads gpu_memory_utilization as a fraction of host memory (and refuses to start when that much is
+        # not free), so a fixed size is the sane default.
+        return 1 << 30
+
+    def _adapt(self) -> None:
+        # Megatron's recommended setting for overlapping TP communication on GPUs; here it only silences its warning.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        adapt_megatron()

@@ -1,0 +1,88 @@
+"""The one object that says which kernels are on (`mindrl.kernels.current_kernels()`): oneDNN linears in megatron,
+the rollout's kernel switches."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mindrl.kernels import current_kernels, mkl_vendor
+from mindrl.platform import current_platform
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _in_fresh_process(check: str, **extra_env: str) -> None:
+    """Run tests/kernels/onednn_checks.py's `check` in a new interpreter: the shim and the kernels are installed once
+    per process, for good, so installing them here would change every later test in this one."""
+    code = f"from tests.kernels import onednn_checks; onednn_checks.{check}()"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the MKL vendor shim turns oneDNN linears off
+    env.update(extra_env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout[-2000:]
+
+
+def test_device_platforms_have_no_kernels_of_mindrls():
+    from mindrl.kernels import KernelSet
+    from mindrl.platform import CudaPlatform
+
+    fast = KernelSet(CudaPlatform())
+    assert fast.elementwise_kernels() is None and fast.rollout_sampler_kernels() is None
+    assert fast.rollout_linear_kernels() is None and not fast.onednn_linear and fast.mkl_vendor_shim is None
+    assert fast.worker_env == {}
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN linears are x86-only")
+def test_megatron_linears_run_on_onednn_with_megatrons_results():
+    _in_fresh_process("onednn_linear", MINDRL_ONEDNN_LINEAR="1")  # on an Intel CPU it is off by default (MKL's faster)
+
+
+def _onednn_linear_in(env: dict) -> str:
+    code = "from mindrl.kernels import current_kernels as c; print(c().onednn_linear)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    return proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
+
+
+def test_onednn_linears_are_where_mkl_runs_its_vendor_generic_path():
+    """By default oneDNN's linears are on exactly on a non-Intel x86 CPU without the MKL vendor shim (measured there:
+    MKL at half of oneDNN's rate; on Intel and with the shim MKL is the faster); 0 turns them off, 1 on, anything
+    else is an error that says what the variable takes."""
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MINDRL_ONEDNN_LINEAR")}
+    available = current_kernels().onednn_available
+    generic = mkl_vendor.cpu_vendor() != "GenuineIntel" or not torch.backends.mkl.is_available()
+    assert _onednn_linear_in(base) == str(available and generic)
+    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="auto")) == str(available and generic)
+    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="0")) == "False"
+    assert _onednn_linear_in(dict(base, MINDRL_ONEDNN_LINEAR="1")) == str(available)
+    assert "MINDRL_ONEDNN_LINEAR='yes' must be auto, 0 or 1" in _onednn_linear_in(
+        dict(base, MINDRL_ONEDNN_LINEAR="yes")
+    )
+
+
+@pytest.mark.parametrize(
+    "name,offered",
+    [("MINDRL_ROLLOUT_C_SAMPLER", "rollout_sampler_kernels"), ("MINDRL_ROLLOUT_C_LINEAR", "rollout_linear_kernels")],
+)
+def test_the_rollout_kernel_switches(monkeypatch, name, offered):
+    """MINDRL_ROLLOUT_C_SAMPLER=0 keeps vLLM's sampling step, MINDRL_ROLLOUT_C_LINEAR=0 its linears (no kernels
+    offered); a bad value is an error; MINDRL_CPU_KERNELS=0 turns both off."""
+    fast = current_kernels()
+    kernels = getattr(fast, offered)
+    monkeypatch.setenv(name, "0")
+    assert kernels() is None
+    monkeypatch.setenv(name, "yes")
+    if current_platform().is_cpu:
+        with pytest.raises(ValueError, match=f"{name}='yes' must be 0 or 1"):
+            kernels()
+    monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "1")
+    assert (kernels() is not None) == (fast.elementwise_kernels() is not None)
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
+    assert kernels() is None
