@@ -97,7 +97,8 @@ def _host_snapshot() -> dict:
     snap["the platform shim (mindrl.platform.base._APPLIED)"] = sorted(base._APPLIED) if base else []
     for module, attr in _REGISTRIES:
         if module in sys.modules:  # not imported yet: its built-in entries are about to arrive, legitimately
-            snap[f"{module}.{attr}"] = dict(getattr(sys.modules[module], attr)._table)
+            table = getattr(sys.modules[module], attr)
+            snap[f"{module}.{attr}"] = dict(getattr(table, "_table", table))
     return snap
 
 

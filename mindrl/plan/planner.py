@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mindrl.config.root import RLConfig
-from mindrl.plan import memory as mem
+import mindrl.plan.memory as mem
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
 from mindrl.trainer import build

@@ -11,7 +11,7 @@ import sys
 from multiprocessing.connection import Connection
 
 # Imported here (not lazily) so a forkserver that preloads this module hands workers a warm interpreter.
-from mindrl.rewards import verifiers as _verifiers
+import mindrl.rewards.verifiers as _verifiers
 
 
 def _die_with_parent() -> None:

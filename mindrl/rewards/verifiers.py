@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from mindrl.algorithms.registry import Registry
 from mindrl.rewards.equivalence import math_equal, parse_gold_label, parse_response, verify_parsed
 from mindrl.rewards.extract import (
     final_answer,
@@ -18,24 +18,39 @@ from mindrl.rewards.extract import (
 
 Verifier = Callable[[str, "str | None"], float]
 
-VERIFIERS = Registry("verifier", "rl_config.verifier_function")
+VERIFIERS: dict[str, Verifier] = {}
+"""name -> verifier. The rewards' own table, so that rewards/ (like algorithms/, whose estimators have theirs) stands
+on the ground floor and config/ can check names against both."""
 
 
 def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
     """Decorator: make a module-level function selectable in `rl_config.verifier_function`.
 
     It runs in pool worker processes, so it must be importable by module and name (no lambdas)."""
-    return VERIFIERS.register(name)
+
+    def decorator(fn: Verifier) -> Verifier:
+        if name in VERIFIERS and VERIFIERS[name] is not fn:
+            raise ValueError(f"verifier {name!r} is already registered to {VERIFIERS[name].__qualname__}")
+        VERIFIERS[name] = fn
+        return fn
+
+    return decorator
 
 
 def get_verifier(name: str) -> Verifier:
     """The verifier registered under `name`. Called directly it has no time limit; use
     `compute_rule_rewards` to score model output with the external timeout."""
-    return VERIFIERS.get(name)
+    if isinstance(name, str) and name in VERIFIERS:
+        return VERIFIERS[name]
+    close = difflib.get_close_matches(str(name), list_verifiers(), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise ValueError(
+        f"unknown verifier {name!r} (from rl_config.verifier_function); known: {', '.join(list_verifiers())}{hint}"
+    )
 
 
 def list_verifiers() -> list[str]:
-    return VERIFIERS.names()
+    return sorted(VERIFIERS)
 
 
 @register_verifier("acc")

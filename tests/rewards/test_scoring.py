@@ -65,9 +65,9 @@ def test_config_errors_are_clear(kwargs, error, match):
 def scratch_verifier_name():
     """A verifier name free for this test, unregistered afterwards so a rerun in the same process works."""
     name = "_test_lambda"
-    assert name not in VERIFIERS.names(), f"{name!r} left registered by an earlier test"
+    assert name not in VERIFIERS, f"{name!r} left registered by an earlier test"
     yield name
-    VERIFIERS._table.pop(name, None)
+    VERIFIERS.pop(name, None)
 
 
 def test_lambda_verifier_is_rejected_before_scoring(scratch_verifier_name):
