@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mindrl.config.root import RLConfig
 import mindrl.plan.memory as mem
+from mindrl.config.root import RLConfig
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
 from mindrl.trainer import build
