@@ -17,7 +17,7 @@ from mindrl.workers.settings import IntegratedSettings
 
 class IntegratedWorker(MegatronRank):
     def setup(self, s: IntegratedSettings) -> RankInfo:
-        from mindrl.checkpoint.mcore_ckpt import build_and_load
+        from mindrl.checkpoint.loading import build_and_load
         from mindrl.platform.detect import current_platform
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine

@@ -61,7 +61,7 @@ def build_model_and_optimizer(
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
 
     spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration)
     model.config.finalize_model_grads_func = finalize_model_grads

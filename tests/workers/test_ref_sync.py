@@ -42,7 +42,7 @@ def _params(model) -> dict[str, torch.Tensor]:
 def sync_rank(ckpts: dict[str, str], tp: int, pp: int, save_root: str) -> dict:
     """On every rank: an actor after one Adam step, an offloaded reference; sync with each of ALPHAS through
     IntegratedWorker.sync_reference and compare with the mix computed here. Returns counts of mismatches."""
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import OffloadConfig, TrainStateOffloader
     from mindrl.workers.integrated_worker import IntegratedWorker, mix_into
     from mindrl.workers.settings import ModelSettings
