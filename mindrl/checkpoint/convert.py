@@ -184,15 +184,11 @@ def hf2mcore(
     return ConversionStats(
         seconds=time.perf_counter() - t0,
         num_params=sum(r["num_params"] for r in results),
-        bytes_written=_dir_bytes(mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)),
+        bytes_written=mcore_ckpt.dir_nbytes(mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)),
         ranks=len(results),
         peak_rss_bytes=[r["peak_rss"] for r in results],
         base_rss_bytes=[r["rss_before"] for r in results],
     )
-
-
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 # ------------------------------------------------------------------------------------- mcore2hf

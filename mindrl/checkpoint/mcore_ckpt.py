@@ -126,6 +126,18 @@ def check_files(it_dir: str) -> None:
             raise CheckpointError(f"shard {shard} is truncated: {size} bytes, but {path} needs {end}")
 
 
+def dir_nbytes(path: str) -> int:
+    """Bytes of the files under path (a checkpoint's size on disk)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
+
+
 def save_model(model: torch.nn.Module, it_dir: str) -> None:
     """Collective over all ranks: each writes its own shards (replicas are written once)."""
     from megatron.core import dist_checkpointing

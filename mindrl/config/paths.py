@@ -47,8 +47,8 @@ def check_paths(cfg: RLConfig, col: Collector) -> None:
 
 def _older_iteration_spec(path: str):
     from mindrl.checkpoint.hf_io import CheckpointError
+    from mindrl.checkpoint.iterations import saved_iterations
     from mindrl.checkpoint.mcore_ckpt import read_model_meta
-    from mindrl.workers.checkpointing import saved_iterations
 
     for it in reversed(saved_iterations(path)):
         try:

@@ -120,7 +120,7 @@ def _state_differs(a, b) -> bool:
 
 @pytest.mark.parametrize("tp, pp", [pytest.param(2, 1, id="tp2"), pytest.param(1, 2, id="pp2")])
 def test_sync_reference_is_the_exact_mix(pool, sync_ckpts, tmp_path, tp, pp):
-    from mindrl.trainer.checkpoints import check_reference
+    from mindrl.checkpoint.resume import check_reference
 
     results = pool.run(sync_rank, sync_ckpts, tp, pp, str(tmp_path / "ref"))
     for rank, r in enumerate(results):
