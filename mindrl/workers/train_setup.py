@@ -129,8 +129,8 @@ def use_fused_adam(optimizer) -> None:
     (`Platform.fused_adam`). Idempotent.
 
     megatron builds torch's optimizer without apex or Transformer Engine and leaves it on the per-tensor loop. The
-    flag lives in the param groups, which `load_state_dict` replaces with the saved ones: call again after loading
-    a checkpoint (`checkpointing.load_train_state` does)."""
+    flag lives in the param groups, which `load_state_dict` replaces with the saved ones
+    (`mindrl.checkpoint.train_state.load_train_state` keeps this run's flags across its load)."""
     from mindrl.platform.detect import current_platform
 
     if not current_platform().fused_adam:
