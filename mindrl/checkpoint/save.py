@@ -140,22 +140,12 @@ class SaveTarget:
 def save_targets(cfg) -> list[SaveTarget]:
     """Every model a run of `cfg` saves: the actor, then the critic (if the run has one)."""
     a, c = cfg.actor_config, cfg.critic_config
-    out = (
-        [SaveTarget("actor_config.save", "actor", a.save, a.load, not a.no_save_optim, not a.no_save_rng)]
-        if a.save
-        else []
-    )
+    out = []
+    if a.save:
+        out.append(SaveTarget("actor_config.save", "actor", a.save, a.load, not a.no_save_optim, not a.no_save_rng))
     if cfg.rl_config.needs_critic and c is not None and c.save:
-        out.append(
-            SaveTarget(
-                "critic_config.save",
-                "critic",
-                critic_dir(cfg, "save"),
-                critic_dir(cfg, "load"),
-                not c.no_save_optim,
-                not c.no_save_rng,
-            )
-        )
+        save, load = critic_dir(cfg, "save"), critic_dir(cfg, "load")
+        out.append(SaveTarget("critic_config.save", "critic", save, load, not c.no_save_optim, not c.no_save_rng))
     return out
 
 
