@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from mindrl.checkpoint import legacy
 from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.checkpoint.iterations import saved_iterations
 from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
 from mindrl.config import loader
 from mindrl.config import sft as sft_config
@@ -25,7 +26,6 @@ from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.preprocess import dataset_prefix
 from mindrl.models.hf_config import ModelConfigError
 from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
-from mindrl.workers.checkpointing import saved_iterations
 from mindrl.workers.runtime_env import RuntimeEnvError, read_env_file
 
 

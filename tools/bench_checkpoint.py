@@ -48,8 +48,8 @@ def _rank_bench(load_dir: str, tp: int, pp: int, out_dir: str) -> dict:
     import torch
 
     from mindrl.checkpoint import mcore_ckpt
+    from mindrl.checkpoint.train_state import load_train_state, save_train_state
     from mindrl.launch import init_model_parallel
-    from mindrl.workers.checkpointing import load_train_state, save_train_state
     from mindrl.workers.settings import ModelSettings
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
 
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)  # the ranks unpickle the function by module name
+    from mindrl.checkpoint.mcore_ckpt import dir_nbytes
     from mindrl.launch import RankPool
-    from mindrl.trainer.checkpoints import dir_nbytes
     from tools.bench_checkpoint import _rank_bench
 
     work = args.workdir or tempfile.mkdtemp(prefix="bench_ckpt_")

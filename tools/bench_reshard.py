@@ -28,7 +28,7 @@ def _bench_rank(load_dir: str, tp: int, pp: int, bucket_mbs: list[float], repeat
     """On every rank: stream the model `repeats` times per bucket size; memcpy the model's bytes as often."""
     import torch
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.platform import current_platform
     from mindrl.resharding import WeightStreamer
 

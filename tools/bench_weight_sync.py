@@ -33,7 +33,7 @@ def _bench_rank(load_dir: str, url: str, bucket_mbs: list[float], repeats: int) 
     """On the (single) rank: in-process reshard vs push to the server (each transfer), per bucket size."""
     import torch
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
     from mindrl.serving.client import RolloutClient
 

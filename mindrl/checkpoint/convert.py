@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mindrl.checkpoint import legacy, mcore_ckpt
+from mindrl.checkpoint import legacy, loading, mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint, HFShardWriter, carry_files
 from mindrl.models.hf_config import ModelSpec, torch_dtype
-from mindrl.models.weight_map import expected_hf_names, mcore_param_names, param_mapping
+from mindrl.models.weight_map import expected_hf_names, expected_hf_shape, mcore_param_names, param_mapping
 
 DEFAULT_TOL = 1e-5
 
@@ -69,30 +69,6 @@ def _ranks(pool, world_size: int):
         yield new_pool
 
 
-def _expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
-    h, hd, ffn, v = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.vocab_size
-    leaf = hf_name.split(".", 3)[-1] if hf_name.startswith("model.layers.") else hf_name
-    shapes = {
-        "model.embed_tokens.weight": (v, h),
-        "lm_head.weight": (v, h),
-        "score.weight": (1, h),
-        "model.norm.weight": (h,),
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (spec.num_heads * hd, h),
-        "self_attn.k_proj.weight": (spec.num_kv_heads * hd, h),
-        "self_attn.v_proj.weight": (spec.num_kv_heads * hd, h),
-        "self_attn.q_proj.bias": (spec.num_heads * hd,),
-        "self_attn.k_proj.bias": (spec.num_kv_heads * hd,),
-        "self_attn.v_proj.bias": (spec.num_kv_heads * hd,),
-        "self_attn.o_proj.weight": (h, spec.num_heads * hd),
-        "mlp.gate_proj.weight": (ffn, h),
-        "mlp.up_proj.weight": (ffn, h),
-        "mlp.down_proj.weight": (h, ffn),
-    }
-    return shapes[leaf]
-
-
 def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
     """Every expected tensor present once with the shape the config implies, nothing unexpected."""
     ckpt = HFCheckpoint(hf_dir)
@@ -110,7 +86,7 @@ def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
         raise CheckpointError(f"{hf_dir}: tensors that are not part of a {spec.architecture}: {unexpected[:8]}")
     for name in expected:
         shape = ckpt.shape(name)
-        want = _expected_hf_shape(spec, name)
+        want = expected_hf_shape(spec, name)
         if shape != want:
             raise CheckpointError(f"{hf_dir}: tensor {name!r} has shape {shape}, but config.json implies {want}")
     return ckpt
@@ -208,15 +184,11 @@ def hf2mcore(
     return ConversionStats(
         seconds=time.perf_counter() - t0,
         num_params=sum(r["num_params"] for r in results),
-        bytes_written=_dir_bytes(mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)),
+        bytes_written=mcore_ckpt.dir_nbytes(mcore_ckpt.iteration_dir(save_dir, mcore_ckpt.RELEASE)),
         ranks=len(results),
         peak_rss_bytes=[r["peak_rss"] for r in results],
         base_rss_bytes=[r["rss_before"] for r in results],
     )
-
-
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 # ------------------------------------------------------------------------------------- mcore2hf
@@ -226,7 +198,7 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config:
     from mindrl.models.weight_map import full_to_hf
 
     rss_before = _peak_rss()
-    spec, meta, model = mcore_ckpt.build_and_load(load_dir, 1, 1, hf_config=hf_config)
+    spec, meta, model = loading.build_and_load(load_dir, 1, 1, hf_config=hf_config)
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
     params = dict(model.named_parameters())
@@ -304,7 +276,7 @@ def _logits_rank(
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp, hf_config=hf_config)
+    _, _, model = loading.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp, hf_config=hf_config)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None

@@ -27,7 +27,13 @@ import torch
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.models.hf_config import ModelConfigError, ModelSpec
-from mindrl.models.weight_map import ParamMapping, local_to_full, mcore_param_names, param_mapping
+from mindrl.models.weight_map import (
+    ParamMapping,
+    expected_hf_shape,
+    local_to_full,
+    mcore_param_names,
+    param_mapping,
+)
 
 RANK_FILES = ("model_optim_rng.pt", "model_rng.pt")  # model_rng.pt: megatron's name when the optimizer is apart
 _RANK_DIR_RE = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
@@ -328,11 +334,10 @@ def _shard_shape_fits(spec: ModelSpec, name: str, tp: int, have: tuple[int, ...]
     """(does one legacy TP rank's shard of `name` have a shape the spec allows, the shape expected). Vocabulary
     rows may be padded (megatron pads the vocabulary to a multiple of its divisor x TP), and a value head may
     be split over TP (a row-parallel reward head)."""
-    from mindrl.checkpoint.convert import _expected_hf_shape
     from mindrl.models.weight_map import full_to_local, hf_to_full
 
     mapping = param_mapping(spec, name)
-    hf = [torch.empty(_expected_hf_shape(spec, n), device="meta") for n in mapping.hf_names]
+    hf = [torch.empty(expected_hf_shape(spec, n), device="meta") for n in mapping.hf_names]
     want = tuple(full_to_local(mapping, hf_to_full(spec, mapping, hf), 0, tp).shape)
     if have == want:
         return True, str(want)
@@ -399,7 +404,7 @@ def build_and_load(
     hf_config: str | None = None,
     iteration: int | str | None = None,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
-    """(spec, meta, model) like `mcore_ckpt.build_and_load`, from a legacy checkpoint at any saved TP / PP.
+    """(spec, meta, model) like `loading.build_and_load`, from a legacy checkpoint at any saved TP / PP.
     Collective in name only (each rank reads the files it needs); call inside a rank."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model

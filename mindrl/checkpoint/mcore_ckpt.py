@@ -126,6 +126,18 @@ def check_files(it_dir: str) -> None:
             raise CheckpointError(f"shard {shard} is truncated: {size} bytes, but {path} needs {end}")
 
 
+def dir_nbytes(path: str) -> int:
+    """Bytes of the files under path (a checkpoint's size on disk)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
+
+
 def save_model(model: torch.nn.Module, it_dir: str) -> None:
     """Collective over all ranks: each writes its own shards (replicas are written once)."""
     from megatron.core import dist_checkpointing
@@ -145,36 +157,3 @@ def load_model(model: torch.nn.Module, it_dir: str) -> None:
     except Exception as e:  # e.g. a shard of the right size holding corrupted bytes
         raise CheckpointError(f"cannot load the model from {it_dir}: {type(e).__name__}: {e}") from e
     model.load_state_dict(state, strict=True)
-
-
-def build_and_load(
-    load_dir: str,
-    tp: int,
-    pp: int,
-    dtype: str | None = None,
-    sequence_parallel: bool = False,
-    iteration: int | str | None = None,
-    hf_config: str | None = None,
-) -> tuple[ModelSpec, dict, torch.nn.Module]:
-    """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
-    with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
-    saved one. A legacy per-rank checkpoint (mp_rank_* files, see `legacy`) takes its architecture from
-    `hf_config` (an HF model dir) or the config.json in load_dir/hf_files."""
-    from mindrl.checkpoint import legacy
-    from mindrl.launch import init_model_parallel
-    from mindrl.models.builder import build_model
-
-    if legacy.is_legacy(load_dir, iteration):
-        return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration)
-    init_model_parallel(tp, pp)
-    iteration = read_tracker(load_dir) if iteration is None else iteration
-    spec, meta = read_model_meta(load_dir, iteration)
-    model = build_model(
-        spec,
-        meta["role"],
-        dtype=dtype or meta["dtype"],
-        sequence_parallel=sequence_parallel,
-        perform_initialization=False,
-    )
-    load_model(model, iteration_dir(load_dir, iteration))
-    return spec, meta, model

@@ -96,6 +96,31 @@ def expected_hf_names(spec: ModelSpec) -> list[str]:
     return out
 
 
+def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
+    """The shape the tensor `hf_name` of an HF checkpoint of this model has (unpadded vocabulary)."""
+    h, hd, ffn, v = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.vocab_size
+    leaf = hf_name.split(".", 3)[-1] if hf_name.startswith("model.layers.") else hf_name
+    shapes = {
+        "model.embed_tokens.weight": (v, h),
+        "lm_head.weight": (v, h),
+        "score.weight": (1, h),
+        "model.norm.weight": (h,),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (spec.num_heads * hd, h),
+        "self_attn.k_proj.weight": (spec.num_kv_heads * hd, h),
+        "self_attn.v_proj.weight": (spec.num_kv_heads * hd, h),
+        "self_attn.q_proj.bias": (spec.num_heads * hd,),
+        "self_attn.k_proj.bias": (spec.num_kv_heads * hd,),
+        "self_attn.v_proj.bias": (spec.num_kv_heads * hd,),
+        "self_attn.o_proj.weight": (h, spec.num_heads * hd),
+        "mlp.gate_proj.weight": (ffn, h),
+        "mlp.up_proj.weight": (ffn, h),
+        "mlp.down_proj.weight": (h, ffn),
+    }
+    return shapes[leaf]
+
+
 def global_name(local_name: str, layer_offset: int) -> str:
     """Megatron names number layers per pipeline stage; the map uses global numbers."""
     m = _LAYER_RE.match(local_name)

@@ -39,6 +39,7 @@ import torch
 
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
+from mindrl.models.wrappers import unwrap
 from mindrl.platform import current_platform, env_switch
 
 DEFAULT_BUCKET_MB = 512
@@ -97,13 +98,6 @@ class _LiveBytes:
 
     def current(self) -> int:
         return sum(n for ref, n in self._live.values() if ref() is not None)
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
 
 
 def _layer_offset(model: torch.nn.Module) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 
 from mindrl.checkpoint import mcore_ckpt
+from mindrl.checkpoint.iterations import critic_dir
+from mindrl.checkpoint.resume import ResumePoint
 from mindrl.config.settings import OptimSettings
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
-from mindrl.trainer.checkpoints import TRAINER_STATE, ResumePoint  # noqa: F401 (TRAINER_STATE: re-exported)
 from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.rl_model import PPOLossSettings
@@ -37,15 +38,6 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
         lr_warmup_iters=int(warmup),
         use_distributed_optimizer=bool(mt.use_distributed_optimizer if dist_opt is None else dist_opt),
     )
-
-
-def critic_dir(cfg, which: str) -> str:
-    """The critic's `load` or `save` dir: its own, or `<dir>/critic` when it is the actor's (they never overwrite
-    each other, even when both are ./ckpt)."""
-    actor, critic = getattr(cfg.actor_config, which), getattr(cfg.critic_config, which)
-    if critic and actor and os.path.abspath(critic) == os.path.abspath(actor):
-        return os.path.join(critic, "critic")
-    return critic
 
 
 def _model(role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None) -> ModelSettings:
@@ -132,7 +124,7 @@ def profile_settings(cfg) -> ProfileSettings | None:
 
 
 def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSettings:
-    """resume: where the run resumes (`checkpoints.find_resume(cfg)`), None to start at iteration 0."""
+    """resume: where the run resumes (`mindrl.checkpoint.resume.find_resume(cfg)`), None to start at iteration 0."""
     rl, gen = cfg.rl_config, cfg.generate_config
     rollout = gen.rollout_config(engine_model_dir(cfg), cfg.megatron_training.seed)
     # A synced reference (rl_config.sync_ref_model) resumes from the checkpoint's own copy, not the original.

@@ -27,8 +27,10 @@ from mindrl.algorithms import (
     scores_to_token_level,
 )
 from mindrl.batch import Batch, pad_rows
-from mindrl.checkpoint import mcore_ckpt
-from mindrl.trainer import build, checkpoints
+from mindrl.checkpoint.iterations import TrainerState
+from mindrl.checkpoint.resume import ResumePoint, find_resume
+from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
+from mindrl.trainer import build
 from mindrl.trainer.metrics import stats_metrics
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 
@@ -137,7 +139,7 @@ class PPOTrainer:
 
         from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
         from mindrl.workers.critic_worker import CriticWorker
-        from mindrl.workers.group import WorkerGroup, device_placement_group, start_ray, worker_threads
+        from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, worker_threads
         from mindrl.workers.integrated_worker import IntegratedWorker
 
         self.cfg = cfg
@@ -163,9 +165,9 @@ class PPOTrainer:
         self.verifier_names = build.reward_settings(cfg).verifier_function
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
-        self.resume = checkpoints.find_resume(cfg)
-        for what, path in self._save_dirs():
-            checkpoints.check_writable(path, what)
+        self.resume = find_resume(cfg)
+        self.checkpoints = RunCheckpoints(cfg, writer_errors=(WorkerError,))
+        self.checkpoints.check_writable()
         self.save_failures = 0
         self.sync_ref = rl.sync_ref_model  # validated at load: only with a reference model
         original_ref = self.resume is not None and self.resume.ref_dir is None  # not a synced one from the checkpoint
@@ -281,18 +283,12 @@ class PPOTrainer:
         state intact and tries again at the next one (counted in checkpoint/save_failures)."""
         try:
             self.save()
-        except checkpoints.CheckpointSaveError as e:
+        except CheckpointSaveError as e:
             self.save_failures += 1
             logger.error("iteration %d was NOT saved (the run goes on; the next save retries): %s", self.iteration, e)
 
     def _resume_hint(self) -> str:
-        a = self.cfg.actor_config
-        if not a.save or not os.path.isdir(a.save):
-            return ""
-        try:
-            return f"; the last complete checkpoint is iteration {mcore_ckpt.read_tracker(a.save)} in {a.save}"
-        except Exception:
-            return ""
+        return self.checkpoints.resume_hint()
 
     def step(self, prompts) -> tuple[dict[str, float], list[dict]]:
         """One PPO / GRPO iteration on a PromptBatch. Returns (metrics, sampled rows for rollouts.jsonl)."""
@@ -640,121 +636,49 @@ class PPOTrainer:
         return rows
 
     # ------------------------------------------------------------------------------------------------ ends
-    def _save_targets(self) -> list[tuple[str, str, str, object]]:
-        """(config key, save dir, load dir, role config) of every model this run saves."""
-        a, c = self.cfg.actor_config, self.cfg.critic_config
-        out = [("actor_config.save", a.save, a.load, a)] if a.save else []
-        if self.cfg.rl_config.needs_critic and c is not None and c.save:
-            out.append(
-                ("critic_config.save", build.critic_dir(self.cfg, "save"), build.critic_dir(self.cfg, "load"), c)
-            )
-        return out
-
-    def _save_dirs(self) -> list[tuple[str, str]]:
-        return [(key, d) for key, d, _, _ in self._save_targets()]
-
     def save(self) -> None:
-        """Actor (with the driver's state) and critic at this iteration. Both are written to temporary directories
-        first, then each is renamed into place and its tracker updated; old iterations are pruned only after both
-        trackers moved on, so a crash at any point leaves an iteration that both have complete. A save that cannot
-        fit, or whose files cannot be written, raises CheckpointSaveError and leaves the previous checkpoint and
-        the training state untouched."""
-        from mindrl.workers.checkpointing import begin_iteration, finalize_iteration
-        from mindrl.workers.group import WorkerError
-
-        targets = self._save_targets()
-        if not targets:
-            return
-        it, keep = self.iteration, self.cfg.megatron_training.save_total_limit
-        t0 = time.perf_counter()
-        self._check_save_space(targets)
-        tmps: list[str] = []
+        """Actor (with the driver's state, and the synced reference) and critic at this iteration, committed
+        together (`RunCheckpoints.save`). A save that cannot fit or be written raises CheckpointSaveError and leaves
+        the previous checkpoint and the training state untouched; a rank failing to write ends the run."""
         try:
-            for key, save_dir, _, rc in targets:
-                tmps.append(begin_iteration(save_dir, it))
-                group = self.actor if key.startswith("actor") else self.critic
-                group.call("save", None, tmps[-1], not rc.no_save_optim, not rc.no_save_rng)
-                if group is self.actor and self.sync_ref:
-                    from mindrl.workers.checkpointing import REF_DIR
+            self.checkpoints.save(
+                self.iteration,
+                self._trainer_state(),
+                self._write_model,
+                self._write_reference if self.sync_ref else None,
+            )
+        except SaveAborted as e:  # a rank failed writing: its group is gone
+            raise TrainingAborted(f"{e}{self._resume_hint()}") from e.__cause__
 
-                    group.call("save_reference", None, os.path.join(tmps[-1], REF_DIR))
-                if group is self.actor:
-                    with open(os.path.join(tmps[-1], build.TRAINER_STATE), "w") as f:
-                        json.dump(self._trainer_state(), f, indent=2)
-        except OSError as e:
-            self._discard(tmps)
-            raise checkpoints.CheckpointSaveError(
-                f"iteration {it} could not be saved ({e}); the previous checkpoint is intact"
-            ) from e
-        except WorkerError as e:  # a rank failed writing (e.g. the disk filled up): its group is gone
-            self._discard(tmps)
-            disk = "; ".join(checkpoints.free_space_note(d) for _, d, _, _ in targets)
-            raise TrainingAborted(f"iteration {it}: saving failed: {e} ({disk}){self._resume_hint()}") from e
-        for (_, save_dir, load_dir, _), tmp in zip(targets, tmps):
-            finalize_iteration(save_dir, it, tmp, load_dir)
-        for _, save_dir, _, _ in targets:
-            checkpoints.prune(save_dir, keep, it)
-        logger.info("iteration %d saved in %.1f s", it, time.perf_counter() - t0)
+    def _write_model(self, role: str, it_dir: str, optim: bool, rng: bool) -> None:
+        group = self.actor if role == "actor" else self.critic
+        group.call("save", None, it_dir, optim, rng)
 
-    DISCARD_SETTLE_S = 30.0
-    """How long `_discard` keeps removing a half-written iteration that reappears."""
+    def _write_reference(self, ref_dir: str) -> None:
+        self.actor.call("save_reference", None, ref_dir)
 
-    @classmethod
-    def _discard(cls, tmps: list[str]) -> None:
-        """Remove half-written iteration folders. A failed group's ranks are killed without waiting for their
-        processes to exit (see `group.collect`), so a dying rank's last writes can land after a first removal: remove
-        each folder again until it stays gone for 0.5 s, for up to DISCARD_SETTLE_S; a warning names one that
-        remains."""
-        import shutil
+    def _trainer_state(self) -> TrainerState:
+        return TrainerState(
+            iteration=self.iteration,
+            loader=self.loader.state_dict(),
+            kl_ctrl=self.kl_ctrl.state_dict(),
+            skipped_in_a_row=self.skipped_in_a_row,
+            save_failures=self.save_failures,
+            reference_saved=self.sync_ref,
+            config_name=self.cfg.config_name,
+        )
 
-        deadline = time.monotonic() + cls.DISCARD_SETTLE_S
-        for tmp in tmps:
-            while True:
-                shutil.rmtree(tmp, ignore_errors=True)
-                time.sleep(0.5)
-                if not os.path.exists(tmp) or time.monotonic() > deadline:
-                    break
-            if os.path.exists(tmp):
-                logger.warning("could not remove the half-written checkpoint %s; delete it by hand", tmp)
-
-    def _check_save_space(self, targets) -> None:
-        """Refuse, before any rank writes, a save the disk cannot hold: its size is the last saved iteration's, or
-        for the first save an estimate from the loaded checkpoint (see `checkpoints.estimate_nbytes`)."""
-        by_device: dict[int, list[tuple[str, str, int]]] = {}
-        for key, save_dir, load_dir, rc in targets:
-            checkpoints.check_writable(save_dir, key)
-            need = checkpoints.last_iteration_nbytes(save_dir)
-            if need is None:
-                need = checkpoints.estimate_nbytes(load_dir, self.cfg.megatron_training.dtype, not rc.no_save_optim)
-            by_device.setdefault(os.stat(save_dir).st_dev, []).append((key, save_dir, need or 0))
-        for entries in by_device.values():
-            key, save_dir, _ = entries[0]
-            checkpoints.check_space(save_dir, sum(n for _, _, n in entries), key)
-
-    def _trainer_state(self) -> dict:
-        return {
-            "iteration": self.iteration,
-            "loader": self.loader.state_dict(),
-            "kl_ctrl": self.kl_ctrl.state_dict(),
-            "skipped_in_a_row": self.skipped_in_a_row,
-            "save_failures": self.save_failures,
-            "reference_saved": self.sync_ref,
-            "config_name": self.cfg.config_name,
-        }
-
-    def _restore(self, resume: checkpoints.ResumePoint | None) -> None:
+    def _restore(self, resume: ResumePoint | None) -> None:
         """The driver's part of a resume: iteration, data order, KL controller (the workers restored theirs)."""
         if resume is None:
             return
-        it_dir = resume.actor_dir
-        with open(os.path.join(it_dir, build.TRAINER_STATE)) as f:  # checked by find_resume
-            state = json.load(f)
-        self.iteration = int(state["iteration"])
-        self.loader.load_state_dict(state["loader"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
-        self.save_failures = int(state.get("save_failures", 0))
-        logger.info("resumed from %s at iteration %d", it_dir, self.iteration)
+        state = TrainerState.read(resume.actor_dir)  # checked by find_resume
+        self.iteration = state.iteration
+        self.loader.load_state_dict(state.loader)
+        self.kl_ctrl.load_state_dict(state.kl_ctrl)
+        self.skipped_in_a_row = state.skipped_in_a_row
+        self.save_failures = state.save_failures
+        logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
         import ray

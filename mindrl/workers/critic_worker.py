@@ -15,8 +15,8 @@ from mindrl.workers.settings import CriticSettings
 
 class CriticWorker(MegatronRank):
     def setup(self, s: CriticSettings) -> RankInfo:
+        from mindrl.checkpoint.train_state import load_train_state
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
-        from mindrl.workers.checkpointing import load_train_state
         from mindrl.workers.train_setup import build_model_and_optimizer
 
         c = s.critic
@@ -82,7 +82,7 @@ class CriticWorker(MegatronRank):
         return self.output(metrics)
 
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
-        from mindrl.workers.checkpointing import save_train_state
+        from mindrl.checkpoint.train_state import save_train_state
 
         self._onload()
         try:

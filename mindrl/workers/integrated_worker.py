@@ -17,11 +17,11 @@ from mindrl.workers.settings import IntegratedSettings
 
 class IntegratedWorker(MegatronRank):
     def setup(self, s: IntegratedSettings) -> RankInfo:
-        from mindrl.checkpoint.mcore_ckpt import build_and_load
+        from mindrl.checkpoint.loading import build_and_load
+        from mindrl.checkpoint.train_state import load_train_state
         from mindrl.platform.detect import current_platform
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine
-        from mindrl.workers.checkpointing import load_train_state
         from mindrl.workers.hybrid_engine import HybridEngine
         from mindrl.workers.train_setup import build_model_and_optimizer
 
@@ -149,7 +149,7 @@ class IntegratedWorker(MegatronRank):
 
     def save_reference(self, root: str) -> None:
         """Collective: the (synced) reference model as a weights-only checkpoint at root (an iteration's ref/)."""
-        from mindrl.workers.checkpointing import save_weights_only
+        from mindrl.checkpoint.train_state import save_weights_only
 
         if self.ref is None:
             raise RuntimeError("save_reference was called but no reference model was configured")
@@ -157,7 +157,7 @@ class IntegratedWorker(MegatronRank):
             save_weights_only(self.ref, self.ref_spec, "actor", self.settings.actor, root)
 
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
-        from mindrl.workers.checkpointing import save_train_state
+        from mindrl.checkpoint.train_state import save_train_state
 
         a = self.settings.actor
         save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)

@@ -30,7 +30,7 @@ def build_model_and_optimizer(
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
 
     spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration)
     model.config.finalize_model_grads_func = finalize_model_grads
@@ -98,8 +98,8 @@ def use_fused_adam(optimizer) -> None:
     (`Platform.fused_adam`). Idempotent.
 
     megatron builds torch's optimizer without apex or Transformer Engine and leaves it on the per-tensor loop. The
-    flag lives in the param groups, which `load_state_dict` replaces with the saved ones: call again after loading
-    a checkpoint (`checkpointing.load_train_state` does)."""
+    flag lives in the param groups, which `load_state_dict` replaces with the saved ones
+    (`mindrl.checkpoint.train_state.load_train_state` keeps this run's flags across its load)."""
     from mindrl.platform.detect import current_platform
 
     if not current_platform().fused_adam:

@@ -8,7 +8,7 @@ import torch
 def padded_logits(load_dir: str, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     from megatron.core import parallel_state as ps
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.models.forward import forward_outputs
 
     _, _, model = build_and_load(load_dir, 2, 1, "float32")

@@ -16,7 +16,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from mindrl.checkpoint import convert, mcore_ckpt
+from mindrl.checkpoint import convert, loading, mcore_ckpt
 from mindrl.checkpoint.hf_io import INDEX_FILE, CheckpointError, HFCheckpoint
 from mindrl.cli.convert import main as convert_cli
 from mindrl.models.hf_config import ModelSpec
@@ -155,7 +155,7 @@ def test_broken_megatron_checkpoint_through_the_cli(mcore_untied, tiny_models, t
 def load_error(load_dir: str) -> str | None:
     """On a rank: the error build_and_load (the trainer's load path) raises, caught so the pool survives."""
     try:
-        mcore_ckpt.build_and_load(load_dir, 1, 1)
+        loading.build_and_load(load_dir, 1, 1)
     except CheckpointError as e:
         return str(e)
     return None

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from mindrl.checkpoint import convert, legacy, mcore_ckpt
+from mindrl.checkpoint import convert, legacy, loading, mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError, carry_files
 from mindrl.cli.convert import main as convert_cli
 from tests.checkpoint.test_convert import assert_bit_exact
@@ -30,7 +30,7 @@ def save_legacy_rank(mindrl_dir: str, root: str, tp: int, pp: int) -> str | None
     save_checkpoint does (DP rank 0 only): args, checkpoint_version, iteration, model, rng_state, optimizer."""
     from megatron.core import parallel_state as ps
 
-    _, _, model = mcore_ckpt.build_and_load(mindrl_dir, tp, pp)
+    _, _, model = loading.build_and_load(mindrl_dir, tp, pp)
     if ps.get_data_parallel_rank() != 0:
         return None
     t, p = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
@@ -67,7 +67,7 @@ def save_legacy_rank(mindrl_dir: str, root: str, tp: int, pp: int) -> str | None
 
 def legacy_to_mindrl_rank(root: str, hf_dir: str, out: str, tp: int, pp: int) -> None:
     """On a rank: load the legacy checkpoint at TP x PP and save it as a mindrl checkpoint."""
-    spec, meta, model = mcore_ckpt.build_and_load(root, tp, pp, hf_config=hf_dir)
+    spec, meta, model = loading.build_and_load(root, tp, pp, hf_config=hf_dir)
     it_dir = mcore_ckpt.iteration_dir(out, mcore_ckpt.RELEASE)
     mcore_ckpt.save_model(model, it_dir)
     if torch.distributed.get_rank() == 0:
@@ -79,7 +79,7 @@ def legacy_to_mindrl_rank(root: str, hf_dir: str, out: str, tp: int, pp: int) ->
 def load_error(root: str, hf_dir: str | None) -> str | None:
     """On a rank: the error the trainer's load path raises, caught so the pool survives."""
     try:
-        mcore_ckpt.build_and_load(root, 2, 1, hf_config=hf_dir)
+        loading.build_and_load(root, 2, 1, hf_config=hf_dir)
     except CheckpointError as e:
         return str(e)
     return None

@@ -24,11 +24,11 @@ def _parity(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.checkpoint import loading
     from mindrl.models.attention import SDPAttention
     from mindrl.models.forward import attention_inputs, forward_outputs
 
-    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, 1, "float32")
+    _, _, model = loading.build_and_load(load_dir, tp, 1, "float32")
     cores = [m for m in model.modules() if isinstance(m, SDPAttention)]
     assert cores, "the layer spec must use SDPAttention"
 
@@ -207,11 +207,11 @@ def test_gemm_attention_takes_short_sequences_on_cpu_only(monkeypatch):
 def _dropout_rank(load_dir: str, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import tensor_parallel
 
-    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.checkpoint import loading
     from mindrl.models.attention import SDPAttention
     from mindrl.models.forward import attention_inputs
 
-    _, _, model = mcore_ckpt.build_and_load(load_dir, 2, 1, "float32")
+    _, _, model = loading.build_and_load(load_dir, 2, 1, "float32")
     for core in (m for m in model.modules() if isinstance(m, SDPAttention)):
         core.attention_dropout.p = 0.5
     model.train()
@@ -242,11 +242,11 @@ def _rope_rank(load_dir: str, tp: int, ids: torch.Tensor, mask: torch.Tensor):
     from megatron.core import parallel_state as ps
     from megatron.core.models.common.embeddings import rope_utils
 
-    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.checkpoint import loading
     from mindrl.models.forward import attention_inputs, forward_outputs
     from mindrl.models.fused import fused_apply_rotary_pos_emb
 
-    _, _, model = mcore_ckpt.build_and_load(load_dir, tp, 1, "float32")
+    _, _, model = loading.build_and_load(load_dir, tp, 1, "float32")
     assert model.config.apply_rope_fusion and rope_utils.fused_apply_rotary_pos_emb is fused_apply_rotary_pos_emb
 
     def run():

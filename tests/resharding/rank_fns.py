@@ -14,7 +14,7 @@ def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float, sh
     shm=False: the gloo transport (MINDRL_RESHARD_SHM=0 while the streamer is built)."""
     import os
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)
@@ -37,7 +37,7 @@ def stream_checkpoint(load_dir: str, tp: int, pp: int, bucket_size_mb: float, sh
 def stream_own_shards(load_dir: str, tp: int, pp: int) -> dict:
     from megatron.core import parallel_state as ps
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)
@@ -51,7 +51,7 @@ def stream_views_twice(load_dir: str, tp: int, pp: int, bucket_size_mb: float) -
     stream again, and stream this rank's own shards."""
     from megatron.core import parallel_state as ps
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)
@@ -81,7 +81,7 @@ def stream_with_full_shm(load_dir: str, tp: int, pp: int, bucket_size_mb: float)
     import warnings
     from unittest import mock
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)
@@ -101,7 +101,7 @@ def stream_after_early_stop(load_dir: str, tp: int, pp: int) -> dict:
     is still matched across ranks (no deadlock) and correct."""
     import itertools
 
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import WeightStreamer
 
     spec, _, model = build_and_load(load_dir, tp, pp, None)

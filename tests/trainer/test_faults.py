@@ -30,7 +30,7 @@ def _no_leftovers() -> None:
 
 
 def _resume_point(cfg_dir, assets):
-    from mindrl.trainer.checkpoints import find_resume
+    from mindrl.checkpoint.resume import find_resume
 
     cfg = _config("grpo_tiny_cpu", assets, cfg_dir, "actor_config.finetune=false", actor_load=cfg_dir / "ckpt_actor")
     return find_resume(cfg)
@@ -39,7 +39,7 @@ def _resume_point(cfg_dir, assets):
 def test_unwritable_save_path_fails_before_any_worker_starts(assets, tmp_path):
     import ray
 
-    from mindrl.trainer.checkpoints import CheckpointSaveError
+    from mindrl.checkpoint.save import CheckpointSaveError
     from mindrl.trainer.ppo_trainer import PPOTrainer
 
     (tmp_path / "a_file").write_text("x")
@@ -155,7 +155,9 @@ def test_a_save_that_cannot_fit_is_refused_and_the_run_goes_on(assets, tmp_path,
     """After iteration 1's save the disk is shrunk so that a second checkpoint cannot fit: iteration 2's save is
     refused before any rank writes (the run goes on, counted in checkpoint/save_failures); the final save fails
     the run with the same clear error. Iteration 1 stays complete and loadable; no temporary directory is left."""
-    from mindrl.trainer.checkpoints import CheckpointSaveError, check_train_iteration, dir_nbytes
+    from mindrl.checkpoint.mcore_ckpt import dir_nbytes
+    from mindrl.checkpoint.resume import check_train_iteration
+    from mindrl.checkpoint.save import CheckpointSaveError
     from mindrl.trainer.ppo_trainer import PPOTrainer
 
     mnt, resize = small_disk
@@ -196,7 +198,7 @@ def test_a_disk_that_fills_up_while_ranks_write_stops_the_run_and_keeps_the_last
     """The space check passes, then the disk fills before the ranks write (another job filled it): the ranks' write
     fails, the run stops with an error naming the iteration, the failing save and the full disk, the half-written
     iteration is removed and iteration 1 stays the complete one."""
-    from mindrl.trainer import checkpoints
+    from mindrl.checkpoint import save as checkpoints
     from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
 
     mnt, _ = small_disk
@@ -231,7 +233,7 @@ def test_a_disk_that_fills_up_while_ranks_write_stops_the_run_and_keeps_the_last
     assert "the last complete checkpoint is iteration 1" in msg
     assert not glob.glob(str(save / "*.tmp"))
     (mnt / "filler").unlink()
-    from mindrl.trainer.checkpoints import check_train_iteration
+    from mindrl.checkpoint.resume import check_train_iteration
 
     check_train_iteration(str(save / "iter_0000001"), trainer_state=True)
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"

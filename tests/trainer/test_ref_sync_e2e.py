@@ -32,7 +32,7 @@ def _dcp_tensors(it_dir, out) -> dict:
 
 
 def test_synced_reference_is_saved_and_resumed_exactly(assets, tmp_path):
-    from mindrl.trainer.checkpoints import find_resume
+    from mindrl.checkpoint.resume import find_resume
 
     base = tmp_path / "straight"
     _, _, straight, _ = _train(_config("grpo_tiny_cpu", assets, base, "megatron_training.train_iters=3", *SYNC))

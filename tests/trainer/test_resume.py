@@ -105,7 +105,7 @@ def _straight_copy(assets, tmp_path_factory, tmp_path):
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_damaged_newest_iteration_falls_back_with_a_warning(assets, tmp_path_factory, tmp_path, damage, caplog):
-    from mindrl.trainer.checkpoints import find_resume
+    from mindrl.checkpoint.resume import find_resume
 
     _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
     named = DAMAGE[damage](d / "ckpt_actor" / "iter_0000004")
@@ -120,7 +120,7 @@ def test_damaged_newest_iteration_falls_back_with_a_warning(assets, tmp_path_fac
 def test_critic_behind_the_actor_resumes_both_from_their_common_iteration(assets, tmp_path_factory, tmp_path):
     """A crash between the actor's and the critic's tracker update leaves the critic one save behind."""
     from mindrl.checkpoint import mcore_ckpt
-    from mindrl.trainer.checkpoints import find_resume
+    from mindrl.checkpoint.resume import find_resume
 
     _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
     mcore_ckpt.write_tracker(str(d / "ckpt_critic"), 2)
@@ -130,7 +130,7 @@ def test_critic_behind_the_actor_resumes_both_from_their_common_iteration(assets
 
 def test_no_complete_iteration_left_is_an_error_naming_the_files(assets, tmp_path_factory, tmp_path):
     from mindrl.checkpoint.hf_io import CheckpointError
-    from mindrl.trainer.checkpoints import find_resume
+    from mindrl.checkpoint.resume import find_resume
 
     _, d = _straight_copy(assets, tmp_path_factory, tmp_path)
     s4 = _truncate_a_shard(d / "ckpt_actor" / "iter_0000004")

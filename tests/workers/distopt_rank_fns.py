@@ -107,8 +107,9 @@ def train_resumed(
     """steps // 2 steps, save_train_state into save_root (driver-side rename + tracker as the trainer does),
     then a fresh model + optimizer built from that checkpoint, load_train_state, and the remaining steps.
     save_format: the distributed optimizer's layout to save in (an older checkpoint's), instead of today's."""
-    import mindrl.workers.checkpointing as ckpt
-    from mindrl.workers.checkpointing import begin_iteration, finalize_iteration, load_train_state, save_train_state
+    import mindrl.checkpoint.train_state as ckpt
+    from mindrl.checkpoint.iterations import begin_iteration, finalize_iteration
+    from mindrl.checkpoint.train_state import load_train_state, save_train_state
     from mindrl.workers.settings import ModelSettings
 
     half = steps // 2
@@ -170,8 +171,9 @@ def train_resumed_elsewhere(
     and the full optimizer state just before the save and just after the load (`full_optimizer_state`)."""
     import time
 
+    from mindrl.checkpoint.iterations import begin_iteration, finalize_iteration
     from mindrl.checkpoint.mcore_ckpt import iteration_dir
-    from mindrl.workers.checkpointing import begin_iteration, finalize_iteration, load_train_state, save_train_state
+    from mindrl.checkpoint.train_state import load_train_state, save_train_state
     from mindrl.workers.settings import ModelSettings
 
     half = steps // 2

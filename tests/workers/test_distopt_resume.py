@@ -79,7 +79,7 @@ def test_distributed_optimizer_resumes_bit_exactly(pool, actor_ckpt, tmp_path, d
 
 def _resume_elsewhere(load_dir: str, it_dir: str, optim: OptimSettings, tp: int) -> str:
     """Build at TP `tp` from load_dir with `optim` and try to load it_dir's optimizer: the error message."""
-    from mindrl.workers.checkpointing import load_train_state
+    from mindrl.checkpoint.train_state import load_train_state
     from mindrl.workers.train_setup import build_model_and_optimizer
 
     _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=STEPS)

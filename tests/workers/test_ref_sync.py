@@ -42,7 +42,7 @@ def _params(model) -> dict[str, torch.Tensor]:
 def sync_rank(ckpts: dict[str, str], tp: int, pp: int, save_root: str) -> dict:
     """On every rank: an actor after one Adam step, an offloaded reference; sync with each of ALPHAS through
     IntegratedWorker.sync_reference and compare with the mix computed here. Returns counts of mismatches."""
-    from mindrl.checkpoint.mcore_ckpt import build_and_load
+    from mindrl.checkpoint.loading import build_and_load
     from mindrl.resharding import OffloadConfig, TrainStateOffloader
     from mindrl.workers.integrated_worker import IntegratedWorker, mix_into
     from mindrl.workers.settings import ModelSettings
@@ -120,7 +120,7 @@ def _state_differs(a, b) -> bool:
 
 @pytest.mark.parametrize("tp, pp", [pytest.param(2, 1, id="tp2"), pytest.param(1, 2, id="pp2")])
 def test_sync_reference_is_the_exact_mix(pool, sync_ckpts, tmp_path, tp, pp):
-    from mindrl.trainer.checkpoints import check_reference
+    from mindrl.checkpoint.resume import check_reference
 
     results = pool.run(sync_rank, sync_ckpts, tp, pp, str(tmp_path / "ref"))
     for rank, r in enumerate(results):

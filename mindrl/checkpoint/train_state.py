@@ -1,33 +1,20 @@
-"""A trained model's full state as a mindrl megatron checkpoint iteration (loadable at any TP/PP, convertible
-to HF, and resumable exactly):
-
-    ITER_DIR/                    the model (dist_checkpointing) + mindrl_model.json   (what build_and_load reads)
-    ITER_DIR/optim/              the optimizer state (dist_checkpointing), unless no_save_optim
-    ITER_DIR/rank_state/rank_R.pt  per rank: LR scheduler, torch and megatron RNG states (RNG unless no_save_rng)
-    ITER_DIR/ref/                the actor's synced reference model (rl_config.sync_ref_model only): a weights-only
-                                 checkpoint of its own (tracker `release`), loadable and convertible as any other
-
-The workers write into a temporary directory; the driver adds its own state, renames it into place and updates
-the latest-iteration tracker last (`finalize_iteration`), so a crash mid-save leaves the previous checkpoint the
-latest complete one.
+"""What each rank saves and restores of a model in training: the model, its optimizer state (loadable at any TP / PP
+/ DP), LR scheduler and RNG states, bit-exactly; and a weights-only model (the synced reference). Collective calls.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
+from typing import Protocol
 
 import torch
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
-from mindrl.workers.settings import ModelSettings
-from mindrl.workers.train_setup import use_fused_adam
+from mindrl.checkpoint.iterations import OPTIM_DIR, RANK_STATE_DIR
+from mindrl.models.wrappers import unwrap
 
-OPTIM_DIR = "optim"
-RANK_STATE_DIR = "rank_state"
-REF_DIR = "ref"
 # The distributed optimizer's on-disk layout. megatron's `fully_reshardable` keeps each parameter's state in model
 # space (keyed like the model's tensors), so it reloads onto any TP / PP / DP; `dp_reshardable` (per-DP-rank bucket
 # shards, the layout of older checkpoints) reloads only at the TP / PP it was saved with.
@@ -35,6 +22,14 @@ DISTOPT_FORMAT = "fully_reshardable"
 DP_ONLY_FORMAT = "dp_reshardable"
 PLAIN_FORMAT = "plain"
 logger = logging.getLogger("mindrl.checkpoint")
+
+
+class ModelLayout(Protocol):
+    """How the saved model is laid out (a worker's `ModelSettings` is one)."""
+
+    tp: int
+    pp: int
+    dtype: str
 
 
 def _distributed_optimizers(optimizer) -> list:
@@ -122,13 +117,35 @@ def _drop_steps(optimizer) -> None:
             state.pop("step", None)
 
 
+RUN_FLAGS = ("fused", "foreach")
+"""How this run steps its torch optimizers (set when they were built, e.g. fused Adam where the platform asks for
+it): run settings, not state, but kept in the param groups, which a load replaces with the saving run's."""
+
+
+def _inner_optimizers(optimizer) -> list:
+    return [getattr(part, "optimizer", None) for part in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _run_flags(optimizer) -> list[list[dict]]:
+    """RUN_FLAGS of every param group of the torch optimizers inside `optimizer`."""
+    return [
+        [{k: g[k] for k in RUN_FLAGS if k in g} for g in inner.param_groups] if inner is not None else []
+        for inner in _inner_optimizers(optimizer)
+    ]
+
+
+def _set_run_flags(optimizer, flags: list[list[dict]]) -> None:
+    for inner, groups in zip(_inner_optimizers(optimizer), flags):
+        if inner is not None:
+            for group, saved in zip(inner.param_groups, groups):
+                group.update(saved)
+
+
 def save_train_state(
-    model, optimizer, scheduler, spec, role: str, settings: ModelSettings, it_dir: str, optim: bool, rng: bool
+    model, optimizer, scheduler, spec, role: str, settings: ModelLayout, it_dir: str, optim: bool, rng: bool
 ) -> None:
     """Collective over the model's world: every rank writes its shards into it_dir (which must exist)."""
     from megatron.core import dist_checkpointing, tensor_parallel
-
-    from mindrl.resharding.stream import unwrap
 
     rank = torch.distributed.get_rank()
     inner = unwrap(model)
@@ -159,10 +176,9 @@ def save_train_state(
     torch.distributed.barrier()
 
 
-def save_weights_only(model, spec, role: str, settings: ModelSettings, root: str) -> None:
+def save_weights_only(model, spec, role: str, settings: ModelLayout, root: str) -> None:
     """Collective: `model` as a weights-only checkpoint at root (root/release + a `release` tracker), the form
     build_and_load and mindrl-convert read. Used for the synced reference model (REF_DIR of an iteration)."""
-    from mindrl.resharding.stream import unwrap
 
     it_dir = mcore_ckpt.iteration_dir(root, mcore_ckpt.RELEASE)
     if torch.distributed.get_rank() == 0:
@@ -183,8 +199,6 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
     The model itself was loaded by build_and_load. Resumes bit-exactly, Adam's per-parameter steps included."""
     from megatron.core import dist_checkpointing, tensor_parallel
 
-    from mindrl.resharding.stream import unwrap
-
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     path = os.path.join(it_dir, RANK_STATE_DIR, f"rank_{rank}.pt")
     if not os.path.isfile(path):
@@ -203,6 +217,7 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
         inner = unwrap(model)
         _init_distopt_states(optimizer)
         fmt = state.get("optim_format") or PLAIN_FORMAT
+        flags = _run_flags(optimizer)
         with torch.no_grad():
             sharded = _sharded_optim_state(optimizer, inner.sharded_state_dict(), is_loading=True, fmt=fmt)
             loaded = dist_checkpointing.load(sharded, optim_dir)
@@ -213,7 +228,7 @@ def load_train_state(model, optimizer, scheduler, it_dir: str, optim: bool, rng:
             for dist, param_state in param_states:
                 dist.load_parameter_state_from_fully_reshardable(param_state)
         _restore_own_steps(optimizer, steps)
-        use_fused_adam(optimizer)  # the loaded param groups carry the saving run's flags
+        _set_run_flags(optimizer, flags)  # the loaded param groups carry the saving run's flags
     scheduler.load_state_dict(state["scheduler"])
     if rng and "torch_rng" in state:
         if state["world_size"] != world:
@@ -258,48 +273,3 @@ def _check_optim_layout(state: dict, optimizer, it_dir: str) -> None:
             f"PP={state.get('pp')}; it reloads onto any DP size but only at that TP/PP, and this run has TP={tp} "
             f"PP={pp}: resume at the saved TP/PP, or set no_load_optim: true"
         )
-
-
-def begin_iteration(save_dir: str, iteration: int) -> str:
-    """A fresh temporary directory for iteration `iteration` under save_dir (driver side)."""
-    tmp = mcore_ckpt.iteration_dir(save_dir, iteration) + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
-
-
-def finalize_iteration(
-    save_dir: str, iteration: int, tmp: str, hf_files_from: str | None, keep_last: int | None = None
-) -> str:
-    """Move a completely written temporary iteration into place; the tracker is updated last. With keep_last,
-    older complete iterations beyond the newest `keep_last` are then deleted (never the one just written)."""
-    final = mcore_ckpt.iteration_dir(save_dir, iteration)
-    if hf_files_from:
-        from mindrl.checkpoint.hf_io import carry_files
-
-        src, target = os.path.join(hf_files_from, mcore_ckpt.HF_FILES), os.path.join(save_dir, mcore_ckpt.HF_FILES)
-        if os.path.isdir(src) and not os.path.isdir(target):
-            carry_files(src, target)
-    old = None
-    if os.path.isdir(final):  # re-saving an iteration (e.g. a resumed run's first save): keep it until replaced
-        old = final + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    mcore_ckpt.write_tracker(save_dir, iteration)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    if keep_last is not None:
-        for old in saved_iterations(save_dir)[:-keep_last]:
-            if old != iteration:
-                shutil.rmtree(mcore_ckpt.iteration_dir(save_dir, old), ignore_errors=True)
-    return final
-
-
-def saved_iterations(save_dir: str) -> list[int]:
-    """The complete (renamed into place) iterations under save_dir, oldest first."""
-    out = []
-    for name in os.listdir(save_dir):
-        if name.startswith("iter_") and name[5:].isdigit() and os.path.isdir(os.path.join(save_dir, name)):
-            out.append(int(name[5:]))
-    return sorted(out)

@@ -1,7 +1,7 @@
-"""The driver's side of checkpoints: which iteration a run resumes from (falling back past corrupted ones, never
-silently restarting), whether a save can fit, and which old iterations a save makes redundant.
+"""Which iteration a run resumes from: the newest one complete for every model it trains, falling back past
+corrupted ones with a warning, never silently restarting.
 
-A *training* iteration (what `PPOTrainer.save` writes, see `mindrl.workers.checkpointing`) holds the model, its
+A *training* iteration (what a run's save writes, see `mindrl.checkpoint.iterations`) holds the model, its
 `rank_state/` and usually `optim/`; the actor's also holds `trainer_state.json`, and with rl_config.sync_ref_model
 the synced reference model (`ref/`, part of the iteration's completeness). A *weights-only* iteration
 (`mindrl-convert hf2mcore`, `release`) holds the model alone: a run starts from it at iteration 0.
@@ -12,24 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 
 import torch
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
-from mindrl.workers.checkpointing import OPTIM_DIR, RANK_STATE_DIR, REF_DIR, saved_iterations
+from mindrl.checkpoint.iterations import OPTIM_DIR, RANK_STATE_DIR, REF_DIR, TRAINER_STATE, critic_dir, saved_iterations
 
 logger = logging.getLogger("mindrl.checkpoint")
-
-TRAINER_STATE = "trainer_state.json"
-SAVE_MARGIN = 1.10
-"""A save is refused up front when the disk holds less than this times the expected checkpoint size."""
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save could not be written (unwritable path, full disk); the previous checkpoint is untouched."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +123,6 @@ def find_resume(cfg) -> ResumePoint | None:
     one), or None to start from the loaded weights at iteration 0 (finetune: true, or a weights-only checkpoint).
     A corrupted newest iteration falls back to the previous complete one with a warning; with none left, a
     CheckpointError names every problem found."""
-    from mindrl.trainer.build import critic_dir
-
     a = cfg.actor_config
     if a.finetune or not a.load:
         return None
@@ -207,86 +196,3 @@ def _synced_reference(cfg, actor_dir: str) -> str | None:
             original,
         )
     return None
-
-
-# ---------------------------------------------------------------------------------------------------- saving
-def dir_nbytes(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, name))
-            except OSError:
-                pass
-    return total
-
-
-def last_iteration_nbytes(save_dir: str) -> int | None:
-    """Size of the newest complete iteration under save_dir (what the next save will need), if any."""
-    if not os.path.isdir(save_dir):
-        return None
-    done = saved_iterations(save_dir)
-    return dir_nbytes(mcore_ckpt.iteration_dir(save_dir, done[-1])) if done else None
-
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def estimate_nbytes(load_dir: str | None, dtype: str, with_optim: bool) -> int | None:
-    """What the first save of a model loaded from load_dir will take: that iteration's size if it is a training
-    save; else its parameter count (weights-only files / their dtype) times the bytes per parameter of the
-    weights in `dtype` plus Adam's fp32 moments (and fp32 main params when training in half precision). None
-    when it cannot be told (then only writability is checked)."""
-    try:
-        it = mcore_ckpt.read_tracker(load_dir)
-        it_dir = mcore_ckpt.iteration_dir(load_dir, it)
-        if is_train_iteration(it_dir):
-            return dir_nbytes(it_dir)
-        _, meta = mcore_ckpt.read_model_meta(load_dir, it)
-        params = dir_nbytes(it_dir) / _DTYPE_BYTES[meta["dtype"]]
-        per_param = _DTYPE_BYTES[dtype] + ((8 if dtype == "float32" else 12) if with_optim else 0)
-        return int(params * per_param)
-    except Exception:  # not ours to judge here: loading reports a broken load dir
-        return None
-
-
-def check_writable(save_dir: str, what: str) -> None:
-    """Create save_dir if needed and write a probe file: an unwritable `save` fails before any work is done."""
-    try:
-        os.makedirs(save_dir, exist_ok=True)
-        probe = os.path.join(save_dir, f".mindrl_write_probe_{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise CheckpointSaveError(f"{what}={save_dir!r} is not writable: {e.strerror or e}") from None
-
-
-def check_space(save_dir: str, need_bytes: int, what: str) -> None:
-    """Refuse a save the disk cannot hold (with a margin), before any rank writes."""
-    free = shutil.disk_usage(save_dir).free
-    if free < need_bytes * SAVE_MARGIN:
-        raise CheckpointSaveError(
-            f"{what}={save_dir!r}: {free / 2**20:.1f} MiB free, but a checkpoint takes about "
-            f"{need_bytes / 2**20:.1f} MiB; free some space or lower megatron_training.save_total_limit"
-        )
-
-
-def free_space_note(save_dir: str) -> str:
-    """What a failed save's message says about the disk (torch's writers report a full disk obscurely, e.g.
-    "basic_ios::clear: iostream error")."""
-    try:
-        free = shutil.disk_usage(save_dir).free
-    except OSError as e:
-        return f"{save_dir}: {e.strerror or e}"
-    full = " - the disk is full" if free < 2**20 else ""
-    return f"the disk holding {save_dir} has {free / 2**20:.1f} MiB free{full}"
-
-
-def prune(save_dir: str, keep_last: int | None, protect: int) -> None:
-    """Delete complete iterations older than the newest `keep_last` (never `protect`, the one just written)."""
-    if keep_last is None:
-        return
-    for old in saved_iterations(save_dir)[:-keep_last]:
-        if old != protect:
-            shutil.rmtree(mcore_ckpt.iteration_dir(save_dir, old), ignore_errors=True)

@@ -1,0 +1,125 @@
+"""A run's checkpoint root as training saves write it: what an iteration holds, which iterations are complete, and
+putting a written one into place (rename, then the tracker) or pruning old ones.
+
+    ITER_DIR/                      the model (dist_checkpointing) + mindrl_model.json   (what build_and_load reads)
+    ITER_DIR/optim/                the optimizer state (dist_checkpointing), unless no_save_optim
+    ITER_DIR/rank_state/rank_R.pt  per rank: LR scheduler, torch and megatron RNG states (RNG unless no_save_rng)
+    ITER_DIR/ref/                  the actor's synced reference model (rl_config.sync_ref_model only): a weights-only
+                                   checkpoint of its own (tracker `release`), loadable and convertible as any other
+    ITER_DIR/trainer_state.json    the actor's only: the driver's state (`TrainerState`)
+
+The ranks write into a temporary directory (`begin_iteration`); the driver adds its own state, renames it into place
+and updates the latest-iteration tracker last (`finalize_iteration`), so a crash mid-save leaves the previous
+checkpoint the latest complete one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from mindrl.checkpoint import mcore_ckpt
+from mindrl.checkpoint.hf_io import carry_files
+
+OPTIM_DIR = "optim"
+RANK_STATE_DIR = "rank_state"
+REF_DIR = "ref"
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """The driver's part of a training iteration (trainer_state.json in the actor's iteration directory)."""
+
+    iteration: int
+    loader: dict
+    """The prompt sampler's position (`PromptDataLoader.state_dict`)."""
+    kl_ctrl: dict
+    """The KL controller's state."""
+    skipped_in_a_row: int = 0
+    """Consecutive iterations whose update was skipped (non-finite loss or gradients)."""
+    save_failures: int = 0
+    """Periodic saves that could not be written so far (checkpoint/save_failures)."""
+    reference_saved: bool = False
+    """The iteration holds the synced reference model (REF_DIR)."""
+    config_name: str | None = None
+
+    def write(self, it_dir: str) -> None:
+        with open(os.path.join(it_dir, TRAINER_STATE), "w") as f:
+            json.dump(dataclasses.asdict(self), f, indent=2)
+
+    @classmethod
+    def read(cls, it_dir: str) -> TrainerState:
+        """The state saved in it_dir (checked complete by `resume.check_train_iteration`)."""
+        with open(os.path.join(it_dir, TRAINER_STATE)) as f:
+            state = json.load(f)
+        return cls(
+            iteration=int(state["iteration"]),
+            loader=state["loader"],
+            kl_ctrl=state["kl_ctrl"],
+            skipped_in_a_row=int(state.get("skipped_in_a_row", 0)),
+            save_failures=int(state.get("save_failures", 0)),
+            reference_saved=bool(state.get("reference_saved", False)),
+            config_name=state.get("config_name"),
+        )
+
+
+def critic_dir(cfg, which: str) -> str:
+    """The critic's `load` or `save` dir: its own, or `<dir>/critic` when it is the actor's (they never overwrite
+    each other, even when both are ./ckpt)."""
+    actor, critic = getattr(cfg.actor_config, which), getattr(cfg.critic_config, which)
+    if critic and actor and os.path.abspath(critic) == os.path.abspath(actor):
+        return os.path.join(critic, "critic")
+    return critic
+
+
+def saved_iterations(save_dir: str) -> list[int]:
+    """The complete (renamed into place) iterations under save_dir, oldest first."""
+    out = []
+    for name in os.listdir(save_dir):
+        if name.startswith("iter_") and name[5:].isdigit() and os.path.isdir(os.path.join(save_dir, name)):
+            out.append(int(name[5:]))
+    return sorted(out)
+
+
+def begin_iteration(save_dir: str, iteration: int) -> str:
+    """A fresh temporary directory for iteration `iteration` under save_dir (driver side)."""
+    tmp = mcore_ckpt.iteration_dir(save_dir, iteration) + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def finalize_iteration(
+    save_dir: str, iteration: int, tmp: str, hf_files_from: str | None, keep_last: int | None = None
+) -> str:
+    """Move a completely written temporary iteration into place; the tracker is updated last. With keep_last,
+    older complete iterations beyond the newest `keep_last` are then deleted (never the one just written)."""
+    final = mcore_ckpt.iteration_dir(save_dir, iteration)
+    if hf_files_from:
+        src, target = os.path.join(hf_files_from, mcore_ckpt.HF_FILES), os.path.join(save_dir, mcore_ckpt.HF_FILES)
+        if os.path.isdir(src) and not os.path.isdir(target):
+            carry_files(src, target)
+    old = None
+    if os.path.isdir(final):  # re-saving an iteration (e.g. a resumed run's first save): keep it until replaced
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    mcore_ckpt.write_tracker(save_dir, iteration)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    prune(save_dir, keep_last, iteration)
+    return final
+
+
+def prune(save_dir: str, keep_last: int | None, protect: int) -> None:
+    """Delete complete iterations older than the newest `keep_last` (never `protect`, the one just written)."""
+    if keep_last is None:
+        return
+    for old in saved_iterations(save_dir)[:-keep_last]:
+        if old != protect:
+            shutil.rmtree(mcore_ckpt.iteration_dir(save_dir, old), ignore_errors=True)
