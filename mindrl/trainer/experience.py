@@ -13,10 +13,14 @@ from mindrl.workers.results import TokenCounts
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 """What the forward passes (old and reference logprobs, values) read."""
-ACTOR_KEYS = (*FORWARD_KEYS, "rollout_log_prob", "advantages")
-"""What the actor update reads, with old_log_prob and ref_log_prob where the batch has them."""
 CRITIC_KEYS = (*FORWARD_KEYS, "values", "returns")
 """What the critic update reads."""
+
+
+def actor_keys(batch: Batch) -> list[str]:
+    """What the actor update reads: old_log_prob and ref_log_prob where the batch has them."""
+    optional = [k for k in ("old_log_prob", "ref_log_prob") if k in batch]
+    return [*FORWARD_KEYS, "rollout_log_prob", "advantages", *optional]
 
 
 def make_batch(prompt_ids: list[list[int]], samples, n: int, pad_token_id: int | None) -> Batch:

@@ -26,11 +26,15 @@ from mindrl.algorithms import (
 )
 from mindrl.batch import Batch
 from mindrl.checkpoint import mcore_ckpt
+from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.trainer import build, checkpoints, experience, leftovers
-from mindrl.trainer.metrics import throughput_metrics
+from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, throughput_metrics
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
+from mindrl.workers.critic_worker import CriticWorker
+from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
 from mindrl.workers.hybrid_engine import logprob_diff_summary
+from mindrl.workers.integrated_worker import IntegratedWorker
 from mindrl.workers.results import UpdateResult
 
 logger = logging.getLogger("mindrl.trainer")
@@ -52,11 +56,6 @@ class PPOTrainer:
     def __init__(self, cfg):
         from transformers import AutoTokenizer
 
-        from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
-        from mindrl.workers.critic_worker import CriticWorker
-        from mindrl.workers.group import WorkerGroup, device_placement_group, start_ray, worker_threads
-        from mindrl.workers.integrated_worker import IntegratedWorker
-
         self.cfg = cfg
         mt, rl = cfg.megatron_training, cfg.rl_config
         self.run_dir = rl.run_dir or os.path.join("outputs", cfg.config_name)
@@ -68,14 +67,9 @@ class PPOTrainer:
             mt.data_path, rl.max_prompt_length, tuple(mt.dataset_additional_keys or ("labels",))
         )
         self.loader = PromptDataLoader(self.dataset, mt.global_batch_size, seed=mt.seed, shuffle=not mt.no_shuffle)
-        self.sampling = cfg.generate_config.sampling(self.n)
-        stop = set(self.sampling.stop_token_ids)
-        for tok in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")):
-            if isinstance(tok, int) and tok >= 0 and tok != self.tokenizer.unk_token_id:
-                stop.add(tok)
-        self.sampling.stop_token_ids = sorted(stop)
+        self.sampling = build.sampling(cfg, self.tokenizer)
         self.kl_ctrl = build_kl_controller(rl.kl_ctrl_type, rl.init_kl_coef, rl.kl_target, rl.kl_horizon)
-        self.num_mini = build.num_mini_batches(cfg)
+        self.num_mini, self.epochs = build.num_mini_batches(cfg), rl.epochs
         self.needs_ref = build.needs_reference(cfg)
         self.verifier_names = build.reward_settings(cfg).verifier_function
 
@@ -131,8 +125,6 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[IterationResult]:
-        from mindrl.trainer.metrics import MetricsLogger, RolloutLogger
-
         mt, rl = self.cfg.megatron_training, self.cfg.rl_config
         results = []
         batches = iter(self.loader)
@@ -184,8 +176,6 @@ class PPOTrainer:
     def _step_or_abort(self, prompts) -> tuple[dict[str, float], list[dict]]:
         """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already
         killed: no rank is left waiting in a collective)."""
-        from mindrl.workers.group import WorkerError
-
         try:
             return self.step(prompts)
         except (WorkerError, RemoteRolloutError) as e:
@@ -222,9 +212,7 @@ class PPOTrainer:
             with _timed(timing, "timing/update_critic"):
                 metrics.update(self._update_critic(batch))
         with _timed(timing, "timing/update"):
-            actor = self.actor.update_actor(
-                batch.select(self._actor_keys(batch)), self.num_mini, self.cfg.rl_config.epochs
-            )
+            actor = self.actor.update_actor(batch.select(experience.actor_keys(batch)), self.num_mini, self.epochs)
         metrics.update(self._actor_metrics(batch, actor))
         self._check_skipped(metrics)
         self._maybe_sync_reference(metrics, timing)
@@ -306,14 +294,8 @@ class PPOTrainer:
         return metrics
 
     def _update_critic(self, batch: Batch) -> dict[str, float]:
-        result = self.critic.update_critic(
-            batch.select(experience.CRITIC_KEYS), self.num_mini, self.cfg.rl_config.epochs
-        )
+        result = self.critic.update_critic(batch.select(experience.CRITIC_KEYS), self.num_mini, self.epochs)
         return {**experience.token_metrics("critic", result.tokens), **result.metrics}
-
-    @staticmethod
-    def _actor_keys(batch: Batch) -> list[str]:
-        return [*experience.ACTOR_KEYS, *(k for k in ("old_log_prob", "ref_log_prob") if k in batch)]
 
     def _actor_metrics(self, batch: Batch, result: UpdateResult) -> dict[str, float]:
         """The actor update's metrics, its token counts, and |rollout logprob - trainer logprob| of the sampled
@@ -503,8 +485,6 @@ class PPOTrainer:
         if getattr(self, "remote", None) is not None:  # the rollout servers' HTTP connections
             self.remote.close()
         if getattr(self, "started_ray", False):
-            from mindrl.workers.group import stop_ray
-
             stop_ray()
             self.started_ray = False
 

@@ -39,7 +39,6 @@ def test_aborts_after_k_consecutive_skipped_iterations():
 
 
 def test_batch_layout_left_pads_prompts_and_right_pads_responses():
-    t = _bare_trainer(n=2)
     samples = [
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
         [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([], [], "length")],
