@@ -7,9 +7,9 @@ by the output at column P + t - 1, so the outputs for the responses are columns 
 micro-batch is cut to its own rows' widths first (`_plan`: no padding computed beyond its longest row), and the
 output layer runs on those response columns only (`_response_head`).
 
-Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows: `Batch.group_size`) go through the model packed
-(`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each attending to the prompt
-and to itself. The prompt's positions are computed once per group instead of once per sample, with the same
+Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows: `Batch.group_size`) go through
+the model packed (`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each
+attending to the prompt and to itself. The prompt's positions are computed once per group instead of once per sample, with the same
 result: every response token sees the same keys at the same positions as in its own row.
 """
 
@@ -259,8 +259,8 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
     to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
     shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
     parallelism the width is rounded up to a multiple of TP (more prompt padding). Rows that share a prompt
-    (`Batch.group_size`, `prompt_group_size`) stay together and go through the model as prefix groups (`PREFIX_SHARING`; not under
-    context parallelism). The micro-batches are on the model's device."""
+    (`Batch.group_size`, `prompt_group_size`) stay together and go through the model as prefix groups
+    (`PREFIX_SHARING`; not under context parallelism). The micro-batches are on the model's device."""
     n = len(batch)
     device = model_device(model)
     mbs = min(micro_batch_size, n)
