@@ -9,8 +9,8 @@ output layer runs on those response columns only (`_response_head`).
 
 Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows: `Batch.group_size`) go through
 the model packed (`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each
-attending to the prompt and to itself. The prompt's positions are computed once per group instead of once per sample, with the same
-result: every response token sees the same keys at the same positions as in its own row.
+attending to the prompt and to itself. The prompt's positions are computed once per group instead of once per
+sample, with the same result: every response token sees the same keys at the same positions as in its own row.
 """
 
 from __future__ import annotations
