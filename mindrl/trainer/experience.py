@@ -9,7 +9,7 @@ import torch
 
 from mindrl.batch import Batch, pad_rows
 from mindrl.trainer.metrics import stats_metrics
-from mindrl.workers.results import TokenCounts
+from mindrl.workers.results import Scores, TokenCounts
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 """What the forward passes (old and reference logprobs, values) read."""
@@ -69,7 +69,7 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     return stats_metrics(prefix, values[mask.bool()])
 
 
-def advantage_metrics(batch: Batch, scores: torch.Tensor, scored: dict, verifier_names) -> dict[str, float]:
+def advantage_metrics(batch: Batch, scores: torch.Tensor, scored: Scores, verifier_names) -> dict[str, float]:
     """critic/score, rewards, advantages, returns (and values), the lengths, and the rule rewards' own metrics, of a
     batch that holds its token_level_rewards, advantages and returns."""
     mask = batch["response_mask"]
@@ -83,9 +83,9 @@ def advantage_metrics(batch: Batch, scores: torch.Tensor, scored: dict, verifier
     metrics.update(stats_metrics("prompt_length", batch["prompt_lengths"]))
     metrics["reward/mean"] = scores.mean().item()
     for name in verifier_names:
-        metrics[f"{name}_rewards/mean"] = scored["metrics"].get(f"reward/{name}/mean", 0.0)
+        metrics[f"{name}_rewards/mean"] = scored.metrics.get(f"reward/{name}/mean", 0.0)
     for k in ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_restarts"):
-        metrics[k] = float(scored["metrics"].get(k, 0.0))
+        metrics[k] = float(scored.metrics.get(k, 0.0))
     return metrics
 
 
@@ -103,13 +103,13 @@ def token_metrics(role: str, counts: TokenCounts) -> dict[str, float]:
     }
 
 
-def rollout_rows(batch: Batch, scored: dict, tokenizer, verifier_names: Sequence[str]) -> list[dict]:
+def rollout_rows(batch: Batch, scored: Scores, tokenizer, verifier_names: Sequence[str]) -> list[dict]:
     """The sampled rows for rollouts.jsonl: prompt, response, label, reward (and each verifier's), length."""
     prompts = tokenizer.batch_decode(batch.rows_meta["prompt_ids"], skip_special_tokens=False)
     rows = []
-    for i, text in enumerate(scored["texts"]):
-        per = scored["per_verifier"][i]
-        row = {"prompt": prompts[i], "response": text, "label": scored["labels"][i], "reward": scored["rewards"][i]}
+    for i, text in enumerate(scored.texts):
+        per = scored.per_verifier[i]
+        row = {"prompt": prompts[i], "response": text, "label": scored.labels[i], "reward": scored.rewards[i]}
         row.update({name: (None if per is None else per[k]) for k, name in enumerate(verifier_names)})
         row["response_length"] = int(batch["response_mask"][i].sum())
         rows.append(row)

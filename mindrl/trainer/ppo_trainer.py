@@ -35,7 +35,7 @@ from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
 from mindrl.workers.hybrid_engine import logprob_diff_summary
 from mindrl.workers.integrated_worker import IntegratedWorker
-from mindrl.workers.results import UpdateResult
+from mindrl.workers.results import Scores, UpdateResult
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -233,7 +233,7 @@ class PPOTrainer:
         timing.update(result.timing)
         return experience.make_batch(prompt_ids, result.samples, self.n, self.tokenizer.pad_token_id)
 
-    def _score(self, batch: Batch, labels: list[list[int]], timing: dict[str, float]) -> dict:
+    def _score(self, batch: Batch, labels: list[list[int]], timing: dict[str, float]) -> Scores:
         """Old logprobs (skipped on-policy), reference logprobs and critic values into the batch; the rule rewards'
         answer returned. The rewards run in the background and the critic's values alongside the actor's passes."""
         t_score = time.perf_counter()
@@ -255,16 +255,16 @@ class PPOTrainer:
             timing["timing/critic_model"] = gathered.seconds
         with _timed(timing, "timing/non_overlap_rule_reward"):
             scored = self.reward.collect(reward_ref, responses, labels, self.iteration)
-        timing["timing/rule_reward"] = scored["metrics"]["timing/rule_reward"]
+        timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
         timing["timing/scoring"] = time.perf_counter() - t_score
         return scored
 
-    def _advantages(self, batch: Batch, scored: dict) -> dict[str, float]:
+    def _advantages(self, batch: Batch, scored: Scores) -> dict[str, float]:
         """token_level_scores / rewards (with the KL penalty, if in the reward), advantages and returns into the
         batch; returns their metrics."""
         rl = self.cfg.rl_config
         mask = batch["response_mask"]
-        scores = torch.tensor(scored["rewards"], dtype=torch.float32)
+        scores = torch.tensor(scored.rewards, dtype=torch.float32)
         token_scores = scores_to_token_level(scores, mask)
         metrics: dict[str, float] = {}
         if rl.kl_in_reward and self.needs_ref:

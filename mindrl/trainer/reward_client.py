@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from mindrl.trainer import leftovers
 from mindrl.workers import reward_worker
+from mindrl.workers.results import Scores
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -52,7 +53,7 @@ class RewardClient:
         """Start scoring (responses and labels as token ids); `collect` waits for it."""
         return self.actor.score.remote(responses, labels)
 
-    def collect(self, ref, responses: Sequence[list[int]], labels: Sequence[list[int]], iteration: int) -> dict:
+    def collect(self, ref, responses: Sequence[list[int]], labels: Sequence[list[int]], iteration: int) -> Scores:
         """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
         samples' own timeouts (plus SLACK_S) is replaced; its samples score 0 and are counted in reward/crashes."""
         import ray
@@ -107,13 +108,13 @@ class RewardClient:
         metrics = {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/crashes": float(len(responses))}
         metrics.update({"reward/worker_restarts": 1.0, "timing/rule_reward": time.perf_counter() - t0})
         metrics.update({f"reward/{name}/mean": 0.0 for name in s.verifier_function})
-        return {
-            "rewards": zeros,
-            "per_verifier": [None] * len(responses),
-            "texts": self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-            "labels": self.tokenizer.batch_decode(labels, skip_special_tokens=True),
-            "metrics": metrics,
-        }
+        return Scores(
+            rewards=zeros,
+            per_verifier=[None] * len(responses),
+            texts=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            labels=self.tokenizer.batch_decode(labels, skip_special_tokens=True),
+            metrics=metrics,
+        )
 
     def _record_temp(self) -> None:
         """Once the (current) reward worker has answered: its temporary folder into TEMP_RECORD, for the next run

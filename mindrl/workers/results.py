@@ -1,5 +1,5 @@
-"""The typed results worker methods hand back to the driver: per-row tensors gathered over the DP shards, and an
-update's metrics with its token counts and logprob-diff totals."""
+"""The typed results workers hand back to the driver: per-row tensors gathered over the DP shards, an update's
+metrics with its token counts and logprob-diff totals, and a batch's rule rewards."""
 
 from __future__ import annotations
 
@@ -55,6 +55,23 @@ class LogprobDiff:
     sum_abs: float
     count: float
     max_abs: float
+
+
+@dataclass
+class Scores:
+    """The rule rewards of a batch's responses (`RuleRewardWorker.score`)."""
+
+    rewards: list[float]
+    """Per response: the verifiers' weighted score."""
+    per_verifier: list[list[float] | None]
+    """Per response: each verifier's score (None: not scored, e.g. its worker crashed)."""
+    texts: list[str]
+    """The decoded responses."""
+    labels: list[str]
+    """The decoded labels."""
+    metrics: dict[str, float]
+    """reward/<verifier>/mean, reward/timeouts, reward/errors, reward/crashes, reward/worker_restarts,
+    timing/rule_reward."""
 
 
 @dataclass

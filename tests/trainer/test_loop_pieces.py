@@ -17,6 +17,7 @@ from mindrl.rollout.base import RolloutSample
 from mindrl.trainer.experience import make_batch
 from mindrl.trainer.leftovers import TEMP_RECORD, remove_leftovers
 from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+from mindrl.workers.results import Scores
 
 
 def _bare_trainer(limit: int = 3, n: int = 2) -> PPOTrainer:
@@ -87,7 +88,8 @@ def test_advantages_apply_the_configured_estimator_to_the_batch(name):
     values = torch.tensor([[0.1, 0.2, 0.0], [0.3, 0.0, 0.0], [0.4, 0.5, 0.6], [0.7, 0.8, 0.0]])
     if name == "gae":
         b["values"] = values
-    scored = {"rewards": [1.0, 0.0, 0.5, 0.25], "metrics": {"reward/acc_for_ppo/mean": 0.75, "reward/errors": 1.0}}
+    metrics = {"reward/acc_for_ppo/mean": 0.75, "reward/errors": 1.0}
+    scored = Scores([1.0, 0.0, 0.5, 0.25], [None] * 4, [""] * 4, [""] * 4, metrics)
     metrics = t._advantages(b, scored)
 
     mask = b["response_mask"]
