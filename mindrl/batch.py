@@ -9,10 +9,13 @@ Layout of an RL batch (rows = responses; P = longest prompt, R = longest respons
     rollout_log_prob (rows, R)      the rollout engine's logprob of each response token
     old_log_prob, ref_log_prob, values, token_level_scores, token_level_rewards, advantages, returns: (rows, R)
 meta["prompt_length"] = P (an int); per-row lists live in `rows_meta` (e.g. "uid": the prompt's group id).
+`group_size` = n: the rows come in runs of n consecutive rows with the same prompt (a GRPO group: n samples of one
+prompt); 1 when nothing is known.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,12 +31,18 @@ class Batch:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     rows_meta: dict[str, list[Any]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 1
+    """Rows of one prompt are consecutive, `group_size` of them (the n samples per prompt): rows [k * n, (k + 1) * n)
+    share a prompt. Kept by `select`, `index` (as far as the chosen rows keep runs of one group: `_runs`), `split`
+    and `reframe`; 1 says nothing about the rows."""
 
     def __post_init__(self) -> None:
         sizes = {k: v.shape[0] for k, v in self.tensors.items()}
         sizes.update({k: len(v) for k, v in self.rows_meta.items()})
         if len(set(sizes.values())) > 1:
             raise ValueError(f"Batch: every tensor and row list must have the same number of rows, got {sizes}")
+        if self.group_size < 1 or len(self) % self.group_size:
+            raise ValueError(f"Batch: {len(self)} rows do not come in groups of {self.group_size}")
 
     def __len__(self) -> int:
         for v in self.tensors.values():
@@ -56,19 +65,35 @@ class Batch:
             raise ValueError(f"Batch[{key!r}]: {value.shape[0]} rows, the batch has {len(self)}")
         self.tensors[key] = value
 
-    def select(self, keys: Iterable[str]) -> Batch:
-        """A batch with only the named tensors (and all metadata): what a stage needs to receive."""
-        return Batch({k: self[k] for k in keys}, dict(self.rows_meta), dict(self.meta))
+    def select(self, keys: Iterable[str], rows_meta: Iterable[str] = ()) -> Batch:
+        """A batch with only the named tensors and per-row lists (and the global metadata and group size): what a
+        stage needs to receive."""
+        return Batch(
+            {k: self[k] for k in keys}, {k: self.rows_meta[k] for k in rows_meta}, dict(self.meta), self.group_size
+        )
 
     def index(self, rows: Sequence[int] | torch.Tensor) -> Batch:
         idx = torch.as_tensor(rows, dtype=torch.long)
         tensors = {k: v.index_select(0, idx) for k, v in self.tensors.items()}
         rows_meta = {k: [v[i] for i in idx.tolist()] for k, v in self.rows_meta.items()}
-        return Batch(tensors, rows_meta, dict(self.meta))
+        return Batch(tensors, rows_meta, dict(self.meta), self._runs(idx))
+
+    def _runs(self, idx: torch.Tensor) -> int:
+        """The group size of the rows `idx`: the gcd of the lengths of its runs of consecutive rows of one group."""
+        g = self.group_size
+        if g == 1 or not len(idx):
+            return 1
+        step = (idx[1:] == idx[:-1] + 1) & (idx[1:] // g == idx[:-1] // g)
+        bounds = [0, *(torch.nonzero(~step).flatten() + 1).tolist(), len(idx)]
+        n = g
+        for start, end in zip(bounds, bounds[1:]):
+            n = math.gcd(n, end - start)
+        return n
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with its tensors on `device` (themselves where they are there already)."""
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.rows_meta), dict(self.meta))
+        tensors = {k: v.to(device) for k, v in self.tensors.items()}
+        return Batch(tensors, dict(self.rows_meta), dict(self.meta), self.group_size)
 
     def split(self, parts: int) -> list[Batch]:
         """`parts` consecutive equal slices (the row count must divide)."""
@@ -85,7 +110,7 @@ class Batch:
         first = batches[0]
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         rows_meta = {k: [x for b in batches for x in b.rows_meta[k]] for k in first.rows_meta}
-        return Batch(tensors, rows_meta, dict(first.meta))
+        return Batch(tensors, rows_meta, dict(first.meta), math.gcd(*(b.group_size for b in batches)))
 
     def update(self, tensors: dict[str, torch.Tensor]) -> None:
         for k, v in tensors.items():
@@ -111,7 +136,7 @@ class Batch:
             elif v.dim() >= 2 and v.shape[1] == r:
                 v = v[:, :response_width]
             tensors[k] = v
-        return Batch(tensors, dict(self.rows_meta), {**self.meta, "prompt_length": prompt_width})
+        return Batch(tensors, dict(self.rows_meta), {**self.meta, "prompt_length": prompt_width}, self.group_size)
 
     def real_widths(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt, response) widths of each row without its padding: the columns from its first real prompt

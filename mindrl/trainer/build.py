@@ -159,3 +159,15 @@ def reward_settings(cfg) -> RewardSettings:
         timeout=float(rl.verifier_timeout),
         num_workers=max(1, int(rl.verifier_parallel or 1)),
     )
+
+
+def sampling(cfg, tokenizer):
+    """The rollout's SamplingConfig (n samples per prompt), stopping also at the tokenizer's end tokens (EOS,
+    <|im_end|>) where it has them."""
+    s = cfg.generate_config.sampling(cfg.rl_config.n_samples_per_prompt)
+    stop = set(s.stop_token_ids)
+    for tok in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")):
+        if isinstance(tok, int) and tok >= 0 and tok != tokenizer.unk_token_id:
+            stop.add(tok)
+    s.stop_token_ids = sorted(stop)
+    return s

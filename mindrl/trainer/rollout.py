@@ -62,7 +62,7 @@ class IntegratedRollout(RolloutSource):
             first = rank % self.infer_tp == 0
             part = (list(prompts[r * size : (r + 1) * size]), list(seeds[r * size : (r + 1) * size]))
             args.append((*(part if first else (None, None)), sampling))
-        results = self.group.call("generate", args)
+        results = self.group.generate(args)
         samples = [group for s, _ in results if s is not None for group in s]
         timing: dict[str, float] = {}
         for _, t in results:
@@ -247,7 +247,7 @@ def group_pusher(
     def push(version: int, urls: Sequence[str]) -> list[PushOutcome]:
         world = group.world_size
         args = [(version, list(urls[r::world]), token, bucket_bytes, timeout, transfer) for r in range(world)]
-        by_url = {o.url: o for outs in group.call("push_weights", args) for o in outs}
+        by_url = {o.url: o for outs in group.push_weights(args) for o in outs}
         return [by_url[u] for u in urls]
 
     return push

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from mindrl.batch import Batch
+from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
+from mindrl.workers.results import UpdateResult, Values
 from mindrl.workers.settings import CriticSettings
 
 
@@ -45,7 +45,8 @@ class CriticWorker(MegatronRank):
         if self.settings.offload:
             self.offloader.onload()
 
-    def compute_values(self, shard: Batch | None) -> tuple[torch.Tensor | None, float]:
+    @register(Dispatch.DP_ROWS)
+    def compute_values(self, shard: Batch | None) -> Values | None:
         from mindrl.workers.rl_model import response_values
 
         shard = self.receive(shard)
@@ -56,9 +57,10 @@ class CriticWorker(MegatronRank):
                 values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
             finally:
                 self._offload()
-        return self.output(values), time.perf_counter() - t0
+        return self.output(Values(values, time.perf_counter() - t0))
 
-    def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
+    @register(Dispatch.DP_OUTPUT)
+    def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
         from mindrl.workers.rl_model import ppo_update
 
         shard = self.receive(shard)
@@ -66,7 +68,7 @@ class CriticWorker(MegatronRank):
         with self.profiler.stage("critic_update"):
             self._onload()
             try:
-                metrics = ppo_update(
+                result = ppo_update(
                     self.critic,
                     self.optimizer,
                     self.scheduler,
@@ -79,8 +81,9 @@ class CriticWorker(MegatronRank):
                 )
             finally:
                 self._offload()
-        return self.output(metrics)
+        return self.output(result)
 
+    @register(Dispatch.ALL)
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
         from mindrl.checkpoint.train_state import save_train_state
 

@@ -7,14 +7,17 @@ collective whose peer died.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from mindrl.batch import Batch, shard_rows
+from mindrl.batch import shard_rows
 from mindrl.launch import is_peer_failure
 from mindrl.platform import current_platform
+from mindrl.workers.dispatch import Dispatch, dispatch_mode
 
 logger = logging.getLogger("mindrl.workers")
 
@@ -245,6 +248,7 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name = name
+        self.cls = cls
         options = current_platform().ray_actor_options(fraction)
         remote = ray.remote(**options)(cls)
         self.actors = [
@@ -286,29 +290,38 @@ class WorkerGroup:
     def dp_size(self) -> int:
         return self.infos[0].dp_size
 
-    def sharded(self, method: str, batch: Batch, num_mini_batches: int = 1, *args: Any) -> list:
-        """Send DP shard d (see `shard_rows`) to the source rank of DP group d, then return the output ranks'
-        results as [(rows of shard d, result of DP group d), ...]."""
-        return self.collect_sharded(self.sharded_async(method, batch, num_mini_batches, *args))
-
-    def sharded_async(self, method: str, batch: Batch, num_mini_batches: int = 1, *args: Any):
-        """Start `sharded` without waiting (e.g. the critic's values while the actor computes); finish it with
-        `collect_sharded`."""
+    def start(self, method: str, *args: Any, **kwargs: Any) -> Pending:
+        """Start `method` as its worker class declares (`mindrl.workers.dispatch`) without waiting (e.g. the critic's
+        values while the actor computes); `Pending.wait` collects it. The group's stubs (`group.<method>(...)`)
+        call this."""
         import ray
 
-        shards = shard_rows(len(batch), self.dp_size, num_mini_batches)
+        mode = dispatch_mode(self.cls, method)
+        if mode is None:
+            raise AttributeError(f"{self.cls.__name__}.{method} is not a registered worker method")
+        what = f"{self.name}.{method}"
+        if mode is Dispatch.ALL:
+            calls = [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+            return Pending(self, what, mode, calls)
+        if mode is Dispatch.PER_RANK:
+            (per_rank_args,) = args
+            calls = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, per_rank_args)]
+            return Pending(self, what, mode, calls)
+        batch, *rest = args
+        bound = inspect.signature(getattr(self.cls, method)).bind(None, batch, *rest, **kwargs)
+        shards = shard_rows(len(batch), self.dp_size, bound.arguments.get("num_mini_batches", 1))
         refs = {d: ray.put(batch.index(rows)) for d, rows in enumerate(shards)}
         calls = [
-            getattr(actor, method).remote(refs[i.dp_rank] if i.is_source else None, *args)
+            getattr(actor, method).remote(refs[i.dp_rank] if i.is_source else None, *rest, **kwargs)
             for actor, i in zip(self.actors, self.infos)
         ]
-        return method, shards, calls
+        return Pending(self, what, mode, calls, shards, len(batch))
 
-    def collect_sharded(self, pending) -> list:
-        method, shards, calls = pending
-        results = collect(calls, f"{self.name}.{method}", self.actors, self.labels())
-        out = {i.dp_rank: r for i, r in zip(self.infos, results) if i.is_output}
-        return [(shards[d], out[d]) for d in range(self.dp_size)]
+    def __getattr__(self, name: str) -> GroupMethod:
+        cls = self.__dict__.get("cls")
+        if name.startswith("_") or cls is None or dispatch_mode(cls, name) is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return GroupMethod(self, name)
 
     def shutdown(self) -> None:
         import ray
@@ -319,3 +332,40 @@ class WorkerGroup:
             except Exception:  # already dead
                 pass
         self.actors = []
+
+
+@dataclass
+class Pending:
+    """A started group call (`WorkerGroup.start`); `wait` collects it as its method's dispatch mode says."""
+
+    group: WorkerGroup
+    what: str
+    mode: Dispatch
+    calls: list
+    shards: list[list[int]] = field(default_factory=list)
+    num_rows: int = 0
+
+    def wait(self) -> Any:
+        g = self.group
+        results = collect(self.calls, self.what, g.actors, g.labels())
+        if self.mode in (Dispatch.ALL, Dispatch.PER_RANK):
+            return results
+        out = {i.dp_rank: r for i, r in zip(g.infos, results) if i.is_output}
+        if self.mode is Dispatch.DP_OUTPUT:
+            return out[0]
+        parts = [(self.shards[d], out[d]) for d in range(g.dp_size)]
+        return type(parts[0][1]).gather(parts, self.num_rows)
+
+
+class GroupMethod:
+    """`group.<method>`: calling it runs the registered worker method on the group and returns its collected
+    result; `start` returns the `Pending` call instead."""
+
+    def __init__(self, group: WorkerGroup, name: str):
+        self.group, self.name = group, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.group.start(self.name, *args, **kwargs).wait()
+
+    def start(self, *args: Any, **kwargs: Any) -> Pending:
+        return self.group.start(self.name, *args, **kwargs)

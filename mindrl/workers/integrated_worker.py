@@ -10,8 +10,10 @@ import time
 import torch
 
 from mindrl.batch import Batch
+from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
+from mindrl.workers.results import LogProbs, UpdateResult
 from mindrl.workers.settings import IntegratedSettings
 
 
@@ -58,6 +60,7 @@ class IntegratedWorker(MegatronRank):
         self.replica = self.rank // itp
         return info
 
+    @register(Dispatch.PER_RANK)
     def generate(self, prompts, seeds, sampling) -> tuple[list | None, dict]:
         """reshard_to_infer -> rollout -> reshard_to_train for this engine replica's prompts (given to its first
         rank). Returns (samples on the replica's first rank else None, timings)."""
@@ -76,6 +79,7 @@ class IntegratedWorker(MegatronRank):
         }
         return (samples if self.rank % itp == 0 else None), timing
 
+    @register(Dispatch.PER_RANK)
     def push_weights(
         self,
         version: int,
@@ -101,7 +105,8 @@ class IntegratedWorker(MegatronRank):
             for c in clients:
                 c.close()
 
-    def compute_log_prob(self, shard: Batch | None, reference: bool) -> tuple[torch.Tensor | None, float]:
+    @register(Dispatch.DP_ROWS)
+    def compute_log_prob(self, shard: Batch | None, reference: bool = False) -> LogProbs | None:
         """This DP shard's response logprobs under the actor (old_log_prob) or the reference model."""
         from mindrl.workers.rl_model import response_logprobs
 
@@ -116,15 +121,16 @@ class IntegratedWorker(MegatronRank):
                     lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
             else:
                 lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
-        return self.output(lp), time.perf_counter() - t0
+        return self.output(LogProbs(lp, time.perf_counter() - t0))
 
-    def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> dict:
+    @register(Dispatch.DP_OUTPUT)
+    def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
         from mindrl.workers.rl_model import ppo_update
 
         shard = self.receive(shard)
         s = self.settings
         with self.profiler.stage("actor_update"):
-            metrics = ppo_update(
+            result = ppo_update(
                 self.actor,
                 self.optimizer,
                 self.scheduler,
@@ -135,8 +141,9 @@ class IntegratedWorker(MegatronRank):
                 num_mini_batches,
                 epochs,
             )
-        return self.output(metrics)
+        return self.output(result)
 
+    @register(Dispatch.ALL)
     def sync_reference(self, alpha: float) -> float:
         """TR-DPO's reference update on this rank's shard: reference <- alpha * actor + (1 - alpha) * reference.
         Collective only in spirit (no communication: every rank mixes its own shard). Returns the seconds taken."""
@@ -147,6 +154,7 @@ class IntegratedWorker(MegatronRank):
             mix_into(self.ref, self.actor, alpha)
         return time.perf_counter() - t0
 
+    @register(Dispatch.ALL)
     def save_reference(self, root: str) -> None:
         """Collective: the (synced) reference model as a weights-only checkpoint at root (an iteration's ref/)."""
         from mindrl.checkpoint.train_state import save_weights_only
@@ -156,12 +164,14 @@ class IntegratedWorker(MegatronRank):
         with onloaded(self.ref_offloader):
             save_weights_only(self.ref, self.ref_spec, "actor", self.settings.actor, root)
 
+    @register(Dispatch.ALL)
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
         from mindrl.checkpoint.train_state import save_train_state
 
         a = self.settings.actor
         save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
 
+    @register(Dispatch.ALL)
     def shm_names(self) -> list[str]:
         """The rollout engine's shared-memory names, for the driver to clean up if this process gets killed."""
         engine = self.hybrid.engine if self.hybrid is not None else None

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
 
 
@@ -77,6 +78,7 @@ class MegatronRank:
         )
         return self.info
 
+    @register(Dispatch.ALL)
     def profile_iteration(self, iteration: int | None) -> list[str]:
         """The iteration about to run (None: none is profiled any more), sent by the driver while profiling is on.
         Returns the traces this worker has written so far."""

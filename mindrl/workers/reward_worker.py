@@ -8,6 +8,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindrl.workers.results import Scores
+
 
 @dataclass(frozen=True)
 class RewardSettings:
@@ -35,8 +37,8 @@ class RuleRewardWorker:
         # answers no call (not even `ping`) until __init__ returns; `score` waits on the pool's lock meanwhile.
         threading.Thread(target=get_shared_pool, args=(s.num_workers,), name="verifier-pool-start", daemon=True).start()
 
-    def score(self, responses: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> dict:
-        """rewards (per response), scores per verifier, the decoded texts and metrics."""
+    def score(self, responses: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> Scores:
+        """Rewards (per response), scores per verifier, the decoded texts and labels, and metrics."""
         from mindrl.rewards import score_rule_rewards
 
         s = self.settings
@@ -50,13 +52,7 @@ class RuleRewardWorker:
             timeout=s.timeout,
             num_workers=s.num_workers,
         )
-        return {
-            "rewards": scores.rewards,
-            "per_verifier": scores.per_verifier,
-            "texts": texts,
-            "labels": label_texts,
-            "metrics": scores.metrics,
-        }
+        return Scores(scores.rewards, scores.per_verifier, texts, label_texts, scores.metrics)
 
     def temp_dir(self) -> tuple[str, str, str]:
         """(Ray node id, host name, path) of this process's multiprocessing temporary folder: the trainer removes it

@@ -7,10 +7,10 @@ by the output at column P + t - 1, so the outputs for the responses are columns 
 micro-batch is cut to its own rows' widths first (`_plan`: no padding computed beyond its longest row), and the
 output layer runs on those response columns only (`_response_head`).
 
-Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows) go through the model packed
-(`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each attending to the prompt
-and to itself. The prompt's positions are computed once per group instead of once per sample, with the same
-result: every response token sees the same keys at the same positions as in its own row.
+Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows: `Batch.group_size`) go through
+the model packed (`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each
+attending to the prompt and to itself. The prompt's positions are computed once per group instead of once per
+sample, with the same result: every response token sees the same keys at the same positions as in its own row.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from mindrl.models.forward import attention_inputs, model_device, prefix_group_i
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
+from mindrl.workers.results import LogprobDiff, TokenCounts, UpdateResult
 
 SAVINGS = True
 """Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
@@ -239,17 +240,18 @@ def prefix_sharing() -> bool:
 
 
 def prompt_group_size(batch: Batch, micro_batch_size: int) -> int:
-    """The largest n that divides micro_batch_size such that the batch's rows come in runs of n consecutive rows
-    with the same prompt (ids and mask): the rows' prefix groups. 1 where there are none."""
-    p = batch.meta["prompt_length"]
-    mask = batch["attention_mask"][:, :p].bool()
-    ids = batch["input_ids"][:, :p].masked_fill(~mask, 0)
-    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)
-    bounds = [0, *(torch.nonzero(~same).flatten() + 1).tolist(), len(batch)]
-    n = micro_batch_size
-    for start, end in zip(bounds, bounds[1:]):
-        n = math.gcd(n, end - start)
-    return max(n, 1)
+    """The prefix groups of the batch's rows: the largest n dividing both its group size (`Batch.group_size`: runs of
+    consecutive rows with the same prompt) and micro_batch_size. Raises if the rows contradict the group size (a
+    row whose prompt ids or mask differ from its group's first row's)."""
+    g = batch.group_size
+    if g > 1:
+        p = batch.meta["prompt_length"]
+        mask = batch["attention_mask"][:, :p].bool()
+        ids = batch["input_ids"][:, :p].masked_fill(~mask, 0).reshape(-1, g, p)
+        mask = mask.reshape(-1, g, p)
+        if not ((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all()):
+            raise ValueError(f"the batch says its rows come in groups of {g} with the same prompt, but they do not")
+    return math.gcd(g, micro_batch_size)
 
 
 def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
@@ -257,8 +259,8 @@ def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
     to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
     shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
     parallelism the width is rounded up to a multiple of TP (more prompt padding). Rows that share a prompt
-    (`prompt_group_size`) stay together and go through the model as prefix groups (`PREFIX_SHARING`; not under
-    context parallelism). The micro-batches are on the model's device."""
+    (`Batch.group_size`, `prompt_group_size`) stay together and go through the model as prefix groups
+    (`PREFIX_SHARING`; not under context parallelism). The micro-batches are on the model's device."""
     n = len(batch)
     device = model_device(model)
     mbs = min(micro_batch_size, n)
@@ -454,13 +456,14 @@ def ppo_update(
     micro_batch_size: int,
     num_mini_batches: int,
     epochs: int,
-) -> dict[str, float]:
+) -> UpdateResult:
     """Epochs x mini-batches of optimizer steps on this DP rank's shard (see `mindrl.batch.shard_rows`: its
     mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic".
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
-    `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients), and
-    "_tokens": (computed, real, untrimmed, shared) positions over all micro-batches and DP ranks (see `_Plan`)."""
+    `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients); the positions
+    computed over all micro-batches and DP ranks (see `_Plan`); for the actor, the |rollout - trainer| logprob
+    totals of its forward passes."""
     loss_fn = _actor_loss if role == "actor" else _critic_loss
     dp = ps.get_data_parallel_world_size()
     sums: dict[str, float] = {}
@@ -519,12 +522,10 @@ def ppo_update(
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{role}/lr"] = float(optimizer.param_groups[0]["lr"])
     metrics[f"{role}/skipped_updates"] = float(skipped)
-    if role == "actor":
-        metrics["_logprob_diff"] = (diff_sum, diff_count, diff_max)
+    diff = LogprobDiff(diff_sum, diff_count, diff_max) if role == "actor" else None
     token_counts = token_counts.to(current_platform().device())
     torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
-    metrics["_tokens"] = tuple(token_counts.tolist())
-    return metrics
+    return UpdateResult(metrics, TokenCounts(*token_counts.tolist()), diff)
 
 
 def _reduce_metrics(local: dict[str, float]) -> dict[str, float]:

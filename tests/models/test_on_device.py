@@ -8,6 +8,8 @@ numbers as the same computation on CPU ranks. Run it there with `pytest tests/mo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,14 +54,14 @@ def _logprobs_and_update_rank(load_dir: str, batch) -> dict:
 
     _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, 1, 1, OptimSettings(lr=1e-3), total_steps=1)
     before = response_logprobs(ddp, batch, 4, 1.0)
-    metrics = ppo_update(ddp, optimizer, scheduler, batch, "actor", PPOLossSettings(kl_loss_coef=0.04), 4, 1, 1)
+    result = ppo_update(ddp, optimizer, scheduler, batch, "actor", PPOLossSettings(kl_loss_coef=0.04), 4, 1, 1)
     after = response_logprobs(ddp, batch, 4, 1.0)
     return {
         "device": str(model_device(ddp)),
         "before": before,
         "after": after,
-        "metrics": {k: v for k, v in metrics.items() if not k.startswith("_")},
-        "tokens": metrics["_tokens"],
+        "metrics": result.metrics,
+        "tokens": dataclasses.astuple(result.tokens),
     }
 
 

@@ -75,10 +75,10 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
         "grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=5", "megatron_training.save_interval=4",
     )  # fmt: skip
     trainer = PPOTrainer(cfg)
-    trainer.REWARD_PING_S = 2.0
+    trainer.reward.PING_S = 2.0
     hung, killed_at, temp_dirs = [], [], []
     try:
-        generate, sharded_async = trainer.rollout.generate, trainer.actor.sharded_async
+        generate, start = trainer.rollout.generate, trainer.actor.start
         victim = trainer.actor.pids[1]
 
         def fault_before_scoring(*args):
@@ -87,23 +87,23 @@ def test_reward_worker_crash_and_hang_are_survived_then_a_killed_rank_ends_the_r
                 if trainer.iteration == 3:  # the replacement started for this hang is slow to start
                     monkeypatch.setattr(reward_worker, "RuleRewardWorker", SlowStartingRewardWorker)
                 # The trainer has seen this worker start: its start ping's reply can come after later calls' replies
-                # (2 threads), and a worker stopped before that reply counts as still starting (REWARD_START_S).
-                ray.get(trainer._reward_started, timeout=300)
-                pid = ray.get(trainer.reward.__ray_call__.remote(lambda self: os.getpid()))
-                temp_dirs.append(ray.get(trainer.reward.temp_dir.remote())[2])
+                # (2 threads), and a worker stopped before that reply counts as still starting (RewardClient.START_S).
+                ray.get(trainer.reward.started, timeout=300)
+                pid = ray.get(trainer.reward.actor.__ray_call__.remote(lambda self: os.getpid()))
+                temp_dirs.append(ray.get(trainer.reward.actor.temp_dir.remote())[2])
                 os.kill(pid, signal.SIGKILL if trainer.iteration == 2 else signal.SIGSTOP)
                 hung.append(pid)
             return out
 
-        def kill_during_the_update(method, batch, *args):
-            pending = sharded_async(method, batch, *args)
+        def kill_during_the_update(method, *args, **kwargs):
+            pending = start(method, *args, **kwargs)
             if method == "update_actor" and trainer.iteration == 5:
                 os.kill(victim, signal.SIGKILL)
                 killed_at.append(time.monotonic())
             return pending
 
         trainer.rollout.generate = fault_before_scoring
-        trainer.actor.sharded_async = kill_during_the_update
+        trainer.actor.start = kill_during_the_update
         with pytest.raises(TrainingAborted) as e:
             trainer.fit()
         elapsed = time.monotonic() - killed_at[0]

@@ -14,7 +14,10 @@ import torch
 from mindrl.algorithms.advantages import get_advantage_estimator, list_advantage_estimators
 from mindrl.batch import Batch, shard_rows
 from mindrl.rollout.base import RolloutSample
-from mindrl.trainer.ppo_trainer import TEMP_RECORD, PPOTrainer, TrainingAborted, _remove_leftovers
+from mindrl.trainer.experience import make_batch
+from mindrl.trainer.leftovers import TEMP_RECORD, remove_leftovers
+from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
+from mindrl.workers.results import Scores
 
 
 def _bare_trainer(limit: int = 3, n: int = 2) -> PPOTrainer:
@@ -37,12 +40,11 @@ def test_aborts_after_k_consecutive_skipped_iterations():
 
 
 def test_batch_layout_left_pads_prompts_and_right_pads_responses():
-    t = _bare_trainer(n=2)
     samples = [
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
         [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([], [], "length")],
     ]
-    b = t._make_batch([[1, 2, 3], [4]], samples)
+    b = make_batch([[1, 2, 3], [4]], samples, n=2, pad_token_id=0)
     assert b.meta["prompt_length"] == 3
     assert b["input_ids"].tolist()[0] == [1, 2, 3, 5, 6, 0]
     assert b["input_ids"].tolist()[2] == [0, 0, 4, 8, 9, 10]
@@ -55,6 +57,9 @@ def test_batch_layout_left_pads_prompts_and_right_pads_responses():
     ]  # an empty response learns nothing
     assert torch.allclose(b["rollout_log_prob"][2], torch.tensor([-0.4, -0.5, -0.6]))
     assert b.rows_meta["uid"] == [0, 0, 1, 1]
+    assert b.group_size == 2  # the n samples of a prompt are consecutive rows
+    with pytest.raises(RuntimeError, match="prompt 1: the rollout returned 1 samples, expected 2"):
+        make_batch([[1, 2, 3], [4]], [samples[0], samples[1][:1]], n=2, pad_token_id=0)
 
 
 def test_dp_shards_hold_their_slice_of_every_mini_batch():
@@ -79,11 +84,12 @@ def test_advantages_apply_the_configured_estimator_to_the_batch(name):
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
         [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([11, 12], [-0.7, -0.8], "stop")],
     ]
-    b = t._make_batch([[1, 2, 3], [4]], samples)
+    b = make_batch([[1, 2, 3], [4]], samples, n=2, pad_token_id=0)
     values = torch.tensor([[0.1, 0.2, 0.0], [0.3, 0.0, 0.0], [0.4, 0.5, 0.6], [0.7, 0.8, 0.0]])
     if name == "gae":
         b["values"] = values
-    scored = {"rewards": [1.0, 0.0, 0.5, 0.25], "metrics": {"reward/acc_for_ppo/mean": 0.75, "reward/errors": 1.0}}
+    metrics = {"reward/acc_for_ppo/mean": 0.75, "reward/errors": 1.0}
+    scored = Scores([1.0, 0.0, 0.5, 0.25], [None] * 4, [""] * 4, [""] * 4, metrics)
     metrics = t._advantages(b, scored)
 
     mask = b["response_mask"]
@@ -106,13 +112,29 @@ def test_advantages_apply_the_configured_estimator_to_the_batch(name):
     assert ("critic/values/mean" in metrics) == (name == "gae")
 
 
+def test_the_group_size_follows_the_rows_and_rows_meta_only_where_named():
+    """`Batch.group_size` (the n samples of a prompt, consecutive) is kept by select, split and the DP shards that
+    hold whole groups, shrinks to the runs of one group that a shard keeps, and is 1 where the rows are mixed; select
+    ships per-row lists only when named."""
+    b = Batch({"x": torch.arange(8)}, {"uid": [0, 0, 0, 0, 1, 1, 1, 1]}, group_size=4)
+    assert b.select(["x"]).group_size == 4 and b.select(["x"]).rows_meta == {}
+    assert b.select(["x"], rows_meta=["uid"]).rows_meta == b.rows_meta
+    assert [s.group_size for s in b.split(2)] == [4, 4]
+    assert [b.index(r).group_size for r in shard_rows(8, dp=2)] == [4, 4]
+    assert [b.index(r).group_size for r in shard_rows(8, dp=2, num_mini_batches=2)] == [2, 2]
+    assert b.index([0, 1, 2, 3, 4, 5]).group_size == 2 and b.index([3, 4]).group_size == 1
+    assert Batch.concat(b.split(2)).group_size == 4
+    with pytest.raises(ValueError, match="do not come in groups of 3"):
+        Batch({"x": torch.arange(8)}, group_size=3)
+
+
 def test_batch_rejects_ragged_rows():
     with pytest.raises(ValueError, match="same number of rows"):
         Batch({"a": torch.zeros(2, 3), "b": torch.zeros(3, 3)})
 
 
 def test_a_killed_runs_recorded_temp_folder_is_removed_and_nothing_else(tmp_path):
-    """`_remove_leftovers` removes the recorded reward-worker folder on this host only, and only a pymp-* folder
+    """`remove_leftovers` removes the recorded reward-worker folder on this host only, and only a pymp-* folder
     given by an absolute path: a damaged or foreign record removes nothing, and the record goes either way."""
     run = tmp_path / "run"
     run.mkdir()
@@ -129,11 +151,11 @@ def test_a_killed_runs_recorded_temp_folder_is_removed_and_nothing_else(tmp_path
         "not an entry",
     ]
     (run / TEMP_RECORD).write_text(json.dumps(entries))
-    _remove_leftovers(str(run))
+    remove_leftovers(str(run))
     assert not mine.exists() and elsewhere.is_dir() and wrong_name.is_dir()
     assert not (run / TEMP_RECORD).exists()
     for damaged in ("{not json", json.dumps({"host": host, "path": str(elsewhere)})):
         (run / TEMP_RECORD).write_text(damaged)
-        _remove_leftovers(str(run))
+        remove_leftovers(str(run))
         assert elsewhere.is_dir() and not (run / TEMP_RECORD).exists()
-    _remove_leftovers(str(run))  # no record: nothing to do
+    remove_leftovers(str(run))  # no record: nothing to do

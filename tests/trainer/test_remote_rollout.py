@@ -177,8 +177,8 @@ def test_group_pusher_deals_servers_over_the_ranks():
     class Group:
         world_size = 2
 
-        def call(self, method, args):
-            calls.append((method, args))
+        def push_weights(self, args):
+            calls.append(("push_weights", args))
             return [[PushOutcome(u, a[0], True) for u in a[1]] for a in args]
 
     clients = [NS(url=u, timeout=5.0) for u in ("http://a:1", "http://b:1", "http://c:1")]

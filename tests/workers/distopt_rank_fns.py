@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
-from tests.workers.ppo_rank_fns import full_hf_tensors
+from tests.workers.ppo_rank_fns import flat, full_hf_tensors
 
 
 def inner_optimizers(optimizer) -> list:
@@ -156,7 +156,7 @@ def ppo_train_rank(load_dir: str, tp: int, batch, loss, optim: OptimSettings, dt
     spec, ddp, optimizer, scheduler = _build(load_dir, tp, optim, dtype, mini * epochs)
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     shard = batch.index(shard_rows(len(batch), dp, mini)[dp_rank])
-    metrics = ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, mini, epochs)
+    metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, mini, epochs))
     weights = full_hf_tensors(ddp, spec, grads=False)
     keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
     return {"metrics": metrics, "weights": weights if keep else None, "dp": dp}

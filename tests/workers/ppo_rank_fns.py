@@ -3,11 +3,24 @@ global batch, then the model's gradients (megatron DDP's main_grad) and weights 
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import torch
 
 from mindrl.batch import Batch, shard_rows
+from mindrl.workers.results import UpdateResult
 from mindrl.workers.rl_model import PPOLossSettings, ppo_update
 from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
+
+
+def flat(result: UpdateResult) -> dict:
+    """An update's result as one dict for the tests' comparisons: its metrics, "_tokens" (computed, real,
+    untrimmed, shared) and "_logprob_diff" (sum, count, max; actor only)."""
+    out = dict(result.metrics)
+    out["_tokens"] = astuple(result.tokens)
+    if result.logprob_diff is not None:
+        out["_logprob_diff"] = astuple(result.logprob_diff)
+    return out
 
 
 def full_hf_tensors(model, spec, grads: bool, local_of=None) -> dict[str, torch.Tensor]:
@@ -57,7 +70,7 @@ def ppo_update_rank(
     spec, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, pp, optim, total_steps=num_mini_batches)
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     shard = batch.index(shard_rows(len(batch), dp, num_mini_batches)[dp_rank])
-    metrics = ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, num_mini_batches, 1)
+    metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, num_mini_batches, 1))
     grads = full_hf_tensors(ddp, spec, grads=True)
     after = full_hf_tensors(ddp, spec, grads=False) if weights else None
     keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
@@ -103,7 +116,7 @@ def savings_vs_plain_rank(
                 fwd = rl_model.response_logprobs(ddp, shard, micro_batch_size, loss.temperature)
             else:
                 fwd = rl_model.response_values(ddp, shard, micro_batch_size)
-            metrics = ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, 1, 1)
+            metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, 1, 1))
             grads = full_hf_tensors(ddp, spec, grads=True)
             weights = full_hf_tensors(ddp, spec, grads=False)
             keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0

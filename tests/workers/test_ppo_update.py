@@ -141,6 +141,7 @@ def make_batch(actor_dir: str, critic_dir: str, prompt_lens=PROMPT_LENS, samples
             "response_mask": response_mask,
         },
         meta={"prompt_length": prompt_ids.shape[1]},
+        group_size=samples,
     )
     mask = response_mask.float()
     with torch.no_grad():
@@ -404,27 +405,32 @@ def test_prefix_groups_equal_the_plain_path(pool, tiny_models, ckpts, grouped_ba
     check_savings(runs, grouped_batch, role, tiny_models, shared=True)
 
 
-def test_prompt_groups_are_runs_of_the_same_prompt():
-    """prompt_group_size: the largest n dividing the micro-batch size such that the rows come in runs of n with the
-    same prompt ids and mask (a differently padded copy of a prompt is another prompt)."""
+def test_prompt_groups_come_from_the_batchs_group_size():
+    """prompt_group_size: the largest n dividing both the batch's group size and the micro-batch size; rows that
+    contradict the group size (a differently padded copy of a prompt is another prompt) fail loudly."""
     from mindrl.workers.rl_model import prompt_group_size
 
-    def batch(prompts):
+    def batch(prompts, group_size):
         ids, mask = pad_rows(prompts, pad=0, left=True)
         responses = torch.ones(len(prompts), 3, dtype=torch.long)
         return Batch(
             {"input_ids": torch.cat([ids, responses], 1), "attention_mask": torch.cat([mask, responses], 1)},
             meta={"prompt_length": ids.shape[1]},
+            group_size=group_size,
         )
 
     a, b, c = [5, 6, 7], [8, 9], [5, 6, 7, 7]
-    assert prompt_group_size(batch([a] * 4 + [b] * 4), 16) == 4
-    assert prompt_group_size(batch([a] * 4 + [b] * 4), 2) == 2
-    assert prompt_group_size(batch([a] * 4 + [b] * 4), 6) == 2
-    assert prompt_group_size(batch([a] * 8), 8) == 8
-    assert prompt_group_size(batch([a] * 4 + [b] * 2 + [c] * 2), 8) == 2
-    assert prompt_group_size(batch([a, b, a, b]), 4) == 1
-    assert prompt_group_size(batch([a] * 3 + [b] * 3), 4) == 1
+    assert prompt_group_size(batch([a] * 4 + [b] * 4, 4), 16) == 4
+    assert prompt_group_size(batch([a] * 4 + [b] * 4, 4), 2) == 2
+    assert prompt_group_size(batch([a] * 4 + [b] * 4, 4), 6) == 2
+    assert prompt_group_size(batch([a] * 8, 8), 8) == 8
+    assert prompt_group_size(batch([a] * 4 + [b] * 2 + [c] * 2, 2), 8) == 2
+    assert prompt_group_size(batch([a, b, a, b], 1), 4) == 1
+    assert prompt_group_size(batch([a] * 3 + [b] * 3, 3), 4) == 1
+    with pytest.raises(ValueError, match="groups of 2 with the same prompt, but they do not"):
+        prompt_group_size(batch([a, b, a, b], 2), 4)
+    with pytest.raises(ValueError, match="groups of 4 with the same prompt"):
+        prompt_group_size(batch([a] * 4 + [b] * 2 + [c] * 2, 4), 8)
 
 
 def test_prefix_sharing_switch(monkeypatch):

@@ -27,7 +27,7 @@ def test_reward_worker_scores_then_shuts_down_without_leftovers(tiny_models, tmp
         )
         pid = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()), timeout=300)
         out = ray.get(actor.score.remote([[5, 6, 7]], [[8]]), timeout=300)
-        assert len(out["rewards"]) == 1 and len(out["texts"]) == 1
+        assert len(out.rewards) == 1 and len(out.texts) == 1
         assert list(scratch.glob("pymp-*")), "the verifier pool's forkserver keeps its socket in a pymp-* folder"
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.shutdown.remote(), timeout=60)

@@ -1,0 +1,84 @@
+"""The typed results workers hand back to the driver: per-row tensors gathered over the DP shards, an update's
+metrics with its token counts and logprob-diff totals, and a batch's rule rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RowTensor:
+    """A per-row tensor of the batch and the seconds it took. From a rank: its DP shard's (shard rows, R); from the
+    group (`gather`): the whole batch's (rows, R) in fp32, with the slowest rank's seconds."""
+
+    tensor: torch.Tensor
+    seconds: float
+
+    @classmethod
+    def gather(cls, parts: Sequence[tuple[Sequence[int], RowTensor]], num_rows: int) -> RowTensor:
+        """The shards' tensors put back at their rows (`parts`: (rows of shard d, result of DP group d))."""
+        width = parts[0][1].tensor.shape[1]
+        out = torch.zeros(num_rows, width)
+        for rows, part in parts:
+            out[torch.as_tensor(rows)] = part.tensor.float()
+        return cls(out, max(part.seconds for _, part in parts))
+
+
+@dataclass
+class LogProbs(RowTensor):
+    """(rows, R) logprob of each response token (0 on padding), under the actor or the reference model."""
+
+
+@dataclass
+class Values(RowTensor):
+    """(rows, R) the critic's value of the state before each response token (0 on padding)."""
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Positions an update ran on, over all its micro-batches and DP ranks (see `mindrl.workers.rl_model._Plan`)."""
+
+    computed: float
+    real: float
+    untrimmed: float
+    shared: float
+    """Real prompt tokens not computed again (prefix groups compute a shared prompt once)."""
+
+
+@dataclass(frozen=True)
+class LogprobDiff:
+    """|rollout logprob - trainer logprob| totals over the sampled tokens of an actor update's forward passes."""
+
+    sum_abs: float
+    count: float
+    max_abs: float
+
+
+@dataclass
+class Scores:
+    """The rule rewards of a batch's responses (`RuleRewardWorker.score`)."""
+
+    rewards: list[float]
+    """Per response: the verifiers' weighted score."""
+    per_verifier: list[list[float] | None]
+    """Per response: each verifier's score (None: not scored, e.g. its worker crashed)."""
+    texts: list[str]
+    """The decoded responses."""
+    labels: list[str]
+    """The decoded labels."""
+    metrics: dict[str, float]
+    """reward/<verifier>/mean, reward/timeouts, reward/errors, reward/crashes, reward/worker_restarts,
+    timing/rule_reward."""
+
+
+@dataclass
+class UpdateResult:
+    """What a PPO update (actor or critic) reports: metrics averaged over its optimizer steps (the same on every
+    rank), the positions it computed, and (actor) the logprob-diff totals of its forward passes."""
+
+    metrics: dict[str, float]
+    tokens: TokenCounts
+    logprob_diff: LogprobDiff | None = None
