@@ -9,7 +9,7 @@ import mindrl.plan.memory as mem
 from mindrl.config.root import RLConfig
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
-from mindrl.trainer import build
+from mindrl.workers import from_config
 
 PHASES = ("rollout", "score", "critic_train", "train")
 """An integrated-mode iteration: rollout (engine awake, training state offloaded as configured), scoring (old /
@@ -107,7 +107,7 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
 
 
 def _model_settings(cfg: RLConfig, role: str):
-    """The role's ModelSettings exactly as the trainer derives them (mindrl.trainer.build), without touching
+    """The role's ModelSettings exactly as the trainer derives them (mindrl.workers.from_config), without touching
     the disk (integrated_settings also needs the engine's config.json; a resumed run reads its checkpoint):
     no resume dir, which changes nothing the plan reads."""
     from dataclasses import replace
@@ -115,8 +115,10 @@ def _model_settings(cfg: RLConfig, role: str):
     rl = cfg.rl_config
     if role == "critic":
         fwd = getattr(rl, "critic_forward_micro_batch_size", None)
-        return build._model(replace(cfg.critic_config, finetune=True), cfg, fwd, None)
-    return build._model(replace(cfg.actor_config, finetune=True), cfg, rl.actor_forward_micro_batch_size, None)
+        return from_config.model_settings(replace(cfg.critic_config, finetune=True), cfg, fwd, None)
+    return from_config.model_settings(
+        replace(cfg.actor_config, finetune=True), cfg, rl.actor_forward_micro_batch_size, None
+    )
 
 
 def make_plan(
@@ -131,7 +133,7 @@ def make_plan(
     world = rl.world_size
     dev, why = pick_device(world, cfg.config_name, device, device_memory_gib, devices_per_node)
     layouts = {"actor": _layout(cfg, "actor", world)}
-    has_ref, has_critic = build.needs_reference(cfg), rl.needs_critic and cfg.critic_config is not None
+    has_ref, has_critic = from_config.needs_reference(cfg), rl.needs_critic and cfg.critic_config is not None
     if has_critic:
         layouts["critic"] = _layout(cfg, "critic", world)
     itp = gen.infer_tensor_parallel_size

@@ -28,10 +28,11 @@ from mindrl.checkpoint.iterations import TrainerState
 from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
-from mindrl.trainer import build, experience, leftovers
+from mindrl.trainer import experience, leftovers
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, throughput_metrics
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
+from mindrl.workers import from_config
 from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
 from mindrl.workers.hybrid_engine import logprob_diff_summary
@@ -68,11 +69,11 @@ class PPOTrainer:
             mt.data_path, rl.max_prompt_length, tuple(mt.dataset_additional_keys or ("labels",))
         )
         self.loader = PromptDataLoader(self.dataset, mt.global_batch_size, seed=mt.seed, shuffle=not mt.no_shuffle)
-        self.sampling = build.sampling(cfg, self.tokenizer)
+        self.sampling = from_config.sampling(cfg, self.tokenizer)
         self.kl_ctrl = build_kl_controller(rl.kl_ctrl_type, rl.init_kl_coef, rl.kl_target, rl.kl_horizon)
-        self.num_mini, self.epochs = build.num_mini_batches(cfg), rl.epochs
-        self.needs_ref = build.needs_reference(cfg)
-        self.verifier_names = build.reward_settings(cfg).verifier_function
+        self.num_mini, self.epochs = from_config.num_mini_batches(cfg), rl.epochs
+        self.needs_ref = from_config.needs_reference(cfg)
+        self.verifier_names = from_config.reward_settings(cfg).verifier_function
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -95,7 +96,7 @@ class PPOTrainer:
         self.groups: list = []
         try:
             self.pg = device_placement_group(self.world)
-            integrated = build.integrated_settings(cfg, self.resume)
+            integrated = from_config.integrated_settings(cfg, self.resume)
             self.profile = integrated.profile
             # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get their
             # node's cores shared among the ranks there (they run in turn), not one thread each.
@@ -106,12 +107,12 @@ class PPOTrainer:
             if rl.needs_critic:
                 self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=0.5, threads=threads)
                 self.groups.append(self.critic)
-            self.reward = RewardClient(build.reward_settings(cfg), self.run_dir, self.tokenizer)
+            self.reward = RewardClient(from_config.reward_settings(cfg), self.run_dir, self.tokenizer)
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
             self.shm_idents = {i for names in self.actor.shm_names() for i in names}
             leftovers.record_shm(self.run_dir, self.shm_idents)  # for the next run if this one is killed
             if self.critic is not None:
-                self.critic.setup(build.critic_settings(cfg, self.resume))
+                self.critic.setup(from_config.critic_settings(cfg, self.resume))
             self.rollout: RolloutSource = (
                 self.remote.attach(self.actor)
                 if self.remote is not None

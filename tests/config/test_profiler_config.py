@@ -8,7 +8,7 @@ import os
 
 from mindrl.config import load_config
 from mindrl.config.profiler import STAGES
-from mindrl.trainer.build import critic_settings, integrated_settings, profile_settings
+from mindrl.workers.from_config import critic_settings, integrated_settings, profile_settings
 from tests.config.conftest import TINY_HF, asset_overrides, write_configs
 from tests.config.test_errors import CONFIGS, PPO, errors, issue
 

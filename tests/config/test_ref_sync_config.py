@@ -47,13 +47,13 @@ def test_sync_period_below_one_is_an_error():
 
 
 def test_builder_and_config_agree_on_the_reference():
-    """build.needs_reference (what the trainer builds) is the config's rule that the sync check uses."""
-    from mindrl.trainer import build
+    """from_config.needs_reference (what the trainer builds) is the config's rule that the sync check uses."""
+    from mindrl.workers import from_config
 
     for overrides in ([], ["rl_config.init_kl_coef=0.0"], ["rl_config.use_kl_in_reward=false"]):
         cfg = load_config("ppo_tiny_cpu", overrides=overrides)
         assert (
-            build.needs_reference(cfg)
+            from_config.needs_reference(cfg)
             == cfg.rl_config.needs_reference
             == ("rl_config.init_kl_coef=0.0" not in overrides)
         )

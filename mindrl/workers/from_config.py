@@ -1,5 +1,5 @@
-"""From the validated config to what the workers build: one function per worker kind, so the workers never
-read the YAML schema and the loop never re-derives a setting."""
+"""From the validated config to what the workers build: one function per worker kind, so that the workers never read
+the YAML schema and neither the trainer nor the planner re-derives a setting."""
 
 from __future__ import annotations
 
@@ -40,7 +40,10 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
     )
 
 
-def _model(role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None) -> ModelSettings:
+def model_settings(
+    role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None
+) -> ModelSettings:
+    """One model's settings (actor or critic: `role_cfg`) as the trainer builds it and the planner sizes it."""
     mt = cfg.megatron_training
     total = total_optimizer_steps(cfg)
     sp = role_cfg.sequence_parallel
@@ -130,7 +133,7 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
     # A synced reference (rl_config.sync_ref_model) resumes from the checkpoint's own copy, not the original.
     ref = (resume and resume.ref_dir) or rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
     return IntegratedSettings(
-        actor=_model(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
+        actor=model_settings(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
         rollout=rollout,
         loss=loss_settings(cfg),
         ref_load=ref if needs_reference(cfg) else None,
@@ -144,7 +147,7 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
 
 def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
-    model = _model(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
+    model = model_settings(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
     return CriticSettings(critic=model, loss=loss_settings(cfg), profile=profile_settings(cfg))
 
 
