@@ -329,6 +329,18 @@ def throughput_metrics(
     return out
 
 
+def iteration_throughput(cfg, metrics: Mapping[str, float]) -> dict[str, float]:
+    """`throughput_metrics` of one RL iteration from its metrics (lengths and timings) and the run's config."""
+    return throughput_metrics(
+        response_length_mean=metrics["response_length/mean"],
+        prompt_length_mean=metrics["prompt_length/mean"],
+        global_batch_size=cfg.megatron_training.global_batch_size,
+        n_samples_per_prompt=cfg.rl_config.n_samples_per_prompt,
+        world_size=cfg.rl_config.world_size,
+        timing=metrics,
+    )
+
+
 def stats_metrics(prefix: str, values: torch.Tensor | Iterable[float]) -> dict[str, float]:
     """`{prefix}/mean`, `{prefix}/max`, `{prefix}/min` of a 1-D tensor or list; {} when it is empty (a mean of
     nothing would be a NaN that looks like a bug)."""

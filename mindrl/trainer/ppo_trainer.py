@@ -29,7 +29,7 @@ from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.trainer import experience, leftovers
-from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, throughput_metrics
+from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 from mindrl.workers import from_config
@@ -37,6 +37,7 @@ from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
 from mindrl.workers.hybrid_engine import logprob_diff_summary
 from mindrl.workers.integrated_worker import IntegratedWorker
+from mindrl.workers.profiling import announce_iteration
 from mindrl.workers.results import Scores, UpdateResult
 
 logger = logging.getLogger("mindrl.trainer")
@@ -145,7 +146,7 @@ class PPOTrainer:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
             while self.iteration < mt.train_iters:
                 self.iteration += 1
-                self._profile_iteration()
+                announce_iteration(self.groups, self.profile, self.iteration)
                 metrics, rows = self._step_or_abort(next(batches))
                 metrics["checkpoint/save_failures"] = float(self.save_failures)
                 # logged before the save: a resume cuts metrics.jsonl back to the saved iteration
@@ -156,24 +157,6 @@ class PPOTrainer:
                     self._periodic_save()
             self.save()  # the last iteration is always saved; a failure here fails the run
         return results
-
-    def _profile_iteration(self) -> None:
-        """While profiling is on (profiler_config), tell every worker which iteration runs next; after the last
-        profiled one, that none does, and where the traces went."""
-        prof = self.profile
-        if prof is None or not prof.start <= self.iteration <= prof.end:
-            return
-        profiled = self.iteration < prof.end
-        written = []
-        for group in self.groups:
-            for traces in group.profile_iteration(self.iteration if profiled else None):
-                written += traces
-        if profiled:
-            logger.info("profiler: recording iteration %d (%s) under %s", self.iteration, ", ".join(prof.stages),
-                        prof.save_path)  # fmt: skip
-        else:
-            logger.info("profiler: %d traces of iterations %d-%d under %s", len(written), prof.start, prof.end - 1,
-                        prof.save_path)  # fmt: skip
 
     def _step_or_abort(self, prompts) -> tuple[dict[str, float], list[dict]]:
         """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already
@@ -214,7 +197,7 @@ class PPOTrainer:
         self._maybe_sync_reference(metrics, timing)
         timing["timing/all"] = time.perf_counter() - t_all
         metrics.update(timing)
-        metrics.update(self._throughput(metrics))
+        metrics.update(iteration_throughput(self.cfg, metrics))
         return metrics, experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
 
     # ------------------------------------------------------------------------------------------------ pieces
@@ -331,16 +314,6 @@ class PPOTrainer:
                 f"rl_config.max_consecutive_skipped_updates={limit}); lower the learning rate or check the data"
             )
 
-    def _throughput(self, m: dict[str, float]) -> dict[str, float]:
-        return throughput_metrics(
-            response_length_mean=m["response_length/mean"],
-            prompt_length_mean=m["prompt_length/mean"],
-            global_batch_size=self.cfg.megatron_training.global_batch_size,
-            n_samples_per_prompt=self.n,
-            world_size=self.world,
-            timing=m,
-        )
-
     # ------------------------------------------------------------------------------------------------ ends
     def save(self) -> None:
         """Actor (with the driver's state, and the synced reference) and critic at this iteration, committed
@@ -387,15 +360,9 @@ class PPOTrainer:
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
-        import ray
 
-        for group in getattr(self, "groups", []):
-            if group.name == "actor" and group.actors:
-                try:  # engines remove their shared-memory segments
-                    ray.get([a.shutdown.remote() for a in group.actors], timeout=60)
-                except Exception as e:
-                    logger.warning("engine shutdown: %s", e)
-            group.shutdown()
+        for group in getattr(self, "groups", []):  # the actor's engines remove their shared-memory segments first
+            group.shutdown(graceful_s=60.0 if group.name == "actor" else None)
         if getattr(self, "shm_idents", None) is not None:  # those of engines whose process was killed
             leftovers.remove_shm(self.run_dir, self.shm_idents)
         if getattr(self, "reward", None) is not None:

@@ -323,9 +323,16 @@ class WorkerGroup:
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
         return GroupMethod(self, name)
 
-    def shutdown(self) -> None:
+    def shutdown(self, graceful_s: float | None = None) -> None:
+        """Kill the ranks; with `graceful_s`, first let each run its own `shutdown` (e.g. an engine removing its
+        shared memory) for up to that long."""
         import ray
 
+        if graceful_s is not None and self.actors:
+            try:
+                ray.get([a.shutdown.remote() for a in self.actors], timeout=graceful_s)
+            except Exception as e:
+                logger.warning("%s shutdown: %s", self.name, e)
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mindrl.platform.profiler import ProfileOptions, events_in_process, stage_profiler, stage_range, trace_file
+
+logger = logging.getLogger("mindrl.trainer")  # the driver's lines (announce_iteration)
 
 OPTIMIZER_RANGE = "mindrl::optimizer"
 """The named range around each optimizer step (`rl_model.ppo_update`): the summary counts the ops under it as the
@@ -142,3 +145,20 @@ class StageProfiler:
         with open(os.path.join(out_dir, f"{stem}.ops.txt"), "w") as f:
             shares = ", ".join(f"{k} {v:.3f} s ({summary['share'][k]:.0%})" for k, v in breakdown.items())
             f.write(f"{name}, iteration {self.iteration}, rank {self.rank}: {wall:.3f} s wall; {shares}\n\n{table}\n")
+
+
+def announce_iteration(groups: list, prof: ProfileSettings | None, iteration: int) -> None:
+    """The driver's side while profiling is on: tell every worker of `groups` which iteration runs next; after the
+    last profiled one, that none does, and log where the traces went."""
+    if prof is None or not prof.start <= iteration <= prof.end:
+        return
+    profiled = iteration < prof.end
+    written = []
+    for group in groups:
+        for traces in group.profile_iteration(iteration if profiled else None):
+            written += traces
+    if profiled:
+        logger.info("profiler: recording iteration %d (%s) under %s", iteration, ", ".join(prof.stages), prof.save_path)
+    else:
+        logger.info("profiler: %d traces of iterations %d-%d under %s", len(written), prof.start, prof.end - 1,
+                    prof.save_path)  # fmt: skip
