@@ -42,11 +42,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> None:
-    """Initialise the default process group with the platform's backend (hccl / nccl / gloo)."""
+def join_world(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float = 1800,
+    threads: int | None = None,
+    megatron: bool = True,
+) -> None:
+    """How every rank starts, whoever spawned it (a Ray worker group, `RankPool`, the rollout server's TP replicas):
+    its coordinates in the environment (LOCAL_RANK: the platform's, unless already set), its torch threads, for a
+    megatron rank the platform's adaptation and the kernels, then the default process group with the platform's
+    backend (hccl / nccl / gloo) on its device."""
     platform = current_platform()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    platform.set_device(local_rank)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    os.environ.setdefault("LOCAL_RANK", str(platform.local_rank(rank)))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if megatron:
+        platform.apply()
+        current_kernels().install()
+    platform.set_device(int(os.environ["LOCAL_RANK"]))
     platform.prepare_process_groups()
     torch.distributed.init_process_group(
         backend=platform.dist_backend,
@@ -117,13 +134,10 @@ def _rank_main() -> None:
     exit_with_parent(os.getppid())  # a pool killed by SIGKILL must not leave its ranks behind
     conn = Client(_pool_address(), authkey=bytes.fromhex(os.environ.pop("MINDRL_POOL_KEY")))
     _send(conn, rank)
-    torch.set_num_threads(int(os.environ.get("MINDRL_RANK_THREADS", "1")))
     try:
-        current_platform().apply()
-        current_kernels().install()
-        init_distributed(
-            rank, world_size, "127.0.0.1", int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"])
-        )
+        port, timeout_s = int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"])
+        threads = int(os.environ.get("MINDRL_RANK_THREADS", "1"))
+        join_world(rank, world_size, "127.0.0.1", port, timeout_s, threads)
         _send(conn, ("ready", None))
     except BaseException as e:  # report start-up failures instead of dying silently
         _send(conn, ("err", _pack_error(rank, e)))

@@ -758,16 +758,11 @@ def _tp_rank_engine(
 ) -> RolloutEngine:
     """In a TP rank's process: join the loopback world of the server's ranks, then build the engine (which joins
     that world through vLLM's external_launcher)."""
-    import torch.distributed as dist
-
+    from mindrl.launch import join_world
     from mindrl.platform import current_platform
 
-    platform = current_platform()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(platform.local_rank(rank)))  # fmt: skip
-    platform.set_device(platform.local_rank(rank))
-    platform.prepare_process_groups()
-    dist.init_process_group(platform.dist_backend, rank=rank, world_size=world)
+    os.environ["LOCAL_RANK"] = str(current_platform().local_rank(rank))  # this replica's, not an inherited one
+    join_world(rank, world, "127.0.0.1", port, megatron=False)
     return factory(config)
 
 

@@ -44,21 +44,9 @@ class MegatronRank:
         return node_address()
 
     def init_world(self, rank: int, world_size: int, master_addr: str, master_port: int, threads: int = 1) -> int:
-        from mindrl.kernels import current_kernels
-        from mindrl.launch import init_distributed
-        from mindrl.platform import current_platform
+        from mindrl.launch import join_world
 
-        os.environ.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
-        )
-        os.environ.setdefault("LOCAL_RANK", str(current_platform().local_rank(rank)))
-        torch.set_num_threads(threads)
-        current_platform().apply()
-        current_kernels().install()
-        init_distributed(rank, world_size, master_addr, master_port, timeout_s=1800)
+        join_world(rank, world_size, master_addr, master_port, timeout_s=1800, threads=threads)
         self.rank = rank
         self.profiler = StageProfiler(None, rank)  # setup() configures it from the settings' `profile`
         return os.getpid()
