@@ -1,8 +1,5 @@
-"""Build this rank's pipeline stage of the actor / reference `GPTModel` or the critic (value head).
-
-Call after megatron's parallel state is initialised (`mindrl.launch.init_model_parallel`).
-The critic / outcome-reward model is the same trunk with a scalar value head instead of the LM head.
-"""
+"""Build this rank's pipeline stage of the actor / reference `GPTModel`, or of the critic (the same trunk with a scalar
+value head), once megatron's parallel state is initialised (`mindrl.launch.init_model_parallel`)."""
 
 from __future__ import annotations
 

