@@ -453,7 +453,7 @@ _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 class _BufferOnlyReloadFilter(logging.Filter):
     """Drops vLLM's "<layer>: Failed to load weights" warning for rotary embeddings, and only for them. The
     layerwise reload warns for every layer none of whose tensors arrived; a rotary embedding's only tensor is its
-    cos/sin cache, a buffer no checkpoint holds (vLLM puts it back as it was), so every weight sync warned. A
+    cos/sin cache, a buffer no checkpoint holds (vLLM puts it back as it was), so every weight sync would warn. A
     real weight that does not arrive is `load_weights`' own error (it checks every name of the model)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
