@@ -1,5 +1,5 @@
-"""mindrl-convert: HF <-> megatron checkpoint conversion (`hf2mcore`, `mcore2hf`) and a numerical check of the result
-(`check`); `mindrl-convert -h` lists the options."""
+"""mindrl-convert: HF <-> megatron checkpoint conversion (`hf2mcore`, `mcore2hf`, also from legacy mp_rank_*
+checkpoints) and a numerical check of the result (`check`); `mindrl-convert COMMAND -h` gives a command's options."""
 
 from __future__ import annotations
 

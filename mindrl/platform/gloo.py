@@ -1,5 +1,5 @@
-"""One gloo transport device per process, shared by all its gloo process groups (`GLOO_SOCKET_IFNAME` honoured as torch
-does): torch's device per group means an event-loop thread each, preempting the training's OpenMP threads."""
+"""One gloo transport device per process, shared by all its gloo groups (`GLOO_SOCKET_IFNAME` honoured as torch does):
+torch's one per group means an event-loop thread each, preempting the OpenMP threads (docs/performance.md)."""
 
 from __future__ import annotations
 
