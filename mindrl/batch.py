@@ -1,17 +1,5 @@
-"""The one batch type that flows between the driver and the workers: a dict of tensors sharing the first
-(row) dimension, plus per-row and global metadata. Every stage names the keys it reads and writes.
-
-Layout of an RL batch (rows = responses; P = longest prompt, R = longest response in the batch):
-    input_ids        (rows, P + R)  prompt left-padded to P, response right-padded to R
-    attention_mask   (rows, P + R)  1 = real token
-    responses        (rows, R)      response token ids, right-padded
-    response_mask    (rows, R)      1 = a token the policy generated
-    rollout_log_prob (rows, R)      the rollout engine's logprob of each response token
-    old_log_prob, ref_log_prob, values, token_level_scores, token_level_rewards, advantages, returns: (rows, R)
-meta["prompt_length"] = P (an int); per-row lists live in `rows_meta` (e.g. "uid": the prompt's group id).
-`group_size` = n: the rows come in runs of n consecutive rows with the same prompt (a GRPO group: n samples of one
-prompt); 1 when nothing is known.
-"""
+"""The one batch type that flows between the driver and the workers (its tensor layout: `Batch`). Every stage names the
+keys it reads and writes."""
 
 from __future__ import annotations
 
@@ -28,6 +16,20 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 @dataclass
 class Batch:
+    """A dict of tensors sharing the first (row) dimension, plus per-row and global metadata.
+
+    Layout of an RL batch (rows = responses; P = longest prompt, R = longest response in the batch):
+        input_ids        (rows, P + R)  prompt left-padded to P, response right-padded to R
+        attention_mask   (rows, P + R)  1 = real token
+        responses        (rows, R)      response token ids, right-padded
+        response_mask    (rows, R)      1 = a token the policy generated
+        rollout_log_prob (rows, R)      the rollout engine's logprob of each response token
+        old_log_prob, ref_log_prob, values, token_level_scores, token_level_rewards, advantages, returns: (rows, R)
+    meta["prompt_length"] = P (an int); per-row lists live in `rows_meta` (e.g. "uid": the prompt's group id).
+    `group_size` = n: the rows come in runs of n consecutive rows with the same prompt (a GRPO group: n samples of
+    one prompt); 1 when nothing is known.
+    """
+
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     rows_meta: dict[str, list[Any]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)

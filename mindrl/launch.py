@@ -1,9 +1,5 @@
-"""A pool of local torch.distributed ranks for tools, tests and checkpoint conversion (the trainer's ranks are Ray
-actors, `mindrl.workers`): start once, run any picklable function on every rank, never hang on a failed rank.
-
-A rank that raises or dies fails the call with its traceback and the pool is torn down; a rank that does not answer
-in time fails it with the Python stacks of all its threads (and of its children's).
-"""
+"""A pool of local torch.distributed ranks for tools, tests and checkpoint conversion (the trainer's are Ray actors):
+runs a picklable function on every rank; a rank that fails or hangs fails the call with its traceback or stacks."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Preflight: the checks of a loaded config that read the disk (checkpoints and that they hold the model the
-config describes, the packed datasets, tokenizers, Ray's runtime env file), run by the CLIs right after loading.
-
-They report to the loader's collector, so one ConfigError lists them with every other problem of the config.
-"""
+"""Preflight: the checks of a loaded config that read the disk (checkpoints and their model, packed datasets,
+tokenizers, Ray's runtime env file), reported to the loader's collector so one ConfigError lists every problem."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""HF <-> megatron checkpoint conversion and the logits check, on local ranks (`RankPool`).
-
-hf2mcore runs TP*PP ranks; each builds its own shard of the model and fills it tensor by tensor from
-the HF files, so all ranks together hold one copy of the model. mcore2hf loads at TP1/PP1 (any saved
-layout) and streams HF tensors into size-capped shards. Inputs are validated before any rank starts.
-"""
+"""HF <-> megatron checkpoint conversion and the logits check, on local ranks (`RankPool`), tensor by tensor: no rank
+ever holds more than its own shard of the model. Inputs are validated before any rank starts."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Read and write HF safetensors checkpoints one tensor at a time (never a whole model in memory).
-
-`HFCheckpoint` validates a directory up front (config, index, every shard's header and size), so bad
-input fails before any conversion work starts. `HFShardWriter` streams tensors into size-capped shards.
-"""
+"""Read and write HF safetensors checkpoints one tensor at a time: `HFCheckpoint` validates a directory up front
+(config, index, every shard's header and size), `HFShardWriter` streams tensors into size-capped shards."""
 
 from __future__ import annotations
 

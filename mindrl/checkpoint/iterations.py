@@ -1,17 +1,5 @@
-"""A run's checkpoint root as training saves write it: what an iteration holds, which iterations are complete, and
-putting a written one into place (rename, then the tracker) or pruning old ones.
-
-    ITER_DIR/                      the model (dist_checkpointing) + mindrl_model.json   (what build_and_load reads)
-    ITER_DIR/optim/                the optimizer state (dist_checkpointing), unless no_save_optim
-    ITER_DIR/rank_state/rank_R.pt  per rank: LR scheduler, torch and megatron RNG states (RNG unless no_save_rng)
-    ITER_DIR/ref/                  the actor's synced reference model (rl_config.sync_ref_model only): a weights-only
-                                   checkpoint of its own (tracker `release`), loadable and convertible as any other
-    ITER_DIR/trainer_state.json    the actor's only: the driver's state (`TrainerState`)
-
-The ranks write into a temporary directory (`begin_iteration`); the driver adds its own state, renames it into place
-and updates the latest-iteration tracker last (`finalize_iteration`), so a crash mid-save leaves the previous
-checkpoint the latest complete one.
-"""
+"""A run's checkpoint root as training saves write it (layout: docs/trainer.md): which iterations are complete, putting
+a written one into place (rename, then the tracker, so a crash mid-save leaves the previous one latest), pruning."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Legacy (non-distributed) megatron checkpoints, as MindSpeed-LLM's converter writes them and MindSpeed-RL
-trains from: one `torch.save` file per TP x PP rank, read here and loaded into a model at any TP / PP.
-
-    ROOT/latest_checkpointed_iteration.txt                "release" or the iteration number
-    ROOT/release/ or ROOT/iter_0000010/
-        mp_rank_TT/model_optim_rng.pt                     TP rank TT (PP = 1)
-        mp_rank_TT_PPP/model_optim_rng.pt                 TP rank TT, PP rank PPP (PP > 1)
-
-Each file is a dict: `model` (or `model0`, `model1`, ... under virtual pipelining) holds that rank's megatron
-state dict, layer numbers local to its stage; `args`, `iteration`, `checkpoint_version`, `rng_state`,
-`optimizer` ... are not needed to load the weights. Files are unpickled with `weights_only=True` plus a
-short allow-list of plain-data classes (`argparse.Namespace`, numpy arrays; megatron's enums become inert
-stand-ins): no pickled code ever runs.
-The legacy files carry no HF config, so the architecture comes from an HF config.json (see `resolve_spec`).
-"""
+"""Legacy (non-distributed) megatron checkpoints as MindSpeed-LLM's converter writes them (one `torch.save` file per TP
+x PP rank), unpickled without running code and loaded into a model at any TP / PP (see `LegacyCheckpoint`)."""
 
 from __future__ import annotations
 
@@ -178,7 +165,16 @@ def tracked_iteration(root: str, iteration: int | str | None = None) -> tuple[st
 @dataclass
 class LegacyCheckpoint:
     """The rank files of one legacy iteration, checked complete, with a per-name index of where each
-    parameter lives. Files are memory-mapped and read lazily, tensor by tensor."""
+    parameter lives. Files are memory-mapped and read lazily, tensor by tensor.
+
+        ROOT/latest_checkpointed_iteration.txt                "release" or the iteration number
+        ROOT/release/ or ROOT/iter_0000010/
+            mp_rank_TT/model_optim_rng.pt                     TP rank TT (PP = 1)
+            mp_rank_TT_PPP/model_optim_rng.pt                 TP rank TT, PP rank PPP (PP > 1)
+
+    Each file is a dict: `model` (or `model0`, `model1`, ... under virtual pipelining) holds that rank's megatron
+    state dict, layer numbers local to its stage; `args`, `iteration`, `rng_state`, `optimizer` ... are not
+    needed to load the weights (docs/legacy_checkpoints.md)."""
 
     root: str
     it_dir: str = ""

@@ -1,10 +1,5 @@
-"""Megatron checkpoints as mindrl writes them: a root with a latest-iteration tracker and one
-dist_checkpointing (torch_dist) directory per iteration, loadable at any TP/PP.
-
-    ROOT/latest_checkpointed_iteration.txt      "release" (converted) or the iteration number
-    ROOT/release/ or ROOT/iter_0000010/         dist_checkpointing files + mindrl_model.json
-    ROOT/hf_files/                              config + tokenizer files carried over from HF
-"""
+"""Megatron checkpoints as mindrl writes them: a root with a latest-iteration tracker (`release` or the iteration) and
+one dist_checkpointing directory + mindrl_model.json per iteration, loadable at any TP/PP; HF files under hf_files/."""
 
 from __future__ import annotations
 

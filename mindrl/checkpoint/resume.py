@@ -1,11 +1,5 @@
-"""Which iteration a run resumes from: the newest one complete for every model it trains, falling back past
-corrupted ones with a warning, never silently restarting.
-
-A *training* iteration (what a run's save writes, see `mindrl.checkpoint.iterations`) holds the model, its
-`rank_state/` and usually `optim/`; the actor's also holds `trainer_state.json`, and with rl_config.sync_ref_model
-the synced reference model (`ref/`, part of the iteration's completeness). A *weights-only* iteration
-(`mindrl-convert hf2mcore`, `release`) holds the model alone: a run starts from it at iteration 0.
-"""
+"""Which iteration a run resumes from: the newest one complete for every model it trains, falling back past corrupted
+ones with a warning, never silently restarting."""
 
 from __future__ import annotations
 
@@ -35,7 +29,11 @@ class ResumePoint:
 
 
 def is_train_iteration(it_dir: str) -> bool:
-    """Whether the directory was written by a training save (as opposed to a weights-only conversion)."""
+    """Whether the directory was written by a training save (as opposed to a weights-only conversion).
+
+    A *training* iteration holds the model, its `rank_state/` and usually `optim/`; the actor's also holds
+    `trainer_state.json` and, with rl_config.sync_ref_model, the synced reference model (`ref/`). A *weights-only*
+    iteration (`mindrl-convert hf2mcore`, `release`) holds the model alone: a run starts from it at iteration 0."""
     return any(os.path.exists(os.path.join(it_dir, n)) for n in (RANK_STATE_DIR, OPTIM_DIR, TRAINER_STATE))
 
 

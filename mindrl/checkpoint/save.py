@@ -1,7 +1,5 @@
-"""Saving a run's checkpoints from the driver: the models it saves, whether a save can fit (checked before any rank
-writes), writing an iteration through the trainer's writers, committing it (rename, tracker), pruning old ones, and
-removing a half-written one after a failure.
-"""
+"""Saving a run's checkpoints from the driver: which models, whether a save fits (checked before any rank writes),
+writing and committing an iteration, pruning old ones, and removing a half-written one after a failure."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""mindrl-convert: HF <-> megatron checkpoint conversion and a numerical check of the result.
-
-mindrl-convert hf2mcore --hf-dir H --save-dir M --tp T --pp P [--orm]
-mindrl-convert mcore2hf --load-dir M --save-dir H2 [--orm] [--hf-config H   (legacy mp_rank_* checkpoints)]
-mindrl-convert check    --hf-dir H --load-dir M [--tp T --pp P] [--tol 1e-5]
-"""
+"""mindrl-convert: HF <-> megatron checkpoint conversion (`hf2mcore`, `mcore2hf`, also from legacy mp_rank_*
+checkpoints) and a numerical check of the result (`check`); `mindrl-convert COMMAND -h` gives a command's options."""
 
 from __future__ import annotations
 

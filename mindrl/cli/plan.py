@@ -1,8 +1,5 @@
-"""mindrl-plan: the dry-run plan of a config (placement, layouts, memory per device and phase, verdict) without
-starting Ray or building a model. Also `mindrl-train ... --dry-run`.
-
-mindrl-plan --config-name ppo_qwen25_32b_A3 [--config-path DIR] [--json] [--device a3] [key=value ...]
-"""
+"""mindrl-plan (also `mindrl-train ... --dry-run`): a config's placement, layouts, memory per device and phase, and
+verdict, without starting Ray or building a model (docs/plan.md)."""
 
 from __future__ import annotations
 

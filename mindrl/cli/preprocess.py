@@ -1,7 +1,5 @@
-"""mindrl-preprocess: tokenise a raw dataset into Megatron indexed datasets from a MindSpeed-RL dataset YAML.
-
-mindrl-preprocess --config configs/datasets/deepscaler.yaml input=... output_prefix=... workers=2
-"""
+"""mindrl-preprocess: tokenise a raw dataset into Megatron indexed datasets from a MindSpeed-RL dataset YAML, e.g.
+`mindrl-preprocess --config configs/datasets/deepscaler.yaml input=... output_prefix=... workers=2`."""
 
 from __future__ import annotations
 

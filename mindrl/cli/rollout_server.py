@@ -1,7 +1,5 @@
-"""`mindrl-rollout-server`: serve a vLLM rollout engine over HTTP for remote rollouts (docs/rollout_server.md).
-
-mindrl-rollout-server --model HF_DIR [--host 127.0.0.1] [--port 8000] [--token-file F]
-"""
+"""`mindrl-rollout-server`: serve a vLLM rollout engine over HTTP for remote rollouts (docs/rollout_server.md), e.g.
+`mindrl-rollout-server --model HF_DIR [--host 127.0.0.1] [--port 8000] [--token-file F]`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""mindrl-sft: supervised fine-tuning on megatron-core, the warm start for PPO / GRPO (actor_config.load).
-
-mindrl-sft --config-name sft_tiny_cpu [--config-path DIR] [megatron_training.lr=1e-4 ...]
-"""
+"""mindrl-sft: supervised fine-tuning on megatron-core, the warm start for PPO / GRPO (actor_config.load), e.g.
+`mindrl-sft --config-name sft_tiny_cpu [--config-path DIR] [megatron_training.lr=1e-4 ...]`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""mindrl-train: PPO / GRPO from a MindSpeed-RL-style YAML config, on Ray integrated workers.
-
-mindrl-train --config-name ppo_tiny_cpu [--config-path DIR] [rl_config.epochs=2 ...]
-"""
+"""mindrl-train: PPO / GRPO from a MindSpeed-RL-style YAML config, on Ray integrated workers:
+`mindrl-train --config-name ppo_tiny_cpu [--config-path DIR] [rl_config.epochs=2 ...]`."""
 
 from __future__ import annotations
 

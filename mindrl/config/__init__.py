@@ -1,9 +1,5 @@
-"""Typed configs for MindSpeed-RL's YAML schema (megatron_training, actor_config, critic_config, rl_config,
-generate_config + sampling_config, model), loaded through hydra and validated once, before any worker starts.
-
-    from mindrl.config import load_config
-    cfg = load_config("ppo_tiny_cpu", overrides=["rl_config.epochs=2"])
-"""
+"""Typed configs for MindSpeed-RL's YAML schema, loaded through hydra and validated once, before any worker starts:
+`load_config("ppo_tiny_cpu", overrides=["rl_config.epochs=2"])`."""
 
 from mindrl.config.errors import ConfigError, Issue
 from mindrl.config.generate import GenerateConfig, SamplingSection

@@ -1,8 +1,5 @@
-"""`load_config`: compose a MindSpeed-RL-style YAML (its `defaults: [model: NAME]` list included) with hydra,
-apply `key=value` overrides, sort every key into its typed section and validate the whole run once.
-
-Precedence follows MindSpeed-RL: for each role, model file < megatron_training < actor_config/critic_config.
-"""
+"""`load_config`: compose a MindSpeed-RL-style YAML with hydra, apply `key=value` overrides, sort every key into its
+typed section and validate the run once (per role: model file < megatron_training < actor_config/critic_config)."""
 
 from __future__ import annotations
 

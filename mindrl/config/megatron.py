@@ -1,11 +1,5 @@
-"""`megatron_training`, `actor_config` and `critic_config`: the training-engine keys.
-
-MindSpeed-RL builds each role's settings as `{**model_file[NAME], **megatron_training, **role_section}`: any
-megatron key may be written in any of the three, the role section winning. The same keyspace is split here
-into global keys (`MegatronTrainingConfig`: data, batch, precision), per-role keys (`RoleConfig`: layout,
-optimizer, checkpoints) and architecture keys (`ModelArchConfig`); `MEGATRON_IGNORED` and
-`MEGATRON_UNSUPPORTED` hold the MindSpeed-RL keys that mean nothing here.
-"""
+"""`megatron_training`, `actor_config` and `critic_config`: MindSpeed-RL's one megatron keyspace (any key in any of the
+three, the role section winning), split into global, per-role and architecture keys, plus the ones ignored here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`profiler_config`: per-stage profiling of the workers, in MindSpeed-RL's keys (`profiler_config.integrated`).
-
-A profiled stage (e.g. `actor_update`) of a profiled iteration writes, per rank, a trace of every op it ran (torch's
-profiler on CPU and CUDA, Ascend's own on NPUs) and, with `profile_analysis`, a summary: the time by category
-(GEMM, elementwise, optimizer, communication, Python) and the top ops. See docs/profiling.md.
-"""
+"""`profiler_config`: per-stage profiling of the workers, in MindSpeed-RL's keys: which stages of which iterations write
+a trace per rank, and optionally a summary of where the time went (docs/profiling.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The base of every config section: a dataclass whose field types are checked on construction, whose
-`validate` rejects bad combinations, and whose `from_dict` sorts a YAML mapping into known, ignored,
-unsupported and unknown keys."""
+"""The base of every config section: a dataclass whose field types are checked on construction, whose `validate` rejects
+bad combinations, and whose `from_dict` sorts a YAML mapping into known, ignored, unsupported and unknown keys."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The settings groups that several floors share, declared once: the optimizer and LR schedule of a trained model
-(the workers build it; actor_config / critic_config / SFT's megatron_training name the same keys) and the rollout
-engine with its sampling (the engine, the rollout server and generate_config). Standard library only."""
+"""The settings groups that several floors share, declared once (standard library only): a trained model's optimizer and
+LR schedule, and the rollout engine with its sampling (used by the engine, the rollout server and generate_config)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The `mindrl-sft` config: MindSpeed-LLM's megatron training arguments under `megatron_training:` in a YAML
-file, composed with hydra (+ `key=value` overrides) and validated once, every problem reported with its key and
-the file or override it came from (the machinery of `mindrl.config.errors` / `section`)."""
+"""The `mindrl-sft` config: MindSpeed-LLM's megatron training arguments under `megatron_training:`, composed with hydra
+(+ `key=value` overrides) and validated once, every problem named with its key and where it came from."""
 
 from __future__ import annotations
 

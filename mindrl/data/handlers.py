@@ -1,7 +1,5 @@
-"""Handlers turn raw dataset rows into token documents (input_ids, attention_mask, labels, extra keys).
-
-Selected by `handler_name`; each one says which row fields it reads (`map_keys`) and what `labels` means.
-"""
+"""Handlers turn raw dataset rows into token documents (input_ids, attention_mask, labels, extra keys); selected by
+`handler_name`, each says which row fields it reads (`map_keys`) and what `labels` means."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Raw JSON/JSONL/parquet -> Megatron indexed datasets ({prefix}_packed_{key}_document.{bin,idx}).
-
-Streams rows, tokenises chunks in order (optionally in worker processes), skips and reports bad rows.
-"""
+"""Raw JSON/JSONL/parquet -> Megatron indexed datasets ({prefix}_packed_{key}_document.{bin,idx}): streams rows,
+tokenises chunks in order (optionally in worker processes), skips and reports bad rows."""
 
 from __future__ import annotations
 

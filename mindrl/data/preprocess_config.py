@@ -1,7 +1,5 @@
-"""The preprocessing config: MindSpeed-RL's dataset YAML (configs/datasets/*.yaml) plus `key=value` overrides.
-
-Checked once here, with messages that name the key, where it came from, and the close matches.
-"""
+"""The preprocessing config: MindSpeed-RL's dataset YAML (configs/datasets/*.yaml) plus `key=value` overrides, checked
+once, with messages that name the key, where it came from, and the close matches."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Streaming readers for raw datasets: a JSON list, JSON lines, parquet, or a directory of those.
-
-Rows come out one at a time with their file and line (or parquet row) so errors can point at them.
-"""
+"""Streaming readers for raw datasets (a JSON list, JSON lines, parquet, or a directory of those): rows come out one at
+a time with their file and line (or parquet row), so errors can point at them."""
 
 from __future__ import annotations
 

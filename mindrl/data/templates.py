@@ -1,7 +1,5 @@
-"""Chat templates by name (`prompt_type`), loaded from configs/model/templates.json.
-
-A template turns (system, user prompt[, assistant response]) into the exact text the model was tuned on.
-"""
+"""Chat templates by name (`prompt_type`), loaded from configs/model/templates.json: each turns (system, user prompt[,
+assistant response]) into the exact text the model was tuned on."""
 
 from __future__ import annotations
 

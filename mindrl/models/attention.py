@@ -1,14 +1,5 @@
-"""Core attention through torch's scaled_dot_product_attention, a drop-in for megatron's DotProductAttention.
-
-Same inputs ([s, b, heads, dim] q/k/v of this TP rank, megatron's boolean mask with True = masked), one fused op.
-Short sequences on platforms that ask for it (`Platform.gemm_attention_max_len`) run `GemmAttention` instead:
-batched GEMMs with the softmax kept for backward.
-
-Rows that share a prompt may come packed (`PrefixGroups`): one prompt, then its samples' responses one after another,
-each response seeing the prompt and itself only. Their mask is the full [b, 1, s, s] one, so any core attention is
-right on them; `SDPAttention` reads the layout marked on it (`mark_prefix_groups`) and attends the prompt once and each
-response over [prompt, itself], computing no score a mask would hide.
-"""
+"""Core attention through torch's scaled_dot_product_attention (`SDPAttention`, a drop-in for megatron's
+DotProductAttention), batched-GEMM attention for short sequences, and packed prompt groups (`PrefixGroups`)."""
 
 from __future__ import annotations
 
@@ -215,7 +206,13 @@ def prefix_gemm_attention(
 
 class SDPAttention(DotProductAttention):
     """DotProductAttention whose scores, masked softmax and context run as one SDPA call (forward and backward),
-    instead of baddbmm + a separate masked softmax over a materialised [b, heads, s, s] tensor."""
+    instead of baddbmm + a separate masked softmax over a materialised [b, heads, s, s] tensor.
+
+    Same inputs ([s, b, heads, dim] q/k/v of this TP rank, megatron's boolean mask with True = masked). Short
+    sequences on platforms that ask for it (`Platform.gemm_attention_max_len`) run `GemmAttention` instead. Packed
+    prefix groups (`PrefixGroups`) carry the full [b, 1, s, s] mask, so any core attention is right on them; this
+    one reads the layout marked on it (`mark_prefix_groups`) and attends the prompt once and each response over
+    [prompt, itself], computing no score a mask would hide."""
 
     def forward(
         self,

@@ -1,8 +1,5 @@
-"""Build this rank's pipeline stage of the actor / reference `GPTModel` or the critic (value head).
-
-Call after megatron's parallel state is initialised (`mindrl.launch.init_model_parallel`).
-The critic / outcome-reward model is the same trunk with a scalar value head instead of the LM head.
-"""
+"""Build this rank's pipeline stage of the actor / reference `GPTModel`, or of the critic (the same trunk with a scalar
+value head), once megatron's parallel state is initialised (`mindrl.launch.init_model_parallel`)."""
 
 from __future__ import annotations
 
@@ -94,7 +91,7 @@ def build_model(
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     # RoPE through megatron's fusion hook: Transformer Engine's kernel where installed, else mindrl's one-pass form
-    # (2x megatron's unfused RoPE on a CPU); apply_rope_fusion=False keeps the unfused reference.
+    # (docs/performance.md); apply_rope_fusion=False keeps the unfused reference.
     if config_overrides.setdefault("apply_rope_fusion", True):
         install_fused_rope()
     # SwiGLU: on CPU mindrl's eager fused function as the MLP's activation module (layer_spec; megatron calls such a

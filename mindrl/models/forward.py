@@ -1,8 +1,5 @@
-"""Forward passes through a (TP, PP) megatron model with megatron's pipeline schedule.
-
-`forward_outputs` returns full-vocabulary logits (actor) or per-token values (critic) on the last
-pipeline stage and None elsewhere. Padding is expressed by `attention_mask` (b, s), 1 = real token.
-"""
+"""Forward passes through a (TP, PP) megatron model with megatron's pipeline schedule: full-vocabulary logits (actor) or
+per-token values (critic) on the last stage, None elsewhere; padding is `attention_mask` (b, s), 1 = real token."""
 
 from __future__ import annotations
 

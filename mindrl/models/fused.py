@@ -1,13 +1,5 @@
-"""Fused elementwise ops for hosts without Transformer Engine: RoPE, SwiGLU and RMSNorm, each as one autograd function.
-
-RoPE is installed as megatron's `fused_apply_rotary_pos_emb` (its hook for TE's kernel) only where that hook is empty;
-SwiGLU is the MLP's activation module (`SwiGLU`, see builder.layer_spec); `rms_norm` is what builder.RMSNorm calls
-where the platform has no fused backward of its own.
-
-Where the platform has fused elementwise kernels (`KernelSet.elementwise_kernels`: on CPU, C kernels built once per
-machine) the functions run them for fp32 tensors, one pass each instead of the torch ops' 2-6; otherwise the torch-op
-forms below run, which are bit-identical to megatron's unfused forms.
-"""
+"""Fused elementwise ops for hosts without Transformer Engine: RoPE, SwiGLU and RMSNorm, each one autograd function
+running the platform's fused kernels for fp32 where it has them, else torch ops bit-identical to megatron's forms."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`.
-
-Supported: Qwen2 / Qwen2.5 and Llama (incl. Llama-3.1 rope scaling), as causal LMs (actor, reference)
-or `*ForSequenceClassification` with one label (critic / outcome reward model). Anything else fails
-here, with a message naming the field, before any process starts.
-"""
+"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`, for Qwen2 / Qwen2.5 and Llama causal LMs or
+one-label `*ForSequenceClassification`; anything else fails here, naming the field, before any process starts."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Log-probabilities and entropy from vocabulary-parallel logits, without gathering the vocabulary.
-
-Each tensor-parallel rank holds logits for its slice of the vocabulary, (..., vocab / TP). The softmax
-statistics are summed over TP (one all-reduce), which gives the exact gradient: every TP rank computes the same
-loss from the reduced sums, and its own slice's gradient is (onehot - softmax) * grad / temperature.
-
-The log-probabilities (and the entropy as a metric) run as one autograd function that walks the vocabulary in
-row blocks small enough to stay in cache and keeps nothing of vocabulary size for backward beyond the logits
-themselves: autograd's composite form made a dozen full passes over (tokens x vocab) in memory, forward and
-backward. A differentiable entropy (an entropy bonus) takes the composite form. Where the platform has fused kernels
-for fp32 rows (`KernelSet.elementwise_kernels`, on CPU) each row's statistics are one read of its logits and its
-gradient one read and one write, without the blocks' scratch.
-"""
+"""Log-probabilities and entropy from vocabulary-parallel logits, without gathering the vocabulary. A differentiable
+entropy (an entropy bonus) takes autograd's composite form; the rest runs blocked (`_BlockedLogprobs`)."""
 
 from __future__ import annotations
 
@@ -23,7 +12,7 @@ from mindrl.platform.detect import current_platform
 
 BLOCK_ELEMENTS = 1 << 17
 """Elements (fp32) of one row block per compute thread: 512 KiB, within a core's L2 cache on current x86 and ARM
-server parts (2^16 to 2^18 measured alike at 1 thread; 2^20 was 1.5x slower)."""
+server parts."""
 DEVICE_BLOCK_ELEMENTS = 1 << 26
 """On an accelerator, elements (fp32) of one row block: 256 MiB of scratch. Cache-sized blocks are for a CPU; a
 device wants few large kernels (a micro-batch's logits in one block up to this size), and the cap bounds the scratch
@@ -49,7 +38,14 @@ def vocab_parallel_logprobs(
 
 
 class _BlockedLogprobs(torch.autograd.Function):
-    """log p(labels) (differentiable) and the entropy (not), computed block by block over the rows."""
+    """log p(labels) (differentiable) and the entropy (not), computed block by block over the rows.
+
+    Each TP rank holds logits for its slice of the vocabulary; the softmax statistics are summed over TP (one
+    all-reduce), which gives the exact gradient: every TP rank computes the same loss from the reduced sums, and its
+    own slice's gradient is (onehot - softmax) * grad / temperature. Row blocks stay in cache and nothing of
+    vocabulary size is kept for backward beyond the logits themselves; where the platform has fused kernels for fp32
+    rows (`KernelSet.elementwise_kernels`) each row's statistics are one read of its logits and its gradient one read
+    and one write."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):

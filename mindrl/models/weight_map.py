@@ -1,9 +1,5 @@
-"""The HF <-> megatron weight map: names, fused layouts (QKV by query group, gate/up) and TP sharding.
-
-Three layouts per parameter: HF (separate q/k/v, gate/up tensors), megatron *full* (the TP=1 fused
-tensor) and megatron *local* (this TP rank's shard). Conversion, checkpoint tools and the train->infer
-resharder all go through these functions, so the layout rules live in one place.
-"""
+"""The HF <-> megatron weight map, the one place for the layout rules: names, fused layouts (QKV by query group,
+gate/up) and TP sharding, between HF, megatron *full* (TP=1) and megatron *local* (this TP rank's shard) tensors."""
 
 from __future__ import annotations
 

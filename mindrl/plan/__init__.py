@@ -1,10 +1,5 @@
-"""Dry-run planner: from a validated config, without starting a worker or building a model, where every rank
-sits, each model's layout and the memory of every phase per device, with a verdict (docs/plan.md).
-
-    from mindrl.config import load_config
-    from mindrl.plan import make_plan, to_text
-    print(to_text(make_plan(load_config("ppo_qwen25_32b_A3"))))
-"""
+"""Dry-run planner: from a validated config, without starting a worker or building a model, where every rank sits, each
+model's layout and the memory of every phase per device, with a verdict (docs/plan.md)."""
 
 from mindrl.plan.devices import CHOICES, Device, pick_device
 from mindrl.plan.params import PlanError, StageParams, stage_params, total_params

@@ -1,8 +1,5 @@
-"""Where am I running: the only package that knows about npu / cuda / cpu, one class per device kind.
-
-Everything else asks `current_platform()` for the device, the torch.distributed backend and the Ray resource, and
-calls `current_platform().apply()` once per process before building megatron models.
-"""
+"""Where am I running: the only package that knows about npu / cuda / cpu. Everything else asks `current_platform()` for
+the device, backend and Ray resource, and calls `current_platform().apply()` once per process before megatron."""
 
 from mindrl.platform.base import Platform, env_switch, in_host_memory
 from mindrl.platform.cpu import CpuPlatform

@@ -1,7 +1,5 @@
-"""The base of the device platforms (CUDA, NPU): a torch device module (`torch.cuda`, `torch.npu`) per rank.
-
-Everything here goes through `torch.<name>`; the subclasses add their backend, Ray resource and adaptation.
-"""
+"""The base of the device platforms (CUDA, NPU): a torch device module (`torch.cuda`, `torch.npu`) per rank; the
+subclasses add their backend, Ray resource and adaptation."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The platform's base class: what the rest of mindrl may ask about the hardware it runs on.
-
-One subclass per device kind (`cpu.CpuPlatform`, `cuda.CudaPlatform`, `npu.NpuPlatform`) answers for it.
-"""
+"""The platform's base class: what the rest of mindrl may ask about the hardware it runs on; one subclass per device
+kind (`cpu.CpuPlatform`, `cuda.CudaPlatform`, `npu.NpuPlatform`) answers for it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The CPU platform: ranks share the host's one device, gloo carries the collectives, megatron runs on a shim.
-
-Figures behind the choices below are in docs/performance.md.
-"""
+"""The CPU platform: ranks share the host's one device, gloo carries the collectives, megatron runs on a shim. The
+figures behind its choices are in docs/performance.md."""
 
 from __future__ import annotations
 

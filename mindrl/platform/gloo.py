@@ -1,11 +1,5 @@
-"""One gloo transport device per process, shared by every gloo process group of that process (`GLOO_SOCKET_IFNAME`
-honoured as torch honours it: one device per listed interface, shared the same way).
-
-Why: torch gives each group its own device whose event-loop thread wakes every 10 ms (gloo's `epoll_wait` timeout),
-and megatron's and vLLM's dozens of groups per process then preempt the training's OpenMP threads on a CPU host. A
-gloo device carries many contexts (pairs matched by sequence number on one listener, one loop for all), so every
-group uses the same one. docs/performance.md has the wake-up counts.
-"""
+"""One gloo transport device per process, shared by all its gloo groups (`GLOO_SOCKET_IFNAME` honoured as torch does):
+torch's one per group means an event-loop thread each, preempting the OpenMP threads (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Megatron-core on a CPU host: its modules see a `torch` whose `cuda` namespace and device="cuda" mean the CPU.
-
-Also: the tensor-parallel RNG tracker on the CPU generator, `Tensor.cuda()` as the identity, the optimizer's
-CUDA type-name checks accepting CPU tensors, and the weight-gradient accumulation slot filled.
-"""
+"""Megatron-core on a CPU host: its modules see a `torch` whose `cuda` namespace and device="cuda" mean the CPU, plus
+the RNG tracker, `Tensor.cuda()`, the optimizer's type checks and the weight-gradient slot adapted to it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The Ascend NPU platform: one NPU per rank, hccl collectives, megatron through torch_npu and MindSpeed.
-
-Not runnable here (no NPU): torch_npu redirects torch.cuda.* to the NPU, and MindSpeed's adaptor, when installed,
-swaps megatron kernels for Ascend-fused ones.
-"""
+"""The Ascend NPU platform: one NPU per rank, hccl collectives, megatron through torch_npu (which redirects
+torch.cuda.*) and, when installed, MindSpeed's Ascend-fused kernels. Not runnable here (no NPU)."""
 
 from __future__ import annotations
 

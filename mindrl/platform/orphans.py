@@ -1,6 +1,5 @@
-"""Helper processes that must not outlive the process that started them: a parent killed by SIGKILL (the OOM
-killer, kill -9, a killed test) cannot stop its children, so they watch for it and exit on their own; and one
-kind of helper megatron would start that mindrl does without (its checkpoint writer's server and forked writers)."""
+"""Helper processes that must not outlive their starter (a parent killed by SIGKILL cannot stop them, so they watch for
+it and exit), and the helpers megatron's checkpoint writer would start that mindrl does without."""
 
 from __future__ import annotations
 

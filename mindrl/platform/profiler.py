@@ -1,8 +1,5 @@
-"""The platform's profiler for one profiled stage: torch.profiler on CPU and CUDA, torch_npu.profiler on Ascend.
-
-`stage_profiler(...)` gives a context manager that records while open and writes its trace into `out_dir` when it
-closes; `stage_range(name, mstx)` names a span of work in whatever trace is being recorded.
-"""
+"""The platform's profiler for one profiled stage (torch.profiler on CPU and CUDA, torch_npu.profiler on Ascend):
+`stage_profiler` records and writes a trace, `stage_range` names a span in whatever trace is recording."""
 
 from __future__ import annotations
 

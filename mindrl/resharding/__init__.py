@@ -1,6 +1,5 @@
-"""Training layout -> inference layout: stream HF-layout weights from a TP/PP megatron model in bounded
-buckets (`stream`), offload / onload the trainer's params, grads and optimizer state (`offload`), and the
-two switches of the hybrid engine around a rollout (`manager`)."""
+"""Training layout -> inference layout: HF-layout weight streaming from a TP/PP megatron model (`stream`), offload of
+the trainer's state (`offload`), and the hybrid engine's two switches around a rollout (`manager`)."""
 
 from mindrl.resharding.manager import ShardingManager, ToInferStats
 from mindrl.resharding.offload import KINDS, OffloadConfig, OffloadStats, TrainStateOffloader

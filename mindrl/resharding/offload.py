@@ -1,13 +1,5 @@
-"""Offload / onload of the trainer's state around the rollout (`generate_config.offload_train_*`).
-
-Works on storages, not tensors: each device storage of a category is copied into a host buffer and then
-resized to 0 bytes, so every view of it (DDP's `main_grad` and bucket views, params inside a DDP
-`param_data` buffer, the optimizer's references) stays the same Python object and comes back valid and
-bit-identical when the storage is re-grown and copied back. Megatron's own `offload_grad_buffers` uses
-the same trick for grads (but drops their values). A storage is counted once, in the first category
-that references it: param, then grad, then optimizer (an fp32 optimizer's "main params" are the model
-params; its grads are DDP's grad buffer).
-"""
+"""Offload / onload of the trainer's params, grads and optimizer state around the rollout
+(`generate_config.offload_train_*`), by storage, so every view comes back valid (see `TrainStateOffloader`)."""
 
 from __future__ import annotations
 
@@ -98,6 +90,13 @@ class TrainStateOffloader:
     offloader.offload()        # the configured kinds; or offload(["optimizer", "grad"])
     ...                        # rollout: the training state must not be touched
     offloader.onload()         # everything offloaded comes back, bit-identical
+
+    Works on storages, not tensors: each device storage of a kind is copied into a host buffer and then resized to
+    0 bytes, so every view of it (DDP's `main_grad` and bucket views, params inside a DDP `param_data` buffer, the
+    optimizer's references) stays the same Python object and comes back valid and bit-identical when the storage is
+    re-grown and copied back (megatron's `offload_grad_buffers` uses the same trick for grads, but drops their
+    values). A storage is counted once, in the first kind that references it: param, then grad, then optimizer (an
+    fp32 optimizer's "main params" are the model params; its grads are DDP's grad buffer).
     """
 
     def __init__(

@@ -1,24 +1,5 @@
-"""Train -> infer weight streaming: `(hf_name, tensor)` pairs in HF layout from a megatron model at any
-(TP, PP), on every rank, in buckets of bounded size (the rollout engine's `load_weights` consumes them).
-
-Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unless one parameter is larger):
-  1. the owner stage packs its local TP shards into one flat buffer, the gathered buffer's own TP slot;
-  2. broadcast of that slot over the pipeline group (train PP becomes inference DP: every stage needs it);
-  3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
-  4. per parameter, `shards_to_hf` reassembles the HF tensors from the TP shards (QKV / gate-up un-fused in
-     the same copy).
-Every rank runs the same collectives in the same order (the plan is global, from one metadata exchange),
-so a rank whose stage owns nothing in a bucket still takes part. On CPU with the whole model-parallel group
-on one host, steps 2-3 go through shared memory instead (`transport == "shm"`): each rank packs into its
-own mapped segment, one barrier, and peers read the owner stage's slots in place (no gloo copies). Peak extra memory is one gathered bucket,
-one reassembled parameter, and the item the consumer still holds while it asks for the next one (at most
-one parameter); `ReshardStats.peak_extra_bytes` measures it (see docs/resharding.md).
-
-When the whole model fits in one bucket, the shared-memory transport holds it once per host in HF layout
-(`ReshardStats.layout == "hf"`): each rank writes its own shard straight into its rows (or columns) of the HF
-tensors, one barrier, and every rank emits views of those tensors: no reassembly copy and no per-bucket barriers.
-Those views stay valid until the next pass of the stream on any rank of the model-parallel group.
-"""
+"""Train -> infer weight streaming: `(hf_name, tensor)` pairs in HF layout from a megatron model at any (TP, PP), on
+every rank, in buckets of bounded size for the rollout engine's `load_weights` (see `WeightStreamer`)."""
 
 from __future__ import annotations
 
@@ -133,6 +114,18 @@ def local_params(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Ten
 class WeightStreamer:
     """Streams a megatron actor's weights in HF layout. Building it and every `stream()` are collective
     over all ranks of the model-parallel world (all ranks must call them, in the same order).
+
+    Per bucket (the parameters of one pipeline stage, `bucket_size_mb` at most unless one parameter is larger):
+      1. the owner stage packs its local TP shards into one flat buffer, the gathered buffer's own TP slot;
+      2. broadcast of that slot over the pipeline group (train PP becomes inference DP: every stage needs it);
+      3. all-gather over the tensor-parallel group, in place, into the gathered buffer (tp x slot);
+      4. per parameter, `shards_to_hf` reassembles the HF tensors from the TP shards (QKV / gate-up un-fused in
+         the same copy).
+    The plan is global (one metadata exchange), so a rank whose stage owns nothing in a bucket still takes part.
+    With the whole model-parallel group on one host, steps 2-3 go through shared memory (`ReshardStats.transport
+    == "shm"`), and a model that fits in one bucket is held once per host in HF layout (`layout == "hf"`): every
+    rank writes its shard into the HF tensors and emits views of them, valid until the next pass on any rank.
+    Peak extra memory: `ReshardStats.peak_extra_bytes`; details in docs/resharding.md.
 
         streamer = WeightStreamer(model, spec, bucket_size_mb=256)
         engine.load_weights(streamer.stream())   # or streamer.load_into(engine.load_weights)

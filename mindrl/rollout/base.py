@@ -1,9 +1,5 @@
-"""The rollout engine interface: sampling/engine configs, the per-sample output, and the ABC.
-
-Both engines (vLLM, transformers) take prompts as token ids and return, per prompt, `n` samples with
-their response token ids, the logprob of every sampled token under the *processed* distribution
-(see `processed_logprobs`) and a finish reason.
-"""
+"""The rollout engine interface: sampling/engine configs, the per-sample output (token ids, logprob of every sampled
+token under the *processed* distribution, finish reason) and the ABC both engines implement."""
 
 from __future__ import annotations
 

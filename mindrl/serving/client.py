@@ -1,9 +1,5 @@
-"""The trainer's side of the rollout server's protocol: health, generation with an expected weight version, and
-versioned weight pushes in safetensors buckets; every error names the server's URL.
-
-Retries are the caller's policy (`wait_ready` polls /health with backoff within a deadline); a request itself is
-tried once, because a generate or a weight push that failed half-way must be redone from the start.
-"""
+"""The trainer's side of the rollout server's protocol (health, versioned generation and weight pushes); errors name the
+URL. A request is tried once: a generate or weight push that failed half-way must be redone from the start."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The rollout server's wire format, shared by the server and the client: paths, headers, JSON schemas,
-weight buckets (safetensors bytes: no pickle, nothing executed) and the errors both sides raise.
-
-Protocol (JSON over HTTP; see docs/rollout_server.md):
-    GET  /health                                   -> Health
-    POST /generate          GenerateRequest        -> GenerateResponse   (409 version_mismatch)
-    POST /weights/begin     {"version": V}         -> {"transfer_id": ID}
-    POST /weights/bucket?transfer_id=ID&index=K    body: encode_bucket({hf_name: tensor})
-    POST /weights/commit    CommitRequest          -> {"version": V, "seconds": s, "bytes": b}
-    POST /weights/abort     {"transfer_id": ID}    -> {"aborted": bool}
-    POST /weights/dist/open    {"transfer_id", "master_addr", "master_port", "backend", "timeout_s"}  (channel.py)
-    POST /weights/dist/bucket  {"transfer_id", "index", "tensors": [[name, dtype, shape], ...]}, then a broadcast
-    POST /v1/completions    OpenAI subset          -> OpenAI-shaped, plus "mindrl_version"
-Every error body is {"error": CODE, "message": TEXT, ...}; see `ServerError`.
-"""
+"""The rollout server's wire format, shared by the server and the client: paths, headers, JSON schemas, weight buckets
+(safetensors bytes: no pickle, nothing executed) and the errors both sides raise. Endpoints: docs/rollout_server.md."""
 
 from __future__ import annotations
 

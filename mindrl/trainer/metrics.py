@@ -1,8 +1,5 @@
-"""The trainer's logging sinks (console, metrics.jsonl, TensorBoard, wandb, rollouts.jsonl) and the pure
-metric helpers the loop calls (throughput, min/mean/max stats, a phase timer). Names: docs/metrics.md.
-
-Only the driver process logs; workers return numbers and the trainer hands them here once per iteration.
-"""
+"""The trainer's logging sinks (console, metrics.jsonl, TensorBoard, wandb, rollouts.jsonl) and the pure metric helpers
+the loop calls; only the driver logs. Metric names: docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The driver: the PPO / GRPO loop over Ray worker groups. It holds the loop, the prompt sampler, the KL
-controller and the metrics; the workers hold every model tensor.
-
-One iteration: prompts -> rollout (reshard to infer, sample, reshard to train) -> rule rewards (CPU, in the
-background) | old logprobs (skipped on-policy) | reference logprobs | critic values -> advantages -> critic
-update -> actor update -> metrics -> checkpoint on cadence.
-"""
+"""The driver: the PPO / GRPO loop over Ray worker groups (prompts -> rollout -> rewards, logprobs, values -> advantages
+-> updates -> metrics -> checkpoint); it holds the loop's state, the workers hold every model tensor."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Supervised fine-tuning on megatron-core (MindSpeed-LLM's `--stage sft`): the warm start PPO/GRPO load.
-
-The driver holds the loop (data order, metrics, checkpoint cadence); TP x PP x DP ranks (`RankPool`) hold the
-model, optimizer and LR schedule, and run one megatron pipeline step per call. The loss is the token mean of
-the response tokens' cross entropy (prompt labels are -100), normalised by the whole global batch's token
-count, so any micro-batch or data-parallel split gives the same gradient.
-"""
+"""Supervised fine-tuning on megatron-core (MindSpeed-LLM's `--stage sft`), the warm start PPO/GRPO load: the driver
+holds the loop, `RankPool` ranks the model; the loss is defined in docs/sft.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Ray plumbing: start (or join) Ray, one placement group with a bundle per device, and worker groups that spawn
-a model's ranks on those bundles, initialise their torch.distributed world, dispatch and collect.
-
-A failing rank fails the call at once with its traceback and the group is killed: never a hang on a
-collective whose peer died.
-"""
+"""Ray plumbing: start (or join) Ray, one placement group with a bundle per device, and worker groups that spawn a
+model's ranks, dispatch and collect; a failing rank fails the call at once and kills the group (never a hang)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Policy-consistency check of the hybrid engine, run on every rank: train K steps, reshard into a real
-rollout engine, sample, recompute the sampled tokens' logprobs with the actor, compare; repeat for
-several cycles. Used by tools/check_hybrid_engine.py and the tests.
-"""
+"""Policy-consistency check of the hybrid engine on every rank (train, reshard into a real rollout engine, sample,
+recompute the logprobs with the actor, compare, for several cycles); used by tools/check_hybrid_engine.py and tests."""
 
 from __future__ import annotations
 

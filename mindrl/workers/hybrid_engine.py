@@ -1,7 +1,5 @@
-"""The hybrid engine: a megatron actor (train layout, TP x PP) and a rollout engine (infer layout) in one
-process per device. `generate` reshards to inference, samples, and reshards back to training; the
-actor's recomputed logprobs of the sampled tokens are compared with the engine's every step.
-"""
+"""The hybrid engine: a megatron actor (train layout) and a rollout engine (infer layout) in one process per device;
+`generate` reshards to inference, samples, reshards back, and checks the engine's logprobs against the actor's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""IntegratedWorker: one Ray actor per device holding the actor (megatron TP x PP x DP + optimizer), the
-reference model (offloaded except while it computes, where an offload frees device memory) and the rollout engine,
-through `HybridEngine`."""
+"""IntegratedWorker: one Ray actor per device holding the actor (megatron TP x PP x DP + optimizer), the reference model
+(offloaded except while it computes) and the rollout engine, through `HybridEngine`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Per-stage profiling in the workers (`profiler_config`): which stage of which iteration on which rank is
-recorded, where its trace goes, and the summary of where its time went.
-
-The driver tells every worker the iteration about to run (`MegatronRank.profile_iteration`) while profiling is on;
-each worker method wraps its work in `StageProfiler.stage(name)`, which records only when the stage, the iteration
-and the rank are all selected, and is a named range (nothing else) otherwise.
-"""
+"""Per-stage profiling in the workers (`profiler_config`): which stage of which iteration on which rank is recorded
+(`StageProfiler`), where its trace goes, and the summary of where its time went."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """What every megatron worker rank does inside its Ray actor: join its model's torch.distributed world, set up
-megatron's parallel state, and receive its input from the model-parallel source rank.
-
-A model's ranks (actor or critic) form their own world; its DP rank d's model-parallel group (TP x PP ranks)
-gets its input only at its first rank (tp 0, pp 0), which broadcasts it, and returns its output from the
-rank that holds it (tp 0 of the last pipeline stage).
-"""
+megatron's parallel state, take its input at the model-parallel source rank (tp 0, pp 0) and return its output."""
 
 from __future__ import annotations
 

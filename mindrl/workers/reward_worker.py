@@ -71,7 +71,7 @@ class RuleRewardWorker:
     def shutdown(self) -> None:
         """Stop the verifier processes, then end this actor through Python's exit (the caller sees the actor die, not
         a return value). A killed actor skips its exit handlers, so multiprocessing's temporary folder, which holds
-        the verifier forkserver's socket, was left in /tmp after every run."""
+        the verifier forkserver's socket, would be left in /tmp after every run."""
         import ray
 
         from mindrl.rewards import shutdown_shared_pool

@@ -1,17 +1,5 @@
-"""The actor's and the critic's megatron computations on an RL batch (see `mindrl.batch`): response logprobs,
-values, and PPO updates through megatron's pipeline schedule. Runs inside a rank; every function is
-collective over the model's world. The losses themselves come from `mindrl.algorithms`.
-
-Response token t of a row sits at column P + t of input_ids (P = the batch's prompt width) and is predicted
-by the output at column P + t - 1, so the outputs for the responses are columns [P - 1, P - 1 + R). Each
-micro-batch is cut to its own rows' widths first (`_plan`: no padding computed beyond its longest row), and the
-output layer runs on those response columns only (`_response_head`).
-
-Rows that share a prompt (a GRPO group: n samples of one prompt, consecutive rows: `Batch.group_size`) go through
-the model packed (`mindrl.models.attention.PrefixGroups`): the prompt once, then the samples' responses, each
-attending to the prompt and to itself. The prompt's positions are computed once per group instead of once per
-sample, with the same result: every response token sees the same keys at the same positions as in its own row.
-"""
+"""The actor's and the critic's megatron computations on an RL batch (`mindrl.batch`): response logprobs, values and PPO
+updates through megatron's pipeline schedule, collective over the model's world (losses: `mindrl.algorithms`)."""
 
 from __future__ import annotations
 
@@ -76,7 +64,8 @@ def _layout(mb: Batch) -> PrefixGroups | None:
 
 def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch.Tensor:
     """The outputs that predict the response tokens, (rows, R, ...); head_sliced: the output layer only ran on those
-    already."""
+    already. Response token t of a row sits at column P + t of input_ids (P = the batch's prompt width) and is
+    predicted by the output at column P + t - 1, so the responses' outputs are columns [P - 1, P - 1 + R)."""
     if head_sliced:
         return output
     layout = _layout(mb)
@@ -422,8 +411,8 @@ def _critic_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, slice
 
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every element of `t` is finite. The sum (accumulated in fp32 at least) is NaN or +-inf whenever an
-    element is, and costs one read of the tensor instead of isfinite's temporaries (~20x faster on a CPU grad
-    buffer); only a sum that overflows from finite elements takes the exact element-wise check."""
+    element is, and costs one read of the tensor instead of isfinite's temporaries (docs/performance.md); only a
+    sum that overflows from finite elements takes the exact element-wise check."""
     if t.numel() == 0:
         return True
     total = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()

@@ -1,9 +1,5 @@
-"""The environment variables every Ray worker gets: configs/envs/runtime_env.yaml (or the file MINDRL_RUNTIME_ENV
-names), overridden by the launching user's environment and an explicit runtime_env, plus what mindrl requires.
-
-Precedence, lowest first: the platform's defaults (`KernelSet.worker_env`) < the file < the driver's os.environ (for
-the defaults' and the file's keys) < `explicit["env_vars"]` < REQUIRED.
-"""
+"""The environment variables every Ray worker gets, lowest first: platform defaults < configs/envs/runtime_env.yaml (or
+$MINDRL_RUNTIME_ENV) < the driver's environment < the explicit runtime_env < REQUIRED."""
 
 from __future__ import annotations
 
