@@ -52,6 +52,18 @@ def _group_stats(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor,
     return count[ids], total[ids], std[ids]
 
 
+def _scored_groups(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any] | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outcome estimators' start: per-row score (row sum of token_level_rewards) and its group's
+    (count, sum, unbiased std), each (batch,), after checking the shapes."""
+    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        ids = group_ids(index, scores.shape[0], scores.device)
+        return (scores, *_group_stats(scores, ids))
+
+
 @register_adv_est("gae")
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -103,11 +115,8 @@ def compute_grpo_outcome_advantage(
     norm_adv_by_std=False gives Dr.GRPO (Liu et al. 2025): score - mean, no division.
     The per-row advantage is broadcast over the valid tokens; returns == advantages.
     """
-    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    scores, count, total, std = _scored_groups(token_level_rewards, response_mask, index)
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        ids = group_ids(index, scores.shape[0], scores.device)
-        count, total, std = _group_stats(scores, ids)
         centred = scores - total / count
         adv = centred / (std + epsilon) if norm_adv_by_std else centred
         adv = torch.where(count > 1, adv, torch.zeros_like(adv))
@@ -125,11 +134,8 @@ def compute_rloo_outcome_advantage(
     of its group. token_level_rewards, response_mask: (batch, response_length); index: (batch,).
     A group of size 1 has no leave-one-out baseline and gets advantage 0. returns == advantages.
     """
-    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    scores, count, total, _ = _scored_groups(token_level_rewards, response_mask, index)
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        ids = group_ids(index, scores.shape[0], scores.device)
-        count, total, _ = _group_stats(scores, ids)
         baseline = (total - scores) / (count - 1).clamp(min=1)
         adv = torch.where(count > 1, scores - baseline, torch.zeros_like(scores))
         advantages = adv.unsqueeze(-1) * response_mask
@@ -172,11 +178,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     tokens, then whitened over the batch. token_level_rewards, response_mask: (batch, response_length);
     index: (batch,). A group of size 1 is its own mean and so starts from 0. returns == advantages.
     """
-    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    scores, count, total, _ = _scored_groups(token_level_rewards, response_mask, index)
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        ids = group_ids(index, scores.shape[0], scores.device)
-        count, total, _ = _group_stats(scores, ids)
         centred = (scores - total / count).unsqueeze(-1) * response_mask
         advantages = masked_whiten(centred, response_mask.to(centred.dtype))
     return advantages, advantages

@@ -22,17 +22,16 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mindrl.config.cli import add_config_args
+    from mindrl.config.cli import config_parser
 
-    p = argparse.ArgumentParser(
-        prog="mindrl-plan",
-        description="Plan a PPO / GRPO run without starting it: which device of which node holds which rank of "
+    p = config_parser(
+        "mindrl-plan",
+        "Plan a PPO / GRPO run without starting it: which device of which node holds which rank of "
         "the actor, reference, critic and rollout engine; each model's TP/PP/DP/VPP/SP and engine replicas; "
         "memory per device in every phase (weights, grads, optimizer state, activations with and without "
         "recomputation, KV cache); and a verdict naming the largest term and the key that shrinks it. "
         "Checkpoint and data paths need not exist. See docs/plan.md.",
     )
-    add_config_args(p)
     add_plan_args(p)
     return p
 

@@ -10,11 +10,11 @@ import time
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mindrl.config.cli import add_config_args
+    from mindrl.config.cli import config_parser
 
-    p = argparse.ArgumentParser(
-        prog="mindrl-sft",
-        description="Supervised fine-tuning of a megatron checkpoint (mindrl-convert hf2mcore) on instruction data "
+    p = config_parser(
+        "mindrl-sft",
+        "Supervised fine-tuning of a megatron checkpoint (mindrl-convert hf2mcore) on instruction data "
         "(mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler), the loss on the response tokens only. "
         "The YAML holds MindSpeed-LLM's megatron arguments under 'megatron_training:' (docs/sft.md). Saves a mindrl "
         "checkpoint to megatron_training.save (what actor_config.load and mindrl-convert mcore2hf read) and ends "
@@ -22,7 +22,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: mindrl-sft --config-name sft_tiny_cpu megatron_training.train_iters=50 "
         "megatron_training.lr=1e-3  (a split needs quotes: megatron_training.split='\"95,5,0\"')",
     )
-    add_config_args(p)
     return p
 
 

@@ -22,16 +22,15 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mindrl.config.cli import add_config_args
+    from mindrl.config.cli import config_parser
 
-    p = argparse.ArgumentParser(
-        prog="mindrl-train",
-        description="Train a policy with PPO or GRPO (rl_config.adv_estimator) on megatron-core with vLLM rollouts "
+    p = config_parser(
+        "mindrl-train",
+        "Train a policy with PPO or GRPO (rl_config.adv_estimator) on megatron-core with vLLM rollouts "
         "in the same processes (integrated workers), orchestrated by Ray. The config follows MindSpeed-RL's schema; "
         "see docs/config.md and docs/trainer.md. Ends with a line 'run dir: PATH' (metrics.jsonl, rollouts.jsonl, "
         "tensorboard/).",
     )
-    add_config_args(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (placement, layouts, memory per device, verdict; see mindrl-plan) and exit "
                    "without starting Ray")  # fmt: skip

@@ -39,6 +39,13 @@ def add_config_args(parser: argparse.ArgumentParser, default_name: str | None = 
     )
 
 
+def config_parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a mindrl command that takes a config: `prog`'s help texts and the config arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    add_config_args(parser)
+    return parser
+
+
 def check_override_syntax(overrides: list[str]) -> None:
     """Raise one ConfigError naming every argument that is not an override (key=value or ~key)."""
     bad = [o for o in overrides if "=" not in o and not o.startswith("~")]

@@ -212,17 +212,10 @@ class ResumableShuffleSampler:
 class PromptDataLoader:
     """PromptBatches from a PromptDataset in ResumableShuffleSampler order; its state goes in the checkpoint."""
 
-    def __init__(
-        self,
-        dataset: PromptDataset,
-        batch_size: int,
-        seed: int = 1234,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        consumed_samples: int = 0,
-    ) -> None:
+    def __init__(self, dataset: PromptDataset, batch_size: int, **sampler_args: Any) -> None:
+        """sampler_args: ResumableShuffleSampler's seed, shuffle, drop_last, consumed_samples (same defaults)."""
         self.dataset = dataset
-        self.sampler = ResumableShuffleSampler(len(dataset), batch_size, seed, shuffle, drop_last, consumed_samples)
+        self.sampler = ResumableShuffleSampler(len(dataset), batch_size, **sampler_args)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         for positions in self.sampler:

@@ -77,6 +77,29 @@ def _forward_step(data_iterator, model, gather_vocab: bool):
     return output, collect
 
 
+def run_schedule(
+    model: torch.nn.Module,
+    step_fn,
+    micro: list,
+    seq_length: int,
+    micro_batch_size: int,
+    forward_only: bool,
+    collect: bool = False,
+) -> list:
+    """megatron's schedule of `model` over the micro-batches `micro` (seq_length and micro_batch_size size the
+    pipeline's P2P buffers); collect: return step_fn's non-loss outputs."""
+    return get_forward_backward_func()(
+        forward_step_func=step_fn,
+        data_iterator=iter(micro),
+        model=[model],
+        num_microbatches=len(micro),
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+        collect_non_loss_data=collect,
+    )
+
+
 @torch.no_grad()
 def forward_outputs(
     model: torch.nn.Module,
@@ -97,16 +120,8 @@ def forward_outputs(
     was_training = model.training
     model.eval()
     try:
-        outputs = get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, gather_vocab=not critic),
-            data_iterator=iter(chunks),
-            model=[model],
-            num_microbatches=len(chunks),
-            seq_length=s,
-            micro_batch_size=mbs,
-            forward_only=True,
-            collect_non_loss_data=True,
-        )
+        step = partial(_forward_step, gather_vocab=not critic)
+        outputs = run_schedule(model, step, chunks, s, mbs, forward_only=True, collect=True)
     finally:
         model.train(was_training)
     if not ps.is_pipeline_last_stage():

@@ -8,6 +8,7 @@ import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mindrl.rewards.pool import get_shared_pool
 from mindrl.rewards.verifiers import get_verifier
@@ -42,16 +43,9 @@ class RuleScores:
     metrics: dict[str, float]
 
 
-def compute_rule_rewards(
-    responses: Sequence[str],
-    labels: Sequence[str | None],
-    verifier_function: str | Sequence[str],
-    verifier_weight: float | Sequence[float],
-    timeout: float = DEFAULT_TIMEOUT_S,
-    num_workers: int | None = None,
-) -> tuple[list[float], dict[str, float]]:
-    """(rewards, metrics) of `score_rule_rewards`."""
-    scores = score_rule_rewards(responses, labels, verifier_function, verifier_weight, timeout, num_workers)
+def compute_rule_rewards(*args: Any, **kwargs: Any) -> tuple[list[float], dict[str, float]]:
+    """(rewards, metrics) of `score_rule_rewards`, which takes the same arguments."""
+    scores = score_rule_rewards(*args, **kwargs)
     return scores.rewards, scores.metrics
 
 

@@ -101,6 +101,16 @@ def has_tokenizer(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
 
 
+def tokenizer_source(config: RolloutConfig) -> tuple[str, bool]:
+    """(the tokenizer's dir, whether the engine loads a tokenizer): config.load_tokenizer, else whether the dir
+    has one; load_tokenizer=True on a dir without one raises."""
+    tok_dir = config.tokenizer or config.model
+    load = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
+    if load and not has_tokenizer(tok_dir):
+        raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
+    return tok_dir, load
+
+
 SLEEP_TAGS = ("kv_cache", "weights")
 """What sleep() frees and wake(tags) rebuilds, part by part."""
 
@@ -139,7 +149,11 @@ class RolloutEngine(abc.ABC):
     def __init__(self, config: RolloutConfig):
         self.config = config
 
-    @abc.abstractmethod
+    vocab_size: int
+    """Token ids of prompts and stop_token_ids must lie in [0, vocab_size)."""
+    has_tokenizer: bool
+    """The engine loaded a tokenizer (needed for detokenize and stop strings)."""
+
     def generate(
         self,
         prompt_token_ids: Sequence[Sequence[int]],
@@ -150,6 +164,24 @@ class RolloutEngine(abc.ABC):
 
         seeds: one per prompt (overrides sampling.seed): prompt i's samples then depend only on its seed, the
         prompt and the weights, not on the batch it came in or the engine's layout (sample j uses seed_i + j)."""
+        self._check_can_generate()
+        prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
+        seeds = self.check_seeds(seeds, len(prompts))
+        if (sampling.detokenize or sampling.stop) and not self.has_tokenizer:
+            raise ValueError(
+                f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
+            )
+        return self._generate(prompts, sampling, seeds)
+
+    @abc.abstractmethod
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None
+    ) -> list[list[RolloutSample]]:
+        """generate() on prompts and seeds that passed its checks."""
+
+    def _check_can_generate(self) -> None:
+        """Raise if the engine cannot generate now (shut down, asleep); generate() calls it first."""
+        return None
 
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

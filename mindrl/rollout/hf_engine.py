@@ -9,18 +9,16 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from mindrl.config.settings import RolloutConfig, SamplingConfig
 from mindrl.platform import current_platform
 from mindrl.rollout.base import (
-    TOKENIZER_FILES,
     TORCH_DTYPES,
-    RolloutConfig,
     RolloutEngine,
     RolloutSample,
-    SamplingConfig,
     check_wake_tags,
     forked_rng,
-    has_tokenizer,
     processed_logits,
+    tokenizer_source,
 )
 
 
@@ -49,10 +47,7 @@ class HFEngine(RolloutEngine):
                 f"HFEngine runs the whole model on each rank: infer_tensor_parallel_size must be 1, "
                 f"got {config.infer_tensor_parallel_size}"
             )
-        tok_dir = config.tokenizer or config.model
-        self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
-        if self.has_tokenizer and not has_tokenizer(tok_dir):
-            raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
+        tok_dir, self.has_tokenizer = tokenizer_source(config)
         self.device = current_platform().device()
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
@@ -89,19 +84,12 @@ class HFEngine(RolloutEngine):
                     )
                 target.copy_(tensor)
 
-    def generate(
-        self,
-        prompt_token_ids: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        seeds: Sequence[int] | None = None,
-    ) -> list[list[RolloutSample]]:
+    def _check_can_generate(self) -> None:
         self._check_open("generate")
-        prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
-        seeds = self.check_seeds(seeds, len(prompts))
-        if (sampling.detokenize or sampling.stop) and self.tokenizer is None:
-            raise ValueError(
-                f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
-            )
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None
+    ) -> list[list[RolloutSample]]:
         call_seed = (
             sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
         )

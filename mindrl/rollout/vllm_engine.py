@@ -14,20 +14,18 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from mindrl.config.settings import RolloutConfig, SamplingConfig
 from mindrl.kernels import current_kernels
 from mindrl.platform import current_platform
 from mindrl.rollout.base import (
     SLEEP_TAGS,
-    TOKENIZER_FILES,
     TORCH_DTYPES,
-    RolloutConfig,
     RolloutEngine,
     RolloutSample,
-    SamplingConfig,
     check_wake_tags,
     forked_rng,
     full_batch_kv_bytes,
-    has_tokenizer,
+    tokenizer_source,
 )
 from mindrl.rollout.vllm_ops import c_linears, c_norm_priority, count_c_linears, install_c_sampler, install_c_swiglu
 
@@ -89,10 +87,7 @@ class VllmEngine(RolloutEngine):
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
         self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
-        tok_dir = config.tokenizer or config.model
-        self.has_tokenizer = has_tokenizer(tok_dir) if config.load_tokenizer is None else config.load_tokenizer
-        if self.has_tokenizer and not has_tokenizer(tok_dir):
-            raise ValueError(f"load_tokenizer=True but {tok_dir} has none of {', '.join(TOKENIZER_FILES)}")
+        tok_dir, self.has_tokenizer = tokenizer_source(config)
 
         dist = torch.distributed
         tp = config.infer_tensor_parallel_size
@@ -197,21 +192,14 @@ class VllmEngine(RolloutEngine):
 
     # ---- the interface ----------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt_token_ids: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        seeds: Sequence[int] | None = None,
-    ) -> list[list[RolloutSample]]:
+    def _check_can_generate(self) -> None:
         self._check_open("generate")
         self._check_awake("weights")
         self._check_awake("kv_cache")
-        prompts = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
-        seeds = self.check_seeds(seeds, len(prompts))
-        if (sampling.detokenize or sampling.stop) and not self.has_tokenizer:
-            raise ValueError(
-                f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
-            )
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None
+    ) -> list[list[RolloutSample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -669,12 +669,10 @@ class Replicas(RolloutEngine):
                 raise (ValueError if kind == "ValueError" else RuntimeError)(message)
         return [value for _, value in out]
 
-    def generate(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None
+    def _generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None
     ) -> list[list[RolloutSample]]:
-        # Checked here, on the whole batch, so an error names the prompt's index in the request, not in a chunk.
-        prompt_token_ids = self.check_prompts(prompt_token_ids, sampling, self.vocab_size)
-        seeds = self.check_seeds(seeds, len(prompt_token_ids))
+        # generate() checked the whole batch, so an error names the prompt's index in the request, not in a chunk.
         if self.tensor_parallel:
             for conn in self.conns:
                 conn.send(("generate", (prompt_token_ids, sampling, seeds)))

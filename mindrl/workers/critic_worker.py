@@ -7,7 +7,6 @@ import time
 
 from mindrl.batch import Batch
 from mindrl.workers.dispatch import Dispatch, register
-from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
 from mindrl.workers.results import UpdateResult, Values
 from mindrl.workers.settings import CriticSettings
@@ -15,19 +14,10 @@ from mindrl.workers.settings import CriticSettings
 
 class CriticWorker(MegatronRank):
     def setup(self, s: CriticSettings) -> RankInfo:
-        from mindrl.checkpoint.train_state import load_train_state
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
-        from mindrl.workers.train_setup import build_model_and_optimizer
 
         c = s.critic
-        self.settings = s
-        self.profiler = StageProfiler(s.profile, self.rank)
-        info = self.init_layout(c.tp, c.pp, c.seed)
-        self.spec, self.critic, self.optimizer, self.scheduler = build_model_and_optimizer(
-            c.load, c.tp, c.pp, c.optim, c.total_steps, c.dtype, c.sequence_parallel, c.load_iteration
-        )
-        if c.resume_dir is not None:
-            load_train_state(self.critic, self.optimizer, self.scheduler, c.resume_dir, c.load_optim, c.load_rng)
+        info, self.critic = self._setup_trained(s, c)
         if getattr(self.critic.module, "mindrl_role", None) != "critic":
             raise ValueError(
                 f"critic_config.load {c.load!r} holds an actor (LM head), not a critic: convert the reward model "
@@ -61,24 +51,11 @@ class CriticWorker(MegatronRank):
 
     @register(Dispatch.DP_OUTPUT)
     def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
-        from mindrl.workers.rl_model import ppo_update
-
         shard = self.receive(shard)
-        s = self.settings
         with self.profiler.stage("critic_update"):
             self._onload()
             try:
-                result = ppo_update(
-                    self.critic,
-                    self.optimizer,
-                    self.scheduler,
-                    shard,
-                    "critic",
-                    s.loss,
-                    s.critic.micro_batch_size,
-                    num_mini_batches,
-                    epochs,
-                )
+                result = self._ppo_update(self.critic, shard, "critic", self.settings.critic, num_mini_batches, epochs)
             finally:
                 self._offload()
         return self.output(result)

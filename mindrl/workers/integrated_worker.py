@@ -10,7 +10,6 @@ import torch
 
 from mindrl.batch import Batch
 from mindrl.workers.dispatch import Dispatch, register
-from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.rank import MegatronRank, RankInfo
 from mindrl.workers.results import LogProbs, UpdateResult
 from mindrl.workers.settings import IntegratedSettings
@@ -19,22 +18,13 @@ from mindrl.workers.settings import IntegratedSettings
 class IntegratedWorker(MegatronRank):
     def setup(self, s: IntegratedSettings) -> RankInfo:
         from mindrl.checkpoint.loading import build_and_load
-        from mindrl.checkpoint.train_state import load_train_state
         from mindrl.platform.detect import current_platform
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine
         from mindrl.workers.hybrid_engine import HybridEngine
-        from mindrl.workers.train_setup import build_model_and_optimizer
 
         a = s.actor
-        self.settings = s
-        self.profiler = StageProfiler(s.profile, self.rank)
-        info = self.init_layout(a.tp, a.pp, a.seed)
-        self.spec, self.actor, self.optimizer, self.scheduler = build_model_and_optimizer(
-            a.load, a.tp, a.pp, a.optim, a.total_steps, a.dtype, a.sequence_parallel, a.load_iteration
-        )
-        if a.resume_dir is not None:
-            load_train_state(self.actor, self.optimizer, self.scheduler, a.resume_dir, a.load_optim, a.load_rng)
+        info, self.actor = self._setup_trained(s, a)
         self.ref = None
         if s.ref_load is not None:
             # Built at the actor's TP/PP and dtype: each rank's reference shard pairs with its actor shard (sync).
@@ -124,22 +114,9 @@ class IntegratedWorker(MegatronRank):
 
     @register(Dispatch.DP_OUTPUT)
     def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
-        from mindrl.workers.rl_model import ppo_update
-
         shard = self.receive(shard)
-        s = self.settings
         with self.profiler.stage("actor_update"):
-            result = ppo_update(
-                self.actor,
-                self.optimizer,
-                self.scheduler,
-                shard,
-                "actor",
-                s.loss,
-                s.actor.micro_batch_size,
-                num_mini_batches,
-                epochs,
-            )
+            result = self._ppo_update(self.actor, shard, "actor", self.settings.actor, num_mini_batches, epochs)
         return self.output(result)
 
     @register(Dispatch.ALL)

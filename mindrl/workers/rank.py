@@ -61,6 +61,40 @@ class MegatronRank:
         )
         return self.info
 
+    def _setup_trained(self, s: Any, m: Any) -> tuple[RankInfo, Any]:
+        """The start of setup() on a rank that trains `m` (settings `s`, their ModelSettings `m`): keep `s`, profile
+        per s.profile, lay out TP x PP, build the model with self.spec, self.optimizer and self.scheduler from
+        m.load, and restore their train state from m.resume_dir if set. Returns (this rank's RankInfo, the model)."""
+        from mindrl.checkpoint.train_state import load_train_state
+        from mindrl.workers.train_setup import build_model_and_optimizer
+
+        self.settings = s
+        self.profiler = StageProfiler(s.profile, self.rank)
+        info = self.init_layout(m.tp, m.pp, m.seed)
+        self.spec, model, self.optimizer, self.scheduler = build_model_and_optimizer(
+            m.load, m.tp, m.pp, m.optim, m.total_steps, m.dtype, m.sequence_parallel, m.load_iteration
+        )
+        if m.resume_dir is not None:
+            load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)
+        return info, model
+
+    def _ppo_update(self, model, shard, role: str, m: Any, num_mini_batches: int, epochs: int):
+        """`rl_model.ppo_update` of `model` (the actor or the critic, per `role`; its ModelSettings `m`) with this
+        rank's optimizer and scheduler and the settings' loss."""
+        from mindrl.workers.rl_model import ppo_update
+
+        return ppo_update(
+            model,
+            self.optimizer,
+            self.scheduler,
+            shard,
+            role,
+            self.settings.loss,
+            m.micro_batch_size,
+            num_mini_batches,
+            epochs,
+        )
+
     @register(Dispatch.ALL)
     def profile_iteration(self, iteration: int | None) -> list[str]:
         """The iteration about to run (None: none is profiled any more), sent by the driver while profiling is on.

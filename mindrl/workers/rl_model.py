@@ -10,13 +10,12 @@ from functools import partial
 
 import torch
 from megatron.core import parallel_state as ps
-from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_model_config
 
 from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_mean, policy_loss, value_loss
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
-from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs
+from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
@@ -183,16 +182,7 @@ def _model_shape(mb: Batch) -> tuple[int, int]:
 def _schedule(model, micro: list[Batch], step_fn, forward_only: bool, collect: bool = False):
     # The shape only sizes the pipeline's P2P buffers: with PP > 1 every micro-batch has the same (_plan).
     width, rows = max(_model_shape(mb) for mb in micro)
-    return get_forward_backward_func()(
-        forward_step_func=step_fn,
-        data_iterator=iter(micro),
-        model=[model],
-        num_microbatches=len(micro),
-        seq_length=width,
-        micro_batch_size=rows,
-        forward_only=forward_only,
-        collect_non_loss_data=collect,
-    )
+    return run_schedule(model, step_fn, micro, width, rows, forward_only, collect)
 
 
 @dataclass
