@@ -231,7 +231,8 @@ def describe_peak(peak: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- on the ranks
 def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: int, kl: bool, seed: int = 0):
-    """A GRPO batch in the trainer's layout: prompts*n rows, every prompt and response full length (no padding)."""
+    """A GRPO batch in the trainer's layout: prompts*n rows, every prompt and response full length (no padding), its
+    group size n as the trainer's batches carry it (the update computes each prompt once for its n samples)."""
     import torch
 
     from mindrl.batch import Batch
@@ -250,7 +251,7 @@ def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: 
     }
     if kl:
         data["ref_log_prob"] = data["rollout_log_prob"] + 0.1 * torch.randn(rows, response_len, generator=g)
-    return Batch(data, meta={"prompt_length": prompt_len})
+    return Batch(data, meta={"prompt_length": prompt_len}, group_size=n)  # n samples of each prompt, consecutive
 
 
 def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
