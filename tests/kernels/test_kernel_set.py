@@ -14,19 +14,9 @@ import torch
 
 from mindrl.kernels import current_kernels, mkl_vendor
 from mindrl.platform import current_platform
+from tests.procs import check_in_fresh_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _in_fresh_process(check: str, **extra_env: str) -> None:
-    """Run tests/kernels/onednn_checks.py's `check` in a new interpreter: the shim and the kernels are installed once
-    per process, for good, so installing them here would change every later test in this one."""
-    code = f"from tests.kernels import onednn_checks; onednn_checks.{check}()"
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the MKL vendor shim turns oneDNN linears off
-    env.update(extra_env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout[-2000:]
 
 
 def test_device_platforms_have_no_kernels_of_mindrls():
@@ -41,7 +31,8 @@ def test_device_platforms_have_no_kernels_of_mindrls():
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN linears are x86-only")
 def test_megatron_linears_run_on_onednn_with_megatrons_results():
-    _in_fresh_process("onednn_linear", MINDRL_ONEDNN_LINEAR="1")  # on an Intel CPU it is off by default (MKL's faster)
+    # on an Intel CPU they are off by default (MKL's faster)
+    check_in_fresh_process("tests.kernels.onednn_checks", "onednn_linear", MINDRL_ONEDNN_LINEAR="1")
 
 
 def _onednn_linear_in(env: dict) -> str:

@@ -15,6 +15,7 @@ import torch
 from mindrl.launch import RankError, RankPool
 from mindrl.platform import current_platform
 from tests.platform import dist_fns
+from tests.procs import check_in_fresh_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -38,24 +39,13 @@ def test_forced_platform_and_bad_value():
     assert bad.returncode != 0 and "MINDRL_PLATFORM='tpu' is not one of npu, cuda, cpu" in bad.stderr
 
 
-def _in_fresh_process(check: str, **extra_env: str) -> None:
-    """Run tests/platform/shim_checks.py's `check` in a new interpreter: the shim is applied once per process,
-    for good, so applying it here would change every later test in this one."""
-    code = f"from tests.platform import shim_checks; shim_checks.{check}()"
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the MKL vendor shim turns oneDNN linears off
-    env.update(extra_env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout[-2000:]
-
-
 def test_cpu_shim_adapts_megatron_only():
-    _in_fresh_process("megatron_only")
+    check_in_fresh_process("tests.platform.shim_checks", "megatron_only")
 
 
 def test_optimizer_type_checks_are_adapted_where_megatron_calls_them():
     """megatron.core.optimizer.optimizer imports clip_grad_by_total_norm_fp32 by name: its copy must be wrapped."""
-    _in_fresh_process("optimizer_type_checks")
+    check_in_fresh_process("tests.platform.shim_checks", "optimizer_type_checks")
 
 
 def test_no_device_branching_outside_platform():
