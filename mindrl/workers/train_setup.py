@@ -113,11 +113,6 @@ def use_fused_adam(optimizer) -> None:
                 group["fused"], group["foreach"] = True, False
 
 
-def current_lr(optimizer) -> float:
-    """The learning rate the next optimizer step uses (first param group)."""
-    return float(optimizer.param_groups[0]["lr"])
-
-
 def build_trainer(load_dir: str, tp: int, pp: int, lr: float = 1e-2, clip_grad: float = 1.0, dtype: str = "float32"):
     """(spec, ddp_model, optimizer): megatron DDP + megatron's Adam (constant LR, weight decay 0.01) around the
     checkpoint loaded at TP x PP. Call inside a rank (torch.distributed initialised); collective."""
