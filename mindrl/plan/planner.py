@@ -3,17 +3,18 @@ iteration holds on a device, checked against the device's memory. Starts no work
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mindrl.plan.memory as mem
 from mindrl.config.root import RLConfig
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
+from mindrl.resharding.offload import OffloadConfig
+from mindrl.resharding.residency import MODELS, PHASES
 from mindrl.workers import from_config
 
-PHASES = ("rollout", "score", "critic_train", "train")
-"""An integrated-mode iteration: rollout (engine awake, training state offloaded as configured), scoring (old /
-reference logprobs and critic values), the critic update, then the actor update."""
+_KIND_OF = {"weights_bytes": "param", "grads_bytes": "grad", "optimizer_bytes": "optimizer"}
+"""A planner term -> the offload kind the residency schedule moves (mindrl.resharding.residency)."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,6 @@ def _model_settings(cfg: RLConfig, role: str):
     """The role's ModelSettings exactly as the trainer derives them (mindrl.workers.from_config), without touching
     the disk (integrated_settings also needs the engine's config.json; a resumed run reads its checkpoint):
     no resume dir, which changes nothing the plan reads."""
-    from dataclasses import replace
-
     rl = cfg.rl_config
     if role == "critic":
         fwd = getattr(rl, "critic_forward_micro_batch_size", None)
@@ -187,12 +186,9 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     rl, gen = cfg.rl_config, cfg.generate_config
     seq, dev = plan.train_seq_len, plan.device
     a, c = plan.layouts["actor"], plan.layouts.get("critic")
-    zero = {"weights_bytes": 0, "grads_bytes": 0, "optimizer_bytes": 0}
     out: dict[str, dict[str, dict[str, int]]] = {"actor": {}, "reference": {}, "critic": {}, "rollout": {}}
     actor = _state(a, slot.actor[1])
     ea = mem.DTYPE_BYTES[a.dtype]
-    offload = {"weights_bytes": gen.offload_train_param, "grads_bytes": gen.offload_train_grad,
-               "optimizer_bytes": gen.offload_train_optimizer}  # fmt: skip
     # The rollout engine: during rollout it takes gpu_memory_utilization of the device (weights, its step
     # activations, the KV cache in what is left), or an explicit KV size (CPU); it sleeps outside rollout
     # where the platform has sleep mode.
@@ -213,44 +209,51 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     else:
         kv = int(gen.gpu_memory_utilization * dev.memory_bytes) - eng_w - eng_act
     engine = {"weights_bytes": eng_w, "activations_bytes": eng_act, "kv_cache_bytes": max(0, kv)}
-    asleep = engine if not dev.sleep_mode else dict.fromkeys(engine, 0)
+    asleep = engine if not dev.sleep_mode else dict.fromkeys(engine, 0)  # outside the rollout
 
-    out["actor"]["rollout"] = {k: (0 if offload[k] else v) for k, v in actor.items()}
+    sched = from_config.residency(cfg)
+
+    def held(model: str, phase: str, state: dict[str, int]) -> dict[str, int]:
+        on = sched.on_device(model, phase)
+        return {k: (v if _KIND_OF[k] in on else 0) for k, v in state.items()}
+
+    out["actor"]["rollout"] = held("actor", "rollout", actor)
     out["rollout"]["rollout"] = engine
     fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", seq, a.forward_micro_batch_size, a.tp, ea)
-    out["actor"]["score"] = {**actor, "activations_bytes": fwd_a}
+    out["actor"]["score"] = {**held("actor", "score", actor), "activations_bytes": fwd_a}
     if has_ref:
         ref_mbs = rl.ref_forward_micro_batch_size or a.micro_batch_size
-        ref = {"weights_bytes": actor["weights_bytes"],
-               "activations_bytes": mem.forward_bytes(cfg.model, "actor", seq, ref_mbs, a.tp, ea)}  # fmt: skip
-        out["reference"] = {"rollout": dict.fromkeys(ref, 0), "score": ref}
+        ref_w = {"weights_bytes": actor["weights_bytes"]}
+        ref_act = mem.forward_bytes(cfg.model, "actor", seq, ref_mbs, a.tp, ea)
+        out["reference"] = {"rollout": {**held("reference", "rollout", ref_w), "activations_bytes": 0},
+                            "score": {**held("reference", "score", ref_w), "activations_bytes": ref_act}}  # fmt: skip
     out["rollout"]["score"] = asleep
     if c is not None:
         critic = _state(c, slot.critic[1])
         ec = mem.DTYPE_BYTES[c.dtype]
         cfwd = mem.forward_bytes(cfg.critic_model, "critic", seq, c.forward_micro_batch_size, c.tp, ec)
         out["critic"] = {
-            "rollout": dict(zero),
-            "score": {**critic, "activations_bytes": cfwd},
+            "rollout": held("critic", "rollout", critic),
+            "score": {**held("critic", "score", critic), "activations_bytes": cfwd},
             "critic_train": {
-                **critic,
+                **held("critic", "critic_train", critic),
                 "activations_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], False, dev),
                 "activations_recompute_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], True, dev),
             },
-            "train": dict(zero),
+            "train": held("critic", "train", critic),
         }
-        out["actor"]["critic_train"] = dict(actor)
+        out["actor"]["critic_train"] = held("actor", "critic_train", actor)
         out["rollout"]["critic_train"] = asleep
         if has_ref:
-            out["reference"]["critic_train"] = {"weights_bytes": 0, "activations_bytes": 0}
+            out["reference"]["critic_train"] = {**held("reference", "critic_train", ref_w), "activations_bytes": 0}
     out["actor"]["train"] = {
-        **actor,
+        **held("actor", "train", actor),
         "activations_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], False, dev),
         "activations_recompute_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], True, dev),
     }
     out["rollout"]["train"] = asleep
     if has_ref:
-        out["reference"]["train"] = {"weights_bytes": 0, "activations_bytes": 0}
+        out["reference"]["train"] = {**held("reference", "train", ref_w), "activations_bytes": 0}
     out = {role: phases for role, phases in out.items() if phases}
     phases = [p for p in PHASES if any(p in v for v in out.values())]
     out["total"] = {f"{p}_bytes": _phase_total(out, p) for p in phases}
@@ -286,24 +289,18 @@ def _fill_memory(plan: Plan, cfg: RLConfig, has_ref: bool) -> None:
         "sequences_at_max_len": mem.sequences_in_cache(budget, gen.max_model_len, per_token),
         "max_num_seqs": gen.max_num_seqs,
     }
+    sched = from_config.residency(cfg)
     plan.residency = {
-        "actor": {"rollout": _offload_state(gen), "score": "resident", "critic_train": "resident", "train": "resident"},
-        "reference": {"rollout": "offloaded", "score": "resident", "critic_train": "offloaded", "train": "offloaded"},
-        "critic": {"rollout": "offloaded", "score": "resident", "critic_train": "resident", "train": "offloaded"},
-        "rollout": {p: "awake" if p == "rollout" or not plan.device.sleep_mode else "asleep" for p in PHASES},
+        role: {p: sched.describe(role, p) for p in PHASES if p in best[role]}
+        for role in MODELS if role in best
+    }  # fmt: skip
+    plan.residency["rollout"] = {
+        p: "awake" if sched.engine_awake(p) or not plan.device.sleep_mode else "asleep" for p in best["rollout"]
     }
-    plan.residency = {r: {p: s for p, s in v.items() if p in best.get(r, {})} for r, v in plan.residency.items()
-                      if r in best}  # fmt: skip
 
 
 def has_ref_of(plan: Plan) -> bool:
     return "reference" in plan.memory
-
-
-def _offload_state(gen) -> str:
-    off = [n for n, on in (("params", gen.offload_train_param), ("grads", gen.offload_train_grad),
-                           ("optimizer", gen.offload_train_optimizer)) if on]  # fmt: skip
-    return "offloaded" if len(off) == 3 else "resident" if not off else f"{'+'.join(off)} offloaded"
 
 
 # ------------------------------------------------------------------------------------------------ verdict
@@ -317,9 +314,9 @@ def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, 
         return "generate_config.gpu_memory_utilization (lower it; the KV cache takes what is left of it)"
     section = "critic_config" if role == "critic" else "actor_config"
     lay = layouts["critic" if role == "critic" else "actor"]
-    if role == "actor" and phase == "rollout":
-        what = {"weights_bytes": "param", "grads_bytes": "grad", "optimizer_bytes": "optimizer"}[term]
-        return f"generate_config.offload_train_{what}: true"
+    every_switch = replace(from_config.residency(cfg), offload=OffloadConfig(True, True, True))
+    if role == "actor" and term in _KIND_OF and _KIND_OF[term] not in every_switch.on_device("actor", phase):
+        return f"generate_config.offload_train_{_KIND_OF[term]}: true"
     if term == "activations_bytes":
         if phase == "score":
             name = {"actor": "actor", "reference": "ref", "critic": "critic"}[role]

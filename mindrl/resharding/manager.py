@@ -1,5 +1,5 @@
 """The hybrid engine's two switches: `reshard_to_infer` (offload optimizer + grads, stream the weights into
-the rollout engine, then offload params if configured) and `reshard_to_train` (onload everything)."""
+the rollout engine, then offload params if configured) and `reshard_to_train` (onload what training needs next)."""
 
 from __future__ import annotations
 
@@ -35,5 +35,6 @@ class ShardingManager:
         after = self.offloader.offload(["param"]) if "param" in kinds else None
         return ToInferStats(reshard, before, after)
 
-    def reshard_to_train(self) -> OffloadStats:
-        return self.offloader.onload()
+    def reshard_to_train(self, kinds: Iterable[str] | None = None) -> OffloadStats:
+        """Onload the offloaded state of `kinds` (default: all of it); the rest stays off the device."""
+        return self.offloader.onload(kinds)

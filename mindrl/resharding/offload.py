@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -188,17 +189,41 @@ class TrainStateOffloader:
         self.platform.empty_cache()
         return self._end(stats, t0)
 
-    def onload(self) -> OffloadStats:
-        """Re-grow every offloaded storage on the device and copy its bytes back."""
+    def onload(self, kinds: Iterable[str] | None = None) -> OffloadStats:
+        """Re-grow the offloaded storages of `kinds` (default: all) on the device and copy their bytes back."""
+        kinds = KINDS if kinds is None else (kinds,) if isinstance(kinds, str) else tuple(kinds)
         stats = self._begin()
         t0 = time.perf_counter()
-        for storage, host, kind in self._host.values():
+        back = [k for k, (_, _, kind) in self._host.items() if kind in kinds]
+        for k in back:
+            storage, host, kind = self._host[k]
             storage.resize_(host.nbytes)
             storage.copy_(host.untyped_storage(), non_blocking=True)
             stats.moved_bytes[kind] = stats.moved_bytes.get(kind, 0) + host.nbytes
         self.platform.synchronize()
-        self._host.clear()
+        for k in back:
+            del self._host[k]
         return self._end(stats, t0)
+
+    def place(self, on_device: Iterable[str]) -> None:
+        """Leave exactly the kinds `on_device` on the device: offload the others, onload these (if offloaded)."""
+        on = set(on_device)
+        if self.offloaded_kinds & on:
+            self.onload(self.offloaded_kinds & on)
+        if any(self.device_bytes()[k] for k in KINDS if k not in on):
+            self.offload([k for k in KINDS if k not in on])
+
+    @contextlib.contextmanager
+    def holding(self, kinds: Iterable[str] = KINDS) -> Iterator[None]:
+        """`kinds` on the device for the block; those it had to onload leave again after it (also on an error)."""
+        moved = self.offloaded_kinds & set(kinds)
+        if moved:
+            self.onload(moved)
+        try:
+            yield
+        finally:
+            if moved:
+                self.offload(moved)
 
     def _begin(self) -> OffloadStats:
         self.platform.synchronize()

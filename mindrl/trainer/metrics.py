@@ -10,11 +10,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from mindrl.workers.results import DeviceLedger
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -336,6 +338,22 @@ def iteration_throughput(cfg, metrics: Mapping[str, float]) -> dict[str, float]:
         world_size=cfg.rl_config.world_size,
         timing=metrics,
     )
+
+
+def memory_metrics(per_device: Sequence[DeviceLedger]) -> dict[str, float]:
+    """`memory/device_bytes/{phase}`: the bytes the trained models' state (weights, grads, optimizer) held on the
+    device with the most in that phase, and `memory/device_bytes/{phase}/{model}.{term}` on that same device (they
+    add up to it). `per_device[i]`: the merged ledgers of the workers on device i. The rollout engine's memory is
+    not counted."""
+    out: dict[str, float] = {}
+    phases = list(dict.fromkeys(p for ledger in per_device for p in ledger.phases))
+    for phase in phases:
+        top = max(per_device, key=lambda ledger: ledger.total(phase))
+        out[f"memory/device_bytes/{phase}"] = float(top.total(phase))
+        for model, terms in sorted(top.phases.get(phase, {}).items()):
+            for term, n in terms.items():
+                out[f"memory/device_bytes/{phase}/{model}.{term}"] = float(n)
+    return out
 
 
 def stats_metrics(prefix: str, values: torch.Tensor | Iterable[float]) -> dict[str, float]:

@@ -24,7 +24,7 @@ from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.trainer import experience, leftovers
-from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput
+from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 from mindrl.workers import from_config
@@ -33,7 +33,7 @@ from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_grou
 from mindrl.workers.hybrid_engine import logprob_diff_summary
 from mindrl.workers.integrated_worker import IntegratedWorker
 from mindrl.workers.profiling import announce_iteration
-from mindrl.workers.results import Scores, UpdateResult
+from mindrl.workers.results import DeviceLedger, Scores, UpdateResult
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -177,17 +177,22 @@ class PPOTrainer:
         """One PPO / GRPO iteration on a PromptBatch. Returns (metrics, sampled rows for rollouts.jsonl)."""
         timing: dict[str, float] = {}
         t_all = time.perf_counter()
+        self._enter_phase("rollout", timing)
         batch = self._rollout(prompts, timing)
         labels = experience.row_labels(prompts.extras, self.n, len(batch))
+        self._enter_phase("score", timing)
         scored = self._score(batch, labels, timing)  # reference, values, rewards
         with _timed(timing, "timing/adv"):
             metrics = self._advantages(batch, scored)
         if self.critic is not None:  # first: its targets come from the pre-update values
+            self._enter_phase("critic_train", timing)
             with _timed(timing, "timing/update_critic"):
                 metrics.update(self._update_critic(batch))
+        self._enter_phase("train", timing)
         with _timed(timing, "timing/update"):
             actor = self.actor.update_actor(batch.select(experience.actor_keys(batch)), self.num_mini, self.epochs)
         metrics.update(self._actor_metrics(batch, actor))
+        metrics.update(self._memory_ledger())
         self._check_skipped(metrics)
         self._maybe_sync_reference(metrics, timing)
         timing["timing/all"] = time.perf_counter() - t_all
@@ -196,6 +201,19 @@ class PPOTrainer:
         return metrics, experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
 
     # ------------------------------------------------------------------------------------------------ pieces
+    def _enter_phase(self, phase: str, timing: dict[str, float]) -> None:
+        """Every worker puts its models where the residency schedule has them in `phase` (the actor's group and the
+        critic's move at once); `timing/residency/{phase}`: the seconds that took."""
+        with _timed(timing, f"timing/residency/{phase}"):
+            pending = [group.enter_phase.start(phase) for group in (self.actor, self.critic) if group is not None]
+            for call in pending:
+                call.wait()
+
+    def _memory_ledger(self) -> dict[str, float]:
+        """`memory/device_bytes/*` of this iteration: each device's actor (+ reference) and critic ranks together."""
+        groups = [self.actor.memory_ledger(), *([self.critic.memory_ledger()] if self.critic is not None else [])]
+        return memory_metrics([DeviceLedger.merge(parts) for parts in zip(*groups)])
+
     def _rollout(self, prompts, timing: dict[str, float]) -> Batch:
         """Samples of the current policy; per-prompt seeds from (seed, dataset row) keep sampling independent of the
         layout."""

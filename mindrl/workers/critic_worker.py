@@ -1,5 +1,5 @@
 """CriticWorker: the value model, a second process per device on the same placement-group bundles as the
-integrated worker, with its own megatron world; offloaded between its own phases."""
+integrated worker, with its own megatron world; on the device in the phases its `ResidencySchedule` says."""
 
 from __future__ import annotations
 
@@ -24,16 +24,11 @@ class CriticWorker(MegatronRank):
                 "with `mindrl-convert hf2mcore --orm`"
             )
         self.offloader = TrainStateOffloader([self.critic], self.optimizer, OffloadConfig(True, True, True))
-        self._offload()
+        self.offloader.place(s.residency.on_entry("critic", "rollout"))
         return info
 
-    def _offload(self) -> None:
-        if self.settings.offload:
-            self.offloader.offload()
-
-    def _onload(self) -> None:
-        if self.settings.offload:
-            self.offloader.onload()
+    def _offloaders(self) -> dict:
+        return {"critic": self.offloader}
 
     @register(Dispatch.DP_ROWS)
     def compute_values(self, shard: Batch | None) -> Values | None:
@@ -41,32 +36,23 @@ class CriticWorker(MegatronRank):
 
         shard = self.receive(shard)
         t0 = time.perf_counter()
-        with self.profiler.stage("critic_compute_values"):
-            self._onload()
-            try:
-                values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
-            finally:
-                self._offload()
+        with self.profiler.stage("critic_compute_values"), self.offloader.holding(["param"]):
+            values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
+            self._note_held()
         return self.output(Values(values, time.perf_counter() - t0))
 
     @register(Dispatch.DP_OUTPUT)
     def update_critic(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
         shard = self.receive(shard)
-        with self.profiler.stage("critic_update"):
-            self._onload()
-            try:
-                result = self._ppo_update(self.critic, shard, "critic", self.settings.critic, num_mini_batches, epochs)
-            finally:
-                self._offload()
+        with self.profiler.stage("critic_update"), self.offloader.holding():
+            result = self._ppo_update(self.critic, shard, "critic", self.settings.critic, num_mini_batches, epochs)
+            self._note_held()
         return self.output(result)
 
     @register(Dispatch.ALL)
     def save(self, it_dir: str, optim: bool, rng: bool) -> None:
         from mindrl.checkpoint.train_state import save_train_state
 
-        self._onload()
-        try:
-            c = self.settings.critic
+        c = self.settings.critic
+        with self.offloader.holding():
             save_train_state(self.critic, self.optimizer, self.scheduler, self.spec, "critic", c, it_dir, optim, rng)
-        finally:
-            self._offload()

@@ -11,6 +11,7 @@ from mindrl.checkpoint.resume import ResumePoint
 from mindrl.config.settings import OptimSettings
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
+from mindrl.resharding.residency import ResidencySchedule
 from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.rl_model import PPOLossSettings
@@ -138,7 +139,7 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         loss=loss_settings(cfg),
         ref_load=ref if needs_reference(cfg) else None,
         ref_forward_micro_batch_size=rl.ref_forward_micro_batch_size or cfg.actor_config.micro_batch_size,
-        offload=OffloadConfig.from_generate_config(gen),
+        residency=residency(cfg),
         bucket_size_mb=gen.bucket_size_mb,
         remote_rollout=gen.rollout_mode == "server",
         profile=profile_settings(cfg),
@@ -148,7 +149,16 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
 def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
     model = model_settings(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
-    return CriticSettings(critic=model, loss=loss_settings(cfg), profile=profile_settings(cfg))
+    return CriticSettings(
+        critic=model, loss=loss_settings(cfg), residency=residency(cfg), profile=profile_settings(cfg)
+    )
+
+
+def residency(cfg) -> ResidencySchedule:
+    """Which state of each model is on the device in each phase: the actor's generate_config.offload_train_*
+    switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute)."""
+    offload = OffloadConfig.from_generate_config(cfg.generate_config)
+    return ResidencySchedule(offload, actor_forward=not cfg.rl_config.on_policy)
 
 
 def reward_settings(cfg) -> RewardSettings:

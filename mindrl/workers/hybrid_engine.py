@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,7 @@ class RolloutStats:
     rollout_s: float  # engine.generate
     onload_s: float  # reshard_to_train
     generated_tokens: int  # by this rank's engine replica
+    device_bytes: dict[str, int]  # the actor's params / grads / optimizer on the device while the engine ran
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,13 +62,19 @@ class HybridEngine:
             engine.sleep()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int] | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+        onload: Iterable[str] | None = None,
     ) -> tuple[list[list[RolloutSample]], RolloutStats]:
-        """reshard_to_infer -> rollout (n samples per prompt) -> reshard_to_train."""
+        """reshard_to_infer -> rollout (n samples per prompt) -> reshard_to_train, which brings back the offloaded
+        kinds in `onload` (default: all of them)."""
         t0 = time.perf_counter()
         if self.engine.supports_sleep:
             self.engine.wake(["weights"])
         to_infer = self.manager.reshard_to_infer(self.engine.load_weights)
+        held = (to_infer.offload_after or to_infer.offload_before).device_bytes_after
         if self.engine.supports_sleep:
             self.engine.wake(["kv_cache"])
         t1 = time.perf_counter()
@@ -75,10 +82,10 @@ class HybridEngine:
         t2 = time.perf_counter()
         if self.engine.supports_sleep:
             self.engine.sleep()
-        self.manager.reshard_to_train()
+        self.manager.reshard_to_train(onload)
         t3 = time.perf_counter()
         tokens = sum(len(s.token_ids) for group in samples for s in group)
-        return samples, RolloutStats(t1 - t0, to_infer.reshard.peak_extra_bytes, t2 - t1, t3 - t2, tokens)
+        return samples, RolloutStats(t1 - t0, to_infer.reshard.peak_extra_bytes, t2 - t1, t3 - t2, tokens, held)
 
     @torch.no_grad()
     def actor_logprobs(

@@ -1,14 +1,14 @@
 """IntegratedWorker: one Ray actor per device holding the actor (megatron TP x PP x DP + optimizer), the reference model
-(offloaded except while it computes) and the rollout engine, through `HybridEngine`."""
+and the rollout engine (through `HybridEngine`), each on the device in the phases its `ResidencySchedule` says."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
 
 from mindrl.batch import Batch
+from mindrl.resharding.residency import TERMS
 from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.rank import MegatronRank, RankInfo
 from mindrl.workers.results import LogProbs, UpdateResult
@@ -18,30 +18,32 @@ from mindrl.workers.settings import IntegratedSettings
 class IntegratedWorker(MegatronRank):
     def setup(self, s: IntegratedSettings) -> RankInfo:
         from mindrl.checkpoint.loading import build_and_load
-        from mindrl.platform.detect import current_platform
         from mindrl.resharding import OffloadConfig, TrainStateOffloader
         from mindrl.rollout import VllmEngine
         from mindrl.workers.hybrid_engine import HybridEngine
 
         a = s.actor
         info, self.actor = self._setup_trained(s, a)
-        self.ref = None
+        self.ref = self.ref_offloader = None
         if s.ref_load is not None:
             # Built at the actor's TP/PP and dtype: each rank's reference shard pairs with its actor shard (sync).
             self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
             self.ref.eval()
-            self.ref_offloader = None
-            if current_platform().offload_frees_memory:  # on CPU a host-to-host copy each way that frees nothing
-                self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
-                self.ref_offloader.offload()
+            # Off the device except while scoring; on CPU a host-to-host copy each way that frees nothing, kept so
+            # that the schedule and its ledger run there too.
+            self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
+            self.ref_offloader.place(s.residency.on_entry("reference", "rollout"))
         self.hybrid = None
         if s.remote_rollout:  # the rollout servers hold the engines: only the weight stream lives here
             from mindrl.resharding import WeightStreamer
 
             self.streamer = WeightStreamer(self.actor, self.spec, s.bucket_size_mb)
+            self.actor_offloader = TrainStateOffloader([self.actor], self.optimizer, s.residency.offload)
             return info
         engine = VllmEngine(s.rollout)
-        self.hybrid = HybridEngine(self.actor, self.spec, self.optimizer, engine, s.offload, s.bucket_size_mb)
+        offload = s.residency.offload
+        self.hybrid = HybridEngine(self.actor, self.spec, self.optimizer, engine, offload, s.bucket_size_mb)
+        self.actor_offloader = self.hybrid.manager.offloader  # one record of what is offloaded
         # Engine replicas: consecutive groups of infer-TP ranks; their first rank receives the prompts.
         itp = s.rollout.infer_tensor_parallel_size
         world = torch.distributed.get_world_size()
@@ -60,7 +62,12 @@ class IntegratedWorker(MegatronRank):
             torch.distributed.broadcast_object_list(box, src=self.replica * itp, group=group)
             prompts, seeds = box[0]
         with self.profiler.stage("actor_generate"):
-            samples, stats = self.hybrid.generate(prompts, sampling, seeds)
+            # scoring follows: only what it needs comes back
+            onload = self.settings.residency.on_device("actor", "score")
+            samples, stats = self.hybrid.generate(prompts, sampling, seeds, onload)
+        held = self._held()
+        held["actor"] = {TERMS[k]: v for k, v in stats.device_bytes.items()}  # while the engine ran
+        self.ledger["rollout"] = held
         timing = {
             "timing/reshard_to_infer": stats.reshard_s,
             "timing/rollout": stats.rollout_s,
@@ -106,17 +113,21 @@ class IntegratedWorker(MegatronRank):
             raise RuntimeError("reference logprobs were requested but no reference model was configured")
         with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
             if reference:
-                with onloaded(self.ref_offloader):
+                with self.ref_offloader.holding(["param"]):
                     lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
+                    self._note_held()
             else:
-                lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
+                with self.actor_offloader.holding(["param"]):
+                    lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
+                    self._note_held()
         return self.output(LogProbs(lp, time.perf_counter() - t0))
 
     @register(Dispatch.DP_OUTPUT)
     def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
         shard = self.receive(shard)
-        with self.profiler.stage("actor_update"):
+        with self.profiler.stage("actor_update"), self.actor_offloader.holding():
             result = self._ppo_update(self.actor, shard, "actor", self.settings.actor, num_mini_batches, epochs)
+            self._note_held()
         return self.output(result)
 
     @register(Dispatch.ALL)
@@ -126,7 +137,7 @@ class IntegratedWorker(MegatronRank):
         if self.ref is None:
             raise RuntimeError("sync_reference was called but no reference model was configured")
         t0 = time.perf_counter()
-        with onloaded(self.ref_offloader):
+        with self.ref_offloader.holding(), self.actor_offloader.holding(["param"]):
             mix_into(self.ref, self.actor, alpha)
         return time.perf_counter() - t0
 
@@ -137,7 +148,7 @@ class IntegratedWorker(MegatronRank):
 
         if self.ref is None:
             raise RuntimeError("save_reference was called but no reference model was configured")
-        with onloaded(self.ref_offloader):
+        with self.ref_offloader.holding():
             save_weights_only(self.ref, self.ref_spec, "actor", self.settings.actor, root)
 
     @register(Dispatch.ALL)
@@ -145,7 +156,11 @@ class IntegratedWorker(MegatronRank):
         from mindrl.checkpoint.train_state import save_train_state
 
         a = self.settings.actor
-        save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
+        with self.actor_offloader.holding():
+            save_train_state(self.actor, self.optimizer, self.scheduler, self.spec, "actor", a, it_dir, optim, rng)
+
+    def _offloaders(self) -> dict:
+        return {"actor": self.actor_offloader, **({"reference": self.ref_offloader} if self.ref is not None else {})}
 
     @register(Dispatch.ALL)
     def shm_names(self) -> list[str]:
@@ -157,20 +172,6 @@ class IntegratedWorker(MegatronRank):
     def shutdown(self) -> None:
         if getattr(self, "hybrid", None) is not None:
             self.hybrid.engine.shutdown()
-
-
-@contextlib.contextmanager
-def onloaded(offloader):
-    """The offloaded model on the device for the block, offloaded again after it (also on an error); a None
-    offloader (the model stays where it is): nothing to move."""
-    if offloader is None:
-        yield
-        return
-    offloader.onload()
-    try:
-        yield
-    finally:
-        offloader.offload()
 
 
 def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
+from mindrl.workers.results import DeviceLedger
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class MegatronRank:
         join_world(rank, world_size, master_addr, master_port, timeout_s=1800, threads=threads)
         self.rank = rank
         self.profiler = StageProfiler(None, rank)  # setup() configures it from the settings' `profile`
+        self.ledger: dict[str, dict[str, dict[str, int]]] = {}  # phase -> model -> term -> bytes (memory_ledger)
+        self.phase: str | None = None  # the phase of the iteration (enter_phase); None before the first
         return os.getpid()
 
     def init_layout(self, tp: int, pp: int, seed: int) -> RankInfo:
@@ -101,6 +104,43 @@ class MegatronRank:
         Returns the traces this worker has written so far."""
         self.profiler.set_iteration(iteration)
         return list(self.profiler.written)
+
+    # ------------------------------------------------------------------------------------ residency
+    def _offloaders(self) -> dict[str, Any]:
+        """model name (actor, reference, critic) -> the TrainStateOffloader of its state on this rank."""
+        return {}
+
+    def _held(self) -> dict[str, dict[str, int]]:
+        """model -> term -> bytes its storages hold on the device now."""
+        from mindrl.resharding.residency import TERMS
+
+        return {m: {TERMS[k]: v for k, v in off.device_bytes().items()} for m, off in self._offloaders().items()}
+
+    @register(Dispatch.ALL)
+    def enter_phase(self, phase: str) -> None:
+        """Put this rank's models where the settings' `ResidencySchedule` has them when `phase` begins, and record
+        what they hold then in the ledger (no communication: each rank moves its own shards)."""
+        for model, offloader in self._offloaders().items():
+            offloader.place(self.settings.residency.on_entry(model, phase))
+        self.phase = phase
+        self.ledger[phase] = self._held()
+
+    def _note_held(self) -> None:
+        """Fold what the models hold now into the current phase's ledger, which keeps the most each term held during
+        the phase (called as a computation of the phase ends: an update's first step creates Adam's state)."""
+        if self.phase is None:
+            return
+        entry = self.ledger.setdefault(self.phase, {})
+        for model, terms in self._held().items():
+            for term, n in terms.items():
+                entry.setdefault(model, {})[term] = max(entry.get(model, {}).get(term, 0), n)
+
+    @register(Dispatch.ALL)
+    def memory_ledger(self) -> DeviceLedger:
+        """The phases recorded since the last call (`enter_phase`, and the rollout's own), then forgotten."""
+        out = DeviceLedger(self.ledger)
+        self.ledger = {}
+        return out
 
     def receive(self, obj: Any) -> Any:
         """The source rank's `obj`, on every rank of this model-parallel group."""

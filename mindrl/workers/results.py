@@ -1,5 +1,5 @@
 """The typed results workers hand back to the driver: per-row tensors gathered over the DP shards, an update's
-metrics with its token counts and logprob-diff totals, and a batch's rule rewards."""
+metrics with its token counts and logprob-diff totals, a batch's rule rewards, and a rank's memory ledger."""
 
 from __future__ import annotations
 
@@ -82,3 +82,23 @@ class UpdateResult:
     metrics: dict[str, float]
     tokens: TokenCounts
     logprob_diff: LogprobDiff | None = None
+
+
+@dataclass
+class DeviceLedger:
+    """What one rank's models held on its device at each phase of an iteration, counted from their storages (a
+    storage offloaded to the host counts 0): phase -> model (actor, reference, critic) -> term (weights, grads,
+    optimizer) -> bytes. A worker's ledger names its own models; `merge` adds those of the workers on one device."""
+
+    phases: dict[str, dict[str, dict[str, int]]]
+
+    @classmethod
+    def merge(cls, parts: Sequence[DeviceLedger]) -> DeviceLedger:
+        phases: dict[str, dict[str, dict[str, int]]] = {}
+        for part in parts:
+            for phase, models in part.phases.items():
+                phases.setdefault(phase, {}).update(models)
+        return cls(phases)
+
+    def total(self, phase: str) -> int:
+        return sum(sum(terms.values()) for terms in self.phases.get(phase, {}).values())

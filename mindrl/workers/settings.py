@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mindrl.config.settings import OptimSettings
-from mindrl.resharding import OffloadConfig
+from mindrl.resharding.residency import ResidencySchedule
 from mindrl.rollout.base import RolloutConfig
 from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.rl_model import PPOLossSettings
@@ -49,7 +49,8 @@ class IntegratedSettings:
     ref_load: str | None = None
     """Reference model checkpoint; None: no reference model (no KL term)."""
     ref_forward_micro_batch_size: int = 1
-    offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(True, True, False))
+    residency: ResidencySchedule = field(default_factory=ResidencySchedule)
+    """What the actor and the reference keep on the device in each phase (the offload_train_* switches)."""
     bucket_size_mb: float = 512
     remote_rollout: bool = False
     """Rollout runs on rollout servers: no engine is built here; `push_weights` streams the weights to them."""
@@ -61,6 +62,6 @@ class IntegratedSettings:
 class CriticSettings:
     critic: ModelSettings
     loss: PPOLossSettings = field(default_factory=PPOLossSettings)
-    offload: bool = True
+    residency: ResidencySchedule = field(default_factory=ResidencySchedule)
+    """What the critic keeps on the device in each phase (by default off it outside its own phases)."""
     profile: ProfileSettings | None = None
-    """Keep the critic's params, grads and optimizer state off the device between its own phases."""

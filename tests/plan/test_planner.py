@@ -100,6 +100,25 @@ def test_ppo_32b_verdict_names_the_peak(cfgs):
     assert plan.kv_cache["sequences_at_max_len"] == eng["kv_cache_bytes"] // (4096 * per_token)
 
 
+def test_ppo_32b_fits_with_the_actor_off_the_device_while_the_critic_trains(cfgs):
+    """ppo_qwen25_32b_A3 sets every offload_train_* switch: the actor's weights, grads and optimizer state leave the
+    device outside its update (it is on-policy: no old-logprob pass), so the critic's update fits beside nothing of
+    the actor's; without the switches the actor's 36.9 GB stay there and the recipe does not fit."""
+    plan = make_plan(cfgs["ppo_qwen25_32b_A3"])
+    state = ("weights_bytes", "grads_bytes", "optimizer_bytes")
+    for phase in ("rollout", "score", "critic_train"):
+        assert all(plan.memory["actor"][phase][t] == 0 for t in state), phase
+    assert plan.memory["critic"]["score"]["grads_bytes"] == plan.memory["critic"]["score"]["optimizer_bytes"] == 0
+    assert plan.residency["actor"]["critic_train"] == "offloaded" and plan.verdict["fits"], plan.verdict
+    off = ["generate_config.offload_train_" + k + "=false" for k in ("param", "grad", "optimizer")]
+    kept = make_plan(load_config("ppo_qwen25_32b_A3", overrides=off))
+    actor = kept.memory["actor"]["critic_train"]
+    assert sum(actor[t] for t in state) == sum(plan.memory["actor"]["train"][t] for t in state)
+    assert round(sum(actor[t] for t in state) / 1e9, 1) == 36.9
+    assert not kept.verdict["fits"] and kept.verdict["peak_phase"] == "critic_train"
+    assert kept.verdict["fix"].startswith("generate_config.offload_train_"), kept.verdict
+
+
 def test_device_memory_override_changes_the_verdict(cfgs):
     from mindrl.rollout.base import full_batch_kv_bytes
 

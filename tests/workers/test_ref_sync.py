@@ -55,7 +55,8 @@ def sync_rank(ckpts: dict[str, str], tp: int, pp: int, save_root: str) -> dict:
     offloader = TrainStateOffloader([ref], None, OffloadConfig(offload_train_param=True))
     offloader.offload()
     worker = types.SimpleNamespace(
-        ref=ref, ref_spec=ref_spec, actor=ddp, ref_offloader=offloader, settings=types.SimpleNamespace(
+        ref=ref, ref_spec=ref_spec, actor=ddp, ref_offloader=offloader,
+        actor_offloader=TrainStateOffloader([ddp], optimizer), settings=types.SimpleNamespace(
             actor=ModelSettings(load=ckpts["actor"], tp=tp, pp=pp)
         ),
     )  # fmt: skip
@@ -163,25 +164,32 @@ def test_bf16_mix_is_computed_in_fp32_and_rounded_once(source_dtype):
         assert not p.equal(in_bf16), n  # two roundings differ somewhere: the test can tell the two paths apart
 
 
-@pytest.mark.parametrize("with_offloader", [True, False], ids=["offloaded", "in-place"])
-def test_reference_is_onloaded_only_inside_the_block(with_offloader):
-    """`onloaded`: an offloaded model's parameters are back (bit-identical) inside the block and offloaded again after
-    it, also when the block raises; without an offloader (a CPU worker: `Platform.offload_frees_memory` is False
-    there, so the reference stays in place) the block runs on the model as it is."""
+def test_holding_onloads_only_for_the_block_and_place_leaves_exactly_the_kinds():
+    """`TrainStateOffloader.holding`: an offloaded model's parameters are back (bit-identical) inside the block and
+    offloaded again after it, also when the block raises; what was on the device already stays there. `place`:
+    exactly the kinds named are on the device after it, whatever was there before."""
     from mindrl.resharding import OffloadConfig, TrainStateOffloader
-    from mindrl.workers.integrated_worker import onloaded
 
     model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
     before = [p.detach().clone() for p in model.parameters()]
-    offloader = TrainStateOffloader([model], None, OffloadConfig(offload_train_param=True)) if with_offloader else None
-    if offloader is not None:
-        offloader.offload()
-        assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
-    for fail in (False, True):
-        with pytest.raises(RuntimeError, match="inside") if fail else contextlib.nullcontext():
-            with onloaded(offloader):
-                assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-                if fail:
-                    raise RuntimeError("inside")
-        resident = [p.untyped_storage().nbytes() > 0 for p in model.parameters()]
-        assert resident == [offloader is None] * len(resident)
+    offloader = TrainStateOffloader([model], optimizer, OffloadConfig(offload_train_param=True))
+    sizes = offloader.device_bytes()
+    assert all(sizes.values())  # params, grads and Adam's moments are all on the device
+    for resident in (False, True):
+        offloader.place(["param"] if resident else [])
+        for fail in (False, True):
+            with pytest.raises(RuntimeError, match="inside") if fail else contextlib.nullcontext():
+                with offloader.holding(["param"]):
+                    assert offloader.device_bytes()["param"] > 0
+                    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+                    if fail:
+                        raise RuntimeError("inside")
+            assert (offloader.device_bytes()["param"] > 0) == resident
+    for on in ([], ["grad"], ["param", "optimizer"], ["param", "grad", "optimizer"], ["optimizer"]):
+        offloader.place(on)
+        assert offloader.device_bytes() == {k: sizes[k] if k in on else 0 for k in sizes}, on
+    offloader.place(["param", "grad", "optimizer"])
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

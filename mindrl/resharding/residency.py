@@ -1,0 +1,71 @@
+"""Which state of each model is on the device in each phase of an integrated iteration (MindSpeed-RL's
+`offload_train_*` semantics): the one schedule the workers follow and the planner sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mindrl.resharding.offload import KINDS, OffloadConfig
+
+PHASES = ("rollout", "score", "critic_train", "train")
+"""An iteration: rollout (the engine awake), scoring (old / reference logprobs, critic values), the critic's update,
+then the actor's update."""
+MODELS = ("actor", "reference", "critic")
+TERMS = {"param": "weights", "grad": "grads", "optimizer": "optimizer"}
+"""Offload kind -> the ledger's and the planner's name of that term."""
+
+
+@dataclass(frozen=True)
+class ResidencySchedule:
+    """What each model keeps on the device, by phase (`on_device`).
+
+    - actor: everything while it updates (train); while the engine runs (rollout) and during the critic's update,
+      only the kinds whose `offload_train_*` switch is off; during scoring also its weights when it computes old
+      logprobs (not on-policy), never its grads or optimizer state unless their switch is off;
+    - reference: its weights during scoring (its forward) only;
+    - critic (`critic_offload`): its weights during scoring, everything during its update, nothing otherwise.
+    The rollout engine is awake during the rollout only (asleep elsewhere where the platform has sleep mode).
+    """
+
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """The actor's switches (generate_config.offload_train_*)."""
+    actor_forward: bool = True
+    """The actor computes old logprobs while scoring (False on-policy: they are the rollout's)."""
+    critic_offload: bool = True
+    """The critic leaves the device outside its own phases (MindSpeed-RL always offloads it)."""
+
+    def on_device(self, model: str, phase: str) -> frozenset[str]:
+        """The kinds (`mindrl.resharding.offload.KINDS`) of `model`'s state on the device during `phase`."""
+        if model not in MODELS or phase not in PHASES:
+            raise ValueError(f"unknown model {model!r} or phase {phase!r}: expected one of {MODELS} and {PHASES}")
+        kept = frozenset(KINDS) - frozenset(self.offload.kinds)
+        if model == "actor":
+            if phase == "train":
+                return frozenset(KINDS)
+            if phase == "score" and self.actor_forward:
+                return kept | {"param"}
+            return kept
+        if model == "reference":
+            return frozenset({"param"}) if phase == "score" else frozenset()
+        if not self.critic_offload:
+            return frozenset(KINDS)
+        return {"score": frozenset({"param"}), "critic_train": frozenset(KINDS)}.get(phase, frozenset())
+
+    def on_entry(self, model: str, phase: str) -> frozenset[str]:
+        """What `model` holds when `phase` begins: `on_device`, except that the actor's weights stay on the device
+        into the rollout, whose weight stream reads them (the hybrid engine offloads them once streamed)."""
+        on = self.on_device(model, phase)
+        return on | {"param"} if model == "actor" and phase == "rollout" else on
+
+    @staticmethod
+    def engine_awake(phase: str) -> bool:
+        return phase == "rollout"
+
+    def describe(self, model: str, phase: str) -> str:
+        """'resident', 'offloaded', or which terms are on the device ('weights on')."""
+        on = self.on_device(model, phase)
+        if model == "reference":
+            return "resident" if on else "offloaded"
+        if on == frozenset(KINDS):
+            return "resident"
+        return "offloaded" if not on else "+".join(TERMS[k] for k in KINDS if k in on) + " on"
