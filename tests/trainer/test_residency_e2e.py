@@ -17,19 +17,22 @@ SWITCHES = {  # generate_config.offload_train_{optimizer, grad, param}
     "none": (False, False, False),
     "optimizer+grad": (True, True, False),
 }
+OFF_POLICY = ["rl_config.mini_batch_size=4"]  # 2 optimizer steps: the actor recomputes old logprobs while scoring
 TERMS = ("weights", "grads", "optimizer")
 _RUNS: dict[str, tuple] = {}
 
 
 def _run(assets, tmp_path_factory, name: str) -> tuple:
-    """(config, metrics of iterations 1 and 2) of two iterations of ppo_tiny_cpu with the switches `name`."""
+    """(config, metrics of iterations 1 and 2) of two iterations of ppo_tiny_cpu with the switches `name` (a key of
+    SWITCHES; "+off-policy": with OFF_POLICY too)."""
     if name not in _RUNS:
-        opt, grad, param = SWITCHES[name]
+        opt, grad, param = SWITCHES[name.removesuffix("+off-policy")]
+        extra = OFF_POLICY if name.endswith("+off-policy") else []
         run_dir = tmp_path_factory.mktemp(f"residency_{name.replace('+', '_')}")
         cfg = _config(
             "ppo_tiny_cpu", assets, run_dir, "megatron_training.train_iters=2", "rl_config.use_tensorboard=false",
             f"generate_config.offload_train_optimizer={opt}", f"generate_config.offload_train_grad={grad}",
-            f"generate_config.offload_train_param={param}",
+            f"generate_config.offload_train_param={param}", *extra,
         )  # fmt: skip
         _, _, lines, _ = _train(cfg)
         _RUNS[name] = (cfg, lines)
@@ -61,7 +64,7 @@ def _predicted(cfg) -> dict[tuple[str, str, str], float]:
     }
 
 
-@pytest.mark.parametrize("name", list(SWITCHES))
+@pytest.mark.parametrize("name", [*SWITCHES, "all+off-policy"])
 def test_the_ledger_is_the_planners_prediction(assets, tmp_path_factory, name):
     """Every (phase, model, term) the planner sizes is recorded: 0 exactly where the schedule has it off the device,
     within 10% of the planner's figure elsewhere (the issue's bound; the storages add padding and Adam's step
@@ -75,6 +78,9 @@ def test_the_ledger_is_the_planners_prediction(assets, tmp_path_factory, name):
             assert got == 0, (key, got)
         else:
             assert abs(got - want) <= 0.1 * want, (key, got, want)
+    if name.endswith("off-policy"):  # the actor's weights come back for its old-logprob forward, nothing else
+        assert not cfg.rl_config.on_policy and recorded[("score", "actor", "weights")] > 0
+        assert recorded[("score", "actor", "grads")] == recorded[("critic_train", "actor", "weights")] == 0
 
 
 def test_each_switch_changes_the_recorded_bytes_as_the_planner_says(assets, tmp_path_factory):
