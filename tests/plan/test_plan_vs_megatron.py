@@ -88,17 +88,20 @@ def test_storage_estimate_within_10_percent(actor_ckpt, name, capsys):
 
 
 @pytest.mark.parametrize(
-    "fused_norm,gemm_attention",
-    [(True, True), (True, False), (False, False)],
-    ids=["cpu", "fused-norm-sdpa", "torch-norm-sdpa"],
+    "fused_norm,gemm_attention,platform",
+    [(True, True, "cpu"), (True, False, "cpu"), (False, False, "cpu"), (False, False, "cuda")],
+    ids=["cpu", "fused-norm-sdpa", "torch-norm-sdpa", "cuda-attention"],
 )
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("role,variant", [("actor", "untied"), ("critic", "orm")])
-def test_activation_estimate_vs_autograd(tiny_cfg, tiny_models, role, variant, dtype, fused_norm, gemm_attention):
+def test_activation_estimate_vs_autograd(
+    tiny_cfg, tiny_models, role, variant, dtype, fused_norm, gemm_attention, platform
+):
     """The per-layer activation formula (Korthikanti et al.'s accounting for these layers) against the bytes
     autograd saves for one micro-batch (distinct non-parameter storages), at TP1 and at TP2 with SP; with the layers
     CPU hosts run (mindrl's fused RMSNorm; batched-GEMM attention, which keeps the softmax, for short sequences) and
-    those devices run (torch's rms_norm under autograd, SDPA's kernel)."""
+    those devices run (torch's rms_norm under autograd, SDPA's kernel; on CUDA with the 16-bit operands as they are,
+    run here on CPU tensors)."""
     from mindrl.plan import memory as mem
 
     e = mem.DTYPE_BYTES[dtype]
@@ -106,10 +109,11 @@ def test_activation_estimate_vs_autograd(tiny_cfg, tiny_models, role, variant, d
         for b, s in ((4, 88), (2, 256)):
             got = shared_pool().run(
                 rank_fns.saved_activation_bytes,
-                *(tiny_models[variant], role, tp, sp, b, s, dtype, fused_norm, gemm_attention),
+                *(tiny_models[variant], role, tp, sp, b, s, dtype, fused_norm, gemm_attention, platform),
             )
+            path = mem.CUDA_PATH if platform == "cuda" else None
             est = mem.train_activation_bytes(
-                tiny_cfg.model, role, s, b, tp, 1, sp, e, 0, 1, False, fused_norm, s if gemm_attention else 0
+                tiny_cfg.model, role, s, b, tp, 1, sp, e, 0, 1, False, fused_norm, s if gemm_attention else 0, path
             )
             for r in got:
                 assert abs(est / r["saved_bytes"] - 1) <= 0.10, (tp, sp, b, s, est, r["saved_bytes"])
