@@ -31,14 +31,14 @@ def _storages(tensors) -> dict[int, int]:
     return out
 
 
-def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
+def measured_storage(load_dir: str, tp: int, distributed: bool, dtype: str = "float32") -> dict:
     """Build the trainer's model + optimizer (mindrl.workers.train_setup) from `load_dir` at TP x 1, take one
     optimizer step (so Adam's state exists) and count the distinct storages of weights, gradient buffers and
     optimizer state on this rank."""
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
 
     optim = OptimSettings(lr=1e-3, weight_decay=0.01, use_distributed_optimizer=distributed)
-    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=1, dtype="float32")
+    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=1, dtype=dtype)
     train_steps(ddp, optimizer, spec.vocab_size, steps=1, seed=0, batch=4, seq=16)
     params = list(ddp.module.parameters())
     weights = _storages(params)

@@ -51,18 +51,18 @@ def actor_ckpt(tiny_models, tmp_path_factory):
     return _convert(tiny_models, tmp_path_factory)
 
 
-# The tiny run's layout (TP2, fp32, replicated optimizer; per-rank bytes do not depend on DP there) and the same
-# with the distributed optimizer over DP2 (4 devices).
+# The tiny run's layout (TP2, fp32, replicated optimizer; per-rank bytes do not depend on DP there), the same with
+# the distributed optimizer over DP2 (4 devices), and that in bf16 as MindSpeed-RL's recipes train (an fp32 gradient
+# buffer, fp32 master weights and moments sharded over DP).
+_DISTRIBUTED = [
+    "megatron_training.use_distributed_optimizer=true",
+    "rl_config.actor_resource.num_npus=4",
+    "rl_config.critic_resource.num_npus=4",
+]
 LAYOUTS = {
     "ppo_tiny_cpu": ([], False),
-    "ppo_tiny_cpu + distributed optimizer, 4 devices": (
-        [
-            "megatron_training.use_distributed_optimizer=true",
-            "rl_config.actor_resource.num_npus=4",
-            "rl_config.critic_resource.num_npus=4",
-        ],
-        True,
-    ),  # fmt: skip
+    "ppo_tiny_cpu + distributed optimizer, 4 devices": (_DISTRIBUTED, True),
+    "ppo_tiny_cpu + distributed optimizer, 4 devices, bf16": ([*_DISTRIBUTED, "megatron_training.bf16=true"], True),
 }
 
 
@@ -72,7 +72,7 @@ def test_storage_estimate_within_10_percent(actor_ckpt, name, capsys):
     cfg = load_config("ppo_tiny_cpu", overrides=overrides)
     plan = make_plan(cfg)
     est = plan.memory["actor"]["train"]
-    measured = shared_pool().run(rank_fns.measured_storage, actor_ckpt, 2, distributed)
+    measured = shared_pool().run(rank_fns.measured_storage, actor_ckpt, 2, distributed, cfg.megatron_training.dtype)
     lay = plan.layouts["actor"]
     assert all(m["params"] == lay.params_per_stage[0] for m in measured)
     rows = []
