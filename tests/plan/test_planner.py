@@ -215,3 +215,24 @@ def test_bad_config_gives_the_configs_error(capsys):
     assert "did you mean" in capsys.readouterr().err
     assert plan_cli.main(["--config-name", "ppo_tiny_cpu", "--device-memory-gib", "-1"]) == 2
     assert "--device-memory-gib must be > 0" in capsys.readouterr().err
+
+
+def test_plan_recipes_tool_tables_a_configs_folder(capsys):
+    """tools/plan_recipes.py on the repo's configs/ (a MindSpeed-RL-style folder): every training recipe is a row;
+    a recipe that loads shows its device and verdict, the others the config's first error."""
+    import os
+
+    from mindrl.config.loader import default_config_dir
+    from tools import plan_recipes
+
+    CONFIG_DIR = default_config_dir()  # noqa: N806
+
+    rows = {
+        r.recipe: r for r in (plan_recipes.plan_recipe(CONFIG_DIR, n, None) for n in plan_recipes.recipes(CONFIG_DIR))
+    }
+    assert set(RECIPES) <= set(rows) and "sft_tiny_cpu" not in rows
+    assert all(rows[n].loads and rows[n].fits and rows[n].device == d for n, d in RECIPES.items())
+    assert plan_recipes.main([CONFIG_DIR, "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| grpo_qwen25_32b_A2 | yes | 910b | FITS |" in out
+    assert plan_recipes.main([os.path.join(CONFIG_DIR, "nowhere")]) == 2
