@@ -41,7 +41,6 @@ class Platform:
     attention_operands = "fp32"
     attention_grouped_kv = False  # the kernel reads grouped K/V heads in place (no copy expanded to the query heads)
     device_rms_norm = False  # RMSNorm as the device's fused kernel (`rms_norm`), keeping its input and fp32 1/rms
-    offload_frees_memory = True  # moving state off the device frees memory for something else
     shares_gloo_device = False  # all gloo groups of a process share one transport device (`mindrl.platform.gloo`)
     # What `generate_config.weight_transfer: auto` picks: "dist" (a process group of this platform's backend, no
     # host copy or serialization) or "http" (safetensors buckets).

@@ -33,9 +33,6 @@ class CpuPlatform(Platform):
     # megatron has no apex / Transformer Engine Adam here and would fall back to torch's per-tensor loop (about eight
     # passes per parameter); the fused step differs from the loop's in the last bits.
     fused_adam = True
-    # The device is host memory: an offload is a host-to-host copy each way that frees nothing. What mindrl offloads
-    # on its own (the reference model) stays in place; what a config asks to offload is still moved.
-    offload_frees_memory = False
     # One gloo event-loop thread per group wakes every 10 ms and preempts the training's OpenMP threads on the cores
     # they fill; one shared transport device per process instead.
     shares_gloo_device = True
