@@ -161,7 +161,8 @@ def test_resume_past_a_damaged_iteration_onto_another_layout(assets, tmp_path_fa
     assert [m["iteration"] for m in split] == [1, 2, 3, 4]
     worst = 0.0
     for a, b in zip(straight[2:], split[2:]):
-        a, b = _comparable(a), _comparable(b)
+        # what a device holds depends on the layout (a PP2 stage holds half the layers): not compared here
+        a, b = ({k: v for k, v in _comparable(m).items() if not k.startswith("memory/")} for m in (a, b))
         assert a.keys() == b.keys()
         worst = max([worst] + [abs(a[k] - b[k]) for k in a])
         bad = {k: (a[k], b[k]) for k in a if not math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-5)}
