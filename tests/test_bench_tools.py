@@ -124,7 +124,7 @@ def test_bench_soak_analysis():
 
 
 def test_bench_soak_roles():
-    from tools.bench_soak import role_of
+    from tools.proc_tree import role_of
 
     assert role_of("python", ["python", "-m", "mindrl.cli.train"], is_root=True) == "driver"
     assert role_of("ray::Integrated", ["ray::IntegratedWorker.update_actor"], is_root=False) == "IntegratedWorker"
@@ -134,7 +134,9 @@ def test_bench_soak_roles():
     assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray raylet"
     agent = ["/x/python", "-u", "/x/site-packages/ray/dashboard/agent.py", "--a"]
     assert role_of("python", agent, is_root=False) == "ray agent"
-    assert role_of("python", ["python", "-c", "from multiprocessing.forkserver import main"], is_root=False) == "other"
+    forkserver = ["python", "-c", "from multiprocessing.forkserver import main"]
+    assert role_of("python", forkserver, is_root=False) == "multiprocessing forkserver"
+    assert role_of("sh", ["sh", "-c", "sleep 1"], is_root=False) == "other"
 
 
 def test_bench_soak_help():
