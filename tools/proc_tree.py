@@ -52,10 +52,13 @@ class RoleMemory:
 class TreeMemory:
     """Samples a process and all its descendants every `interval` seconds until `stop`: the peak summed RSS, PSS
     and USS of the tree, and each role's (see `role_of`). RSS sums count a page shared by k processes k times;
-    PSS sums count it once, so the tree's PSS is the memory it really holds."""
+    PSS sums count it once, so the tree's PSS is the memory it really holds. RSS is the kernel's per-process
+    counter (/proc/<pid>/statm), which may lag the page-table walk PSS and USS come from by a few MiB per thread."""
 
-    def __init__(self, pid: int, interval: float = 0.5) -> None:
-        self.pid, self.interval = pid, interval
+    def __init__(self, pid: int, interval: float = 0.5, shared_every: int = 4) -> None:
+        # PSS / USS come from /proc/<pid>/smaps_rollup, a walk of the page tables (tens of ms for a GiB-sized
+        # process), so they are read every `shared_every`-th sample; RSS (statm) at every one.
+        self.pid, self.interval, self.shared_every = pid, interval, max(1, shared_every)
         self.peak_rss_mb = self.peak_pss_mb = self.peak_uss_mb = 0.0
         self.roles: dict[str, RoleMemory] = {}
         self.samples = 0
@@ -86,19 +89,21 @@ class TreeMemory:
                 procs = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 break
+            shared = self.samples % self.shared_every == 0
             now: dict[str, list[float]] = {}  # role -> [processes, rss, pss, uss] (bytes)
             for p in procs:
                 try:
                     with p.oneshot():
                         role = self._role(p)
-                        m = p.memory_full_info()
+                        m = p.memory_full_info() if shared else p.memory_info()
                 except psutil.Error:  # exited between listing and reading
                     continue
                 acc = now.setdefault(role, [0, 0.0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += m.rss
-                acc[2] += m.pss
-                acc[3] += m.uss
+                if shared:
+                    acc[2] += m.pss
+                    acc[3] += m.uss
             mib = 2.0**20
             rss = sum(v[1] for v in now.values()) / mib
             self.peak_pss_mb = max(self.peak_pss_mb, sum(v[2] for v in now.values()) / mib)
