@@ -86,7 +86,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
     """start_ray hands the merged variables to Ray: a task on a worker process reads them, and the platform's
     defaults are in the environment the worker was started with (glibc's MALLOC_* are read at process start only).
     The private cluster keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands
-    of iterations)."""
+    of iterations) and prestarts no idle worker processes."""
     import ray
 
     from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
@@ -109,8 +109,26 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
         assert pid != os.getpid() and (a, b) == ("file", "user")
         assert all(start.get(k) == v for k, v in current_kernels().worker_env.items()), start
         assert kept == TASK_EVENTS_KEPT < 100_000
+        # Ray prestarts no idle worker per CPU: the one task ran in the only Python worker there is
+        assert _ray_python_workers() == 1
     finally:
         stop_ray()
+
+
+def _ray_python_workers() -> int:
+    """Ray's Python worker processes under this driver (idle or running a task / actor), not its agents."""
+    import psutil
+
+    n = 0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        title = cmd[0] if cmd else ""
+        if "default_worker.py" in " ".join(cmd) or (title.startswith("ray::") and not title.endswith("Agent")):
+            n += 1
+    return n
 
 
 def test_config_key_names_the_file_over_the_environment_setting(tmp_path):
