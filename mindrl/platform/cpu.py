@@ -75,8 +75,7 @@ class CpuPlatform(Platform):
         # glibc malloc keeps what a step frees for the next step (no mmap of big blocks, no trim of the heap's top),
         # so each update and rollout does not page-fault its memory in again, zero-filled by the kernel. Devices keep
         # glibc's defaults: their big buffers are device memory, and host memory handed back matters there (offload).
-        # One arena: memory a thread frees is reusable by every other thread, not parked in that thread's arena.
-        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_ARENA_MAX": "1"}
+        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": fraction}
