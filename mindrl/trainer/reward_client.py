@@ -27,7 +27,7 @@ class RewardClient:
     EXIT_S = 5.0
     """At shutdown, how long the rule-reward worker's own exit may take to remove its temporary folder."""
     START_S = 300.0
-    """A new rule-reward worker (a Ray worker process, its imports, its tokenizer) may take this long to start; until
+    """A new rule-reward worker (a Ray worker process and its imports) may take this long to start; until
     it has started (its first ping answered), a missed ping means "still starting", not "hung". The worker has 2
     threads, so that first reply can come after later calls' replies: a worker that hangs before sending it counts as
     starting, and is replaced after this bound."""
