@@ -124,7 +124,7 @@ def test_bench_soak_analysis():
 
 
 def test_bench_soak_roles():
-    from tools.bench_soak import role_of
+    from tools.proc_tree import role_of
 
     assert role_of("python", ["python", "-m", "mindrl.cli.train"], is_root=True) == "driver"
     assert role_of("ray::Integrated", ["ray::IntegratedWorker.update_actor"], is_root=False) == "IntegratedWorker"
@@ -134,7 +134,9 @@ def test_bench_soak_roles():
     assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray raylet"
     agent = ["/x/python", "-u", "/x/site-packages/ray/dashboard/agent.py", "--a"]
     assert role_of("python", agent, is_root=False) == "ray agent"
-    assert role_of("python", ["python", "-c", "from multiprocessing.forkserver import main"], is_root=False) == "other"
+    forkserver = ["python", "-c", "from multiprocessing.forkserver import main"]
+    assert role_of("python", forkserver, is_root=False) == "multiprocessing forkserver"
+    assert role_of("sh", ["sh", "-c", "sleep 1"], is_root=False) == "other"
 
 
 def test_bench_soak_help():
@@ -159,3 +161,43 @@ def test_bench_vs_trl_floor_terms():
     assert last_level_cache_bytes() >= 0
     gbps = read_bandwidth(1, nbytes=8 << 20, seconds=0.01)
     assert 0.1 < gbps < 10_000
+
+
+_SHARER = """
+import os, sys, time
+buf = bytearray(64 << 20)  # touched: zero-filled by bytearray
+for i in range(0, len(buf), 4096):
+    buf[i] = 1
+pid = os.fork()  # the child maps the parent's 64 MiB copy-on-write and never writes it
+if pid == 0:
+    time.sleep(30)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_tree_memory_tells_shared_pages_apart():
+    """A parent with 64 MiB of touched heap and a forked child sharing it: the summed RSS counts those pages twice,
+    the summed PSS once, and neither process alone holds them (USS) while both are alive."""
+    from tools.proc_tree import TreeMemory
+
+    proc = subprocess.Popen([sys.executable, "-c", _SHARER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        mem = TreeMemory(proc.pid, interval=0.1, shared_every=2)
+        import time
+
+        time.sleep(1.0)
+        out = mem.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    roles = out["by_role"]
+    assert set(roles) == {"driver", "other"} and roles["other"]["procs"] == 1
+    mib = 64
+    # the shared 64 MiB: in both RSS sums, once in the PSS sum, in no USS
+    assert out["peak_rss_mb"] - out["peak_pss_mb"] >= mib * 0.95
+    assert roles["other"]["peak_rss_mb"] >= mib and roles["other"]["peak_uss_mb"] < mib / 4
+    assert roles["driver"]["peak_uss_mb"] < mib / 4
+    assert out["samples"] >= 5 and out["sampler_cpu_s"] >= 0

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools.proc_tree import TRANSIENT_ROLES, role_of  # noqa: E402
+
 
 @dataclass
 class Sample:
@@ -128,32 +130,6 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
 
 
 # ------------------------------------------------------------------------------------------- sampling
-# Roles a process may still leave: a Ray worker is "ray worker (starting)" until it sets its title, then "IDLE"
-# until an actor claims it.
-_TRANSIENT_ROLES = ("ray worker (starting)", "IDLE", "ray worker")
-
-
-def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
-    """The role a process of the tree plays: the driver; a Ray actor by its class ("ray::IntegratedWorker.update"
-    counts as IntegratedWorker); each of Ray's daemons ("ray raylet", "ray gcs_server", its Python agents by
-    script: "ray agent", "ray log_monitor", ...); anything else (verifier
-    pool processes, multiprocessing helpers) as "other"."""
-    if is_root:
-        return "driver"
-    title = cmdline[0] if cmdline else name
-    if title.startswith("ray::"):
-        return title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0] or "ray worker"
-    text = " ".join(cmdline) or name
-    if "default_worker.py" in text:  # a worker process before setproctitle
-        return "ray worker (starting)"
-    if name in ("raylet", "gcs_server"):
-        return "ray " + name
-    if "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:  # Ray's Python agents, by script
-        script = next((a for a in cmdline if a.endswith(".py")), name)
-        return "ray " + os.path.basename(script).removesuffix(".py")
-    return "other"
-
-
 class TreeSampler:
     """Samples a process and its descendants every `interval` seconds (psutil), tagging each sample with the
     number of rows in `metrics_path` at the time."""
@@ -198,7 +174,7 @@ class TreeSampler:
                         role = self._roles.get(p.pid)
                         if role is None:
                             role = role_of(p.name(), p.cmdline(), p.pid == self.pid)
-                            if role not in _TRANSIENT_ROLES:  # an actor's class is fixed once its title says it
+                            if role not in TRANSIENT_ROLES:  # an actor's class is fixed once its title says it
                                 self._roles[p.pid] = role
                         by_role[role] = by_role.get(role, 0.0) + r / 2**20
                 except psutil.Error:  # exited between listing and reading

@@ -34,7 +34,6 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +49,7 @@ from tools.bench_update import (  # noqa: E402
     read_bandwidth,
     update_flops,
 )
+from tools.proc_tree import TreeMemory, format_roles  # noqa: E402
 
 SHAPES = {"short": 64, "long": 256}
 LAYOUTS = {"tp1w1": (1, 1), "tp1w2": (1, 2), "tp2w2": (2, 2)}  # name -> (TP, world); world / TP is DP
@@ -96,49 +96,14 @@ def write_mindrl_dataset(prefix: str, prompt_ids: list[list[int]]) -> None:
         b.finalize(path + ".idx")
 
 
-# ------------------------------------------------------------------------------------------- RSS
-class TreeRSS:
-    """Peak summed RSS (MiB) of a process and all its descendants, sampled every `interval` seconds."""
-
-    def __init__(self, pid: int, interval: float = 0.5) -> None:
-        self.pid, self.interval, self.peak_mb = pid, interval, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop.is_set():
-            total = 0
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                break
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak_mb = max(self.peak_mb, total / 2**20)
-            self._stop.wait(self.interval)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak_mb
-
-
+# ------------------------------------------------------------------------------------------- runs
 def run_logged(cmd: list[str], log_path: str, show: re.Pattern, prefix: str, env: dict | None = None,
-               timeout_s: float | None = None) -> tuple[int, float]:  # fmt: skip
-    """Run cmd, its output to log_path; echo the lines matching `show`. Returns (exit code, peak tree RSS MiB)."""
+               timeout_s: float | None = None) -> tuple[int, dict]:  # fmt: skip
+    """Run cmd, its output to log_path; echo the lines matching `show`. Returns (exit code, its process tree's
+    memory: `TreeMemory.stop()`'s peaks, in total and per process role)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-        rss = TreeRSS(proc.pid)
+        memory = TreeMemory(proc.pid)
         t0 = time.monotonic()
         for line in proc.stdout:
             log.write(line)
@@ -149,7 +114,7 @@ def run_logged(cmd: list[str], log_path: str, show: re.Pattern, prefix: str, env
                 print(f"  {prefix} timed out after {timeout_s:.0f} s", flush=True)
                 break
         rc = proc.wait()
-        return rc, rss.stop()
+        return rc, memory.stop()
 
 
 # ------------------------------------------------------------------------------------------- mindrl side
@@ -234,7 +199,7 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     log = os.path.join(work, f"{tag}.log")
     t0 = time.perf_counter()
-    rc, rss = run_logged(cmd, log, re.compile(r"^iter |run dir:|Error|error:"), "[mindrl]", env, a.timeout)
+    rc, memory = run_logged(cmd, log, re.compile(r"^iter |run dir:|Error|error:"), "[mindrl]", env, a.timeout)
     if rc:
         raise RuntimeError(f"mindrl-train failed (exit {rc}); see {log}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -257,7 +222,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
         "update": med("timing/update"),
     }
     phases["overhead"] = step - sum(phases.values())
-    out = {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases, "peak_rss_mb": rss,
+    out = {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases,
+           "peak_rss_mb": memory["peak_rss_mb"], "peak_pss_mb": memory["peak_pss_mb"], "memory": memory,
            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
            "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
     if a.profile:
@@ -363,7 +329,7 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
     log = os.path.join(work, f"{tag}_{shape_name}_{kl_name}.log")
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
     env.pop("PYTHONPATH", None)
-    rc, rss = run_logged(cmd, log, re.compile(r"^\[trl\]|Error"), f"[{tag}]", env, a.timeout)
+    rc, memory = run_logged(cmd, log, re.compile(r"^\[trl\]|Error"), f"[{tag}]", env, a.timeout)
     if rc:
         with open(log) as f:
             errors = [line.strip() for line in f if re.search(r"Error\b|error:", line)]
@@ -377,7 +343,8 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
     phases = {"rollout": split["rollout"], "reshard": 0.0, "logprobs": 0.0, "reference": 0.0, "rewards": 0.0,
               "update": split["update"], "overhead": 0.0}  # fmt: skip
     phases["reference" if job["beta"] > 0 else "rewards"] = split["logprobs_ref_rewards"]
-    return {"step_s": step, "steps": [s["step_s"] for s in steps], "phases": phases, "peak_rss_mb": rss,
+    return {"step_s": step, "steps": [s["step_s"] for s in steps], "phases": phases,
+            "peak_rss_mb": memory["peak_rss_mb"], "peak_pss_mb": memory["peak_pss_mb"], "memory": memory,
             "versions": res["versions"], "gradient_checkpointing": res["gradient_checkpointing"],
             "layout": "1 process, " + ("vLLM colocate" if vllm else "HF generate")}  # fmt: skip
 
@@ -565,17 +532,25 @@ def main(argv: list[str] | None = None) -> dict:
                     out.setdefault("ratio", {}).setdefault(shape_name, {})[kl_name] = (
                         m["tokens_per_s"] / t["tokens_per_s"]
                     )
+                    out.setdefault("rss_ratio", {}).setdefault(shape_name, {})[kl_name] = (
+                        m["peak_rss_mb"] / t["peak_rss_mb"]
+                    )
 
     print(f"\n{'side':<13}{'shape':<6}{'kl':<5}{'step s':>8}{'tokens/s':>9}{'TFLOP':>7}{'bound s':>8}{'x bound':>8}"
-          f"{'x own':>7}{'x floor':>8}{'upd MFU':>8}{'RSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
+          f"{'x own':>7}{'x floor':>8}{'upd MFU':>8}{'RSS MiB':>8}{'PSS MiB':>8}  phases (s): " + " ".join(PHASES))  # fmt: skip
     for side, shape_name, kl_name, r in table:
         ph = " ".join(f"{r['phases'][k]:.2f}" for k in PHASES)
         print(f"{side:<13}{shape_name:<6}{kl_name:<5}{r['step_s']:>8.2f}{r['tokens_per_s']:>9.0f}{r['flops'] / 1e12:>7.2f}"
               f"{r['bound_s']:>8.2f}{r['step_over_bound']:>8.2f}{r['step_over_computed_bound']:>7.2f}{r['step_over_floor']:>8.2f}"
-              f"{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}  {ph}")  # fmt: skip
+              f"{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}{r['peak_pss_mb']:>8.0f}  {ph}")  # fmt: skip
     for shape_name, per in out.get("ratio", {}).items():
         for kl_name, ratio in per.items():
-            print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}")
+            print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}; peak RSS "
+                  f"{out['rss_ratio'][shape_name][kl_name]:.2f}")  # fmt: skip
+    for side, shape_name, kl_name, r in table:
+        print(f"memory of {side} {shape_name} kl={kl_name} by process (MiB; RSS@peak: when the tree's summed RSS "
+              f"peaked; {r['memory']['samples']} samples):")  # fmt: skip
+        print("\n".join(format_roles(r["memory"])))
     print(f"matmul peak {describe_peak(peak)} ({a.threads} threads); bound = step FLOPs / peak (every row's prompt "
           f"counted, both sides); x own = step / (the FLOPs the side computes / peak): mindrl's update and reference "
           f"run each prompt once for its samples; x floor = step / (bound + the decode's KV-cache reads at the "

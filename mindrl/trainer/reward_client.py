@@ -27,7 +27,7 @@ class RewardClient:
     EXIT_S = 5.0
     """At shutdown, how long the rule-reward worker's own exit may take to remove its temporary folder."""
     START_S = 300.0
-    """A new rule-reward worker (a Ray worker process, its imports, its tokenizer) may take this long to start; until
+    """A new rule-reward worker (a Ray worker process and its imports) may take this long to start; until
     it has started (its first ping answered), a missed ping means "still starting", not "hung". The worker has 2
     threads, so that first reply can come after later calls' replies: a worker that hangs before sending it counts as
     starting, and is replaced after this bound."""
@@ -35,7 +35,7 @@ class RewardClient:
     def __init__(self, settings: reward_worker.RewardSettings, run_dir: str, tokenizer):
         self.settings = settings
         self.run_dir = run_dir
-        self.tokenizer = tokenizer  # decodes a failed batch's texts for rollouts.jsonl
+        self.tokenizer = tokenizer  # decodes the responses and labels the worker scores
         self.actor = None
         self._start()
 
@@ -50,8 +50,14 @@ class RewardClient:
         self._temp_recorded = False
 
     def score(self, responses: list[list[int]], labels: list[list[int]]):
-        """Start scoring (responses and labels as token ids); `collect` waits for it."""
-        return self.actor.score.remote(responses, labels)
+        """Start scoring (responses and labels as token ids, decoded here); `collect` waits for it."""
+        return self.actor.score.remote(*self._decode(responses, labels))
+
+    def _decode(self, responses: Sequence[list[int]], labels: Sequence[list[int]]) -> tuple[list[str], list[str]]:
+        decode = self.tokenizer.batch_decode
+        return decode([list(r) for r in responses], skip_special_tokens=True), decode(
+            [list(x) for x in labels], skip_special_tokens=True
+        )
 
     def collect(self, ref, responses: Sequence[list[int]], labels: Sequence[list[int]], iteration: int) -> Scores:
         """The reward worker's answer. A worker that died, stops answering pings, or outlives the worst case of its
@@ -105,14 +111,15 @@ class RewardClient:
         self._kill()
         self._start()
         zeros = [0.0] * len(responses)
+        texts, label_texts = self._decode(responses, labels)
         metrics = {"reward/timeouts": 0.0, "reward/errors": 0.0, "reward/crashes": float(len(responses))}
         metrics.update({"reward/worker_restarts": 1.0, "timing/rule_reward": time.perf_counter() - t0})
         metrics.update({f"reward/{name}/mean": 0.0 for name in s.verifier_function})
         return Scores(
             rewards=zeros,
             per_verifier=[None] * len(responses),
-            texts=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-            labels=self.tokenizer.batch_decode(labels, skip_special_tokens=True),
+            texts=texts,
+            labels=label_texts,
             metrics=metrics,
         )
 

@@ -166,7 +166,6 @@ def reward_settings(cfg) -> RewardSettings:
     names = [rl.verifier_function] if isinstance(rl.verifier_function, str) else list(rl.verifier_function)
     weights = rl.verifier_weight if isinstance(rl.verifier_weight, (list, tuple)) else [rl.verifier_weight]
     return RewardSettings(
-        tokenizer=cfg.megatron_training.tokenizer_name_or_path,
         verifier_function=tuple(names),
         verifier_weight=tuple(float(w) for w in weights),
         timeout=float(rl.verifier_timeout),

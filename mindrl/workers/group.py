@@ -61,6 +61,11 @@ def start_ray(
     system_config = {}
     if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
         system_config["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
+    # Ray prestarts a Python worker per CPU for tasks; mindrl runs only actors, each in a worker of its own, so the
+    # prestarted ones sat idle (some 80 MiB each, docs/performance.md, footprint).
+    for key in ("enable_worker_prestart", "prestart_worker_first_driver"):
+        if f"RAY_{key}" not in os.environ:
+            system_config[key] = False
     handlers = _python_signal_handlers()  # ray.init replaces them with its own (SIGTERM: log and abort)
     ray.init(
         address="local",

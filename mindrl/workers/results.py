@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the rule-reward worker's process imports this module and never needs torch
+    import torch
 
 
 @dataclass
@@ -20,6 +22,8 @@ class RowTensor:
     @classmethod
     def gather(cls, parts: Sequence[tuple[Sequence[int], RowTensor]], num_rows: int) -> RowTensor:
         """The shards' tensors put back at their rows (`parts`: (rows of shard d, result of DP group d))."""
+        import torch
+
         width = parts[0][1].tensor.shape[1]
         out = torch.zeros(num_rows, width)
         for rows, part in parts:

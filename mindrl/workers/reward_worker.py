@@ -1,5 +1,5 @@
-"""RuleRewardWorker: a CPU Ray actor that decodes responses and scores them with the rule verifiers (in its
-own process pool, with per-sample timeouts), while the devices compute reference logprobs and values."""
+"""RuleRewardWorker: a CPU Ray actor that scores decoded responses with the rule verifiers (in its own process pool,
+with per-sample timeouts), while the devices compute reference logprobs and values."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from mindrl.workers.results import Scores
 
 @dataclass(frozen=True)
 class RewardSettings:
-    tokenizer: str
-    """Tokenizer dir used to decode responses and labels."""
     verifier_function: tuple[str, ...] = ("acc_for_ppo",)
     verifier_weight: tuple[float, ...] = (1.0,)
     timeout: float = 10.0
@@ -22,13 +20,13 @@ class RewardSettings:
 
 
 class RuleRewardWorker:
-    def __init__(self, s: RewardSettings):
-        from transformers import AutoTokenizer
+    """Strings in, scores out: the driver decodes (it holds the tokenizer anyway), so this process imports neither
+    torch nor transformers (some 370 MiB of a Ray worker's memory, docs/performance.md)."""
 
+    def __init__(self, s: RewardSettings):
         from mindrl.rewards import get_shared_pool
 
         self.settings = s
-        self.tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
         # multiprocessing's temporary folder (the verifier forkserver's socket goes there), made now, before the pool's
         # thread could make it too: a process killed instead of exiting leaves it, and `temp_dir` says where.
         self._temp_dir = multiprocessing.util.get_temp_dir()
@@ -37,13 +35,13 @@ class RuleRewardWorker:
         # answers no call (not even `ping`) until __init__ returns; `score` waits on the pool's lock meanwhile.
         threading.Thread(target=get_shared_pool, args=(s.num_workers,), name="verifier-pool-start", daemon=True).start()
 
-    def score(self, responses: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> Scores:
-        """Rewards (per response), scores per verifier, the decoded texts and labels, and metrics."""
+    def score(self, texts: Sequence[str], label_texts: Sequence[str]) -> Scores:
+        """Rewards (per response), scores per verifier, the texts and labels, and metrics; texts[i] pairs with
+        label_texts[i] (the decoded responses and reference answers)."""
         from mindrl.rewards import score_rule_rewards
 
         s = self.settings
-        texts = self.tokenizer.batch_decode([list(r) for r in responses], skip_special_tokens=True)
-        label_texts = self.tokenizer.batch_decode([list(x) for x in labels], skip_special_tokens=True)
+        texts, label_texts = list(texts), list(label_texts)
         scores = score_rule_rewards(
             texts,
             label_texts,

@@ -3,6 +3,7 @@ behind: no process and no multiprocessing folder (the verifier forkserver's sock
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from tests.procs import alive
 
 
-def test_reward_worker_scores_then_shuts_down_without_leftovers(tiny_models, tmp_path):
+def test_reward_worker_scores_then_shuts_down_without_leftovers(tmp_path):
     import ray
 
     from mindrl.workers.group import start_ray, stop_ray
@@ -23,11 +24,15 @@ def test_reward_worker_scores_then_shuts_down_without_leftovers(tiny_models, tmp
         actor = (
             ray.remote(num_cpus=0, max_concurrency=2)(RuleRewardWorker)
             .options(runtime_env={"env_vars": {"TMPDIR": str(scratch)}})
-            .remote(RewardSettings(tokenizer=tiny_models["untied"], verifier_function=("format",)))
+            .remote(RewardSettings(verifier_function=("format",)))
         )
         pid = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()), timeout=300)
-        out = ray.get(actor.score.remote([[5, 6, 7]], [[8]]), timeout=300)
-        assert len(out.rewards) == 1 and len(out.texts) == 1
+        good = "<think>t</think><answer>a</answer>"
+        out = ray.get(actor.score.remote([good, "no tags"], ["a", "b"]), timeout=300)
+        assert out.rewards == [1.0, 0.0] and out.texts == [good, "no tags"] and out.labels == ["a", "b"]
+        # strings in: the driver decodes, so the worker's process never loads torch nor transformers
+        loaded = ray.get(actor.__ray_call__.remote(lambda self: sorted({"torch", "transformers"} & set(sys.modules))))
+        assert loaded == []
         assert list(scratch.glob("pymp-*")), "the verifier pool's forkserver keeps its socket in a pymp-* folder"
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.shutdown.remote(), timeout=60)

@@ -86,7 +86,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
     """start_ray hands the merged variables to Ray: a task on a worker process reads them, and the platform's
     defaults are in the environment the worker was started with (glibc's MALLOC_* are read at process start only).
     The private cluster keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands
-    of iterations)."""
+    of iterations) and prestarts no idle worker processes."""
     import ray
 
     from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
@@ -109,8 +109,27 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
         assert pid != os.getpid() and (a, b) == ("file", "user")
         assert all(start.get(k) == v for k, v in current_kernels().worker_env.items()), start
         assert kept == TASK_EVENTS_KEPT < 100_000
+        # Ray was told to prestart no idle Python workers (mindrl runs actors, each in a process of its own)
+        config = _system_config()
+        assert config["enable_worker_prestart"] is False and config["prestart_worker_first_driver"] is False
     finally:
         stop_ray()
+
+
+def _system_config() -> dict:
+    """The system config this driver's GCS was started with (its --config_list: base64 JSON), which it hands to every
+    raylet."""
+    import base64
+    import json
+
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        cmd = p.cmdline()
+        if cmd and os.path.basename(cmd[0]) == "gcs_server":
+            arg = next(a for a in cmd if a.startswith("--config_list="))
+            return json.loads(base64.b64decode(arg.split("=", 1)[1]))
+    raise AssertionError("no gcs_server under this driver")
 
 
 def test_config_key_names_the_file_over_the_environment_setting(tmp_path):
