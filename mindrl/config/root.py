@@ -13,7 +13,7 @@ from mindrl.config.generate import GenerateConfig
 from mindrl.config.megatron import MegatronTrainingConfig, RoleConfig
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.profiler import ProfilerConfig
-from mindrl.config.rl import RLSectionConfig
+from mindrl.config.rl import PACKING_USES, RLSectionConfig
 from mindrl.config.section import Section
 
 
@@ -171,6 +171,15 @@ class RLConfig(Section):
         if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
                     f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip
+        if rl.use_dynamic_bsz:  # MindSpeed-RL's rule: every row fits its micro-batch's token budget
+            sources = {
+                key if getattr(rl, key) is not None else "max_packing_token_size" for key in PACKING_USES.values()
+            }
+            for key in sorted(sources):
+                budget = getattr(rl, key)
+                if budget < need and not col.is_bad(f"rl_config.{key}"):
+                    col.add(f"rl_config.{key}", f"{budget} tokens per micro-batch cannot hold a row of "
+                            f"max_prompt_length + sampling_config.max_tokens = {need} tokens")  # fmt: skip
         limit = self.model.max_position_embeddings if self.model.name else None
         if limit is not None and gen.max_model_len > limit:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} exceeds the model's "

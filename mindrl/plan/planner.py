@@ -114,7 +114,7 @@ def _model_settings(cfg: RLConfig, role: str):
     rl = cfg.rl_config
     if role == "critic":
         fwd = getattr(rl, "critic_forward_micro_batch_size", None)
-        return from_config.model_settings(replace(cfg.critic_config, finetune=True), cfg, fwd, None)
+        return from_config.model_settings(replace(cfg.critic_config, finetune=True), cfg, fwd, None, critic=True)
     return from_config.model_settings(
         replace(cfg.actor_config, finetune=True), cfg, rl.actor_forward_micro_batch_size, None
     )
