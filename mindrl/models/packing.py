@@ -8,6 +8,29 @@ from dataclasses import dataclass
 
 import torch
 
+_ROWS_ATTR = "_mindrl_packed_rows"
+
+
+@dataclass(frozen=True)
+class RowAttention:
+    """A packed row's attention as padded rows, for a core attention that reads it (`packed_rows_of`): the `rows`
+    packed rows (each padding column a row of its own) as `length` x rows slots, position-major, where slot
+    t * rows + r is row r's token t."""
+
+    gather: torch.Tensor
+    """[length * rows] the packed column behind each slot (a slot past its row's end: the row's first column)."""
+    scatter: torch.Tensor
+    """[s] the slot of each packed column."""
+    mask: torch.Tensor
+    """[rows, 1, length, length] megatron's mask of the slots, True = hidden: causal within the row's tokens."""
+    rows: int
+    length: int
+
+
+def packed_rows_of(mask: torch.Tensor | None) -> RowAttention | None:
+    """The `RowAttention` marked on a packed row's full mask by `PackedRows.mask`, else None."""
+    return getattr(mask, _ROWS_ATTR, None) if mask is not None else None
+
 
 @dataclass(frozen=True)
 class PackedRows:
@@ -35,10 +58,26 @@ class PackedRows:
 
     def mask(self) -> torch.Tensor:
         """megatron's boolean mask [1, 1, s, s], True = masked: a query sees the keys of its own row at or before its
-        position (a padding column sees itself only)."""
+        position (a padding column sees itself only); right for any core attention. Marked with its `RowAttention`,
+        with which `SDPAttention` attends row by row instead, computing no score the mask would hide."""
         seg, pos = self.segments, self.positions
         seen = (seg.view(1, -1) == seg.view(-1, 1)) & (pos.view(1, -1) <= pos.view(-1, 1))
-        return ~seen.view(1, 1, self.width, self.width)
+        mask = ~seen.view(1, 1, self.width, self.width)
+        setattr(mask, _ROWS_ATTR, self.row_attention())
+        return mask
+
+    def row_attention(self) -> RowAttention:
+        seg, pos = self.segments, self.positions
+        lengths = torch.bincount(seg)
+        n, length = len(lengths), int(lengths.max())
+        starts = lengths.cumsum(0) - lengths
+        t = torch.arange(length, device=seg.device).view(-1, 1)
+        gather = (starts.view(1, -1) + t * (t < lengths.view(1, -1))).flatten()
+        key = torch.arange(length, device=seg.device)
+        hidden = (key.view(1, -1) > key.view(-1, 1)).view(1, length, length) | (
+            key.view(1, 1, -1) >= lengths.view(-1, 1, 1)
+        )
+        return RowAttention(gather, pos * n + seg, hidden.view(n, 1, length, length), n, length)
 
 
 def pack_rows(

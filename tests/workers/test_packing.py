@@ -44,7 +44,8 @@ def test_packed_and_budgeted_equal_the_padded_path(pool, ckpts, long_batch, role
     """Packed rows (2 micro-batches per DP rank, and micro-batches cut by a token budget) and padded rows cut by the
     token budget against padded rows, 2 micro-batches per DP rank: the same logprobs / values and loss metrics within
     1e-6 relative (the issue's bound), every parameter's gradient within 1e-6 of the gradients' norm; packed, the
-    model computes the real tokens only (under sequence parallelism, up to TP - 1 padding columns per micro-batch)."""
+    model computes the real tokens only (under sequence parallelism, up to TP - 1 padding columns per micro-batch),
+    and its core attention runs them row by row."""
     rows = len(long_batch) // (POOL_WORLD // (tp * pp)) // 2
     variants = {
         "padded": MicroBatching(rows=rows),
@@ -60,6 +61,7 @@ def test_packed_and_budgeted_equal_the_padded_path(pool, ckpts, long_batch, role
         if name == "padded":
             continue
         got = runs[0][name]
+        assert (got["row_attention"] > 0) == name.startswith("packed"), (name, got["row_attention"])
         for k, v in want["metrics"].items():
             if k == "_tokens":
                 computed, counted_real, _, shared = got["metrics"][k]
@@ -112,3 +114,46 @@ def test_cut_by_budget():
     assert cut_by_budget(range(6), cost, 16) == [[0], [1, 3], [2, 4, 5]]
     assert cut_by_budget(range(6), cost, 16, max_rows=2) == [[0], [1, 3], [2, 4], [5]]
     assert cut_by_budget(range(6), cost, 100) == [[0, 1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("path", ["gemm", "sdpa"])
+def test_packed_rows_attend_row_by_row(monkeypatch, path):
+    """SDPAttention on packed rows (three rows of 7, 2 and 5 tokens, packed to a multiple of 4: one padding column)
+    attends row by row (`RowAttention`): the context and the q / k / v gradients at the real columns equal the full
+    block-diagonal mask's, within 1e-6 of the largest value in fp64 (the same computation, other shapes); the padding
+    column's context is its own value (it sees only itself)."""
+    from types import SimpleNamespace
+
+    from mindrl.models.attention import SDPAttention
+    from mindrl.models.packing import packed_rows_of
+
+    monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "320" if path == "gemm" else "0")
+    gen = torch.Generator().manual_seed(5)
+    prompt_ids, prompt_mask = pad_rows([[1, 2, 3], [4], [5, 6]], pad=0, left=True)
+    resp_ids, resp_mask = pad_rows([[7, 8, 9, 10], [11], [12, 13, 14]], pad=0, left=False)
+    packed = pack_rows(torch.cat([prompt_ids, resp_ids], 1), torch.cat([prompt_mask, resp_mask], 1), 3, multiple=4)
+    mask = packed.mask()
+    rows = packed_rows_of(mask)
+    assert (packed.real, packed.width, rows.rows, rows.length) == (14, 16, 5, 7)
+    heads, kv, d, s = 4, 2, 8, packed.width
+    q, k, v = (torch.randn(s, 1, h, d, generator=gen, dtype=torch.float64) for h in (heads, kv, kv))
+    core = SDPAttention.__new__(SDPAttention)  # the attention maths only: no megatron module state is read
+    torch.nn.Module.__init__(core)
+    core.softmax_scale, core.num_attention_heads_per_partition, core.num_query_groups_per_partition = d**-0.5, heads, kv
+    core.hidden_size_per_partition, core.config = heads * d, SimpleNamespace(sequence_parallel=False)
+    grad = torch.randn(s, 1, heads * d, generator=gen, dtype=torch.float64)
+
+    def run(row_by_row: bool):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        if row_by_row:
+            out = core._packed_rows(*leaves, rows, 0.0)
+        else:  # a copy of the mask carries no rows: the full [s, s] mask
+            out = core._context(core._attend(*leaves, mask.clone(), 0.0))
+        out.backward(grad)
+        return [out.detach()] + [x.grad for x in leaves]
+
+    for what, got, want in zip(("context", "dq", "dk", "dv"), run(True), run(False)):
+        err = (got - want).abs().max().item() / want.abs().max().item()
+        assert err < 1e-6, (what, err)
+    out = run(True)[0]
+    assert torch.allclose(out[15, 0].view(heads, d), v[15, 0].repeat_interleave(heads // kv, 0))
