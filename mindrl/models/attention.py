@@ -283,15 +283,18 @@ class SDPAttention(DotProductAttention):
         return torch.cat([prompt, responses])
 
     def _packed_rows(self, query, key, value, rows: RowAttention, dropout: float) -> torch.Tensor:
-        """Rows packed into one row (q/k/v [s, 1, n, d]), each attending to itself only: their operands laid out as
-        padded rows [length, rows, n, d] by one gather each, attended, and the context gathered back to the packed
-        columns. Returns the context [s, 1, heads * d]."""
+        """Rows packed into one row (q/k/v [s, 1, n, d]), each attending to itself only: each group of rows of similar
+        length (`RowAttention`) laid out as padded rows [length, rows, n, d] by one gather per operand and attended,
+        and the context gathered back to the packed columns. Returns the context [s, 1, heads * d]."""
+        parts = []
+        for group in rows.groups:
 
-        def unpack(t):
-            return t[:, 0].index_select(0, rows.gather).view(rows.length, rows.rows, *t.shape[2:])
+            def unpack(t, group=group):
+                return t[:, 0].index_select(0, group.gather).view(group.length, group.rows, *t.shape[2:])
 
-        out = self._attend(unpack(query), unpack(key), unpack(value), rows.mask, dropout)  # [rows, n, length, d]
-        flat = out.permute(2, 0, 1, 3).reshape(rows.length * rows.rows, self.hidden_size_per_partition)
+            out = self._attend(unpack(query), unpack(key), unpack(value), group.mask, dropout)  # [rows, n, length, d]
+            parts.append(out.permute(2, 0, 1, 3).reshape(group.length * group.rows, self.hidden_size_per_partition))
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
         return flat.index_select(0, rows.scatter).unsqueeze(1)
 
     @staticmethod

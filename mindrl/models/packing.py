@@ -12,19 +12,27 @@ _ROWS_ATTR = "_mindrl_packed_rows"
 
 
 @dataclass(frozen=True)
-class RowAttention:
-    """A packed row's attention as padded rows, for a core attention that reads it (`packed_rows_of`): the `rows`
-    packed rows (each padding column a row of its own) as `length` x rows slots, position-major, where slot
-    t * rows + r is row r's token t."""
+class RowGroup:
+    """Rows of similar length laid out as padded rows: `length` x `rows` slots, position-major (slot t * rows + j is
+    the group's row j's token t)."""
 
     gather: torch.Tensor
     """[length * rows] the packed column behind each slot (a slot past its row's end: the row's first column)."""
-    scatter: torch.Tensor
-    """[s] the slot of each packed column."""
     mask: torch.Tensor
     """[rows, 1, length, length] megatron's mask of the slots, True = hidden: causal within the row's tokens."""
     rows: int
     length: int
+
+
+@dataclass(frozen=True)
+class RowAttention:
+    """A packed row's attention as groups of padded rows, for a core attention that reads it (`packed_rows_of`): the
+    packed rows (each padding column a row of its own), longest first, in groups whose rows are at least half as
+    long as the group's longest, so that padding at most quadruples a group's attention."""
+
+    groups: tuple[RowGroup, ...]
+    scatter: torch.Tensor
+    """[s] the slot of each packed column in the groups' slots, one group after another."""
 
 
 def packed_rows_of(mask: torch.Tensor | None) -> RowAttention | None:
@@ -67,17 +75,34 @@ class PackedRows:
         return mask
 
     def row_attention(self) -> RowAttention:
-        seg, pos = self.segments, self.positions
+        seg, pos, device = self.segments, self.positions, self.segments.device
         lengths = torch.bincount(seg)
-        n, length = len(lengths), int(lengths.max())
         starts = lengths.cumsum(0) - lengths
-        t = torch.arange(length, device=seg.device).view(-1, 1)
-        gather = (starts.view(1, -1) + t * (t < lengths.view(1, -1))).flatten()
-        key = torch.arange(length, device=seg.device)
-        hidden = (key.view(1, -1) > key.view(-1, 1)).view(1, length, length) | (
-            key.view(1, 1, -1) >= lengths.view(-1, 1, 1)
-        )
-        return RowAttention(gather, pos * n + seg, hidden.view(n, 1, length, length), n, length)
+        longest_first = sorted(range(len(lengths)), key=lambda r: -int(lengths[r]))
+        members: list[list[int]] = []
+        for r in longest_first:
+            if members and 2 * int(lengths[r]) >= int(lengths[members[-1][0]]):
+                members[-1].append(r)
+            else:
+                members.append([r])
+        groups = []
+        index_in_group, group_width, base = (torch.empty_like(lengths) for _ in range(3))
+        offset = 0
+        for rows in members:
+            idx = torch.tensor(rows, device=device)
+            n, length = len(rows), int(lengths[rows[0]])
+            t = torch.arange(length, device=device).view(-1, 1)
+            gather = (starts[idx].view(1, -1) + t * (t < lengths[idx].view(1, -1))).flatten()
+            key = torch.arange(length, device=device)
+            hidden = (key.view(1, -1) > key.view(-1, 1)).view(1, length, length) | (
+                key.view(1, 1, -1) >= lengths[idx].view(-1, 1, 1)
+            )
+            groups.append(RowGroup(gather, hidden.view(n, 1, length, length), n, length))
+            index_in_group[idx], group_width[idx], base[idx] = torch.arange(n, device=device), n, offset
+            offset += n * length
+        # packed column c (row r, position p) sits in slot base(r) + p * rows of r's group + r's index in it
+        scatter = base[seg] + pos * group_width[seg] + index_in_group[seg]
+        return RowAttention(tuple(groups), scatter)
 
 
 def pack_rows(
