@@ -19,15 +19,15 @@ def micro_batch_shape(
     seq: int, rows: int, token_budget: int | None = None, max_rows: int | None = None, packed: bool = False
 ) -> tuple[int, int]:
     """(s, b) of the largest micro-batch the model runs on (mindrl.workers.rl_model.MicroBatching), for rows of up
-    to `seq` tokens: padded, `rows` rows of seq tokens, or with a token budget as many as it holds (at least one,
-    at most max_rows); packed, one row of their tokens: rows x seq, or the budget (a row longer than it runs
-    alone: seq). The activation terms take it as it is: a packed micro-batch's mask is one s x s block-diagonal
-    mask (b = 1), not b masks of seq^2."""
+    to `seq` tokens: `rows` rows of seq tokens; with a token budget, as many as it holds (at least one, at most
+    max_rows): padded, whole rows of seq tokens; packed, the budget's tokens, counted as rows of seq tokens (ceil).
+    A packed row attends row by row (mindrl.models.packing.RowAttention), so its attention terms are those of
+    padded rows, not of one s x s row."""
     if token_budget is None:
-        return (rows * seq, 1) if packed else (seq, rows)
+        return seq, rows
     cap = max_rows or token_budget
     if packed:
-        return max(seq, min(token_budget, cap * seq)), 1
+        return seq, max(1, -(-min(token_budget, cap * seq) // seq))
     return seq, max(1, min(cap, token_budget // seq))
 
 

@@ -1,6 +1,6 @@
 """The planner with packed rows and token-budget micro-batches: a micro-batch's shape (s, b) from the token budget or
-rows x the longest row, the activations of that shape (one s x s packed mask, not b masks), and the budget key as
-the fix for activations."""
+rows x the longest row (a packed row attends row by row: the attention terms of padded rows), the activations of that
+shape, and the budget key as the fix for activations."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ SEQ = 88
 @pytest.mark.parametrize(
     "rows, budget, max_rows, packed, shape",
     [
-        (4, None, None, False, (SEQ, 4)),  # padded rows: b rows of the longest row
-        (4, None, None, True, (4 * SEQ, 1)),  # packed rows: one row of at most b x s tokens
+        (4, None, None, False, (SEQ, 4)),  # rows: b rows of the longest row
+        (4, None, None, True, (SEQ, 4)),  # packed rows attend row by row: the same terms
         (4, 300, None, False, (SEQ, 3)),  # padded, a budget: as many longest rows as it holds
         (4, 300, 2, False, (SEQ, 2)),
         (4, 50, None, False, (SEQ, 1)),  # a row over the budget runs alone
-        (4, 300, None, True, (300, 1)),  # packed, a budget: one row of the budget
-        (4, 300, 2, True, (2 * SEQ, 1)),
+        (4, 300, None, True, (SEQ, 4)),  # packed, a budget: its tokens as rows of the longest row (ceil)
+        (4, 300, 2, True, (SEQ, 2)),
         (4, 50, None, True, (SEQ, 1)),
     ],
 )
@@ -47,16 +47,6 @@ def test_packed_budget_of_one_row_plans_as_one_padded_row():
         for phase, terms in padded.memory[role].items():
             assert packed.memory[role][phase] == terms, (role, phase)
     assert "packed micro-batches of 1 x 88 tokens" in to_text(packed)
-
-
-def test_packed_rows_mask_is_one_block():
-    """Packed without a budget, 4 rows make one row of 4 x s tokens: its attention mask is (4s)^2, 4x the padded
-    micro-batch's 4 s^2, and the budget is what bounds it (a budget of s gives back the s^2 mask)."""
-    cfg = load_config("grpo_tiny_cpu")
-    arch = cfg.model
-    padded = mem.layer_activation_bytes(arch, SEQ, 4, 1, False, 4)
-    packed = mem.layer_activation_bytes(arch, 4 * SEQ, 1, 1, False, 4)
-    assert packed - padded == 4 * (4 * SEQ) ** 2 - 4 * 4 * SEQ**2
 
 
 def test_fix_for_activations_is_the_token_budget():
