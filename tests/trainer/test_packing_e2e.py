@@ -25,6 +25,9 @@ def test_packed_ppo_iteration_computes_no_padding(assets, tmp_path_factory, tmp_
         assert packed[f"{prefix}shared_prompt_tokens"] == 0
     padded = layout_run(assets, tmp_path_factory, "tp1")
     assert padded.lines[0]["perf/padding_ratio"] > 0
+    print("padding ratio, actor / critic: padded", padded.lines[0]["perf/padding_ratio"],
+          padded.lines[0]["perf/critic_padding_ratio"], "packed", packed["perf/padding_ratio"],
+          packed["perf/critic_padding_ratio"])  # fmt: skip
     # The same samples (same seed), and the same update within the layouts' own bound (test_ppo_e2e)
     assert [r["response"] for r in rollouts] == [r["response"] for r in padded.rollouts]
     base = padded.lines[0]
