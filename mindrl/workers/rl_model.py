@@ -527,7 +527,8 @@ def ppo_update(
     epochs: int,
 ) -> UpdateResult:
     """Epochs x mini-batches of optimizer steps on this DP rank's shard (see `mindrl.batch.shard_rows`: its
-    mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic".
+    mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic". micro_batch_size: rows per
+    micro-batch, or how to cut and lay them out (`MicroBatching`); the loss is the mini-batch's whatever the cut.
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
     `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients); the positions
