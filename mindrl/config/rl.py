@@ -14,13 +14,19 @@ from mindrl.config.section import Section
 from mindrl.rewards.verifiers import list_verifiers
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
+# What each token budget (use_dynamic_bsz) cuts: its key; the rows cap is the same key's dynamic_max_batch_size.
+PACKING_USES = {
+    "update": "update_max_packing_token_size",
+    "actor": "actor_max_packing_token_size",
+    "ref": "ref_max_packing_token_size",
+    "critic": "max_packing_token_size",
+}
 # Estimators that normalise within a prompt's group of samples: one sample per prompt gives zero advantages.
 GROUP_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus_baseline")
 # MindSpeed-RL verifier names that mindrl registers under another name (same rule).
 VERIFIER_ALIASES = {"math_verify_reward": "math_verify"}
 
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
-_PACKING = "a packing / dynamic-batch performance option; mindrl pads each micro-batch to its longest row"
 
 
 @dataclass
@@ -70,14 +76,6 @@ class RLSectionConfig(Section):
                 "use_dp_batch_balance",
             ],
             _TRANSFER_DOCK,
-        ),
-        **dict.fromkeys(
-            [
-                "use_remove_padding", "use_dynamic_bsz", "max_packing_token_size", "ref_max_packing_token_size",
-                "actor_max_packing_token_size", "update_max_packing_token_size", "dynamic_max_batch_size",
-                "ref_dynamic_max_batch_size", "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size",
-            ],
-            _PACKING,
         ),
         "log_max_throughput": "mindrl computes throughput from mean lengths, never the max",
         "tp_split_expert": "a mixture-of-experts option; mindrl builds dense models only",
@@ -186,6 +184,35 @@ class RLSectionConfig(Section):
     """Rows per micro-batch when computing reference logprobs; None: actor_config.micro_batch_size."""
     critic_forward_micro_batch_size: int | None = None
     """Rows per micro-batch when computing values (mindrl addition); None: critic_config.micro_batch_size."""
+    # -- micro-batches ---------------------------------------------------------------------------------
+    use_remove_padding: bool = False
+    """Pack each micro-batch's rows into one row without padding: positions restart at each row and a row attends
+    only to itself (the packed mask is block-diagonal causal), so the results are the padded rows'. Rows that share
+    a prompt are then computed on their own (no prefix sharing). MindSpeed-RL also requires
+    megatron_training.reset_attention_mask (and no_pad_to_seq_lengths under PP); mindrl does both by itself (the
+    stages send each other the packed shapes) and ignores those keys."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by a token budget (the *max_packing_token_size keys) instead of micro_batch_size /
+    *_forward_micro_batch_size rows. A micro-batch's tokens: its rows' real tokens when packed (use_remove_padding),
+    rows x (longest prompt + longest response) when padded. The loss is the mini-batch's whatever the cut."""
+    max_packing_token_size: int = 4096
+    """use_dynamic_bsz: tokens per micro-batch of the critic (values and update), and the default of the three below.
+    Every row must fit: at least max_prompt_length + sampling_config.max_tokens (MindSpeed-RL suggests twice that)."""
+    ref_max_packing_token_size: int | None = None
+    """Tokens per micro-batch of the reference logprobs; None: max_packing_token_size (MindSpeed-RL: 4096)."""
+    actor_max_packing_token_size: int | None = None
+    """Tokens per micro-batch of the actor's old logprobs; None: max_packing_token_size (MindSpeed-RL: 4096)."""
+    update_max_packing_token_size: int | None = None
+    """Tokens per micro-batch of the actor update; None: max_packing_token_size (MindSpeed-RL: 4096)."""
+    dynamic_max_batch_size: int | None = None
+    """use_dynamic_bsz: at most this many rows per micro-batch of the critic, and the default of the three below
+    (bounds the logits of many short rows); None: no cap."""
+    ref_dynamic_max_batch_size: int | None = None
+    """Rows cap of the reference logprobs' micro-batches; None: dynamic_max_batch_size."""
+    actor_dynamic_max_batch_size: int | None = None
+    """Rows cap of the old logprobs' micro-batches; None: dynamic_max_batch_size."""
+    update_dynamic_max_batch_size: int | None = None
+    """Rows cap of the actor update's micro-batches; None: dynamic_max_batch_size."""
     clip_higher_enable: bool | None = None
     """MindSpeed-RL's DAPO switch for clip_ratio_low/high: true requires both; false ignores them; None (mindrl):
     they apply whenever set."""
@@ -280,7 +307,8 @@ class RLSectionConfig(Section):
             if getattr(self, key) < 1:
                 col.add(key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("mini_batch_size", "actor_forward_micro_batch_size", "ref_forward_micro_batch_size",
-                    "critic_forward_micro_batch_size", "num_cpu_devices"):  # fmt: skip
+                    "critic_forward_micro_batch_size", "num_cpu_devices", *PACKING_USES.values(),
+                    *(k.replace("max_packing_token_size", "dynamic_max_batch_size") for k in PACKING_USES.values())):  # fmt: skip
             v = getattr(self, key)
             if v is not None and v < 1:
                 col.add(key, f"must be >= 1 (or null), got {v}")
@@ -439,6 +467,16 @@ class RLSectionConfig(Section):
     def mini_batch_responses(self) -> int:
         """Responses per optimizer step (MindSpeed-RL's internal mini_batch_size)."""
         return int(self.mini_batch_size or self._need_bound().global_batch_size) * self.n_samples_per_prompt
+
+    def token_budget(self, use: str) -> tuple[int | None, int | None]:
+        """(tokens, rows cap) per micro-batch of `use` (a key of PACKING_USES) with use_dynamic_bsz, else (None,
+        None): micro-batches of rows."""
+        if not self.use_dynamic_bsz:
+            return None, None
+        key = PACKING_USES[use]
+        cap = key.replace("max_packing_token_size", "dynamic_max_batch_size")
+        tokens = getattr(self, key) or self.max_packing_token_size
+        return tokens, getattr(self, cap) or self.dynamic_max_batch_size
 
     @property
     def on_policy(self) -> bool:

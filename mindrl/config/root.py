@@ -13,7 +13,7 @@ from mindrl.config.generate import GenerateConfig
 from mindrl.config.megatron import MegatronTrainingConfig, RoleConfig
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.profiler import ProfilerConfig
-from mindrl.config.rl import RLSectionConfig
+from mindrl.config.rl import PACKING_USES, RLSectionConfig
 from mindrl.config.section import Section
 
 
@@ -171,6 +171,17 @@ class RLConfig(Section):
         if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
                     f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip
+        if rl.use_dynamic_bsz:  # MindSpeed-RL's rule: every row fits its micro-batch's token budget
+            uses = {"update": True, "actor": not rl.on_policy, "ref": rl.needs_reference, "critic": rl.needs_critic}
+            short = {}
+            for use, key in PACKING_USES.items():
+                source = key if getattr(rl, key) is not None else "max_packing_token_size"
+                if uses[use] and getattr(rl, source) < need:
+                    short.setdefault(source, []).append(use)
+            for key, which in short.items():
+                col.note(f"rl_config.{key}={getattr(rl, key)} tokens per micro-batch ({', '.join(which)}) is below "
+                         f"max_prompt_length + sampling_config.max_tokens = {need}: a longer row gets a micro-batch of "
+                         "its own")  # fmt: skip
         limit = self.model.max_position_embeddings if self.model.name else None
         if limit is not None and gen.max_model_len > limit:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} exceeds the model's "

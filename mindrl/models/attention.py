@@ -11,6 +11,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from mindrl.models.fused import kernels_for
+from mindrl.models.packing import RowAttention, packed_rows_of
 from mindrl.platform.detect import current_platform
 
 SCORE_CHUNK_BYTES = 4 << 20
@@ -212,7 +213,8 @@ class SDPAttention(DotProductAttention):
     sequences on platforms that ask for it (`Platform.gemm_attention_max_len`) run `GemmAttention` instead. Packed
     prefix groups (`PrefixGroups`) carry the full [b, 1, s, s] mask, so any core attention is right on them; this
     one reads the layout marked on it (`mark_prefix_groups`) and attends the prompt once and each response over
-    [prompt, itself], computing no score a mask would hide."""
+    [prompt, itself], computing no score a mask would hide. Rows packed into one (`PackedRows`) likewise: it reads
+    their `RowAttention` and attends row by row."""
 
     def forward(
         self,
@@ -239,6 +241,9 @@ class SDPAttention(DotProductAttention):
         groups = prefix_groups_of(attention_mask)
         if groups is not None:
             return self._prefix_groups(query, key, value, *groups, dropout).to(dtype)
+        rows = packed_rows_of(attention_mask)
+        if rows is not None:
+            return self._packed_rows(query, key, value, rows, dropout).to(dtype)
         return self._context(self._attend(query, key, value, attention_mask, dropout).to(dtype))
 
     def _attend(self, query, key, value, attention_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
@@ -276,6 +281,21 @@ class SDPAttention(DotProductAttention):
         n, d = out.shape[1], out.shape[3]
         responses = out.reshape(b, g, n, r, d).permute(1, 3, 0, 2, 4).reshape(g * r, b, n * d)
         return torch.cat([prompt, responses])
+
+    def _packed_rows(self, query, key, value, rows: RowAttention, dropout: float) -> torch.Tensor:
+        """Rows packed into one row (q/k/v [s, 1, n, d]), each attending to itself only: each group of rows of similar
+        length (`RowAttention`) laid out as padded rows [length, rows, n, d] by one gather per operand and attended,
+        and the context gathered back to the packed columns. Returns the context [s, 1, heads * d]."""
+        parts = []
+        for group in rows.groups:
+
+            def unpack(t, group=group):
+                return t[:, 0].index_select(0, group.gather).view(group.length, group.rows, *t.shape[2:])
+
+            out = self._attend(unpack(query), unpack(key), unpack(value), group.mask, dropout)  # [rows, n, length, d]
+            parts.append(out.permute(2, 0, 1, 3).reshape(group.length * group.rows, self.hidden_size_per_partition))
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat.index_select(0, rows.scatter).unsqueeze(1)
 
     @staticmethod
     def _gemm(queries: int, keys: int, dtype: torch.dtype, dropout: float) -> bool:

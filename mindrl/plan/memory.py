@@ -15,6 +15,28 @@ KV_BLOCK = 16
 """vLLM's KV-cache block size in tokens: a sequence occupies whole blocks."""
 
 
+def micro_batch_shape(
+    seq: int, rows: int, token_budget: int | None = None, max_rows: int | None = None, packed: bool = False
+) -> tuple[int, int]:
+    """(s, b) of the largest micro-batch the model runs on (mindrl.workers.rl_model.MicroBatching), for rows of up
+    to `seq` tokens: `rows` rows of seq tokens; with a token budget, as many as it holds (at least one, at most
+    max_rows): padded, whole rows of seq tokens; packed, the budget's tokens, counted as rows of seq tokens (ceil).
+    A packed row attends row by row (mindrl.models.packing.RowAttention), so its attention terms are those of
+    padded rows, not of one s x s row."""
+    if token_budget is None:
+        return seq, rows
+    cap = max_rows or token_budget
+    if packed:
+        return seq, max(1, -(-min(token_budget, cap * seq) // seq))
+    return seq, max(1, min(cap, token_budget // seq))
+
+
+def micro_batches(rows: int, seq: int, shape: tuple[int, int]) -> int:
+    """Micro-batches of `shape` (`micro_batch_shape`) that `rows` rows of up to `seq` tokens take, at least."""
+    s, b = shape
+    return max(1, -(-rows * seq // (s * b)))
+
+
 def optimizer_bytes_per_param(dtype: str) -> int:
     """Megatron's Adam state per parameter: two fp32 moments, plus an fp32 master copy of 16-bit weights
     (Float16OptimizerWithFloat16Params); fp32 weights are their own master (FP32Optimizer)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import mindrl.plan.memory as mem
+from mindrl.config.rl import PACKING_USES
 from mindrl.config.root import RLConfig
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
@@ -28,6 +29,12 @@ class ModelLayout:
     micro_batch_size: int
     forward_micro_batch_size: int
     micro_batches_per_step: int
+    update_shape: tuple[int, int]
+    """(s, b) of an update micro-batch (`memory.micro_batch_shape`: packed rows and token budgets)."""
+    forward_shape: tuple[int, int]
+    """(s, b) of a forward-only micro-batch (old logprobs, values)."""
+    packed: bool
+    token_budget: int | None
     distributed_optimizer: bool
     dtype: str
     params_total: int
@@ -90,6 +97,14 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
     settings = _model_settings(cfg, role)
     dp = world // (settings.tp * settings.pp)
     rl = cfg.rl_config
+    seq = rl.max_prompt_length + cfg.generate_config.sampling_config.max_tokens
+    update = mem.micro_batch_shape(
+        seq, settings.micro_batch_size, settings.token_budget, settings.max_rows, settings.remove_padding
+    )
+    forward = mem.micro_batch_shape(
+        seq, settings.forward_micro_batch_size, settings.forward_token_budget, settings.forward_max_rows,
+        settings.remove_padding,
+    )  # fmt: skip
     return ModelLayout(
         role=role,
         tp=settings.tp,
@@ -99,7 +114,11 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         sequence_parallel=settings.sequence_parallel and settings.tp > 1,
         micro_batch_size=settings.micro_batch_size,
         forward_micro_batch_size=settings.forward_micro_batch_size,
-        micro_batches_per_step=max(1, rl.mini_batch_responses // (dp * settings.micro_batch_size)),
+        micro_batches_per_step=mem.micro_batches(rl.mini_batch_responses // dp, seq, update),
+        update_shape=update,
+        forward_shape=forward,
+        packed=settings.remove_padding,
+        token_budget=settings.token_budget,
         distributed_optimizer=settings.optim.use_distributed_optimizer,
         dtype=settings.dtype,
         params_total=total_params(arch, model_role),
@@ -114,7 +133,7 @@ def _model_settings(cfg: RLConfig, role: str):
     rl = cfg.rl_config
     if role == "critic":
         fwd = getattr(rl, "critic_forward_micro_batch_size", None)
-        return from_config.model_settings(replace(cfg.critic_config, finetune=True), cfg, fwd, None)
+        return from_config.model_settings(replace(cfg.critic_config, finetune=True), cfg, fwd, None, critic=True)
     return from_config.model_settings(
         replace(cfg.actor_config, finetune=True), cfg, rl.actor_forward_micro_batch_size, None
     )
@@ -174,9 +193,10 @@ def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     }
 
 
-def _update_acts(lay: ModelLayout, arch, seq: int, stage: int, recompute: bool, dev: Device) -> int:
+def _update_acts(lay: ModelLayout, arch, stage: int, recompute: bool, dev: Device) -> int:
+    s, b = lay.update_shape
     return mem.train_activation_bytes(
-        arch, "critic" if lay.role == "critic" else "actor", seq, lay.micro_batch_size, lay.tp, lay.pp,
+        arch, "critic" if lay.role == "critic" else "actor", s, b, lay.tp, lay.pp,
         lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
         dev.kernels.norm == "eager_fused", dev.kernels.gemm_attention_max_len, dev.kernels,
     )  # fmt: skip
@@ -219,26 +239,27 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
 
     out["actor"]["rollout"] = held("actor", "rollout", actor)
     out["rollout"]["rollout"] = engine
-    fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", seq, a.forward_micro_batch_size, a.tp, ea)
+    fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", *a.forward_shape, a.tp, ea)
     out["actor"]["score"] = {**held("actor", "score", actor), "activations_bytes": fwd_a}
     if has_ref:
         ref_mbs = rl.ref_forward_micro_batch_size or a.micro_batch_size
         ref_w = {"weights_bytes": actor["weights_bytes"]}
-        ref_act = mem.forward_bytes(cfg.model, "actor", seq, ref_mbs, a.tp, ea)
+        ref_shape = mem.micro_batch_shape(seq, ref_mbs, *rl.token_budget("ref"), a.packed)
+        ref_act = mem.forward_bytes(cfg.model, "actor", *ref_shape, a.tp, ea)
         out["reference"] = {"rollout": {**held("reference", "rollout", ref_w), "activations_bytes": 0},
                             "score": {**held("reference", "score", ref_w), "activations_bytes": ref_act}}  # fmt: skip
     out["rollout"]["score"] = asleep
     if c is not None:
         critic = _state(c, slot.critic[1])
         ec = mem.DTYPE_BYTES[c.dtype]
-        cfwd = mem.forward_bytes(cfg.critic_model, "critic", seq, c.forward_micro_batch_size, c.tp, ec)
+        cfwd = mem.forward_bytes(cfg.critic_model, "critic", *c.forward_shape, c.tp, ec)
         out["critic"] = {
             "rollout": held("critic", "rollout", critic),
             "score": {**held("critic", "score", critic), "activations_bytes": cfwd},
             "critic_train": {
                 **held("critic", "critic_train", critic),
-                "activations_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], False, dev),
-                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, seq, slot.critic[1], True, dev),
+                "activations_bytes": _update_acts(c, cfg.critic_model, slot.critic[1], False, dev),
+                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, slot.critic[1], True, dev),
             },
             "train": held("critic", "train", critic),
         }
@@ -248,8 +269,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
             out["reference"]["critic_train"] = {**held("reference", "critic_train", ref_w), "activations_bytes": 0}
     out["actor"]["train"] = {
         **held("actor", "train", actor),
-        "activations_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], False, dev),
-        "activations_recompute_bytes": _update_acts(a, cfg.model, seq, slot.actor[1], True, dev),
+        "activations_bytes": _update_acts(a, cfg.model, slot.actor[1], False, dev),
+        "activations_recompute_bytes": _update_acts(a, cfg.model, slot.actor[1], True, dev),
     }
     out["rollout"]["train"] = asleep
     if has_ref:
@@ -318,6 +339,10 @@ def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, 
     if role == "actor" and term in _KIND_OF and _KIND_OF[term] not in every_switch.on_device("actor", phase):
         return f"generate_config.offload_train_{_KIND_OF[term]}: true"
     if term == "activations_bytes":
+        if cfg.rl_config.use_dynamic_bsz:  # micro-batches cut by a token budget: that budget is the knob
+            use = {"score": {"actor": "actor", "reference": "ref"}.get(role, "critic")}.get(phase, "update")
+            use = "critic" if role == "critic" else use
+            return f"rl_config.{PACKING_USES[use]} (lower it)"
         if phase == "score":
             name = {"actor": "actor", "reference": "ref", "critic": "critic"}[role]
             return f"rl_config.{name}_forward_micro_batch_size (lower it)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from mindrl.plan.planner import Plan
+from mindrl.plan.planner import ModelLayout, Plan
 
 GIB = float(1 << 30)
 
@@ -69,6 +69,16 @@ def _placement_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _micro(lay: ModelLayout) -> str:
+    """An update's micro-batches: rows of the longest sequence, or a packed row / a token budget's rows."""
+    (s, b), (fs, fb) = lay.update_shape, lay.forward_shape
+    if not lay.packed and lay.token_budget is None:
+        return f"mbs {lay.micro_batch_size} x {lay.micro_batches_per_step} per step (fwd mbs {lay.forward_micro_batch_size})"
+    how = "packed " if lay.packed else ""
+    return (f"{how}micro-batches of {b} x {s} tokens x {lay.micro_batches_per_step} per step (fwd {fb} x {fs}"
+            f"{', token budget' if lay.token_budget is not None else ''})")  # fmt: skip
+
+
 def to_text(plan: Plan) -> str:
     d, v = plan.device, plan.verdict
     lines = [
@@ -83,8 +93,7 @@ def to_text(plan: Plan) -> str:
         opt = "distributed" if lay.distributed_optimizer else "replicated"
         lines.append(
             f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} DP {lay.dp} VPP {lay.vpp} "
-            f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  mbs {lay.micro_batch_size} x "
-            f"{lay.micro_batches_per_step} per step (fwd mbs {lay.forward_micro_batch_size})  optimizer {opt}  "
+            f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  {_micro(lay)}  optimizer {opt}  "
             f"{lay.params_total / 1e9:.3f} B params, {max(lay.params_per_stage) / 1e9:.3f} B per rank"
         )
     r = plan.rollout

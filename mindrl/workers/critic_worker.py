@@ -37,7 +37,7 @@ class CriticWorker(MegatronRank):
         shard = self.receive(shard)
         t0 = time.perf_counter()
         with self.profiler.stage("critic_compute_values"), self.offloader.holding(["param"]):
-            values = response_values(self.critic, shard, self.settings.critic.forward_micro_batch_size)
+            values = response_values(self.critic, shard, self.settings.critic.micro_batching(True))
             self._note_held()
         return self.output(Values(values, time.perf_counter() - t0))
 

@@ -42,10 +42,13 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
 
 
 def model_settings(
-    role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None
+    role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None, critic: bool = False
 ) -> ModelSettings:
-    """One model's settings (actor or critic: `role_cfg`) as the trainer builds it and the planner sizes it."""
-    mt = cfg.megatron_training
+    """One model's settings (the actor's or, with `critic`, the critic's: `role_cfg`) as the trainer builds it and
+    the planner sizes it."""
+    mt, rl = cfg.megatron_training, cfg.rl_config
+    budget, max_rows = rl.token_budget("critic" if critic else "update")
+    forward_budget, forward_max_rows = rl.token_budget("critic" if critic else "actor")
     total = total_optimizer_steps(cfg)
     sp = role_cfg.sequence_parallel
     load = load or role_cfg.load
@@ -64,6 +67,11 @@ def model_settings(
         load_iteration=None if resume_dir is None else int(os.path.basename(resume_dir)[len("iter_") :]),
         load_optim=not role_cfg.no_load_optim,
         load_rng=not role_cfg.no_load_rng,
+        remove_padding=rl.use_remove_padding,
+        token_budget=budget,
+        max_rows=max_rows,
+        forward_token_budget=forward_budget,
+        forward_max_rows=forward_max_rows,
     )
 
 
@@ -133,12 +141,15 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
     rollout = gen.rollout_config(engine_model_dir(cfg), cfg.megatron_training.seed)
     # A synced reference (rl_config.sync_ref_model) resumes from the checkpoint's own copy, not the original.
     ref = (resume and resume.ref_dir) or rl.integrated_mode_config.ref_model_load_path or cfg.actor_config.load
+    ref_budget, ref_max_rows = rl.token_budget("ref")
     return IntegratedSettings(
         actor=model_settings(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
         rollout=rollout,
         loss=loss_settings(cfg),
         ref_load=ref if needs_reference(cfg) else None,
         ref_forward_micro_batch_size=rl.ref_forward_micro_batch_size or cfg.actor_config.micro_batch_size,
+        ref_token_budget=ref_budget,
+        ref_max_rows=ref_max_rows,
         residency=residency(cfg),
         bucket_size_mb=gen.bucket_size_mb,
         remote_rollout=gen.rollout_mode == "server",
@@ -148,7 +159,9 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
 
 def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     fwd = getattr(cfg.rl_config, "critic_forward_micro_batch_size", None)
-    model = model_settings(cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"))
+    model = model_settings(
+        cfg.critic_config, cfg, fwd, resume and resume.critic_dir, critic_dir(cfg, "load"), critic=True
+    )
     return CriticSettings(
         critic=model, loss=loss_settings(cfg), residency=residency(cfg), profile=profile_settings(cfg)
     )

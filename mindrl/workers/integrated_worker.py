@@ -114,11 +114,11 @@ class IntegratedWorker(MegatronRank):
         with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
             if reference:
                 with self.ref_offloader.holding(["param"]):
-                    lp = response_logprobs(self.ref, shard, s.ref_forward_micro_batch_size, s.loss.temperature)
+                    lp = response_logprobs(self.ref, shard, s.ref_micro_batching(), s.loss.temperature)
                     self._note_held()
             else:
                 with self.actor_offloader.holding(["param"]):
-                    lp = response_logprobs(self.actor, shard, s.actor.forward_micro_batch_size, s.loss.temperature)
+                    lp = response_logprobs(self.actor, shard, s.actor.micro_batching(True), s.loss.temperature)
                     self._note_held()
         return self.output(LogProbs(lp, time.perf_counter() - t0))
 

@@ -93,7 +93,7 @@ class MegatronRank:
             shard,
             role,
             self.settings.loss,
-            m.micro_batch_size,
+            m.micro_batching(False),
             num_mini_batches,
             epochs,
         )

@@ -16,6 +16,7 @@ from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_m
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
+from mindrl.models.packing import PackedRows, cut_by_budget, pack_rows
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
@@ -34,6 +35,30 @@ PREFIX_SHARING_ENV = "MINDRL_PREFIX_SHARING"
 
 _SAMPLES = "prefix_samples"
 """A micro-batch's meta key: rows per prefix group (absent: rows on their own)."""
+
+_PACKED = "packed_rows"
+"""A micro-batch's meta key: its rows packed into one (`PackedRows`; absent: the rows padded to its widths)."""
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a batch is cut into micro-batches and laid out for the model (rl_config's use_dynamic_bsz and
+    use_remove_padding; an int where one is accepted means `MicroBatching(rows=that)`)."""
+
+    rows: int = 1
+    """Rows per micro-batch (micro_batch_size) when there is no token budget."""
+    token_budget: int | None = None
+    """Micro-batches of at most this many tokens instead of `rows` rows (use_dynamic_bsz, *max_packing_token_size):
+    packed, the rows' real tokens; padded, rows x the micro-batch's widths. None: `rows` rows each."""
+    max_rows: int | None = None
+    """With a token budget, at most this many rows per micro-batch (*dynamic_max_batch_size); None: no cap."""
+    packed: bool = False
+    """Each micro-batch's rows packed into one row without padding (use_remove_padding, `PackedRows`). Packed rows
+    and token-budget micro-batches compute each row on its own: no prefix groups (`PREFIX_SHARING`)."""
+
+
+def _batching(micro: int | MicroBatching) -> MicroBatching:
+    return micro if isinstance(micro, MicroBatching) else MicroBatching(rows=int(micro))
 
 
 @dataclass(frozen=True)
@@ -61,12 +86,20 @@ def _layout(mb: Batch) -> PrefixGroups | None:
     return PrefixGroups(mb.meta["prompt_length"], n, mb["responses"].shape[1]) if n > 1 else None
 
 
+def _packed(mb: Batch) -> PackedRows | None:
+    """The micro-batch's rows packed into one (see `_plan`); None for padded rows."""
+    return mb.meta.get(_PACKED)
+
+
 def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch.Tensor:
     """The outputs that predict the response tokens, (rows, R, ...); head_sliced: the output layer only ran on those
     already. Response token t of a row sits at column P + t of input_ids (P = the batch's prompt width) and is
     predicted by the output at column P + t - 1, so the responses' outputs are columns [P - 1, P - 1 + R)."""
     if head_sliced:
         return output
+    packed = _packed(mb)
+    if packed is not None:  # [1, s, ...] -> [rows, R, ...]
+        return output.index_select(1, packed.sources).reshape(len(mb), packed.response, *output.shape[2:])
     layout = _layout(mb)
     if layout is not None:  # [G, s, ...] -> [G * n, R, ...]
         picked = output.index_select(1, layout.response_sources(output.device))
@@ -76,6 +109,9 @@ def _response_slice(output: torch.Tensor, mb: Batch, head_sliced: bool) -> torch
 
 
 def _model_inputs(mb: Batch):
+    packed = _packed(mb)
+    if packed is not None:
+        return packed.ids, packed.positions.view(1, -1), packed.mask()
     layout = _layout(mb)
     if layout is not None:
         n, p, ids, mask = layout.samples, layout.prompt, mb["input_ids"], mb["attention_mask"]
@@ -102,19 +138,21 @@ def _output_layer(model) -> torch.nn.Module | None:
 
 @contextmanager
 def _packed_positions(model, mb: Batch):
-    """For prefix groups, RoPE at each packed column's own-row position (`PrefixGroups.positions`): megatron
-    builds the rotary table for columns 0 .. s - 1, and a hook on its rotary module picks the table's rows."""
-    layout, rotary = _layout(mb), _inner(model, "rotary_pos_emb")
-    if layout is None:
+    """For prefix groups and packed rows, RoPE at each packed column's own-row position (`PrefixGroups.positions`,
+    `PackedRows.positions`): megatron builds the rotary table for columns 0 .. s - 1, and a hook on its rotary module
+    picks the table's rows."""
+    layout, packed, rotary = _layout(mb), _packed(mb), _inner(model, "rotary_pos_emb")
+    if layout is None and packed is None:
         yield
         return
     if rotary is None:
-        raise RuntimeError("prefix groups need the model's rotary embedding (RoPE)")
-    positions = layout.positions(model_device(model))
+        raise RuntimeError("prefix groups and packed rows need the model's rotary embedding (RoPE)")
+    positions = packed.positions if packed is not None else layout.positions(model_device(model))
+    width = len(positions)
 
     def pick(module, args, output):
-        if output.shape[0] != layout.width:
-            raise RuntimeError(f"rotary table of {output.shape[0]} rows for packed rows of {layout.width} columns")
+        if output.shape[0] != width:
+            raise RuntimeError(f"rotary table of {output.shape[0]} rows for packed rows of {width} columns")
         return output.index_select(0, positions)
 
     handle = rotary.register_forward_hook(pick)
@@ -135,7 +173,7 @@ def _response_head(model, mb: Batch):
         yield False
         return
     start, length = mb.meta["prompt_length"] - 1, mb["responses"].shape[1]
-    layout = _layout(mb)
+    layout, packed = _layout(mb), _packed(mb)
     sources = None if layout is None else layout.response_sources(model_device(model))
 
     # The head runs on the rows in batch-major order, [b, R, h], and hands megatron the [R, b, V] transposed view
@@ -144,6 +182,9 @@ def _response_head(model, mb: Batch):
     # smaller.
     def cut(module, args, kwargs):
         hidden = args[0]
+        if packed is not None:  # [s, 1, h] -> [rows, R, h]
+            picked = hidden.index_select(0, packed.sources).view(len(mb), length, hidden.shape[2])
+            return (picked, *args[1:]), kwargs
         if sources is None:
             return (hidden[start : start + length].transpose(0, 1).contiguous(), *args[1:]), kwargs
         # prefix groups: [g * R, G, h] picked columns -> [G * g, R, h], rows in (prompt, sample) order
@@ -172,7 +213,10 @@ def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
 
 
 def _model_shape(mb: Batch) -> tuple[int, int]:
-    """(sequence width, rows) of the micro-batch as the model sees it (prefix groups: packed)."""
+    """(sequence width, rows) of the micro-batch as the model sees it (prefix groups, packed rows: packed)."""
+    packed = _packed(mb)
+    if packed is not None:
+        return packed.width, 1
     layout = _layout(mb)
     if layout is None:
         return mb["input_ids"].shape[1], len(mb)
@@ -180,9 +224,18 @@ def _model_shape(mb: Batch) -> tuple[int, int]:
 
 
 def _schedule(model, micro: list[Batch], step_fn, forward_only: bool, collect: bool = False):
-    # The shape only sizes the pipeline's P2P buffers: with PP > 1 every micro-batch has the same (_plan).
-    width, rows = max(_model_shape(mb) for mb in micro)
-    return run_schedule(model, step_fn, micro, width, rows, forward_only, collect)
+    # The shape sizes the pipeline's P2P buffers. Row-count micro-batches of padded rows all have the same under
+    # PP (_plan); packed rows and token-budget micro-batches do not, and the stages send each other their shapes
+    # first (megatron's variable_seq_lengths).
+    shapes = {_model_shape(mb) for mb in micro}
+    width, rows = max(shapes)
+    config = get_model_config(model)
+    variable = config.variable_seq_lengths
+    config.variable_seq_lengths = variable or (len(shapes) > 1 and ps.get_pipeline_model_parallel_world_size() > 1)
+    try:
+        return run_schedule(model, step_fn, micro, width, rows, forward_only, collect)
+    finally:
+        config.variable_seq_lengths = variable
 
 
 @dataclass
@@ -233,46 +286,81 @@ def prompt_group_size(batch: Batch, micro_batch_size: int) -> int:
     return math.gcd(g, micro_batch_size)
 
 
-def _plan(model, batch: Batch, micro_batch_size: int) -> _Plan:
-    """Micro-batches without padding waste: rows sorted by real length (longest first), each micro-batch cut
-    to its longest real prompt and response. Under pipeline parallelism the schedule's P2P buffers take one
-    shape, so every micro-batch gets the widths of the whole batch (rows kept in order); under sequence
-    parallelism the width is rounded up to a multiple of TP (more prompt padding). Rows that share a prompt
-    (`Batch.group_size`, `prompt_group_size`) stay together and go through the model as prefix groups
-    (`PREFIX_SHARING`; not under context parallelism). The micro-batches are on the model's device."""
+def _plan(model, batch: Batch, micro: int | MicroBatching) -> _Plan:
+    """Micro-batches without padding waste: rows sorted by real length (longest first), cut into micro-batches of
+    `MicroBatching.rows` rows or by its token budget, each micro-batch cut to its longest real prompt and response, or
+    packed into one row without padding (`MicroBatching.packed`). Under pipeline parallelism the schedule's P2P
+    buffers of padded row-count micro-batches take one shape, so every micro-batch gets the widths of the whole batch
+    (rows kept in order); under sequence parallelism the width (packed: the packed width) is rounded up to a
+    multiple of TP. Rows that share a prompt (`Batch.group_size`, `prompt_group_size`) stay together and go through
+    the model as prefix groups (`PREFIX_SHARING`; not under context parallelism, nor with packing or a token budget).
+    The micro-batches are on the model's device."""
+    spec = _batching(micro)
     n = len(batch)
     device = model_device(model)
-    mbs = min(micro_batch_size, n)
-    if n % mbs:
+    mbs = min(spec.rows, n)
+    if spec.token_budget is None and n % mbs:
         raise ValueError(f"{n} rows do not split into micro-batches of {mbs}")
     p_len, r_len = batch.real_widths()
-    uniform = ps.get_pipeline_model_parallel_world_size() > 1
     multiple = ps.get_tensor_model_parallel_world_size() if get_model_config(model).sequence_parallel else 1
     if not SAVINGS:
         micro = [mb.to(device) for mb in batch.split(n // mbs)]
         tokens = n * batch["input_ids"].shape[1]
         return _Plan(micro, torch.arange(n), batch["responses"].shape[1], tokens, real_tokens(batch), tokens)
-    shareable = prefix_sharing() and ps.get_context_parallel_world_size() == 1 and _inner(model, "rotary_pos_emb")
+    own_rows = spec.packed or spec.token_budget is not None
+    uniform = ps.get_pipeline_model_parallel_world_size() > 1 and not own_rows
+    shareable = (
+        not own_rows
+        and prefix_sharing()
+        and ps.get_context_parallel_world_size() == 1
+        and _inner(model, "rotary_pos_emb") is not None
+    )
     group = prompt_group_size(batch, mbs) if shareable else 1
     if uniform:
         groups = torch.arange(n // group)
     else:  # longest group first; stable: ties keep the batch's order
         groups = torch.sort((p_len + r_len).view(-1, group).amax(1), descending=True, stable=True).indices
     order = (groups.view(-1, 1) * group + torch.arange(group)).flatten()
+    if spec.token_budget is None:
+        cuts = [order[k : k + mbs] for k in range(0, n, mbs)]
+    else:
+        cuts = [torch.tensor(rows) for rows in _cut_by_tokens(order, p_len, r_len, spec)]
+        order = torch.cat(cuts)
     micro, computed = [], 0
-    for k in range(0, n, mbs):
-        rows = order[k : k + mbs]
+    for rows in cuts:
         span = order if uniform else rows
         pw, rw = max(1, int(p_len[span].max())), max(1, int(r_len[span].max()))
-        pw += -(pw + group * rw) % multiple
+        if not spec.packed:
+            pw += -(pw + group * rw) % multiple
         mb = batch.index(rows).reframe(pw, rw)
         if group > 1:
             mb.meta[_SAMPLES] = group
-        micro.append(mb.to(device))
-        computed += len(rows) // group * (pw + group * rw)
+        mb = mb.to(device)
+        if spec.packed:
+            mb.meta[_PACKED] = pack_rows(mb["input_ids"], mb["attention_mask"], pw, multiple)
+            computed += mb.meta[_PACKED].width
+        else:
+            computed += len(rows) // group * (pw + group * rw)
+        micro.append(mb)
     untrimmed = n * batch["input_ids"].shape[1]
     shared = int(p_len.view(-1, group)[:, 1:].sum())
     return _Plan(micro, order, batch["responses"].shape[1], computed, real_tokens(batch), untrimmed, shared)
+
+
+def _cut_by_tokens(order: torch.Tensor, p_len: torch.Tensor, r_len: torch.Tensor, spec: MicroBatching):
+    """The rows in `order` cut by the token budget (`cut_by_budget`): a micro-batch costs its real tokens packed,
+    rows x (longest prompt + longest response) padded."""
+    prompts, responses = p_len.tolist(), r_len.tolist()
+    if spec.packed:
+
+        def cost(rows: list[int]) -> int:
+            return sum(prompts[r] + responses[r] for r in rows)
+    else:
+
+        def cost(rows: list[int]) -> int:
+            return len(rows) * (max(prompts[r] for r in rows) + max(responses[r] for r in rows))
+
+    return cut_by_budget(order.tolist(), cost, spec.token_budget, spec.max_rows)
 
 
 def real_tokens(batch: Batch) -> int:
@@ -283,7 +371,9 @@ def real_tokens(batch: Batch) -> int:
 
 
 @torch.no_grad()
-def response_logprobs(model, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor | None:
+def response_logprobs(
+    model, batch: Batch, micro_batch_size: int | MicroBatching, temperature: float
+) -> torch.Tensor | None:
     """(rows, R) logprob of each response token under softmax(logits / temperature); None off the last stage."""
 
     def step(data_iterator, model):
@@ -300,7 +390,7 @@ def response_logprobs(model, batch: Batch, micro_batch_size: int, temperature: f
 
 
 @torch.no_grad()
-def response_values(model, batch: Batch, micro_batch_size: int) -> torch.Tensor | None:
+def response_values(model, batch: Batch, micro_batch_size: int | MicroBatching) -> torch.Tensor | None:
     """(rows, R) the critic's value of the state before each response token; None off the last stage."""
 
     def step(data_iterator, model):
@@ -315,7 +405,7 @@ def response_values(model, batch: Batch, micro_batch_size: int) -> torch.Tensor 
     return _forward_only(model, batch, micro_batch_size, step)
 
 
-def _forward_only(model, batch: Batch, micro_batch_size: int, step) -> torch.Tensor | None:
+def _forward_only(model, batch: Batch, micro_batch_size: int | MicroBatching, step) -> torch.Tensor | None:
     plan = _plan(model, batch, micro_batch_size)
     was_training = model.training
     model.eval()
@@ -432,12 +522,13 @@ def ppo_update(
     shard: Batch,
     role: str,
     settings: PPOLossSettings,
-    micro_batch_size: int,
+    micro_batch_size: int | MicroBatching,
     num_mini_batches: int,
     epochs: int,
 ) -> UpdateResult:
     """Epochs x mini-batches of optimizer steps on this DP rank's shard (see `mindrl.batch.shard_rows`: its
-    mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic".
+    mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic". micro_batch_size: rows per
+    micro-batch, or how to cut and lay them out (`MicroBatching`); the loss is the mini-batch's whatever the cut.
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
     `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients); the positions

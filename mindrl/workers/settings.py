@@ -9,7 +9,7 @@ from mindrl.config.settings import OptimSettings
 from mindrl.resharding.residency import ResidencySchedule
 from mindrl.rollout.base import RolloutConfig
 from mindrl.workers.profiling import ProfileSettings
-from mindrl.workers.rl_model import PPOLossSettings
+from mindrl.workers.rl_model import MicroBatching, PPOLossSettings
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,15 @@ class ModelSettings:
     """Rows per micro-batch in the update."""
     forward_micro_batch_size: int = 1
     """Rows per micro-batch in forward-only passes (old logprobs, reference logprobs, values)."""
+    remove_padding: bool = False
+    """Each micro-batch's rows packed into one row without padding (rl_config.use_remove_padding)."""
+    token_budget: int | None = None
+    """Tokens per micro-batch in the update instead of micro_batch_size rows (rl_config.use_dynamic_bsz)."""
+    max_rows: int | None = None
+    """With token_budget: rows per update micro-batch at most (None: no cap)."""
+    forward_token_budget: int | None = None
+    """Tokens per micro-batch in forward-only passes (old logprobs, values) instead of forward_micro_batch_size."""
+    forward_max_rows: int | None = None
     optim: OptimSettings = field(default_factory=OptimSettings)
     total_steps: int = 1
     """Optimizer steps of the whole run (the LR decay horizon)."""
@@ -37,6 +46,13 @@ class ModelSettings:
     load_optim: bool = True
     load_rng: bool = True
 
+    def micro_batching(self, forward: bool) -> MicroBatching:
+        """How the update (forward False) or a forward-only pass of this model cuts its micro-batches."""
+        if forward:
+            return MicroBatching(self.forward_micro_batch_size, self.forward_token_budget, self.forward_max_rows,
+                                 self.remove_padding)  # fmt: skip
+        return MicroBatching(self.micro_batch_size, self.token_budget, self.max_rows, self.remove_padding)
+
 
 @dataclass(frozen=True)
 class IntegratedSettings:
@@ -49,6 +65,9 @@ class IntegratedSettings:
     ref_load: str | None = None
     """Reference model checkpoint; None: no reference model (no KL term)."""
     ref_forward_micro_batch_size: int = 1
+    ref_token_budget: int | None = None
+    """Tokens per micro-batch of the reference logprobs instead of ref_forward_micro_batch_size rows."""
+    ref_max_rows: int | None = None
     residency: ResidencySchedule = field(default_factory=ResidencySchedule)
     """What the actor and the reference keep on the device in each phase (the offload_train_* switches)."""
     bucket_size_mb: float = 512
@@ -56,6 +75,12 @@ class IntegratedSettings:
     """Rollout runs on rollout servers: no engine is built here; `push_weights` streams the weights to them."""
     profile: ProfileSettings | None = None
     """Stages to profile (profiler_config); None: none."""
+
+    def ref_micro_batching(self) -> MicroBatching:
+        """How the reference logprobs cut their micro-batches (packed as the actor's)."""
+        return MicroBatching(
+            self.ref_forward_micro_batch_size, self.ref_token_budget, self.ref_max_rows, self.actor.remove_padding
+        )
 
 
 @dataclass(frozen=True)

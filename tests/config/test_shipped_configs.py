@@ -94,7 +94,7 @@ def test_ignored_keys_logged_once(caplog):
     for key in cfg.ignored_keys:
         assert msg.count(key + ",") + msg.endswith(key) == 1, key
     for key in ("megatron_training.use_flash_attn", "megatron_training.use_fused_rmsnorm", "rl_config.blocking",
-                "rl_config.use_remove_padding", "generate_config.trust_remote_code"):  # fmt: skip
+                "rl_config.hccl_buffersize", "generate_config.trust_remote_code"):  # fmt: skip
         assert key in cfg.ignored_keys
     assert len(cfg.ignored_keys) == len(set(cfg.ignored_keys))
 

@@ -159,3 +159,50 @@ def wgrad_fusion_rank(load_dir: str, tp: int, batch: Batch, loss: PPOLossSetting
     if ps.get_tensor_model_parallel_rank():
         return None
     return {"fused": fused, "plain": plain, "calls": len(calls), "linear": len(linear)}
+
+
+def micro_batching_rank(
+    load_dir: str,
+    tp: int,
+    pp: int,
+    batch: Batch,
+    role: str,
+    loss: PPOLossSettings,
+    variants: dict,
+    sequence_parallel: bool = False,
+) -> dict:
+    """The forward pass (logprobs or values) and one `ppo_update` at lr 0 (the weights stay, so one model serves
+    every variant) for each named `MicroBatching` in `variants`, on this rank's DP shard. Returns {name: {"forward",
+    "metrics", "grads", "row_attention"}} with the full tensors on the DP-0, TP-0 rank of each pipeline stage
+    (forward: this DP rank's rows on the last stage), None elsewhere; row_attention: how many core attentions ran
+    packed rows row by row (`SDPAttention._packed_rows`)."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.models.attention import SDPAttention
+    from mindrl.workers import rl_model
+
+    spec, ddp, optimizer, scheduler = build_model_and_optimizer(
+        load_dir, tp, pp, OptimSettings(lr=0.0, clip_grad=1e9), total_steps=len(variants),
+        sequence_parallel=sequence_parallel,
+    )  # fmt: skip
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
+    keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+    out = {}
+    calls = []
+    original = SDPAttention._packed_rows
+    SDPAttention._packed_rows = lambda *args: (calls.append(1), original(*args))[1]
+    try:
+        for name, micro in variants.items():
+            calls.clear()
+            if role == "actor":
+                fwd = rl_model.response_logprobs(ddp, shard, micro, loss.temperature)
+            else:
+                fwd = rl_model.response_values(ddp, shard, micro)
+            metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro, 1, 1))
+            grads = full_hf_tensors(ddp, spec, grads=True)
+            out[name] = {"forward": fwd if keep else None, "metrics": metrics, "grads": grads if keep else None,
+                         "row_attention": len(calls)}  # fmt: skip
+    finally:
+        SDPAttention._packed_rows = original
+    return out

@@ -122,7 +122,9 @@ def reference_critic(hf_dir: str, batch: Batch, s: PPOLossSettings) -> tuple[dic
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-def make_batch(actor_dir: str, critic_dir: str, prompt_lens=PROMPT_LENS, samples: int = 1) -> Batch:
+def make_batch(
+    actor_dir: str, critic_dir: str, prompt_lens=PROMPT_LENS, samples: int = 1, response_lens=RESPONSE_LENS
+) -> Batch:
     """An RL batch in the trainer's layout with every key the actor and critic updates read. The old and
     rollout logprobs are the current policy's plus noise (the ratio is not 1 and some tokens clip), the
     reference logprobs another perturbation; the old values are the current critic's plus noise. samples > 1:
@@ -130,7 +132,7 @@ def make_batch(actor_dir: str, critic_dir: str, prompt_lens=PROMPT_LENS, samples
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in prompt_lens for _ in range(samples)]
     prompts = [prompts[i // samples * samples] for i in range(len(prompts))]
-    responses = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in RESPONSE_LENS]
+    responses = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in response_lens]
     prompt_ids, prompt_mask = pad_rows(prompts, pad=0, left=True)
     response_ids, response_mask = pad_rows(responses, pad=0, left=False)
     batch = Batch(
