@@ -1,7 +1,7 @@
 """Activation recomputation changes no number: one PPO update of the actor (policy loss through the logits) and of
 the critic (value head) with each recompute mode gives the loss and every parameter's gradient of the same update
 without it, fp32 on CPU within the issue's 1e-6 (relative), at TP1, TP2+SP, PP2 and TP2xPP2; prompts shared by
-two samples each, so core attention runs on packed prefix groups."""
+two samples each, so core attention runs on packed prefix groups (and must find their layout when run again)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,19 @@ def modes(layers_per_stage: int) -> dict[str, RecomputeSettings]:
 
 def _count_recomputation(counts: dict[str, int]):
     """Patches that count megatron's recomputations (checkpointed layers or core attention, released activation
-    outputs rebuilt); undo with the returned function."""
+    outputs rebuilt) and the core attention calls that found the packed layout (all: every micro-batch here is
+    packed prefix groups, also when recomputed); undo with the returned function."""
     from megatron.core.tensor_parallel import random as mrandom
 
+    from mindrl.models.attention import SDPAttention, prefix_groups_of
+
     backward, recompute = mrandom.CheckpointFunction.backward, mrandom.CheckpointWithoutOutput._recompute
+    attention = SDPAttention.forward
+
+    def counted_attention(self, query, key, value, attention_mask, *args, **kwargs):
+        counts["attention"] += 1
+        counts["packed"] += prefix_groups_of(attention_mask) is not None
+        return attention(self, query, key, value, attention_mask, *args, **kwargs)
 
     def counted_backward(ctx, *args):
         counts["checkpoint"] += 1
@@ -51,10 +60,12 @@ def _count_recomputation(counts: dict[str, int]):
 
     mrandom.CheckpointFunction.backward = staticmethod(counted_backward)
     mrandom.CheckpointWithoutOutput._recompute = counted_recompute
+    SDPAttention.forward = counted_attention
 
     def undo():
         mrandom.CheckpointFunction.backward = staticmethod(backward)
         mrandom.CheckpointWithoutOutput._recompute = recompute
+        SDPAttention.forward = attention
 
     return undo
 
@@ -72,7 +83,7 @@ def _update_rank(load_dir: str, tp: int, pp: int, sp: bool, batch, role: str, lo
     optim = OptimSettings(lr=1e-3, clip_grad=1e9)
 
     def run(recompute: RecomputeSettings | None):
-        counts = {"checkpoint": 0, "activation": 0}
+        counts = {"checkpoint": 0, "activation": 0, "attention": 0, "packed": 0}
         undo = _count_recomputation(counts)
         try:
             _, ddp, optimizer, scheduler = build_model_and_optimizer(
@@ -92,9 +103,9 @@ def _update_rank(load_dir: str, tp: int, pp: int, sp: bool, batch, role: str, lo
         return losses, grads, forward, counts
 
     base_losses, base_grads, base_forward, base_counts = run(None)
-    assert base_counts == {"checkpoint": 0, "activation": 0}, base_counts
+    assert base_counts["checkpoint"] == base_counts["activation"] == 0, base_counts
     assert base_losses and all(abs(v) > 1e-3 for v in base_losses.values()), base_losses
-    out = {}
+    out = {"none": (0.0, 0.0, base_counts, True)}
     for name, recompute in modes(LAYERS // pp).items():
         losses, grads, forward, counts = run(recompute)
         loss_gap = max(abs(losses[k] - v) / abs(v) for k, v in base_losses.items())
@@ -128,8 +139,9 @@ def recompute_ckpts(tmp_path_factory, get_pool) -> dict[str, str]:
 def test_recomputation_keeps_the_update(pool, recompute_ckpts, role, tp, pp, sp):
     loss = ACTOR_LOSS if role == "actor" else CRITIC_LOSS
     results = pool.run(_update_rank, recompute_ckpts[role], tp, pp, sp, recompute_ckpts["batch"], role, loss, 2)
-    lps = LAYERS // pp
-    for name in modes(lps):
+    base = results[0]["none"][2]
+    assert base["attention"] == base["packed"] > 0, base
+    for name in modes(LAYERS // pp):
         loss_gap = max(r[name][0] for r in results)
         grad_gap = max(r[name][1] for r in results)
         counts = results[0][name][2]
@@ -137,5 +149,8 @@ def test_recomputation_keeps_the_update(pool, recompute_ckpts, role, tp, pp, sp)
               f"recomputed {counts}")  # fmt: skip
         assert all(r[name][3] for r in results), f"{name}: the forward-only pass changed"
         assert counts["checkpoint" if name != "activation" else "activation"] > 0, (name, counts)
+        # core attention run again (full, selective) found the packed layout on the checkpoint's detached mask
+        assert counts["attention"] == counts["packed"], (name, counts)
+        assert (counts["attention"] > base["attention"]) == (name != "activation"), (name, counts, base)
         assert loss_gap <= TOLERANCE, (name, loss_gap)
         assert grad_gap <= TOLERANCE, (name, grad_gap)
