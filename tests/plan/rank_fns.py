@@ -143,12 +143,13 @@ def recompute_activation_peak(
     rebuild: dict[int, int] = {}  # what the running recomputation saved, storage -> bytes
     state = {"backward": False, "base": 0, "peak": 0}
 
-    def live() -> int:
-        total = 0
+    def live() -> int:  # by storage object: a released storage's address may have been given to another since
+        storages = {}
         for refs in kept.values():
-            alive = next((t for t in (r() for r in refs) if t is not None), None)
-            total += alive.untyped_storage().nbytes() if alive is not None else 0
-        return total
+            for t in (r() for r in refs):
+                if t is not None:
+                    storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return sum(storages.values())
 
     def pack(t):
         s = t.untyped_storage()
