@@ -14,9 +14,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan")
     g.add_argument("--json", action="store_true", help="print one JSON object (memory.<role>.<phase>.<term> in bytes)")
     g.add_argument("--device", choices=CHOICES, default=None,
-                   help="the device to check against: 910b (64 GiB), a3 (64 GiB per die), h100 (80 GiB), host "
-                   "(CPU stand-ins sharing this host's RAM); default: named in the config name (..._A3), else the "
-                   "current platform's")  # fmt: skip
+                   help="the device to check against: 910b or a2 (64 GiB), a3 (64 GiB per die), h100 (80 GiB), "
+                   "host (CPU stand-ins sharing this host's RAM); each with its platform's kernels; default: named "
+                   "in the config name (..._A3, ..._A2), else the current platform's")  # fmt: skip
     g.add_argument("--device-memory-gib", type=float, default=None, help="override the device's memory (GiB)")
     g.add_argument("--devices-per-node", type=int, default=None, help="override devices per node (A3: 16, else 8)")
 

@@ -245,9 +245,11 @@ class SDPAttention(DotProductAttention):
             raise ValueError("SDPAttention supports only vanilla full-window softmax")
         dropout = self.attention_dropout.p if self.training else 0.0
         # attention_softmax_in_fp32 (mindrl always sets it, as megatron's default): a 16-bit model's scores and
-        # softmax in fp32, as DotProductAttention does; fused 16-bit SDPA drifted bf16 grad norms 4% from fp32's.
+        # softmax in fp32, as DotProductAttention does; fused 16-bit SDPA drifted bf16 grad norms 4% from fp32's
+        # on CPU. A device kernel that keeps its softmax in fp32 inside takes the 16-bit operands as they are.
         dtype = query.dtype
-        if self.config.attention_softmax_in_fp32 and dtype != torch.float32:
+        upcast = current_platform().attention_operands == "fp32"
+        if self.config.attention_softmax_in_fp32 and dtype != torch.float32 and upcast:
             query, key, value = query.float(), key.float(), value.float()
         groups = prefix_groups_of(attention_mask)
         if groups is not None:
@@ -260,15 +262,11 @@ class SDPAttention(DotProductAttention):
             return gemm_attention(query, key, value, attention_mask, self.softmax_scale)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
         # As DotProductAttention: the dropout mask comes from the TP rank's own RNG stream (its heads differ from the
         # other ranks'), not from the default generator that megatron seeds alike on every TP rank.
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None
         with rng or contextlib.nullcontext():
-            return self._sdpa(q, k, v, attention_mask, dropout)
+            return current_platform().core_attention(q, k, v, attention_mask, self.softmax_scale, dropout)
 
     def _prefix_groups(self, query, key, value, layout: PrefixGroups, prompt_mask, sample_mask, dropout: float):
         """Packed prefix groups (see `PrefixGroups`): the prompt attends to itself once; each sample's response
@@ -304,13 +302,3 @@ class SDPAttention(DotProductAttention):
         """[b, n, s, d] -> [s, b, n*d]."""
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
-
-    def _sdpa(self, q, k, v, attention_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
-        if attention_mask is None:
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
-            )
-        # megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=~attention_mask, dropout_p=dropout, scale=self.softmax_scale
-        )

@@ -35,10 +35,13 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
         self.weight.sequence_parallel = config.sequence_parallel
         self.fused = current_platform().eager_fused_rms_norm
+        self.device_kernel = current_platform().device_rms_norm
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.fused:  # same values; a backward in five passes where torch would decompose the op (CPU)
             return rms_norm(hidden_states, self.weight, self.eps)
+        if self.device_kernel:  # the device's fused kernel: keeps its input and 1/rms, not an fp32 copy
+            return current_platform().rms_norm(hidden_states, self.weight, self.eps)
         x = torch.nn.functional.rms_norm(hidden_states.float(), self.weight.shape, eps=self.eps)
         return self.weight * x.to(hidden_states.dtype)
 

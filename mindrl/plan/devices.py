@@ -7,6 +7,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from mindrl.plan.memory import CPU_PATH, CUDA_PATH, NPU_PATH, KernelPath
+
 GIB = 1 << 30
 
 
@@ -20,21 +22,19 @@ class Device:
     """Devices per node (the placement fills one node before the next)."""
     sleep_mode: bool
     """The rollout engine frees its weights and KV cache outside rollout (vLLM sleep mode)."""
-    eager_fused_norm: bool = False
-    """RMSNorm runs as mindrl's eager fused function, which keeps less for backward than torch's (the CPU platform's
-    `eager_fused_rms_norm`; see mindrl.plan.memory.norm_activation_bytes)."""
-    gemm_attention_max_len: int = 0
-    """Sequences up to this length run their core attention as batched GEMMs that keep the softmax for backward (the
-    CPU platform's `gemm_attention_max_len`; see mindrl.plan.memory.layer_activation_bytes)."""
+    kernels: KernelPath = CPU_PATH
+    """What the platform's kernels keep for backward: RMSNorm, core attention (see mindrl.plan.memory.KernelPath)."""
 
 
 # Accelerators by the name users write in config names and on the command line.
 KNOWN = {
-    "910b": Device("910b", "Ascend 910B", 64 * GIB, 8, True),
-    "a3": Device("a3", "Atlas A3 (one die)", 64 * GIB, 16, True),
-    "h100": Device("h100", "NVIDIA H100", 80 * GIB, 8, True),
+    "910b": Device("910b", "Ascend 910B (Atlas A2)", 64 * GIB, 8, True, NPU_PATH),
+    "a3": Device("a3", "Atlas A3 (one die)", 64 * GIB, 16, True, NPU_PATH),
+    "h100": Device("h100", "NVIDIA H100", 80 * GIB, 8, True, CUDA_PATH),
 }
-CHOICES = (*KNOWN, "host")
+ALIASES = {"a2": "910b"}
+"""Names MindSpeed-RL's configs end in (..._A2: Atlas A2, i.e. 910B) for a device of the table."""
+CHOICES = (*KNOWN, *ALIASES, "host")
 
 
 def host_memory_bytes() -> int:
@@ -48,8 +48,8 @@ def host_device(world: int) -> Device:
     from mindrl.platform.detect import cpu_platform
 
     return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
-                  max(1, world), False, eager_fused_norm=True,
-                  gemm_attention_max_len=cpu_platform().gemm_attention_max_len())  # fmt: skip
+                  max(1, world), False,
+                  dataclasses.replace(CPU_PATH, gemm_attention_max_len=cpu_platform().gemm_attention_max_len()))  # fmt: skip
 
 
 def pick_device(
@@ -62,12 +62,13 @@ def pick_device(
     """(device, why it was chosen): `key` if given, else a device named in the config name (..._A3), else the
     current platform's (npu: 910B, cuda: H100, cpu: the host). memory_gib / per_node override the table."""
     if key is not None:
+        key = ALIASES.get(key.lower(), key.lower())
         if key not in CHOICES:
             raise ValueError(f"unknown device {key!r}; choose one of {', '.join(CHOICES)}")
         dev, why = (host_device(world) if key == "host" else KNOWN[key]), "--device"
     else:
-        tags = re.split(r"[^a-z0-9]+", config_name.lower())
-        named = [k for k in KNOWN if k in tags]
+        tags = [ALIASES.get(t, t) for t in re.split(r"[^a-z0-9]+", config_name.lower())]
+        named = [k for k in tags if k in KNOWN]
         if named:
             dev, why = KNOWN[named[0]], f"named in the config name {config_name!r}"
         else:

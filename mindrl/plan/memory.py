@@ -4,6 +4,7 @@ adapted to these decoders) and the rollout engine's weights and KV cache. Every 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.settings import RecomputeSettings
@@ -27,19 +28,54 @@ def optimizer_bytes(params: int, dtype: str, distributed: bool, dp: int) -> int:
     return math.ceil(total / dp) if distributed else total
 
 
+@dataclass(frozen=True)
+class KernelPath:
+    """What a platform's kernels keep for backward (the answers of mindrl.platform's Platform classes), for the
+    activation terms below."""
+
+    norm: str = "torch"
+    """RMSNorm: "torch" (rms_norm under autograd on an fp32 copy), "eager_fused" (mindrl's fused function, CPU) or
+    "device" (the device's fused kernel: its e-byte input and an fp32 1/rms per token)."""
+    attention_fp32_operands: bool = True
+    """A 16-bit model's q, k, v cast to fp32 for the softmax, and the fp32 copies kept (CPU); else the kernel takes
+    the 16-bit operands and keeps its softmax in fp32 inside (flash kernels on devices)."""
+    attention_grouped_kv: bool = False
+    """The kernel reads grouped K/V heads in place (NPU); else it keeps K and V expanded to the query heads."""
+    softmax_stats_bytes: int = 4
+    """fp32 softmax statistics kept per query token and head: a logsumexp (4), or the NPU kernel's max and sum of
+    8 floats each (64)."""
+    mask_bytes: int | None = 4
+    """Bytes per element of the [b, 1, s, s] padding mask a layer keeps: SDPA's fp32 copy (CPU), None for the
+    model's e bytes (CUDA's SDPA converts it to the operands' dtype), 0 where the kernel reads the caller's bool mask
+    (NPU)."""
+    gemm_attention_max_len: int = 0
+    """Sequences up to this length run as batched GEMMs that keep the softmax (CPU, `gemm_attention_max_len`)."""
+
+
+CPU_PATH = KernelPath(norm="eager_fused")
+CUDA_PATH = KernelPath(attention_fp32_operands=False, mask_bytes=None)
+NPU_PATH = KernelPath(
+    norm="device", attention_fp32_operands=False, attention_grouped_kv=True, softmax_stats_bytes=64, mask_bytes=0
+)
+
+
 def norm_activation_bytes(
-    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False
+    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool | str = False
 ) -> int:
     """One RMSNorm (statistics in fp32, see mindrl.models.builder) and its output (the next linear's input):
     torch's rms_norm under autograd keeps the fp32 input and the normalised e-byte copy, s b h' (4 + 2e) bytes;
-    mindrl's eager fused one (fused_norm, on CPU) only the fp32 normalised rows, s b h' (4 + e)."""
+    mindrl's eager fused one (fused_norm, on CPU) only the fp32 normalised rows, s b h' (4 + e); a device's fused
+    kernel (fused_norm="device") its e-byte input and 4-byte 1/rms per token, s b (2 e h' + 4)."""
     h = int(arch.hidden_size)
-    return s * b * (h // tp if sp and tp > 1 else h) * (4 + e + (0 if fused_norm else e))
+    h_local = h // tp if sp and tp > 1 else h
+    if fused_norm == "device":
+        return s * b * (2 * e * h_local + 4)
+    return s * b * h_local * (4 + e + (0 if fused_norm else e))
 
 
 def layer_activation_bytes(
     arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False,
-    gemm_attention: bool = False,
+    gemm_attention: bool = False, path: KernelPath | None = None,
 ) -> int:  # fmt: skip
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
@@ -59,19 +95,30 @@ def layer_activation_bytes(
         Q (fp32), K and V (not expanded, fp32)                s b (4 a + 8 g) d / t
         the attention context (output projection input)      e s b a d / t
         the softmax (fp32)                                    4 a b s^2 / t
+    On a device whose kernel takes 16-bit operands (`path`, see `KernelPath`) the attention keeps instead
+        q, K, V (grouped, or expanded to a heads), output, context   e s b (3 a + 2 kv) d / t
+        the kernel's fp32 softmax statistics                          stats a s b / t
+        its copy of the padding mask                                  mask b s^2
+    and a device RMSNorm kernel keeps its input and 1/rms (see `norm_activation_bytes`).
     The tests compare this with the bytes autograd really saves in the tiny model (tests/plan).
     """
     d, f = arch.head_dim, arch.ffn_size
-    a = int(arch.num_attention_heads)
+    a, g = int(arch.num_attention_heads), arch.num_kv_heads
     if gemm_attention:
-        g = arch.num_kv_heads
         attention_per_token = a * d * (4 + e) + 8 * g * d
         attention = 4 * a * b * s * s // tp
+    elif path is not None and not (path.attention_fp32_operands and e < 4):
+        # the kernel's own operands: q, K and V (grouped or expanded), its output and the projection's input
+        kv = g if path.attention_grouped_kv else a
+        attention_per_token = (3 * a + 2 * kv) * d * e
+        mask = e if path.mask_bytes is None else path.mask_bytes
+        attention = path.softmax_stats_bytes * a * s * b // tp + mask * b * s * s
     else:
         attention_per_token = a * d * (16 + (e if e < 4 else 0))
         attention = 4 * a * s * b // tp + 4 * b * s * s
     per_token = (attention_per_token + e * 3 * f) // tp
-    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + s * b * per_token + attention
+    norm = path.norm if path is not None and path.norm == "device" else fused_norm
+    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, norm) + s * b * per_token + attention
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
@@ -84,7 +131,18 @@ FULL_RECOMPUTE = RecomputeSettings("full", "uniform", 1)
 """Every layer recomputed on its own: the least a full recomputation keeps (the planner's alternative figure)."""
 
 
-def core_attention_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False) -> int:
+def _norm(fused_norm: bool | str, path: KernelPath | None) -> bool | str:
+    return "device" if path is not None and path.norm == "device" else fused_norm
+
+
+def _device_attention(path: KernelPath | None, e: int, gemm_attention: bool) -> bool:
+    """Whether the attention terms are a device kernel's on its own e-byte operands (see layer_activation_bytes)."""
+    return not gemm_attention and path is not None and not (path.attention_fp32_operands and e < 4)
+
+
+def core_attention_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None
+) -> int:
     """What core attention alone keeps for backward, i.e. what selective recomputation does not keep (it keeps the
     attention's inputs instead, `selective_kept_bytes`) and rebuilds for one layer at a time in backward: the
     attention terms of `layer_activation_bytes` but the context, which the output projection keeps either way."""
@@ -92,16 +150,23 @@ def core_attention_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int,
     if gemm_attention:  # Q, K, V in fp32 (an extra copy when e < 4), the fp32 softmax
         qkv = (4 * a + 8 * g) * d
         return s * b * qkv // tp + 4 * a * b * s * s // tp
+    if _device_attention(path, e, gemm_attention):  # q, K, V (grouped or expanded), output; statistics, mask
+        kv = g if path.attention_grouped_kv else a
+        mask = e if path.mask_bytes is None else path.mask_bytes
+        return s * b * (2 * a + 2 * kv) * d * e // tp + path.softmax_stats_bytes * a * s * b // tp + mask * b * s * s
     return s * b * 16 * a * d // tp + 4 * a * s * b // tp + 4 * b * s * s  # SDPA's fp32 Q, K, V, output; lse, mask
 
 
-def selective_kept_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False) -> int:
+def selective_kept_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None
+) -> int:
     """What a layer keeps for its recomputed core attention: the checkpoint's inputs, Q and K after RoPE and V, e
     bytes (V is a view of the fused QKV projection's output, which it keeps whole); and SDPA's fp32 output when it is
-    the context (e = 4), now kept by the output projection alone (otherwise a term of `layer_activation_bytes`)."""
+    the context (CPU path, e = 4), now kept by the output projection alone (otherwise a term of
+    `layer_activation_bytes`)."""
     d, a, g = arch.head_dim, int(arch.num_attention_heads), arch.num_kv_heads
-    context = s * b * a * d * e // tp if e == 4 and not gemm_attention else 0
-    return s * b * (2 * a + 3 * g) * d * e // tp + context
+    fp32_context = e == 4 and not gemm_attention and not _device_attention(path, e, gemm_attention)
+    return s * b * (2 * a + 3 * g) * d * e // tp + (s * b * a * d * e // tp if fp32_context else 0)
 
 
 def activation_output_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
@@ -112,7 +177,7 @@ def activation_output_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: i
 
 def recomputed_layers_bytes(
     arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, layers: int, recompute: RecomputeSettings | None,
-    fused_norm: bool = False, gemm_attention: bool = False,
+    fused_norm: bool = False, gemm_attention: bool = False, path: KernelPath | None = None,
 ) -> tuple[int, int]:  # fmt: skip
     """(kept, rebuilt) for one micro-batch of a stage of `layers` layers under `recompute`: the bytes its layers
     keep from forward to backward, and the most its backward holds beyond them at once (what a recomputation
@@ -125,15 +190,15 @@ def recomputed_layers_bytes(
     `core_attention_bytes` in every layer and rebuilds one layer's once that layer's MLP and context are freed;
     recompute_activation_function drops the MLP's activation output, rebuilt for one layer at a time before the
     layer frees anything. The layers a full recomputation rebuilds follow the last two."""
-    layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention)
-    mlp = norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + s * b * 3 * arch.ffn_size * e // tp
+    layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention, path)
+    mlp = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + s * b * 3 * arch.ffn_size * e // tp
     rebuilt = 0  # one layer's selective / activation rebuild: sequential in its backward, the larger counts
     if recompute is not None and recompute.recompute_activation_function:
         act = activation_output_bytes(arch, s, b, tp, e)
         layer, mlp, rebuilt = layer - act, mlp - act, act
     if recompute is not None and recompute.recompute_granularity == "selective":
-        core = core_attention_bytes(arch, s, b, tp, e, gemm_attention)
-        layer += selective_kept_bytes(arch, s, b, tp, e, gemm_attention) - core
+        core = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path)
+        layer += selective_kept_bytes(arch, s, b, tp, e, gemm_attention, path) - core
         context = s * b * int(arch.num_attention_heads) * arch.head_dim * e // tp
         rebuilt = max(rebuilt, core - mlp - context)
     if recompute is None or recompute.recompute_granularity != "full":
@@ -149,7 +214,7 @@ def recomputed_layers_bytes(
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
     stage: int, micro_batches: int, recompute: RecomputeSettings | None = None, fused_norm: bool = False,
-    gemm_attention_max_len: int = 0,
+    gemm_attention_max_len: int = 0, path: KernelPath | None = None,
 ) -> int:  # fmt: skip
     """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
     min(PP - k, micro-batches) micro-batches in flight, each keeping what its L/PP layers keep under `recompute`
@@ -158,11 +223,11 @@ def train_activation_bytes(
     layers = int(arch.num_layers) // pp
     in_flight = max(1, min(pp - stage, micro_batches))
     gemm = s <= gemm_attention_max_len
-    kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm)
+    kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm, path)
     head = 0
     if stage == pp - 1:
         logits = logits_bytes(arch, s, b, tp, e) if role != "critic" else 0
-        head = norm_activation_bytes(arch, s, b, tp, sp, e, fused_norm) + logits
+        head = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + logits
     return in_flight * kept + max(head, rebuilt)
 
 

@@ -192,7 +192,7 @@ def _acts(lay: ModelLayout, arch, seq: int, stage: int, recompute: RecomputeSett
     return mem.train_activation_bytes(
         arch, "critic" if lay.role == "critic" else "actor", seq, lay.micro_batch_size, lay.tp, lay.pp,
         lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
-        dev.eager_fused_norm, dev.gemm_attention_max_len,
+        dev.kernels.norm == "eager_fused", dev.kernels.gemm_attention_max_len, dev.kernels,
     )  # fmt: skip
 
 

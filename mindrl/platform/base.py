@@ -35,6 +35,12 @@ class Platform:
     eager_fused_swiglu = False  # the MLP runs SwiGLU as mindrl's eager fused function (`mindrl.models.fused`)
     eager_fused_rms_norm = False  # RMSNorm runs as mindrl's fused function instead of torch's under autograd
     fused_adam = False  # megatron's torch Adam(W) steps with torch's fused kernel (devices keep their own)
+    # The core attention's operands for a 16-bit model (see `core_attention`): "fp32" casts q, k and v up and keeps
+    # the fp32 copies for backward, so that the softmax runs in fp32; "native" hands the kernel the 16-bit tensors,
+    # its softmax staying in fp32 inside (flash-style kernels), and keeps no copy.
+    attention_operands = "fp32"
+    attention_grouped_kv = False  # the kernel reads grouped K/V heads in place (no copy expanded to the query heads)
+    device_rms_norm = False  # RMSNorm as the device's fused kernel (`rms_norm`), keeping its input and fp32 1/rms
     offload_frees_memory = True  # moving state off the device frees memory for something else
     shares_gloo_device = False  # all gloo groups of a process share one transport device (`mindrl.platform.gloo`)
     # What `generate_config.weight_transfer: auto` picks: "dist" (a process group of this platform's backend, no
@@ -123,6 +129,28 @@ class Platform:
 
     def _gemm_attention_default(self, training: bool) -> int:
         return 0  # devices keep their fused attention kernels
+
+    def core_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, dropout: float
+    ) -> torch.Tensor:
+        """softmax(scale q k^T, masked) v for q [b, heads, sq, d] and k, v [b, kv heads, s, d] (kv heads dividing
+        heads); mask: bool [b or 1, 1, sq, s], True = hidden, or None for causal. Returns [b, heads, sq, d]. Here
+        torch's SDPA over K and V expanded to the query heads."""
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if mask is None:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=scale
+            )
+        # megatron's mask marks what is hidden; SDPA's boolean mask marks what is seen.
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=~mask, dropout_p=dropout, scale=scale
+        )
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / rms(x) through the device's fused kernel (`device_rms_norm`); not on this platform."""
+        raise NotImplementedError(f"{type(self).__name__} has no device RMSNorm kernel")
 
     def rollout_kv_cache_bytes(self) -> int | None:
         """Default KV cache size for an in-process rollout engine; None: size it by gpu_memory_utilization."""

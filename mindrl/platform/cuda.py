@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from mindrl.platform.accelerator import AcceleratorPlatform
 
 
@@ -12,6 +14,7 @@ class CudaPlatform(AcceleratorPlatform):
     dist_backend = "nccl"
     ray_resource = "GPU"
     planner_device = "h100"
+    attention_operands = "native"  # flash / memory-efficient SDPA: bf16 operands, fp32 softmax inside
 
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": 0, "num_gpus": fraction}
@@ -24,6 +27,15 @@ class CudaPlatform(AcceleratorPlatform):
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = datetime.timedelta(seconds=timeout_s)
         return dist.ProcessGroupNCCL(store, rank, world_size, opts)
+
+    def core_attention(self, q, k, v, mask, scale: float, dropout: float):
+        # Causal without padding: the flash kernel reads grouped K/V in place. A padding mask goes to the
+        # memory-efficient kernel, which takes K/V expanded to the query heads (the base's path).
+        if mask is None:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            )
+        return super().core_attention(q, k, v, mask, scale, dropout)
 
     def _adapt(self) -> None:
         # Megatron's recommended setting for overlapping TP communication on GPUs.

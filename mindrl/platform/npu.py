@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from mindrl.platform.accelerator import AcceleratorPlatform
 
 
@@ -13,6 +15,25 @@ class NpuPlatform(AcceleratorPlatform):
     dist_backend = "hccl"
     ray_resource = "NPU"
     planner_device = "910b"
+    attention_operands = "native"  # npu_fusion_attention: bf16 operands, fp32 softmax inside
+    attention_grouped_kv = True
+    device_rms_norm = True
+
+    def core_attention(self, q, k, v, mask, scale: float, dropout: float):
+        import torch_npu  # noqa: PLC0415 (only on Ascend hosts)
+
+        sq, s = q.shape[2], k.shape[2]
+        if mask is None:  # causal: the queries are the last sq positions
+            mask = torch.ones(sq, s, dtype=torch.bool, device=q.device).triu_(s - sq + 1)[None, None]
+        # BNSD layout; grouped K/V heads read in place; atten_mask True = hidden, as megatron's.
+        return torch_npu.npu_fusion_attention(
+            q, k, v, q.shape[1], input_layout="BNSD", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout
+        )[0]
+
+    def rms_norm(self, x, weight, eps: float):
+        import torch_npu  # noqa: PLC0415
+
+        return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
 
     def weight_channel_group(self, store, rank: int, world_size: int, timeout_s: float):
         import datetime

@@ -320,3 +320,152 @@ def test_fused_rope_refuses_what_it_does_not_cover():
         fused_apply_rotary_pos_emb(t, torch.zeros(2, 1, 1, 8), interleaved=True)
     with pytest.raises(ValueError, match="width 10 do not fit heads of width 8"):
         fused_apply_rotary_pos_emb(t, torch.zeros(2, 1, 1, 10))
+
+
+class FakeTorchNpu:
+    """A named fake of `torch_npu` for a CPU host (there is no NPU here): `npu_fusion_attention` and `npu_rms_norm`
+    with the documented signatures and conventions (BNSD layout, grouped K/V heads read in place, a bool atten_mask
+    with True = hidden; outputs as tuples), computed in fp32 with torch, recording each call's operands."""
+
+    def __init__(self):
+        self.calls = []
+
+    def npu_fusion_attention(self, q, k, v, head_num, input_layout, atten_mask=None, scale=1.0, keep_prob=1.0):
+        self.calls.append(("attention", q.dtype, tuple(q.shape), tuple(k.shape), head_num, input_layout))
+        assert input_layout == "BNSD" and head_num == q.shape[1] and keep_prob == 1.0
+        return _FakeFusionAttention.apply(q, k, v, atten_mask, scale), None, None, None, 0, 0, 0
+
+    def npu_rms_norm(self, x, gamma, epsilon=1e-6):
+        self.calls.append(("rms_norm", x.dtype))
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + epsilon)
+        return (x.float() * rstd).to(x.dtype) * gamma, rstd
+
+
+class _FakeFusionAttention(torch.autograd.Function):
+    """The fake kernel keeps what a fused kernel keeps for backward (its 16-bit operands), recomputing in fp32."""
+
+    @staticmethod
+    def _maths(q, k, v, mask, scale):
+        groups = q.shape[1] // k.shape[1]
+        k, v = (t.float().repeat_interleave(groups, dim=1) for t in (k, v))
+        scores = (q.float() @ k.transpose(-1, -2)).mul(scale).masked_fill(mask, float("-inf"))
+        return (torch.softmax(scores, -1) @ v).to(q.dtype)
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.scale = scale
+        return _FakeFusionAttention._maths(q, k, v, mask, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out = _FakeFusionAttention._maths(*leaves, mask, ctx.scale)
+            return (*torch.autograd.grad(out, leaves, grad), None, None)
+
+
+def _bare_core(heads: int, kv: int, d: int, fp32_softmax: bool = True):
+    from types import SimpleNamespace
+
+    from mindrl.models.attention import SDPAttention
+
+    core = SDPAttention.__new__(SDPAttention)  # the attention maths only: no megatron module state is read
+    torch.nn.Module.__init__(core)
+    core.softmax_scale, core.num_attention_heads_per_partition, core.num_query_groups_per_partition = d**-0.5, heads, kv
+    core.hidden_size_per_partition = heads * d
+    core.softmax_offset, core.attention_dropout = None, torch.nn.Dropout(0.0)
+    core.config = SimpleNamespace(sequence_parallel=False, attention_softmax_in_fp32=fp32_softmax, window_size=None)
+    return core
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "npu"])
+def test_device_attention_keeps_no_fp32_copy_of_bf16_operands(monkeypatch, platform):
+    """A bf16 model's core attention on each platform's path, on left-padded GQA rows: on CPU q, k and v are cast to
+    fp32 for the softmax and those copies kept for backward (what the planner counts there); on CUDA (torch's SDPA
+    kernel, which keeps its softmax in fp32 inside) and on an NPU (npu_fusion_attention, through a named fake:
+    there is no NPU here) the kernel gets the bf16 operands and no fp32 tensor as large as q is saved. Every path's
+    context is within twice the CPU path's own error of the fp64 truth (at least one bf16 step of the largest
+    value), so leaving the operands in bf16 costs no more than the final cast does."""
+    import sys
+
+    from mindrl.models import attention
+    from mindrl.models.forward import attention_inputs
+    from mindrl.platform import CpuPlatform, CudaPlatform
+    from mindrl.platform.npu import NpuPlatform
+
+    fake = FakeTorchNpu()
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setenv("MINDRL_GEMM_ATTENTION_MAX_LEN", "0")
+    gen = torch.Generator().manual_seed(5)
+    s, b, heads, kv, d = 24, 3, 8, 2, 16
+    q, k, v = (torch.randn(s, b, n, d, generator=gen, dtype=torch.float64) for n in (heads, kv, kv))
+    valid = torch.ones(b, s, dtype=torch.long)
+    for row, pad in enumerate((0, 4, 15)):
+        valid[row, :pad] = 0
+    _, mask = attention_inputs(valid, valid)
+    core = _bare_core(heads, kv, d)
+
+    def run(plat):
+        monkeypatch.setattr(attention, "current_platform", lambda: plat)
+        leaves = [t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+        saved = []
+
+        def pack(t):
+            saved.append((t.dtype, t.numel()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = core.forward(*leaves, mask)
+        out.float().pow(2).sum().backward()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+        return out.detach().double(), saved
+
+    monkeypatch.setattr(attention, "current_platform", lambda: CpuPlatform())
+    bf16 = [t.to(torch.bfloat16).double() for t in (q, k, v)]
+    truth = core.forward(*bf16, mask).detach()  # fp64 maths on the same bf16 values
+    real = valid.bool().t()  # [s, b]: the real queries
+    size = truth[real].abs().max().item()
+    cpu_out, cpu_saved = run(CpuPlatform())
+    cpu_err = (cpu_out - truth)[real].abs().max().item()
+    bound = max(2 * cpu_err, size * 2**-8)
+    largest_fp32 = {
+        name: max((n for dtype, n in saved if dtype == torch.float32), default=0)
+        for name, saved in [("cpu", cpu_saved)]
+    }
+    assert largest_fp32["cpu"] >= q.numel(), "the CPU path keeps fp32 copies of the operands"
+    if platform == "cpu":
+        return
+    plat = CudaPlatform() if platform == "cuda" else NpuPlatform()
+    out, saved = run(plat)
+    err = (out - truth)[real].abs().max().item()
+    print(f"{platform}: error {err:.3g}, CPU path {cpu_err:.3g}, largest value {size:.3g}")
+    assert err <= bound, (err, cpu_err)
+    assert max((n for dtype, n in saved if dtype == torch.float32), default=0) < q.numel(), saved
+    if platform == "npu":
+        (call,) = [c for c in fake.calls if c[0] == "attention"]
+        assert call[1] == torch.bfloat16 and call[3][1] == kv, call  # bf16 operands, grouped K/V not expanded
+
+
+def test_device_rms_norm_goes_through_the_platform(monkeypatch):
+    """On a platform with a device RMSNorm kernel (NPU: npu_rms_norm, through a named fake here) mindrl's RMSNorm
+    calls it on the hidden states as they are; its values equal the HF-exact norm's within one bf16 step."""
+    import sys
+    from types import SimpleNamespace
+
+    from mindrl.models import builder
+    from mindrl.platform import CpuPlatform
+    from mindrl.platform.npu import NpuPlatform
+
+    config = SimpleNamespace(params_dtype=torch.bfloat16, sequence_parallel=False)
+    x = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    monkeypatch.setattr(builder, "current_platform", lambda: CpuPlatform())
+    want = builder.RMSNorm(config, 32)(x)
+    fake = FakeTorchNpu()
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setattr(builder, "current_platform", lambda: NpuPlatform())
+    norm = builder.RMSNorm(config, 32)
+    got = norm(x)
+    assert fake.calls == [("rms_norm", torch.bfloat16)]
+    assert (got.float() - want.float()).abs().max().item() <= want.float().abs().max().item() * 2**-7

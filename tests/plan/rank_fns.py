@@ -31,14 +31,14 @@ def _storages(tensors) -> dict[int, int]:
     return out
 
 
-def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
+def measured_storage(load_dir: str, tp: int, distributed: bool, dtype: str = "float32") -> dict:
     """Build the trainer's model + optimizer (mindrl.workers.train_setup) from `load_dir` at TP x 1, take one
     optimizer step (so Adam's state exists) and count the distinct storages of weights, gradient buffers and
     optimizer state on this rank."""
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer, train_steps
 
     optim = OptimSettings(lr=1e-3, weight_decay=0.01, use_distributed_optimizer=distributed)
-    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=1, dtype="float32")
+    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, 1, optim, total_steps=1, dtype=dtype)
     train_steps(ddp, optimizer, spec.vocab_size, steps=1, seed=0, batch=4, seq=16)
     params = list(ddp.module.parameters())
     weights = _storages(params)
@@ -57,18 +57,25 @@ def measured_storage(load_dir: str, tp: int, distributed: bool) -> dict:
 
 def saved_activation_bytes(
     hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
-    gemm_attention: bool = False,
+    gemm_attention: bool = False, platform: str = "cpu",
 ) -> dict:  # fmt: skip
     """Bytes of the distinct non-parameter storages autograd saves for backward in one forward of `batch`
     sequences of `seq` tokens (the actor with megatron's vocab-parallel cross entropy, or the critic's values);
     fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd);
-    gemm_attention: the core attention as batched GEMMs (else torch's SDPA kernel)."""
+    gemm_attention: the core attention as batched GEMMs (else torch's SDPA kernel); platform "cuda": the core
+    attention as the CUDA platform calls it (16-bit operands as they are), run here on CPU tensors."""
+    import contextlib
     import os
     from unittest import mock
 
+    from mindrl.models import attention
+    from mindrl.platform import CudaPlatform
+
+    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
     # read at every forward; the shared rank's own setting comes back afterwards
     with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
-        return _saved_activation_bytes(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
+        with core or contextlib.nullcontext():
+            return _saved_activation_bytes(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
 
 
 def _saved_activation_bytes(
@@ -109,13 +116,14 @@ def _saved_activation_bytes(
 
 def recompute_activation_peak(
     hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
-    gemm_attention: bool, recompute,
+    gemm_attention: bool, recompute, platform: str = "cpu",
 ) -> dict:  # fmt: skip
     """The peak of the bytes autograd holds for backward in one forward + backward under activation recomputation
     (`recompute`, a RecomputeSettings): the distinct non-parameter storages saved in forward that are still alive
     (sized now: a released activation output counts 0 until it is rebuilt), plus those a recomputation saves in
     backward; taken at the end of the forward, at the end of each recomputation and after each rebuilt activation
-    output."""
+    output. platform "cuda": the core attention as the CUDA platform calls it, on CPU tensors (as above)."""
+    import contextlib
     import os
     import weakref
     from unittest import mock
@@ -123,9 +131,11 @@ def recompute_activation_peak(
     from megatron.core.tensor_parallel import random as mrandom
 
     from mindrl.launch import init_model_parallel
+    from mindrl.models import attention
     from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs
     from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform import CudaPlatform
 
     init_model_parallel(tp, 1)
     spec = ModelSpec.from_hf_dir(hf_dir)
@@ -174,7 +184,10 @@ def recompute_activation_peak(
         restore(self, grad)
         state["peak"] = max(state["peak"], live() + sum(rebuild.values()))
 
+    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
     with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
+        core = core or contextlib.nullcontext()
+        core.__enter__()
         mrandom.CheckpointFunction.backward = staticmethod(checkpoint_backward)
         mrandom.CheckpointWithoutOutput._recompute = recompute_output
         try:
@@ -190,4 +203,5 @@ def recompute_activation_peak(
         finally:
             mrandom.CheckpointFunction.backward = backward
             mrandom.CheckpointWithoutOutput._recompute = restore
+            core.__exit__(None, None, None)
     return {"forward_end_bytes": forward_end, "peak_bytes": state["peak"]}

@@ -13,7 +13,11 @@ from mindrl.cli import plan as plan_cli
 from mindrl.config import ConfigError, load_config
 from mindrl.plan import PHASES, make_plan, rank_coords, stage_params, to_json, to_text, total_params
 
-SHIPPED = ["ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_7b_A3", "ppo_tiny_cpu", "grpo_tiny_cpu"]
+SHIPPED = [
+    "ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_32b_A2", "grpo_qwen25_7b_A3", "ppo_tiny_cpu", "grpo_tiny_cpu"
+]  # fmt: skip
+RECIPES = {"grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3"}
+"""MindSpeed-RL's recipes as they ship them (configs/ differs only in paths and run_dir) and the device each names."""
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +124,34 @@ def test_device_memory_override_changes_the_verdict(cfgs):
     assert h100.device.memory_bytes == 80 << 30 and h100.device.per_node == 8
 
 
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_mindspeed_recipes_fit_the_device_they_name(cfgs, name):
+    """Each recipe is planned on the device its name says (_A3: one Atlas A3 die, _A2: a 910B), with that device's
+    kernels (the NPU's fused attention and RMSNorm), and fits with at least 5% of the device to spare."""
+    plan = make_plan(cfgs[name])
+    assert plan.device.key == RECIPES[name]
+    assert plan.device.kernels.attention_grouped_kv and not plan.device.kernels.attention_fp32_operands
+    headroom = 1 - plan.verdict["peak_bytes"] / plan.device.memory_bytes
+    assert plan.verdict["fits"] and headroom >= 0.05, (name, plan.verdict)
+
+
+def test_device_names_and_kernel_paths():
+    from mindrl.plan import memory as mem
+    from mindrl.plan.devices import pick_device
+
+    assert pick_device(16, "grpo_qwen25_32b_A2")[0].key == "910b"
+    assert pick_device(16, "dapo_qwen25_32b_A2_20k")[0].key == "910b"
+    assert pick_device(16, "x", key="A2")[0].key == pick_device(16, "x", key="910b")[0].key == "910b"
+    assert pick_device(16, "x", key="h100")[0].kernels == mem.CUDA_PATH
+    with pytest.raises(ValueError, match="unknown device 'b200'"):
+        pick_device(16, "x", key="b200")
+    # 16-bit operands on devices: the attention keeps less than the CPU's fp32 copies, the NPU's least (grouped K/V)
+    cfg = load_config("grpo_qwen25_7b_A3")
+    args = (cfg.model, 4096, 1, 2, True, 2)
+    cpu, cuda, npu = (mem.layer_activation_bytes(*args, path=p) for p in (None, mem.CUDA_PATH, mem.NPU_PATH))
+    assert npu < cuda < cpu, (npu, cuda, cpu)
+
+
 def test_json_keys_are_integers(cfgs):
     obj = json.loads(json.dumps(to_json(make_plan(cfgs["ppo_qwen25_32b_A3"]))))
     mem = obj["memory"]
@@ -218,3 +250,24 @@ def plan_fix_for_activations(cfg, layout) -> str:
 
     cannot_raise_tp = replace(layout, tp=cfg.model.num_kv_heads, micro_batch_size=1, sequence_parallel=True)
     return fix_key(cfg, "actor", "train", "activations_bytes", {"actor": cannot_raise_tp}, True)
+
+
+def test_plan_recipes_tool_tables_a_configs_folder(capsys):
+    """tools/plan_recipes.py on the repo's configs/ (a MindSpeed-RL-style folder): every training recipe is a row;
+    a recipe that loads shows its device and verdict, the others the config's first error."""
+    import os
+
+    from mindrl.config.loader import default_config_dir
+    from tools import plan_recipes
+
+    CONFIG_DIR = default_config_dir()  # noqa: N806
+
+    rows = {
+        r.recipe: r for r in (plan_recipes.plan_recipe(CONFIG_DIR, n, None) for n in plan_recipes.recipes(CONFIG_DIR))
+    }
+    assert set(RECIPES) <= set(rows) and "sft_tiny_cpu" not in rows
+    assert all(rows[n].loads and rows[n].fits and rows[n].device == d for n, d in RECIPES.items())
+    assert plan_recipes.main([CONFIG_DIR, "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| grpo_qwen25_32b_A2 | yes | 910b | FITS |" in out
+    assert plan_recipes.main([os.path.join(CONFIG_DIR, "nowhere")]) == 2
