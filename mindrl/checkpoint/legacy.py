@@ -13,6 +13,7 @@ import torch
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError
+from mindrl.config.settings import RecomputeSettings
 from mindrl.models.hf_config import ModelConfigError, ModelSpec
 from mindrl.models.weight_map import (
     ParamMapping,
@@ -399,6 +400,7 @@ def build_and_load(
     sequence_parallel: bool = False,
     hf_config: str | None = None,
     iteration: int | str | None = None,
+    recompute: RecomputeSettings | None = None,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model) like `loading.build_and_load`, from a legacy checkpoint at any saved TP / PP.
     Collective in name only (each rank reads the files it needs); call inside a rank."""
@@ -413,7 +415,12 @@ def build_and_load(
         saved = str(ckpt.dtype()).replace("torch.", "")
         role = "critic" if spec.is_value_model else "actor"
         model = build_model(
-            spec, role, dtype=dtype or saved, sequence_parallel=sequence_parallel, perform_initialization=False
+            spec,
+            role,
+            dtype=dtype or saved,
+            sequence_parallel=sequence_parallel,
+            perform_initialization=False,
+            recompute=recompute,
         )
         load_into(model, ckpt, spec)
     finally:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector
 from mindrl.config.section import Section, ignored_field
-from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings
+from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSettings
 
 DATASET_SUFFIX = "_packed_input_ids_document"
 TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
@@ -51,10 +51,6 @@ MEGATRON_IGNORED: dict[str, str] = {
     "distributed_backend": "the platform picks the torch.distributed backend (hccl / nccl / gloo)",
     **dict.fromkeys(
         [
-            "recompute_granularity",
-            "recompute_method",
-            "recompute_num_layers",
-            "recompute_activation_function",
             "swap_attention",
             "swap_optimizer",
             "reuse_fp32_param",
@@ -171,11 +167,13 @@ MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 
 
 @dataclass
-class MegatronTrainingConfig(Section):
+class MegatronTrainingConfig(Section, RecomputeSettings):
     """Global training settings shared by every role: data, batch, iterations, precision, seed.
 
     A key written in actor_config overrides the one here (MindSpeed-RL's merge); critic_config may not
-    disagree with the actor on these, since the critic trains on the actor's batches.
+    disagree with the actor on these, since the critic trains on the actor's batches. The recompute_* keys
+    (`RecomputeSettings`) and sequence_parallel / use_distributed_optimizer are each role's default instead:
+    actor_config and critic_config may set their own.
     """
 
     SECTION: ClassVar[str] = "megatron_training"
@@ -273,10 +271,10 @@ class MegatronTrainingConfig(Section):
 
 
 @dataclass
-class RoleConfig(Section, OptimSettings):
+class RoleConfig(Section, OptimSettings, RecomputeSettings):
     """One trained model's settings (actor_config or critic_config): layout, micro-batch, optimizer, LR
-    schedule (the keys of `OptimSettings`, with MindSpeed-RL's defaults) and checkpoints. Unset keys come from
-    megatron_training, then from the defaults."""
+    schedule (the keys of `OptimSettings`, with MindSpeed-RL's defaults), activation recomputation (the keys of
+    `RecomputeSettings`) and checkpoints. Unset keys come from megatron_training, then from the defaults."""
 
     SECTION: ClassVar[str] = "actor_config"
 
@@ -349,6 +347,12 @@ class RoleConfig(Section, OptimSettings):
             col.add("initial_loss_scale", f"must be > 0, got {self.initial_loss_scale}")
         if not self.load:
             col.add("load", "is required (the megatron checkpoint to start from)")
+        for key, message in self.recompute_problems():  # the rules on layers per stage: RLConfig._check_role
+            col.add(key, message)
+        if self.recompute_granularity is None:
+            for key in ("recompute_method", "recompute_num_layers"):
+                if getattr(self, key) is not None:
+                    col.ignore(key, "has no effect without recompute_granularity")
 
     @property
     def tp(self) -> int:

@@ -126,6 +126,11 @@ class RLConfig(Section):
                 col.add(tp_key, f"TP={tp} does not divide {where}: {', '.join(bad)}")
         if arch.name and arch.num_layers and arch.num_layers % pp:
             col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers}")
+        elif arch.name and arch.num_layers:
+            general = rc.recompute_problems()
+            for key, message in rc.recompute_problems(arch.num_layers // pp):
+                if (key, message) not in general:
+                    col.add(f"{role}.{key}", f"{message} ({where}.num_layers={arch.num_layers}, PP={pp})")
         if world is None or col.is_bad("rl_config.actor_resource.num_npus"):
             return
         if world % (tp * pp):

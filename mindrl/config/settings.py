@@ -55,6 +55,75 @@ class OptimSettings:
         return OptimSettings(**{**values, **resolved})
 
 
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+@dataclass
+class RecomputeSettings:
+    """Activation recomputation of one trained model, in megatron's / MindSpeed's key names (unset: none).
+
+    The model builder hands the first three to megatron-core's TransformerConfig (its own checkpointed forward);
+    the MLP recomputes its activation when recompute_activation_function is set. `recompute_problems` holds the
+    rules (megatron's), for the config's validation and for settings built in code."""
+
+    recompute_granularity: str | None = None
+    """'full': each checkpointed layer keeps only its input and is run again in backward; 'selective': only the
+    core attention (scores, softmax, context) is run again; None: nothing is recomputed."""
+    recompute_method: str | None = None
+    """Full recomputation only. 'uniform': the stage's layers in chunks of recompute_num_layers, each chunk keeping
+    only its input; 'block': the first recompute_num_layers layers of each pipeline stage, the rest not at all."""
+    recompute_num_layers: int | None = None
+    """Full recomputation only: layers per chunk (uniform) or layers recomputed per pipeline stage (block)."""
+    recompute_activation_function: bool = False
+    """Recompute the MLP's activation (SwiGLU) in backward instead of keeping its output for the second linear
+    layer (MindSpeed's switch, on every layer)."""
+
+    def __post_init__(self) -> None:
+        problems = self.recompute_problems()
+        if problems:
+            raise ValueError("; ".join(f"{key} {message}" for key, message in problems))
+
+    def recompute_problems(self, layers_per_stage: int | None = None) -> list[tuple[str, str]]:
+        """(key, message) for each rule these settings break; layers_per_stage: the model's layers per pipeline
+        stage, when known."""
+        g, m, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        out: list[tuple[str, str]] = []
+        if g not in (None, *RECOMPUTE_GRANULARITIES):
+            out.append(("recompute_granularity", f"{g!r} is not one of full, selective (or null: no recomputation)"))
+        if m not in (None, *RECOMPUTE_METHODS):
+            out.append(("recompute_method", f"{m!r} is not one of uniform, block"))
+        if n is not None and n < 1:
+            out.append(("recompute_num_layers", f"must be >= 1, got {n}"))
+        if g == "full":
+            if m is None:
+                out.append(("recompute_method", "is required with recompute_granularity: full (uniform or block)"))
+            if n is None:
+                out.append(("recompute_num_layers", "is required with recompute_granularity: full (>= 1)"))
+            elif n >= 1 and layers_per_stage:
+                if n > layers_per_stage:
+                    out.append(("recompute_num_layers", f"{n} exceeds the {layers_per_stage} layers per pipeline "
+                                "stage (num_layers / pipeline_model_parallel_size)"))  # fmt: skip
+                elif m == "uniform" and layers_per_stage % n:
+                    out.append(("recompute_num_layers", f"{n} does not divide the {layers_per_stage} layers per "
+                                "pipeline stage: the uniform method checkpoints chunks of exactly this many layers"))  # fmt: skip
+        elif g == "selective":
+            for key, value in (("recompute_method", m), ("recompute_num_layers", n)):
+                if value is not None:
+                    out.append((key, f"must be unset with recompute_granularity: selective (it recomputes the core "
+                                f"attention of every layer), got {value!r}"))  # fmt: skip
+        return out
+
+    def recompute_settings(self) -> RecomputeSettings:
+        """These settings as a plain RecomputeSettings (from a config section that extends it)."""
+        return RecomputeSettings(**{f.name: getattr(self, f.name) for f in fields(RecomputeSettings)})
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether anything is recomputed."""
+        return self.recompute_granularity is not None or self.recompute_activation_function
+
+
 @dataclass
 class SamplingSettings:
     """How to sample, in the keys of MindSpeed-RL's `generate_config.sampling_config` (plus `stop`,

@@ -66,13 +66,28 @@ def mark_prefix_groups(mask: torch.Tensor, layout: PrefixGroups) -> torch.Tensor
     rows = mask[:, :, p:].reshape(b, 1, g, r, layout.width)
     own = torch.diagonal(rows[..., p:].reshape(b, 1, g, r, g, r), dim1=2, dim2=4).permute(0, 1, 4, 2, 3)
     response = torch.cat([rows[..., :p], own], -1).transpose(1, 2).reshape(b * g, 1, r, p + r)
-    setattr(mask, _GROUPS_ATTR, (layout, mask[:, :, :p, :p].contiguous(), response))
+    marked = (layout, mask[:, :, :p, :p].contiguous(), response)
+    setattr(mask, _GROUPS_ATTR, marked)
+    # Activation recomputation (megatron's checkpoint) runs core attention again on `mask.detach()`: a new tensor
+    # without the attribute, on the same storage, whose Python object torch keeps alive with it.
+    setattr(mask.untyped_storage(), _GROUPS_ATTR, (_view(mask), marked))
     return mask
 
 
+def _view(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
 def prefix_groups_of(mask: torch.Tensor | None):
-    """(layout, prompt mask, response mask) marked on `mask` by `mark_prefix_groups`, else None."""
-    return getattr(mask, _GROUPS_ATTR, None) if mask is not None else None
+    """(layout, prompt mask, response mask) marked on `mask` (or on the mask it is a detached copy of) by
+    `mark_prefix_groups`, else None."""
+    if mask is None:
+        return None
+    marked = getattr(mask, _GROUPS_ATTR, None)
+    if marked is None:
+        view, marked = getattr(mask.untyped_storage(), _GROUPS_ATTR, (None, None))
+        return marked if view == _view(mask) else None
+    return marked
 
 
 class GemmAttention(torch.autograd.Function):

@@ -15,9 +15,11 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
+from mindrl.config.settings import RecomputeSettings
 from mindrl.models.attention import SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm
 from mindrl.models.hf_config import ModelSpec
+from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
 
 ROLES = ("actor", "critic")
@@ -86,11 +88,14 @@ def build_model(
     dtype: str | torch.dtype | None = None,
     sequence_parallel: bool = False,
     perform_initialization: bool = True,
+    recompute: RecomputeSettings | None = None,
     **config_overrides,
 ) -> GPTModel:
-    """This rank's stage of the model. role "actor" (also the reference) or "critic" (value head)."""
+    """This rank's stage of the model. role "actor" (also the reference) or "critic" (value head). recompute:
+    activation recomputation in training (None: none); config_overrides: TransformerConfig keys."""
     if role not in ROLES:
         raise ValueError(f"role {role!r} is not one of {ROLES}")
+    config_overrides = {**transformer_config_keys(recompute), **config_overrides}
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     # RoPE through megatron's fusion hook: Transformer Engine's kernel where installed, else mindrl's one-pass form
@@ -130,6 +135,8 @@ def build_model(
     )
     if critic and model.post_process:
         model.output_layer = ValueHead(config)
+    if recompute is not None and recompute.recompute_activation_function:
+        recompute_activations(model)
     if not perform_initialization:
         mark_tensor_parallel_weights(model)
     model.mindrl_role = role

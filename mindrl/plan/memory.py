@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mindrl.config.model import ModelArchConfig
+from mindrl.config.settings import RecomputeSettings
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GRAD_BYTES = 4
@@ -148,29 +149,108 @@ def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
     return s * b * (int(arch.padded_vocab_size) // tp) * 4
 
 
+FULL_RECOMPUTE = RecomputeSettings("full", "uniform", 1)
+"""Every layer recomputed on its own: the least a full recomputation keeps (the planner's alternative figure)."""
+
+
+def _norm(fused_norm: bool | str, path: KernelPath | None) -> bool | str:
+    return "device" if path is not None and path.norm == "device" else fused_norm
+
+
+def _device_attention(path: KernelPath | None, e: int, gemm_attention: bool) -> bool:
+    """Whether the attention terms are a device kernel's on its own e-byte operands (see layer_activation_bytes)."""
+    return not gemm_attention and path is not None and not (path.attention_fp32_operands and e < 4)
+
+
+def core_attention_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None
+) -> int:
+    """What core attention alone keeps for backward, i.e. what selective recomputation does not keep (it keeps the
+    attention's inputs instead, `selective_kept_bytes`) and rebuilds for one layer at a time in backward: the
+    attention terms of `layer_activation_bytes` but the context, which the output projection keeps either way."""
+    d, a, g = arch.head_dim, int(arch.num_attention_heads), arch.num_kv_heads
+    if gemm_attention:  # Q, K, V in fp32 (an extra copy when e < 4), the fp32 softmax
+        qkv = (4 * a + 8 * g) * d
+        return s * b * qkv // tp + 4 * a * b * s * s // tp
+    if _device_attention(path, e, gemm_attention):  # q, K, V (grouped or expanded), output; statistics, mask
+        kv = g if path.attention_grouped_kv else a
+        mask = e if path.mask_bytes is None else path.mask_bytes
+        return s * b * (2 * a + 2 * kv) * d * e // tp + path.softmax_stats_bytes * a * s * b // tp + mask * b * s * s
+    return s * b * 16 * a * d // tp + 4 * a * s * b // tp + 4 * b * s * s  # SDPA's fp32 Q, K, V, output; lse, mask
+
+
+def selective_kept_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None
+) -> int:
+    """What a layer keeps for its recomputed core attention: the checkpoint's inputs, Q and K after RoPE and V, e
+    bytes (V is a view of the fused QKV projection's output, which it keeps whole); and SDPA's fp32 output when it is
+    the context (CPU path, e = 4), now kept by the output projection alone (otherwise a term of
+    `layer_activation_bytes`)."""
+    d, a, g = arch.head_dim, int(arch.num_attention_heads), arch.num_kv_heads
+    fp32_context = e == 4 and not gemm_attention and not _device_attention(path, e, gemm_attention)
+    return s * b * (2 * a + 3 * g) * d * e // tp + (s * b * a * d * e // tp if fp32_context else 0)
+
+
+def activation_output_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
+    """The MLP's activation output (the second linear layer's input), s b F/t e bytes: not kept under
+    recompute_activation_function, rebuilt for one layer at a time in backward."""
+    return s * b * arch.ffn_size * e // tp
+
+
+def recomputed_layers_bytes(
+    arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, layers: int, recompute: RecomputeSettings | None,
+    fused_norm: bool = False, gemm_attention: bool = False, path: KernelPath | None = None,
+) -> tuple[int, int]:  # fmt: skip
+    """(kept, rebuilt) for one micro-batch of a stage of `layers` layers under `recompute`: the bytes its layers
+    keep from forward to backward, and the most its backward holds beyond them at once (what a recomputation
+    rebuilds, less what the backward has freed by then).
+
+    Full recomputation keeps each checkpoint's input (s b h' e, h' = h/t under SP): uniform, one per chunk of
+    recompute_num_layers layers, one chunk rebuilt at a time; block, one per recomputed layer (the first
+    recompute_num_layers of the stage) while the others keep everything, one layer rebuilt at a time once the
+    kept layers' backward has freed theirs. Selective recomputation keeps `selective_kept_bytes` instead of
+    `core_attention_bytes` in every layer and rebuilds one layer's once that layer's MLP and context are freed;
+    recompute_activation_function drops the MLP's activation output, rebuilt for one layer at a time before the
+    layer frees anything. The layers a full recomputation rebuilds follow the last two."""
+    layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention, path)
+    mlp = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + s * b * 3 * arch.ffn_size * e // tp
+    rebuilt = 0  # one layer's selective / activation rebuild: sequential in its backward, the larger counts
+    if recompute is not None and recompute.recompute_activation_function:
+        act = activation_output_bytes(arch, s, b, tp, e)
+        layer, mlp, rebuilt = layer - act, mlp - act, act
+    if recompute is not None and recompute.recompute_granularity == "selective":
+        core = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path)
+        layer += selective_kept_bytes(arch, s, b, tp, e, gemm_attention, path) - core
+        context = s * b * int(arch.num_attention_heads) * arch.head_dim * e // tp
+        rebuilt = max(rebuilt, core - mlp - context)
+    if recompute is None or recompute.recompute_granularity != "full":
+        return layers * layer, rebuilt
+    h_local = int(arch.hidden_size) // tp if sp and tp > 1 else int(arch.hidden_size)
+    checkpoint_input = s * b * h_local * e
+    n = min(int(recompute.recompute_num_layers or 1), layers)
+    if recompute.recompute_method == "block":
+        return n * checkpoint_input + (layers - n) * layer, max(rebuilt, layer - (layers - n) * layer)
+    return -(-layers // n) * checkpoint_input, n * layer + rebuilt
+
+
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
-    stage: int, micro_batches: int, recompute: bool, fused_norm: bool = False, gemm_attention_max_len: int = 0,
-    path: KernelPath | None = None,
+    stage: int, micro_batches: int, recompute: RecomputeSettings | None = None, fused_norm: bool = False,
+    gemm_attention_max_len: int = 0, path: KernelPath | None = None,
 ) -> int:  # fmt: skip
     """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
-    min(PP - k, micro-batches) micro-batches in flight, each with its L/PP layers; the last stage of an actor
-    adds the logits of one micro-batch. With full recomputation a layer keeps only its input (s b h' e bytes)
-    and one layer's activations are rebuilt at a time."""
+    min(PP - k, micro-batches) micro-batches in flight, each keeping what its L/PP layers keep under `recompute`
+    (`recomputed_layers_bytes`); the backward of one of them first frees the head of the last stage (the final
+    norm, and an actor's logits), then rebuilds what the recomputation rebuilds: the larger of the two counts."""
     layers = int(arch.num_layers) // pp
     in_flight = max(1, min(pp - stage, micro_batches))
-    full = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, s <= gemm_attention_max_len, path)
-    if recompute:
-        h_local = int(arch.hidden_size) // tp if sp and tp > 1 else int(arch.hidden_size)
-        body = in_flight * layers * s * b * h_local * e + full
-    else:
-        body = in_flight * layers * full
+    gemm = s <= gemm_attention_max_len
+    kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm, path)
     head = 0
-    if stage == pp - 1:  # the final norm, and the logits of an actor
+    if stage == pp - 1:
         logits = logits_bytes(arch, s, b, tp, e) if role != "critic" else 0
-        norm = "device" if path is not None and path.norm == "device" else fused_norm
-        head = norm_activation_bytes(arch, s, b, tp, sp, e, norm) + logits
-    return body + head
+        head = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + logits
+    return in_flight * kept + max(head, rebuilt)
 
 
 def forward_bytes(arch: ModelArchConfig, role: str, s: int, b: int, tp: int, e: int) -> int:

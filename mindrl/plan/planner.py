@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import mindrl.plan.memory as mem
 from mindrl.config.rl import PACKING_USES
 from mindrl.config.root import RLConfig
+from mindrl.config.settings import RecomputeSettings
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import stage_params, total_params
 from mindrl.resharding.offload import OffloadConfig
@@ -40,6 +41,8 @@ class ModelLayout:
     params_total: int
     params_per_stage: list[int]
     """Parameters of one TP rank of each pipeline stage."""
+    recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
+    """Activation recomputation in the update (recompute_* keys)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         dtype=settings.dtype,
         params_total=total_params(arch, model_role),
         params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total for s in range(rc.pp)],
+        recompute=settings.recompute,
     )
 
 
@@ -193,7 +197,16 @@ def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     }
 
 
-def _update_acts(lay: ModelLayout, arch, stage: int, recompute: bool, dev: Device) -> int:
+def _update_acts(lay: ModelLayout, arch, stage: int, dev: Device) -> dict[str, int]:
+    """The update's activations under the layout's recomputation, and (marked alt.) under full recomputation of
+    every layer where the layout does not recompute fully already."""
+    out = {"activations_bytes": _acts(lay, arch, stage, lay.recompute, dev)}
+    if lay.recompute.recompute_granularity != "full":
+        out["activations_recompute_bytes"] = _acts(lay, arch, stage, mem.FULL_RECOMPUTE, dev)
+    return out
+
+
+def _acts(lay: ModelLayout, arch, stage: int, recompute: RecomputeSettings, dev: Device) -> int:
     s, b = lay.update_shape
     return mem.train_activation_bytes(
         arch, "critic" if lay.role == "critic" else "actor", s, b, lay.tp, lay.pp,
@@ -258,8 +271,7 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
             "score": {**held("critic", "score", critic), "activations_bytes": cfwd},
             "critic_train": {
                 **held("critic", "critic_train", critic),
-                "activations_bytes": _update_acts(c, cfg.critic_model, slot.critic[1], False, dev),
-                "activations_recompute_bytes": _update_acts(c, cfg.critic_model, slot.critic[1], True, dev),
+                **_update_acts(c, cfg.critic_model, slot.critic[1], dev),
             },
             "train": held("critic", "train", critic),
         }
@@ -267,11 +279,7 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
         out["rollout"]["critic_train"] = asleep
         if has_ref:
             out["reference"]["critic_train"] = {**held("reference", "critic_train", ref_w), "activations_bytes": 0}
-    out["actor"]["train"] = {
-        **held("actor", "train", actor),
-        "activations_bytes": _update_acts(a, cfg.model, slot.actor[1], False, dev),
-        "activations_recompute_bytes": _update_acts(a, cfg.model, slot.actor[1], True, dev),
-    }
+    out["actor"]["train"] = {**held("actor", "train", actor), **_update_acts(a, cfg.model, slot.actor[1], dev)}
     out["rollout"]["train"] = asleep
     if has_ref:
         out["reference"]["train"] = {**held("reference", "train", ref_w), "activations_bytes": 0}
@@ -282,8 +290,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
 
 
 def _phase_total(memory: dict, phase: str) -> int:
-    # The recomputation figure is the alternative to activations_bytes (recompute_* keys are not implemented
-    # by mindrl), never added to it.
+    # The full-recomputation figure is an alternative to activations_bytes (what the configured recomputation
+    # keeps), never added to it.
     return sum(
         v for role, phases in memory.items() if role != "total"
         for k, v in phases.get(phase, {}).items() if k != "activations_recompute_bytes"
@@ -354,7 +362,9 @@ def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, 
         shorter = "shorter sequences (rl_config.max_prompt_length, generate_config.sampling_config.max_tokens)"
         if arch.num_kv_heads % (2 * lay.tp) == 0:
             return f"{section}.tensor_model_parallel_size (raise it), or {shorter}"
-        return f"{shorter}: TP {lay.tp} is already the most the KV heads allow, and activation recomputation is not implemented"
+        if lay.recompute.recompute_granularity != "full":
+            return f"{section}.recompute_granularity: full (recompute_method: uniform, recompute_num_layers: 1)"
+        return f"{shorter}: TP {lay.tp} is already the most the KV heads allow, and every layer is recomputed"
     if term == "optimizer_bytes" and not lay.distributed_optimizer and lay.dp > 1:
         return "megatron_training.use_distributed_optimizer: true"
     return f"{section}.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"
@@ -394,7 +404,3 @@ def _judge(plan: Plan, cfg: RLConfig) -> None:
         )
     if not has_ref_of(plan):
         plan.notes.append("no reference model: the config has no KL term (init_kl_coef 0)")
-    if any(k.startswith("megatron_training.recompute") or ".recompute" in k for k in cfg.ignored_keys):
-        plan.notes.append(
-            "recompute_* keys are ignored by mindrl: the verdict counts activations without recomputation"
-        )

@@ -95,6 +95,7 @@ def to_text(plan: Plan) -> str:
             f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} DP {lay.dp} VPP {lay.vpp} "
             f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  {_micro(lay)}  optimizer {opt}  "
             f"{lay.params_total / 1e9:.3f} B params, {max(lay.params_per_stage) / 1e9:.3f} B per rank"
+            + _recompute_text(lay.recompute)
         )
     r = plan.rollout
     lines.append(
@@ -138,3 +139,17 @@ def to_text(plan: Plan) -> str:
     lines.append(f"  largest term: {v['largest_term']} = {_size(v['largest_term_bytes'])}; to shrink it: {v['fix']}")
     lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _recompute_text(rc) -> str:
+    """The layout's activation recomputation, for its line (nothing when there is none)."""
+    parts = (
+        [
+            f"{rc.recompute_granularity}"
+            + (f" {rc.recompute_method} {rc.recompute_num_layers}" if rc.recompute_method else "")
+        ]
+        if rc.recompute_granularity
+        else []
+    )
+    parts += ["activation function"] if rc.recompute_activation_function else []
+    return f"  recompute {' + '.join(parts)}" if parts else ""

@@ -62,6 +62,7 @@ def model_settings(
         total_steps=total,
         dtype=mt.dtype,
         sequence_parallel=bool(mt.sequence_parallel if sp is None else sp),
+        recompute=role_cfg.recompute_settings(),
         seed=mt.seed,
         resume_dir=resume_dir,
         load_iteration=None if resume_dir is None else int(os.path.basename(resume_dir)[len("iter_") :]),

@@ -75,7 +75,7 @@ class MegatronRank:
         self.profiler = StageProfiler(s.profile, self.rank)
         info = self.init_layout(m.tp, m.pp, m.seed)
         self.spec, model, self.optimizer, self.scheduler = build_model_and_optimizer(
-            m.load, m.tp, m.pp, m.optim, m.total_steps, m.dtype, m.sequence_parallel, m.load_iteration
+            m.load, m.tp, m.pp, m.optim, m.total_steps, m.dtype, m.sequence_parallel, m.load_iteration, m.recompute
         )
         if m.resume_dir is not None:
             load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mindrl.config.settings import OptimSettings
+from mindrl.config.settings import OptimSettings, RecomputeSettings
 from mindrl.resharding.residency import ResidencySchedule
 from mindrl.rollout.base import RolloutConfig
 from mindrl.workers.profiling import ProfileSettings
@@ -38,6 +38,8 @@ class ModelSettings:
     """Optimizer steps of the whole run (the LR decay horizon)."""
     dtype: str = "float32"
     sequence_parallel: bool = False
+    recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
+    """Activation recomputation in the update (none by default)."""
     seed: int = 1234
     resume_dir: str | None = None
     """Iteration directory to restore the optimizer, LR scheduler and RNG from (None: start fresh)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mindrl.config.settings import OptimSettings
+from mindrl.config.settings import OptimSettings, RecomputeSettings
 
 
 def build_model_and_optimizer(
@@ -20,11 +20,13 @@ def build_model_and_optimizer(
     dtype: str = "float32",
     sequence_parallel: bool = False,
     iteration: int | str | None = None,
+    recompute: RecomputeSettings | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
 
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
+    recompute: activation recomputation in training (None: none).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -32,7 +34,9 @@ def build_model_and_optimizer(
 
     from mindrl.checkpoint.loading import build_and_load
 
-    spec, _, model = build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration)
+    spec, _, model = build_and_load(
+        load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute
+    )
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,

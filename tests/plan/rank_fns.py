@@ -112,3 +112,96 @@ def _saved_activation_bytes(
             out = model(inputs, position_ids, mask, labels=labels)
     out.float().sum().backward()
     return {"saved_bytes": sum(saved.values())}
+
+
+def recompute_activation_peak(
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
+    gemm_attention: bool, recompute, platform: str = "cpu",
+) -> dict:  # fmt: skip
+    """The peak of the bytes autograd holds for backward in one forward + backward under activation recomputation
+    (`recompute`, a RecomputeSettings): the distinct non-parameter storages saved in forward that are still alive
+    (sized now: a released activation output counts 0 until it is rebuilt), plus those a recomputation saves in
+    backward; taken at the end of the forward, at the end of each recomputation and after each rebuilt activation
+    output. platform "cuda": the core attention as the CUDA platform calls it, on CPU tensors (as above)."""
+    import contextlib
+    import os
+    import weakref
+    from unittest import mock
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    from mindrl.launch import init_model_parallel
+    from mindrl.models import attention
+    from mindrl.models.builder import RMSNorm, build_model
+    from mindrl.models.forward import attention_inputs
+    from mindrl.models.hf_config import ModelSpec
+    from mindrl.platform import CudaPlatform
+
+    init_model_parallel(tp, 1)
+    spec = ModelSpec.from_hf_dir(hf_dir)
+    model = build_model(spec, role, dtype=dtype, sequence_parallel=sp, recompute=recompute)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.fused = fused_norm
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    position_ids, mask = attention_inputs(inputs, None)
+    kept: dict[int, list] = {}  # storage -> weak references to the saved tensors on it
+    rebuild: dict[int, int] = {}  # what the running recomputation saved, storage -> bytes
+    state = {"backward": False, "base": 0, "peak": 0}
+
+    def live() -> int:  # by storage object: a released storage's address may have been given to another since
+        storages = {}
+        for refs in kept.values():
+            for t in (r() for r in refs):
+                if t is not None:
+                    storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    def pack(t):
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr in params or not s.nbytes():
+            return t
+        if not state["backward"]:
+            kept.setdefault(ptr, []).append(weakref.ref(t))
+        elif not any(r() is not None for r in kept.get(ptr, ())):  # a freed storage's address may come back
+            rebuild[ptr] = s.nbytes()
+            state["peak"] = max(state["peak"], state["base"] + sum(rebuild.values()))
+        return t
+
+    backward, restore = mrandom.CheckpointFunction.__dict__["backward"], mrandom.CheckpointWithoutOutput._recompute
+
+    def checkpoint_backward(ctx, *args):
+        rebuild.clear()
+        state["base"] = live()
+        return backward.__func__(ctx, *args)
+
+    def recompute_output(self, grad):
+        restore(self, grad)
+        state["peak"] = max(state["peak"], live() + sum(rebuild.values()))
+
+    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
+    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
+        core = core or contextlib.nullcontext()
+        core.__enter__()
+        mrandom.CheckpointFunction.backward = staticmethod(checkpoint_backward)
+        mrandom.CheckpointWithoutOutput._recompute = recompute_output
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                if role == "critic":
+                    out = model(inputs, position_ids, mask)
+                else:
+                    out = model(inputs, position_ids, mask, labels=labels)
+                state["peak"] = forward_end = live()
+                state["backward"] = True
+                out = out.float().sum()
+                out.backward()
+        finally:
+            mrandom.CheckpointFunction.backward = backward
+            mrandom.CheckpointWithoutOutput._recompute = restore
+            core.__exit__(None, None, None)
+    return {"forward_end_bytes": forward_end, "peak_bytes": state["peak"]}

@@ -236,6 +236,41 @@ def test_bad_config_gives_the_configs_error(capsys):
     assert "--device-memory-gib must be > 0" in capsys.readouterr().err
 
 
+def test_activations_follow_recompute(cfgs):
+    """The update's activations term follows the recompute_* keys: full recomputation of every layer equals the
+    alternative figure the plan shows without it (which then goes), each mode keeps less than none, and the
+    verdict's fix for activations names recomputation."""
+    base = make_plan(cfgs["ppo_qwen25_32b_A3"]).memory["actor"]["train"]
+    keys = {
+        "full": ["recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1"],
+        "block": ["recompute_granularity=full", "recompute_method=block", "recompute_num_layers=2"],
+        "selective": ["recompute_granularity=selective"],
+        "activation": ["recompute_activation_function=true"],
+    }
+    got = {}
+    for mode, kv in keys.items():
+        cfg = load_config("ppo_qwen25_32b_A3", overrides=[f"+actor_config.{k}" for k in kv])
+        plan = make_plan(cfg)
+        got[mode] = plan.memory["actor"]["train"]
+        assert not any("recompute" in n for n in plan.notes), plan.notes
+        assert "recompute" in to_text(plan)
+    assert got["full"]["activations_bytes"] == base["activations_recompute_bytes"]
+    assert "activations_recompute_bytes" not in got["full"] and "activations_recompute_bytes" in got["selective"]
+    for mode in ("block", "selective", "activation"):
+        assert got["full"]["activations_bytes"] < got[mode]["activations_bytes"] < base["activations_bytes"], mode
+    layout = make_plan(cfgs["ppo_qwen25_32b_A3"]).layouts["actor"]
+    assert "recompute_granularity: full" in plan_fix_for_activations(cfgs["ppo_qwen25_32b_A3"], layout)
+
+
+def plan_fix_for_activations(cfg, layout) -> str:
+    from dataclasses import replace
+
+    from mindrl.plan.planner import fix_key
+
+    cannot_raise_tp = replace(layout, tp=cfg.model.num_kv_heads, micro_batch_size=1, sequence_parallel=True)
+    return fix_key(cfg, "actor", "train", "activations_bytes", {"actor": cannot_raise_tp}, True)
+
+
 def test_plan_recipes_tool_tables_a_configs_folder(capsys):
     """tools/plan_recipes.py on the repo's configs/ (a MindSpeed-RL-style folder): every training recipe is a row;
     a recipe that loads shows its device and verdict, the others the config's first error."""
