@@ -33,7 +33,7 @@ def plan_recipe(configs: str, name: str, device: str | None) -> Row:
         plan = make_plan(cfg, device)
     except (ConfigError, PlanError, ValueError) as e:
         first = str(e).strip().splitlines()
-        return Row(name, False, error=(first[1] if len(first) > 1 else first[0]).strip()[:160])
+        return Row(name, False, error=(first[1] if len(first) > 1 else first[0]).strip().removeprefix("- ")[:200])
     v = plan.verdict
     role, phase, term = v["largest_term"].split(".")
     largest = f"{role}.{term.removesuffix('_bytes')} {v['largest_term_bytes'] / GIB:.1f} GiB"

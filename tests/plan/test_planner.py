@@ -16,7 +16,9 @@ from mindrl.plan import PHASES, make_plan, rank_coords, stage_params, to_json, t
 SHIPPED = [
     "ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_32b_A2", "grpo_qwen25_7b_A3", "ppo_tiny_cpu", "grpo_tiny_cpu"
 ]  # fmt: skip
-RECIPES = {"grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3"}
+RECIPES = {
+    "ppo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3"
+}  # fmt: skip
 """MindSpeed-RL's recipes as they ship them (configs/ differs only in paths and run_dir) and the device each names."""
 
 
