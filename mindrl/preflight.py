@@ -187,6 +187,11 @@ def check_sft_paths(mt: SFTTrainingConfig, col: Collector) -> None:
                 spec.validate_layout(1, mt.pipeline_model_parallel_size)
             except ModelConfigError as e:
                 col.add("pipeline_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
+            else:
+                layers = spec.num_layers // mt.pipeline_model_parallel_size
+                for key, message in mt.recompute_problems(layers):
+                    if (key, message) not in mt.recompute_problems():  # the rest was reported at load
+                        col.add(key, f"{message} (the model in {mt.load!r})")
         if not os.path.isdir(mt.tokenizer_name_or_path):
             col.add("tokenizer_name_or_path", f"tokenizer directory {mt.tokenizer_name_or_path!r} does not exist")
         try:

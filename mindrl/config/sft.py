@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector, ConfigError, Issue, collecting, did_you_mean
 from mindrl.config.section import Section
-from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings
+from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSettings
 
 SECTION = "megatron_training"
 _DATA = "the data is already tokenised and templated by mindrl-preprocess"
@@ -20,9 +20,9 @@ _ALWAYS = "mindrl always does this"
 
 
 @dataclass
-class SFTTrainingConfig(Section, OptimSettings):
+class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     """`megatron_training:` of an SFT config. Names and meanings follow megatron / MindSpeed-LLM arguments; the
-    optimizer and LR keys are `OptimSettings`'.
+    optimizer and LR keys are `OptimSettings`', the activation recomputation keys `RecomputeSettings`'.
 
     Relative paths are relative to the current directory (the shipped configs assume the repo root)."""
 
@@ -147,6 +147,13 @@ class SFTTrainingConfig(Section, OptimSettings):
                         f"= {self.dp} x {mbs} (DP = world_size / (TP x PP) = {self.world_size} / ({tp} x {pp}))")  # fmt: skip
         if self.sequence_parallel and tp == 1:
             col.add("sequence_parallel", "needs tensor_model_parallel_size > 1")
+        # the rules on layers per stage need the model: the builder checks them (mindrl.models.builder)
+        for key, message in self.recompute_problems():
+            col.add(key, message)
+        if self.recompute_granularity is None:
+            for key in ("recompute_method", "recompute_num_layers"):
+                if getattr(self, key) is not None:
+                    col.ignore(key, "has no effect without recompute_granularity")
         if self.bf16 and self.fp16:
             col.add("bf16", "and fp16 are both true; pick one")
         if not 0 <= self.min_lr <= self.lr:

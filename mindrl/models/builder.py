@@ -98,6 +98,13 @@ def build_model(
     config_overrides = {**transformer_config_keys(recompute), **config_overrides}
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
+    # The config checks these rules when it knows the model; SFT and code-built settings learn it only here.
+    problems = recompute.recompute_problems(spec.num_layers // pp) if recompute is not None else []
+    if problems:
+        raise ValueError(
+            f"activation recomputation for {spec.num_layers} layers over {pp} pipeline stage(s): "
+            + "; ".join(f"{key} {message}" for key, message in problems)
+        )
     # RoPE through megatron's fusion hook: Transformer Engine's kernel where installed, else mindrl's one-pass form
     # (docs/performance.md); apply_rope_fusion=False keeps the unfused reference.
     if config_overrides.setdefault("apply_rope_fusion", True):

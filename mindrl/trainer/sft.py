@@ -126,7 +126,7 @@ def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
     optim = mt.optim_settings(lr_warmup_iters=mt.warmup_iters)
     _, ddp, optimizer, scheduler = build_model_and_optimizer(
-        mt.load, tp, pp, optim, total_steps=mt.train_iters, dtype=mt.dtype, sequence_parallel=mt.sequence_parallel
+        mt.load, tp, pp, optim, mt.train_iters, mt.dtype, mt.sequence_parallel, recompute=mt.recompute_settings()
     )
     # As megatron's training loop does: fp16 scales the loss before backward (a no-op scale of 1 otherwise).
     ddp.config.grad_scale_func = optimizer.scale_loss

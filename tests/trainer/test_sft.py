@@ -180,6 +180,17 @@ def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
     assert got[1]["sft/loss"] == pytest.approx(ref[1]["sft/loss"], abs=1e-4)
 
 
+def test_recomputation_leaves_the_steps_unchanged(pool, assets, tmp_path):
+    """mindrl-sft with full recomputation (every layer its own chunk) and with the activation function recomputed:
+    the two steps' loss and grad norm equal the run without recomputation (fp32 on CPU, 1e-6 relative)."""
+    ref = run(pool, tmp_path / "plain", assets).history
+    got = run(pool, tmp_path / "recompute", assets, recompute_granularity="full", recompute_method="uniform",
+              recompute_num_layers=1, recompute_activation_function=True).history  # fmt: skip
+    for step in (0, 1):
+        for key in ("sft/loss", "sft/grad_norm"):
+            assert got[step][key] == pytest.approx(ref[step][key], rel=1e-6), (step, key)
+
+
 def test_checkpoint_loads_and_converts(pool, trained, assets, tmp_path):
     """The saved checkpoint (tracker = the last step, hf_files carried over) loads with build_and_load at TP2
     and converts with mcore2hf to an HF model whose logits match megatron's; the weights did change."""
@@ -243,6 +254,15 @@ def test_bad_config_names_the_key_and_the_file(assets, tmp_path):
         load_sft_config("sft_test", path, ["megatron_training.split=95,5,0"])
     with pytest.raises(ConfigError, match=r"no config 'sft_tset' .*did you mean 'sft_test'"):
         load_sft_config("sft_tset", path)
+    # Activation recomputation: megatron's rules, at load and (layers per stage) against the checkpoint's model.
+    assert load_sft_config("sft_test", path, ["megatron_training.recompute_granularity=selective"]).megatron_training
+    with pytest.raises(ConfigError, match=r"recompute_method: is required with recompute_granularity: full"):
+        load_sft_config("sft_test", path, ["megatron_training.recompute_granularity=full",
+                                           "megatron_training.recompute_num_layers=1"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"recompute_num_layers: .*layers per .*\(the model in"):
+        load_sft_config("sft_test", path, ["megatron_training.recompute_granularity=full",
+                                           "megatron_training.recompute_method=block",
+                                           "megatron_training.recompute_num_layers=99"])  # fmt: skip
     # Both problems at once, each with its source.
     with pytest.raises(ConfigError, match=r"(?s)2 problems.*stage: must be 'sft'.*seq_length: must be >= 1"):
         load_sft_config("sft_test", path, ["megatron_training.stage=pt", "megatron_training.seq_length=0"])
