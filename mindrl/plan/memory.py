@@ -124,23 +124,12 @@ def layer_activation_bytes(
     and a device RMSNorm kernel keeps its input and 1/rms (see `norm_activation_bytes`).
     The tests compare this with the bytes autograd really saves in the tiny model (tests/plan).
     """
-    d, f = arch.head_dim, arch.ffn_size
-    a, g = int(arch.num_attention_heads), arch.num_kv_heads
-    if gemm_attention:
-        attention_per_token = a * d * (4 + e) + 8 * g * d
-        attention = 4 * a * b * s * s // tp
-    elif path is not None and not (path.attention_fp32_operands and e < 4):
-        # the kernel's own operands: q, K and V (grouped or expanded), its output and the projection's input
-        kv = g if path.attention_grouped_kv else a
-        attention_per_token = (3 * a + 2 * kv) * d * e
-        mask = e if path.mask_bytes is None else path.mask_bytes
-        attention = path.softmax_stats_bytes * a * s * b // tp + mask * b * s * s
-    else:
-        attention_per_token = a * d * (16 + (e if e < 4 else 0))
-        attention = 4 * a * s * b // tp + 4 * b * s * s
-    per_token = (attention_per_token + e * 3 * f) // tp
-    norm = path.norm if path is not None and path.norm == "device" else fused_norm
-    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, norm) + s * b * per_token + attention
+    context = s * b * arch.head_dim * int(arch.num_attention_heads) * e // tp
+    if _output_is_context(path, e, gemm_attention):
+        context = 0  # the projection's input is SDPA's fp32 output, counted with the attention
+    mlp = s * b * 3 * arch.ffn_size * e // tp
+    attention = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path)
+    return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + attention + context + mlp
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
@@ -160,6 +149,11 @@ def _norm(fused_norm: bool | str, path: KernelPath | None) -> bool | str:
 def _device_attention(path: KernelPath | None, e: int, gemm_attention: bool) -> bool:
     """Whether the attention terms are a device kernel's on its own e-byte operands (see layer_activation_bytes)."""
     return not gemm_attention and path is not None and not (path.attention_fp32_operands and e < 4)
+
+
+def _output_is_context(path: KernelPath | None, e: int, gemm_attention: bool) -> bool:
+    """Whether SDPA's fp32 output is itself the output projection's input (an fp32 model on the CPU's SDPA path)."""
+    return e == 4 and not gemm_attention and not _device_attention(path, e, gemm_attention)
 
 
 def core_attention_bytes(
@@ -187,7 +181,7 @@ def selective_kept_bytes(
     the context (CPU path, e = 4), now kept by the output projection alone (otherwise a term of
     `layer_activation_bytes`)."""
     d, a, g = arch.head_dim, int(arch.num_attention_heads), arch.num_kv_heads
-    fp32_context = e == 4 and not gemm_attention and not _device_attention(path, e, gemm_attention)
+    fp32_context = _output_is_context(path, e, gemm_attention)
     return s * b * (2 * a + 3 * g) * d * e // tp + (s * b * a * d * e // tp if fp32_context else 0)
 
 

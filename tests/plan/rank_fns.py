@@ -3,6 +3,8 @@ built model + optimizer really holds."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -64,39 +66,7 @@ def saved_activation_bytes(
     fused_norm: the RMSNorms as mindrl's eager fused function (else torch's rms_norm under autograd);
     gemm_attention: the core attention as batched GEMMs (else torch's SDPA kernel); platform "cuda": the core
     attention as the CUDA platform calls it (16-bit operands as they are), run here on CPU tensors."""
-    import contextlib
-    import os
-    from unittest import mock
-
-    from mindrl.models import attention
-    from mindrl.platform import CudaPlatform
-
-    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
-    # read at every forward; the shared rank's own setting comes back afterwards
-    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
-        with core or contextlib.nullcontext():
-            return _saved_activation_bytes(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
-
-
-def _saved_activation_bytes(
-    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool
-) -> dict:
-    from mindrl.launch import init_model_parallel
-    from mindrl.models.builder import RMSNorm, build_model
-    from mindrl.models.forward import attention_inputs
-    from mindrl.models.hf_config import ModelSpec
-
-    init_model_parallel(tp, 1)
-    spec = ModelSpec.from_hf_dir(hf_dir)
-    model = build_model(spec, role, dtype=dtype, sequence_parallel=sp)
-    for m in model.modules():
-        if isinstance(m, RMSNorm):
-            m.fused = fused_norm
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
-    inputs, labels = ids[:, :-1], ids[:, 1:]
-    position_ids, mask = attention_inputs(inputs, None)
+    params, forward = _tiny_forward(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm)
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -105,37 +75,22 @@ def _saved_activation_bytes(
             saved[s.data_ptr()] = s.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        if role == "critic":
-            out = model(inputs, position_ids, mask)
-        else:
-            out = model(inputs, position_ids, mask, labels=labels)
-    out.float().sum().backward()
+    with _attention_path(seq, gemm_attention, platform):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = forward()
+        out.float().sum().backward()
     return {"saved_bytes": sum(saved.values())}
 
 
-def recompute_activation_peak(
-    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
-    gemm_attention: bool, recompute, platform: str = "cpu",
-) -> dict:  # fmt: skip
-    """The peak of the bytes autograd holds for backward in one forward + backward under activation recomputation
-    (`recompute`, a RecomputeSettings): the distinct non-parameter storages saved in forward that are still alive
-    (sized now: a released activation output counts 0 until it is rebuilt), plus those a recomputation saves in
-    backward; taken at the end of the forward, at the end of each recomputation and after each rebuilt activation
-    output. platform "cuda": the core attention as the CUDA platform calls it, on CPU tensors (as above)."""
-    import contextlib
-    import os
-    import weakref
-    from unittest import mock
-
-    from megatron.core.tensor_parallel import random as mrandom
-
+def _tiny_forward(
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool, recompute=None
+):
+    """(parameter storages, forward) for the model mindrl builds at TP x 1 (its RMSNorms fused as asked), training,
+    on a seeded batch: forward() runs the actor with labels (megatron's vocab-parallel cross entropy) or the critic."""
     from mindrl.launch import init_model_parallel
-    from mindrl.models import attention
     from mindrl.models.builder import RMSNorm, build_model
     from mindrl.models.forward import attention_inputs
     from mindrl.models.hf_config import ModelSpec
-    from mindrl.platform import CudaPlatform
 
     init_model_parallel(tp, 1)
     spec = ModelSpec.from_hf_dir(hf_dir)
@@ -149,6 +104,42 @@ def recompute_activation_peak(
     ids = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
     inputs, labels = ids[:, :-1], ids[:, 1:]
     position_ids, mask = attention_inputs(inputs, None)
+    if role == "critic":
+        return params, lambda: model(inputs, position_ids, mask)
+    return params, lambda: model(inputs, position_ids, mask, labels=labels)
+
+
+@contextlib.contextmanager
+def _attention_path(seq: int, gemm_attention: bool, platform: str):
+    """The core attention as batched GEMMs (gemm_attention) or SDPA, on the CPU's path or CUDA's (platform "cuda",
+    on CPU tensors); the shared rank's own settings come back afterwards."""
+    import os
+    from unittest import mock
+
+    from mindrl.models import attention
+    from mindrl.platform import CudaPlatform
+
+    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
+    # read at every forward
+    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
+        with core or contextlib.nullcontext():
+            yield
+
+
+def recompute_activation_peak(
+    hf_dir: str, role: str, tp: int, sp: bool, batch: int, seq: int, dtype: str, fused_norm: bool,
+    gemm_attention: bool, recompute, platform: str = "cpu",
+) -> dict:  # fmt: skip
+    """The peak of the bytes autograd holds for backward in one forward + backward under activation recomputation
+    (`recompute`, a RecomputeSettings): the distinct non-parameter storages saved in forward that are still alive
+    (sized now: a released activation output counts 0 until it is rebuilt), plus those a recomputation saves in
+    backward; taken at the end of the forward, at the end of each recomputation and after each rebuilt activation
+    output. platform "cuda": the core attention as the CUDA platform calls it, on CPU tensors (as above)."""
+    import weakref
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    params, forward = _tiny_forward(hf_dir, role, tp, sp, batch, seq, dtype, fused_norm, recompute)
     kept: dict[int, list] = {}  # storage -> weak references to the saved tensors on it
     rebuild: dict[int, int] = {}  # what the running recomputation saved, storage -> bytes
     state = {"backward": False, "base": 0, "peak": 0}
@@ -184,24 +175,16 @@ def recompute_activation_peak(
         restore(self, grad)
         state["peak"] = max(state["peak"], live() + sum(rebuild.values()))
 
-    core = mock.patch.object(attention, "current_platform", CudaPlatform) if platform == "cuda" else None
-    with mock.patch.dict(os.environ, {"MINDRL_GEMM_ATTENTION_MAX_LEN": str(seq if gemm_attention else 0)}):
-        core = core or contextlib.nullcontext()
-        core.__enter__()
+    with _attention_path(seq, gemm_attention, platform):
         mrandom.CheckpointFunction.backward = staticmethod(checkpoint_backward)
         mrandom.CheckpointWithoutOutput._recompute = recompute_output
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                if role == "critic":
-                    out = model(inputs, position_ids, mask)
-                else:
-                    out = model(inputs, position_ids, mask, labels=labels)
+                out = forward()
                 state["peak"] = forward_end = live()
                 state["backward"] = True
-                out = out.float().sum()
-                out.backward()
+                out.float().sum().backward()
         finally:
             mrandom.CheckpointFunction.backward = backward
             mrandom.CheckpointWithoutOutput._recompute = restore
-            core.__exit__(None, None, None)
     return {"forward_end_bytes": forward_end, "peak_bytes": state["peak"]}

@@ -110,16 +110,11 @@ def savings_vs_plain_rank(
             spec, ddp, optimizer, scheduler = build_model_and_optimizer(
                 load_dir, tp, pp, optim, total_steps=1, sequence_parallel=sequence_parallel
             )
-            dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-            shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
-            if role == "actor":
-                fwd = rl_model.response_logprobs(ddp, shard, micro_batch_size, loss.temperature)
-            else:
-                fwd = rl_model.response_values(ddp, shard, micro_batch_size)
+            shard, fwd = dp_forward(ddp, batch, role, micro_batch_size, loss.temperature)
             metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro_batch_size, 1, 1))
             grads = full_hf_tensors(ddp, spec, grads=True)
             weights = full_hf_tensors(ddp, spec, grads=False)
-            keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+            keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
             out[name] = {
                 "forward": fwd if keep else None,
                 "metrics": metrics,
@@ -179,15 +174,12 @@ def micro_batching_rank(
     from megatron.core import parallel_state as ps
 
     from mindrl.models.attention import SDPAttention
-    from mindrl.workers import rl_model
 
     spec, ddp, optimizer, scheduler = build_model_and_optimizer(
         load_dir, tp, pp, OptimSettings(lr=0.0, clip_grad=1e9), total_steps=len(variants),
         sequence_parallel=sequence_parallel,
     )  # fmt: skip
-    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
-    keep = dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+    keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
     out = {}
     calls = []
     original = SDPAttention._packed_rows
@@ -195,10 +187,7 @@ def micro_batching_rank(
     try:
         for name, micro in variants.items():
             calls.clear()
-            if role == "actor":
-                fwd = rl_model.response_logprobs(ddp, shard, micro, loss.temperature)
-            else:
-                fwd = rl_model.response_values(ddp, shard, micro)
+            shard, fwd = dp_forward(ddp, batch, role, micro, loss.temperature)
             metrics = flat(ppo_update(ddp, optimizer, scheduler, shard, role, loss, micro, 1, 1))
             grads = full_hf_tensors(ddp, spec, grads=True)
             out[name] = {"forward": fwd if keep else None, "metrics": metrics, "grads": grads if keep else None,
@@ -206,3 +195,17 @@ def micro_batching_rank(
     finally:
         SDPAttention._packed_rows = original
     return out
+
+
+def dp_forward(ddp, batch: Batch, role: str, micro, temperature: float) -> tuple[Batch, object]:
+    """(this DP rank's shard of `batch`, its forward: the actor's response logprobs or the critic's values) with
+    `micro` (a micro-batch size or a MicroBatching)."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.workers import rl_model
+
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
+    if role == "actor":
+        return shard, rl_model.response_logprobs(ddp, shard, micro, temperature)
+    return shard, rl_model.response_values(ddp, shard, micro)

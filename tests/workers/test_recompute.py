@@ -12,6 +12,7 @@ from mindrl.checkpoint import convert
 from mindrl.config.settings import RecomputeSettings
 from mindrl.workers.rl_model import PPOLossSettings
 from mindrl.workers.train_setup import OptimSettings
+from tests.workers.ppo_rank_fns import dp_forward
 from tests.workers.test_ppo_update import ACTOR_LOSS, CRITIC_LOSS, make_batch
 
 LAYERS = 4
@@ -74,9 +75,6 @@ def _update_rank(load_dir: str, tp: int, pp: int, sp: bool, batch, role: str, lo
     """The same ppo_update without recomputation and with each mode, each from the loaded weights: per mode the
     largest relative gap of a reported loss and of a parameter's gradient (this rank's shard, ||g - g0|| / ||g0||),
     how many recomputations ran, and whether the forward-only pass (logprobs / values) was unchanged."""
-    from megatron.core import parallel_state as ps
-
-    from mindrl.batch import shard_rows
     from mindrl.workers import rl_model
     from mindrl.workers.train_setup import build_model_and_optimizer
 
@@ -89,12 +87,7 @@ def _update_rank(load_dir: str, tp: int, pp: int, sp: bool, batch, role: str, lo
             _, ddp, optimizer, scheduler = build_model_and_optimizer(
                 load_dir, tp, pp, optim, 1, sequence_parallel=sp, recompute=recompute
             )
-            dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-            shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
-            if role == "actor":
-                forward = rl_model.response_logprobs(ddp, shard, mbs, loss.temperature)
-            else:
-                forward = rl_model.response_values(ddp, shard, mbs)
+            shard, forward = dp_forward(ddp, batch, role, mbs, loss.temperature)
             result = rl_model.ppo_update(ddp, optimizer, scheduler, shard, role, loss, mbs, 1, 1)
         finally:
             undo()
