@@ -20,6 +20,7 @@ from mindrl.config.model import ModelArchConfig
 from mindrl.config.root import RLConfig
 from mindrl.config.sft import SECTION as SFT_SECTION
 from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
+from mindrl.data.indexed import IndexedDataset
 from mindrl.data.preprocess import dataset_prefix
 from mindrl.models.hf_config import ModelConfigError
 from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
@@ -216,8 +217,6 @@ def sft_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
             raise ValueError(
                 f"{p}.{{bin,idx}} not found (run mindrl-preprocess with handler_name=AlpacaStyleInstructionHandler)"
             )
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
     ids = IndexedDataset(dataset_prefix(prefix, "input_ids"))
     labels = IndexedDataset(dataset_prefix(prefix, "labels"))
     if len(ids) != len(labels) or (ids.sequence_lengths != labels.sequence_lengths).any():

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mindrl.data.indexed import IndexedDataset
 from mindrl.data.preprocess import dataset_prefix
 
 _SUFFIX = "_packed_input_ids_document"
@@ -45,38 +46,6 @@ class PromptBatch:
         return ids, mask
 
 
-def _open_indexed(indexed_dataset_cls: type, path: str) -> Any:
-    """megatron's IndexedDataset, checked against its two files: a truncated or corrupted .idx or .bin is
-    named here, not met later as a bare struct / numpy error while reading a document."""
-    if os.path.getsize(path + ".bin") == 0:
-        raise ValueError(f"{path}.bin is empty (truncated?); run mindrl-preprocess again")
-    try:
-        ds = indexed_dataset_cls(path)
-    except Exception as e:  # struct.error, AssertionError, ValueError, KeyError ... from megatron and numpy
-        raise ValueError(
-            f"{path}.idx is truncated or corrupted ({type(e).__name__}: {e}); run mindrl-preprocess again"
-        ) from None
-    index = ds.index
-    if len(index) == 0:
-        raise ValueError(f"{path}.idx holds no documents (corrupted?); run mindrl-preprocess again")
-    # mindrl-preprocess writes the documents back to back: each starts where the previous one ends
-    lengths, pointers = index.sequence_lengths.astype(np.int64), index.sequence_pointers
-    contiguous = (
-        pointers[0] == 0
-        and (lengths >= 0).all()
-        and (pointers[1:] == pointers[:-1] + lengths[:-1] * index.dtype_size).all()
-    )
-    if not contiguous:
-        raise ValueError(
-            f"{path}.idx is truncated or corrupted (its document offsets are not contiguous); run mindrl-preprocess again"
-        )
-    end = int(pointers[-1]) + int(lengths[-1]) * index.dtype_size
-    size = os.path.getsize(path + ".bin")
-    if size < end:  # the .bin must hold the last document the .idx points at
-        raise ValueError(f"{path}.bin is truncated: {size} bytes, its .idx needs {end}; run mindrl-preprocess again")
-    return ds
-
-
 class PromptDataset:
     """Prompts (+ labels and other extra keys) from `{data_prefix}_packed_{key}_document`.
 
@@ -90,8 +59,6 @@ class PromptDataset:
         max_prompt_length: int | None = None,
         extra_keys: list[str] | tuple[str, ...] = ("labels",),
     ) -> None:
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
         # Accept the trainer's data_path either as the output_prefix or as the input_ids dataset prefix.
         if data_prefix.endswith(_SUFFIX):
             data_prefix = data_prefix[: -len(_SUFFIX)]
@@ -104,7 +71,7 @@ class PromptDataset:
                     f"packed dataset for '{key}' not found: {path}.{{bin,idx}} (data_path '{data_prefix}'; "
                     "run mindrl-preprocess first, and check dataset_additional_keys)"
                 )
-        self.datasets = {k: _open_indexed(IndexedDataset, p) for k, p in paths.items()}
+        self.datasets = {k: IndexedDataset(p) for k, p in paths.items()}
         lengths = self.datasets["input_ids"].sequence_lengths
         for key in self.extra_keys:
             if len(self.datasets[key]) != len(lengths):

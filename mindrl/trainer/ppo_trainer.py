@@ -30,10 +30,9 @@ from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, Rollou
 from mindrl.workers import from_config
 from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
-from mindrl.workers.hybrid_engine import logprob_diff_summary
 from mindrl.workers.integrated_worker import IntegratedWorker
 from mindrl.workers.profiling import announce_iteration
-from mindrl.workers.results import DeviceLedger, Scores, UpdateResult
+from mindrl.workers.results import DeviceLedger, Scores, UpdateResult, logprob_diff_summary
 
 logger = logging.getLogger("mindrl.trainer")
 

@@ -29,8 +29,7 @@ class SFTDataset:
     Split into contiguous train / valid / test document ranges by `split` (megatron's --split)."""
 
     def __init__(self, data_path: str, split: str = "100,0,0") -> None:
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
+        from mindrl.data.indexed import IndexedDataset
         from mindrl.data.preprocess import dataset_prefix
 
         prefix = dataset_output_prefix(data_path)

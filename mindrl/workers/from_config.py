@@ -14,8 +14,7 @@ from mindrl.resharding import OffloadConfig
 from mindrl.resharding.residency import ResidencySchedule
 from mindrl.workers.profiling import ProfileSettings
 from mindrl.workers.reward_worker import RewardSettings
-from mindrl.workers.rl_model import PPOLossSettings
-from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings
+from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings, PPOLossSettings
 
 
 def rollout_size(cfg) -> int:

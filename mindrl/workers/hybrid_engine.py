@@ -17,6 +17,7 @@ from mindrl.platform.detect import current_platform
 from mindrl.resharding import OffloadConfig, ShardingManager, TrainStateOffloader, WeightStreamer
 from mindrl.resharding.stream import unwrap
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig, processed_logprobs
+from mindrl.workers.results import logprob_diff_summary
 
 logger = logging.getLogger("mindrl.hybrid_engine")
 
@@ -123,21 +124,6 @@ class HybridEngine:
         torch.distributed.all_reduce(stats[:2])
         torch.distributed.all_reduce(maxes, op=torch.distributed.ReduceOp.MAX)
         return logprob_diff_summary(stats[0].item(), stats[1].item(), maxes.item(), self.logprob_diff_warn)
-
-
-def logprob_diff_summary(sum_abs: float, count: float, max_abs: float, warn: float) -> dict[str, float]:
-    """`rollout/logprob_diff_mean` / `_max` from |engine - actor| totals; warns loudly when the mean exceeds
-    `warn`: the rollout is then not sampling from the policy being trained."""
-    metrics = {"rollout/logprob_diff_mean": sum_abs / max(count, 1.0), "rollout/logprob_diff_max": max_abs}
-    if metrics["rollout/logprob_diff_mean"] > warn:
-        logger.warning(
-            "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "
-            "sampling from the policy being trained (dtype, weights not reloaded, or a layout bug).",
-            metrics["rollout/logprob_diff_mean"],
-            warn,
-            metrics["rollout/logprob_diff_max"],
-        )
-    return metrics
 
 
 def _all_replica_samples(prompts, samples, engine_tp_rank: int):

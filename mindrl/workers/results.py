@@ -3,6 +3,7 @@ metrics with its token counts and logprob-diff totals, a batch's rule rewards, a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,6 +60,21 @@ class LogprobDiff:
     sum_abs: float
     count: float
     max_abs: float
+
+
+def logprob_diff_summary(sum_abs: float, count: float, max_abs: float, warn: float) -> dict[str, float]:
+    """`rollout/logprob_diff_mean` / `_max` from |engine - actor| totals; warns loudly when the mean exceeds
+    `warn`: the rollout is then not sampling from the policy being trained."""
+    metrics = {"rollout/logprob_diff_mean": sum_abs / max(count, 1.0), "rollout/logprob_diff_max": max_abs}
+    if metrics["rollout/logprob_diff_mean"] > warn:
+        logging.getLogger("mindrl.hybrid_engine").warning(
+            "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "
+            "sampling from the policy being trained (dtype, weights not reloaded, or a layout bug).",
+            metrics["rollout/logprob_diff_mean"],
+            warn,
+            metrics["rollout/logprob_diff_max"],
+        )
+    return metrics
 
 
 @dataclass

@@ -21,6 +21,7 @@ from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
 from mindrl.workers.profiling import OPTIMIZER_RANGE
 from mindrl.workers.results import LogprobDiff, TokenCounts, UpdateResult
+from mindrl.workers.settings import MicroBatching, PPOLossSettings
 
 SAVINGS = True
 """Padding trim per micro-batch, output layer on the response positions only, entropy without a graph when its
@@ -40,44 +41,8 @@ _PACKED = "packed_rows"
 """A micro-batch's meta key: its rows packed into one (`PackedRows`; absent: the rows padded to its widths)."""
 
 
-@dataclass(frozen=True)
-class MicroBatching:
-    """How a batch is cut into micro-batches and laid out for the model (rl_config's use_dynamic_bsz and
-    use_remove_padding; an int where one is accepted means `MicroBatching(rows=that)`)."""
-
-    rows: int = 1
-    """Rows per micro-batch (micro_batch_size) when there is no token budget."""
-    token_budget: int | None = None
-    """Micro-batches of at most this many tokens instead of `rows` rows (use_dynamic_bsz, *max_packing_token_size):
-    packed, the rows' real tokens; padded, rows x the micro-batch's widths. None: `rows` rows each."""
-    max_rows: int | None = None
-    """With a token budget, at most this many rows per micro-batch (*dynamic_max_batch_size); None: no cap."""
-    packed: bool = False
-    """Each micro-batch's rows packed into one row without padding (use_remove_padding, `PackedRows`). Packed rows
-    and token-budget micro-batches compute each row on its own: no prefix groups (`PREFIX_SHARING`)."""
-
-
 def _batching(micro: int | MicroBatching) -> MicroBatching:
     return micro if isinstance(micro, MicroBatching) else MicroBatching(rows=int(micro))
-
-
-@dataclass(frozen=True)
-class PPOLossSettings:
-    """Loss knobs of the actor and critic updates (rl_config)."""
-
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float | None = None
-    entropy_coeff: float = 0.0
-    kl_loss_coef: float = 0.0
-    """KL(policy || reference) in the actor loss; 0 when the KL is in the reward."""
-    kl_loss_type: str = "low_var_kl"
-    loss_agg_mode: str = "token-mean"
-    cliprange_value: float | None = 0.5
-    rollout_is_threshold: float | None = None
-    """Truncated importance sampling cap on pi_old / pi_rollout (None: off)."""
-    temperature: float = 1.0
-    """The sampling temperature: logprobs are those of softmax(logits / temperature)."""
 
 
 def _layout(mb: Batch) -> PrefixGroups | None:
