@@ -72,7 +72,9 @@ class IndexedDataset:
         if n == 0:
             raise ValueError(f"{idx} holds no documents (corrupted?); run mindrl-preprocess again")
         lengths, pointers, item = self.sequence_lengths.astype(np.int64), self.sequence_pointers, self.dtype.itemsize
-        if not (pointers[0] == 0 and (lengths >= 0).all() and (pointers[1:] == pointers[:-1] + lengths[:-1] * item).all()):
+        if not (
+            pointers[0] == 0 and (lengths >= 0).all() and (pointers[1:] == pointers[:-1] + lengths[:-1] * item).all()
+        ):
             raise _corrupt(idx, "its sequence offsets are not contiguous")
         end = int(pointers[-1]) + int(lengths[-1]) * item
         bin_size = os.path.getsize(bin_path)
