@@ -1,5 +1,5 @@
 """Entry point of a verifier pool process: score samples sent over a pipe, one reply per sample.
-Also the forkserver preload, so that forked workers start with math-verify imported and warm."""
+Also the forkserver preload (with math-verify beside it only where a math verifier is used)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-# Imported here (not lazily) so a forkserver that preloads this module hands workers a warm interpreter.
+# Imported here (not lazily) so a forkserver that preloads this module hands workers the verifiers imported; the
+# math verifiers' modules (math-verify, sympy) are preloaded beside it only when they are used (VerifierPool).
 import mindrl.rewards.verifiers as _verifiers
 
 
@@ -29,15 +30,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _warm_up() -> None:
-    # First use builds math-verify's regexes and latex2sympy's parser; pay it before reporting ready.
-    _verifiers.acc_reward("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")
-    _verifiers.math_verify_reward("so \\boxed{2}", "2")
-
-
-def worker_main(conn: Connection) -> None:
-    """Loop: receive ("score", verifier_fns, [(idx, response, label), ...]) or None (exit); reply
-    (idx, scores, error) per sample, where scores is a tuple of floats or None when a verifier raised."""
+def worker_main(conn: Connection, math_verifiers: bool = False) -> None:
+    """Loop: receive ("score", verifier_fns, [(idx, response, label), ...]), ("warm_math",) or None (exit); reply
+    (idx, scores, error) per sample, where scores is a tuple of floats or None when a verifier raised, and
+    ("ready", pid) once started and after each warm-up. math_verifiers: warm them up before the first "ready"."""
     _die_with_parent()
     # Ctrl-C goes to the whole process group; the parent decides what happens to the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -47,7 +43,8 @@ def worker_main(conn: Connection) -> None:
     # internal parse failure; neither is actionable per sample.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.ERROR)
-    _warm_up()
+    if math_verifiers:
+        _verifiers.warm_up_math()
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -56,6 +53,10 @@ def worker_main(conn: Connection) -> None:
             return
         if message is None:
             return
+        if message[0] == "warm_math":
+            _verifiers.warm_up_math()
+            conn.send(("ready", os.getpid()))
+            continue
         _, fns, items = message
         for idx, response, label in items:
             try:

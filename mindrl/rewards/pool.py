@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 _WORKER_MODULE = "mindrl.rewards._worker"
+_MATH_MODULE = "mindrl.rewards.equivalence"  # verifiers.MATH_MODULE, named here without importing the verifiers
 # Startup (imports, warm-up) is not charged to any sample, but a worker that never comes up is a bug.
 STARTUP_TIMEOUT_S = 120.0
 
@@ -34,18 +35,30 @@ class PoolOutcome:
 
 
 class _Worker:
-    def __init__(self, ctx: mp.context.BaseContext):
+    def __init__(self, ctx: mp.context.BaseContext, math_verifiers: bool):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         from mindrl.rewards._worker import worker_main
 
-        self.proc = ctx.Process(target=worker_main, args=(child_conn,), daemon=True, name="mindrl-verifier")
+        self.proc = ctx.Process(
+            target=worker_main, args=(child_conn, math_verifiers), daemon=True, name="mindrl-verifier"
+        )
         self.proc.start()
         child_conn.close()
         self.conn: Connection = parent_conn
-        self.ready = False
-        self.started = time.monotonic()
+        self.math = math_verifiers  # started or asked to warm the math verifiers up
+        self.unready = 1  # "ready" replies still to come (its start, then one per warm-up asked)
+        self.started = time.monotonic()  # of its start or of the last warm-up asked
         self.chunk: deque[int] = deque()  # sample indices sent and not yet answered, in order
         self.deadline = math.inf  # for chunk[0]
+
+    @property
+    def ready(self) -> bool:
+        return self.unready == 0
+
+    def warm_math(self) -> None:
+        """Ask it to warm the math verifiers up (it answers "ready" when done); the samples' clocks start after."""
+        self.conn.send(("warm_math",))
+        self.math, self.unready, self.started = True, self.unready + 1, time.monotonic()
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -65,29 +78,37 @@ def default_num_workers() -> int:
 
 class VerifierPool:
     """`num_workers` long-lived processes scoring (response, label) samples with module-level verifier
-    functions. Thread-safe: concurrent `score` calls are serialised."""
+    functions. Thread-safe: concurrent `score` calls are serialised, and `close` from another thread stops one in
+    flight within half a second.
 
-    def __init__(self, num_workers: int, start_method: str = "forkserver", max_chunk: int = 32):
+    math_verifiers: start the processes with math-verify imported and warm (the forkserver preloads it); a `score`
+    call with math_verifiers=True on a pool started without asks its processes to warm up first. Without, they never import it."""
+
+    def __init__(
+        self, num_workers: int, start_method: str = "forkserver", max_chunk: int = 32, math_verifiers: bool = False
+    ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self.max_chunk = max_chunk
         self.owner_pid = os.getpid()
+        self.math = math_verifiers
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Only takes effect if this process has not started its forkserver yet; otherwise workers
-            # import math-verify themselves before reporting ready, which costs time but not correctness.
-            self._ctx.set_forkserver_preload([_WORKER_MODULE])
+            # import what they need themselves before reporting ready, which costs time but not correctness.
+            self._ctx.set_forkserver_preload([_WORKER_MODULE, *([_MATH_MODULE] if math_verifiers else [])])
         self._lock = threading.Lock()
-        self._workers = [_Worker(self._ctx) for _ in range(num_workers)]
+        self._workers = [_Worker(self._ctx, math_verifiers) for _ in range(num_workers)]
         self.total_restarts = 0
         self.closed = False
+        self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
-        self._workers[slot] = _Worker(self._ctx)
+        self._workers[slot] = _Worker(self._ctx, self.math)
         self.total_restarts += 1
 
     def worker_pids(self) -> list[int | None]:
@@ -95,6 +116,7 @@ class VerifierPool:
 
     def close(self) -> None:
         """Stop all workers: ask politely, then kill whatever is still running (e.g. stuck in sympy)."""
+        self._closing = True  # a `score` in another thread gives the lock up at its next wake-up
         with self._lock:
             if self.closed:
                 return
@@ -123,18 +145,28 @@ class VerifierPool:
         labels: Sequence[str | None],
         verifier_fns: Sequence[Callable[[str, str | None], float]],
         timeout: float,
+        math_verifiers: bool = False,
     ) -> PoolOutcome:
         """Score every sample with every function in verifier_fns, each sample within `timeout` seconds
-        of wall-clock time (all its verifiers together), measured from when its worker started on it."""
+        of wall-clock time (all its verifiers together), measured from when its worker started on it.
+        math_verifiers: verifier_fns include math verifiers (the workers are warmed up for them first)."""
         with self._lock:
-            if self.closed:
+            if self.closed or self._closing:
                 raise RuntimeError("VerifierPool is closed")
             try:
+                if math_verifiers and not self.math:
+                    self.math = True  # replacements start warm from now on
+                    for slot, w in enumerate(self._workers):
+                        try:
+                            w.warm_math()
+                        except (BrokenPipeError, ConnectionResetError):  # died while idle: a warm one replaces it
+                            self._replace(slot)
                 return self._score(responses, labels, tuple(verifier_fns), timeout)
             except BaseException:
                 # interrupted mid-batch (Ctrl-C, a bug): workers may hold stale work; start clean next time
-                for slot in range(len(self._workers)):
-                    self._replace(slot)
+                if not self._closing:
+                    for slot in range(len(self._workers)):
+                        self._replace(slot)
                 raise
 
     def _score(self, responses, labels, fns, timeout) -> PoolOutcome:
@@ -162,6 +194,8 @@ class VerifierPool:
             self._replace(slot)
 
         while remaining:
+            if self._closing:
+                raise RuntimeError("VerifierPool closed while scoring")
             for slot, w in enumerate(self._workers):
                 if w.ready and not w.chunk and pending:
                     take = [pending.popleft() for _ in range(min(chunk, len(pending)))]
@@ -180,7 +214,8 @@ class VerifierPool:
             deadlines = [w.deadline for w in waiting if w.chunk] + [
                 w.started + STARTUP_TIMEOUT_S for w in waiting if not w.ready
             ]
-            ready_conns = wait([w.conn for w in waiting], timeout=max(0.0, min(deadlines, default=now + 1.0) - now))
+            wake = min([*deadlines, now + 0.5])  # at least twice a second: `close` may be waiting
+            ready_conns = wait([w.conn for w in waiting], timeout=max(0.0, wake - now))
 
             for conn in ready_conns:
                 slot = next(s for s, w in enumerate(self._workers) if w.conn is conn)
@@ -189,7 +224,7 @@ class VerifierPool:
                     while True:
                         message = conn.recv()
                         if message[0] == "ready":
-                            w.ready = True
+                            w.unready -= 1
                         else:
                             idx, scores, error = message
                             if not w.chunk or idx != w.chunk[0]:
@@ -226,9 +261,10 @@ _shared_pool: VerifierPool | None = None
 _shared_lock = threading.Lock()
 
 
-def get_shared_pool(num_workers: int | None = None) -> VerifierPool:
+def get_shared_pool(num_workers: int | None = None, math_verifiers: bool = False) -> VerifierPool:
     """The process-wide pool, created on first use and kept across calls (worker startup is the
-    expensive part). A different num_workers replaces it; a forked child gets its own."""
+    expensive part). A different num_workers replaces it; a forked child gets its own. math_verifiers: a new pool starts
+    warm for the math verifiers (an existing one warms up at its first `score(..., math_verifiers=True)`)."""
     global _shared_pool
     num_workers = num_workers or default_num_workers()
     with _shared_lock:
@@ -239,7 +275,7 @@ def get_shared_pool(num_workers: int | None = None) -> VerifierPool:
             pool.close()
             pool = None
         if pool is None:
-            pool = VerifierPool(num_workers)
+            pool = VerifierPool(num_workers, math_verifiers=math_verifiers)
         _shared_pool = pool
         return pool
 

@@ -11,9 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrl.rewards.pool import get_shared_pool
-from mindrl.rewards.verifiers import get_verifier
+from mindrl.rewards.verifiers import get_verifier, uses_math
 
 DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """The rule rewards of a run (rl_config's verifier_function, verifier_weight, verifier_timeout,
+    verifier_parallel), as `score_rule_rewards` takes them."""
+
+    verifier_function: tuple[str, ...] = ("acc_for_ppo",)
+    verifier_weight: tuple[float, ...] = (1.0,)
+    timeout: float = DEFAULT_TIMEOUT_S
+    num_workers: int = 1
 
 
 def _as_names(verifier_function: str | Sequence[str]) -> list[str]:
@@ -91,7 +102,9 @@ def score_rule_rewards(
 
     start = time.perf_counter()
     if responses:
-        outcome = get_shared_pool(num_workers).score(list(responses), label_texts, fns, timeout)
+        warm = uses_math(names)
+        pool = get_shared_pool(num_workers, math_verifiers=warm)
+        outcome = pool.score(list(responses), label_texts, fns, timeout, math_verifiers=warm)
         scores, status, restarts = outcome.scores, outcome.status, outcome.worker_restarts
     else:
         scores, status, restarts = [], [], 0

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from mindrl.rewards.equivalence import math_equal, parse_gold_label, parse_response, verify_parsed
 from mindrl.rewards.extract import (
     final_answer,
     has_strict_structure,
@@ -22,19 +22,46 @@ VERIFIERS: dict[str, Verifier] = {}
 """name -> verifier. The rewards' own table, so that rewards/ (like algorithms/, whose estimators have theirs) stands
 on the ground floor and config/ can check names against both."""
 
+MATH_VERIFIERS: set[str] = set()
+"""The verifiers that compare answers with math-verify: a scoring process imports math-verify and sympy (~0.4 s, ~45
+MiB) and warms their parsers (`warm_up_math`) before it scores with one of them, and only then."""
 
-def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
+MATH_MODULE = "mindrl.rewards.equivalence"
+"""What the math verifiers import (math-verify, sympy): the verifier pool's forkserver preloads it when they are used."""
+
+
+def register_verifier(name: str, uses_math: bool = False) -> Callable[[Verifier], Verifier]:
     """Decorator: make a module-level function selectable in `rl_config.verifier_function`.
 
-    It runs in pool worker processes, so it must be importable by module and name (no lambdas)."""
+    It runs in pool worker processes, so it must be importable by module and name (no lambdas). uses_math: it calls
+    `math_equal` or math-verify (the pool then warms them up before it scores)."""
 
     def decorator(fn: Verifier) -> Verifier:
         if name in VERIFIERS and VERIFIERS[name] is not fn:
             raise ValueError(f"verifier {name!r} is already registered to {VERIFIERS[name].__qualname__}")
         VERIFIERS[name] = fn
+        if uses_math:
+            MATH_VERIFIERS.add(name)
         return fn
 
     return decorator
+
+
+def uses_math(names: Sequence[str]) -> bool:
+    """Whether any of these verifiers compares answers with math-verify."""
+    return any(name in MATH_VERIFIERS for name in names)
+
+
+def _math():
+    """The answer-equivalence module (math-verify, sympy), imported on first use only."""
+    return importlib.import_module(MATH_MODULE)
+
+
+def warm_up_math() -> None:
+    """Import math-verify and build its regexes and latex2sympy's parser (~2 s at first use), before a scoring process
+    reports ready: the first samples' timeouts must not pay for it."""
+    acc_reward("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")
+    math_verify_reward("so \\boxed{2}", "2")
 
 
 def get_verifier(name: str) -> Verifier:
@@ -53,13 +80,13 @@ def list_verifiers() -> list[str]:
     return sorted(VERIFIERS)
 
 
-@register_verifier("acc")
+@register_verifier("acc", uses_math=True)
 def acc_reward(response: str, label: str | None) -> float:
     """Last \\boxed{} (else the <answer> content) equivalent to the label: 1.0; wrong: -0.5; no answer: -1.0."""
     answer = final_answer(response)
     if answer is None:
         return -1.0
-    return 1.0 if math_equal(answer, label) else -0.5
+    return 1.0 if _math().math_equal(answer, label) else -0.5
 
 
 @register_verifier("format")
@@ -74,37 +101,38 @@ def strict_format_reward(response: str, label: str | None = None) -> float:
     return 1.0 if has_strict_structure(response) else -0.5
 
 
-@register_verifier("base_acc")
+@register_verifier("base_acc", uses_math=True)
 def base_acc_reward(response: str, label: str | None) -> float:
     """1.0 when the strict structure holds AND the boxed answer is correct, else 0.0."""
     if not has_strict_structure(response):
         return 0.0
-    return 1.0 if math_equal(last_boxed_content(response), label) else 0.0
+    return 1.0 if _math().math_equal(last_boxed_content(response), label) else 0.0
 
 
 def _boxed_correct(response: str, label: str | None) -> float:
-    return 1.0 if math_equal(last_boxed_content(response), label) else 0.0
+    return 1.0 if _math().math_equal(last_boxed_content(response), label) else 0.0
 
 
-@register_verifier("acc_for_ppo")
+@register_verifier("acc_for_ppo", uses_math=True)
 def acc_for_ppo_reward(response: str, label: str | None) -> float:
     """1.0 when the last \\boxed{} is equivalent to the label, else 0.0 (missing box included)."""
     return _boxed_correct(response, label)
 
 
-@register_verifier("math_17k_acc")
+@register_verifier("math_17k_acc", uses_math=True)
 def math_17k_acc_reward(response: str, label: str | None) -> float:
     """Same rule as acc_for_ppo, kept as its own name for MindSpeed-RL's math-17k configs."""
     return _boxed_correct(response, label)
 
 
-@register_verifier("math_verify")
+@register_verifier("math_verify", uses_math=True)
 def math_verify_reward(response: str, label: str | None) -> float:
     """math-verify end to end: extract from the whole response, compare with the parsed label. 1.0 / 0.0."""
     if label is None or not response:
         return 0.0
     label_text = str(label).strip()
-    pred = parse_response(response)
+    eq = _math()
+    pred = eq.parse_response(response)
     if not pred:
         return 0.0
     # parse() returns [parsed, extracted_text]; the two texts identify the comparison, and a group of
@@ -113,7 +141,7 @@ def math_verify_reward(response: str, label: str | None) -> float:
     key = (label_text, extracted)
     if extracted is not None and key in _MATH_VERIFY_CACHE:
         return _MATH_VERIFY_CACHE[key]
-    score = 1.0 if verify_parsed(parse_gold_label(label_text), pred) else 0.0
+    score = 1.0 if eq.verify_parsed(eq.parse_gold_label(label_text), pred) else 0.0
     if extracted is not None:
         if len(_MATH_VERIFY_CACHE) >= 8192:
             _MATH_VERIFY_CACHE.clear()

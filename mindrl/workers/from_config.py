@@ -12,8 +12,8 @@ from mindrl.config.settings import OptimSettings
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.resharding.residency import ResidencySchedule
+from mindrl.rewards import RewardSettings
 from mindrl.workers.profiling import ProfileSettings
-from mindrl.workers.reward_worker import RewardSettings
 from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings, PPOLossSettings
 
 

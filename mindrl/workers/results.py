@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the rule-reward worker's process imports this module and never needs torch
+if TYPE_CHECKING:  # torch only for the annotations: the driver's reward code reads Scores without it
     import torch
 
 
@@ -79,7 +79,7 @@ def logprob_diff_summary(sum_abs: float, count: float, max_abs: float, warn: flo
 
 @dataclass
 class Scores:
-    """The rule rewards of a batch's responses (`RuleRewardWorker.score`)."""
+    """The rule rewards of a batch's responses (`RewardClient.collect`)."""
 
     rewards: list[float]
     """Per response: the verifiers' weighted score."""

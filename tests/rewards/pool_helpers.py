@@ -34,3 +34,11 @@ def raise_if_marked(response, label):
 @register_verifier("_test_pid")
 def worker_pid(response, label):
     return float(os.getpid())
+
+
+@register_verifier("_test_heavy_imports")
+def heavy_imports(response, label):
+    """How many of math-verify, sympy, torch and transformers the scoring process has imported."""
+    import sys
+
+    return float(sum(m in sys.modules for m in ("math_verify", "sympy", "torch", "transformers")))

@@ -158,3 +158,18 @@ def test_tower_is_a_timeout_not_a_hang():
     rewards, metrics = score([response, GOOD], [label, "4"], ["acc"], [1.0], timeout=1.0)
     assert metrics["reward/timeouts"] == 1.0
     assert rewards == [0.0, 1.0]
+
+
+def test_math_verifiers_alone_make_the_pool_import_math_verify():
+    """A pool that scores `format` only never imports math-verify nor sympy (nor torch); the first call with a math
+    verifier warms its processes up before any sample's clock starts, so a tight timeout still scores."""
+    from mindrl.rewards import VerifierPool
+
+    with VerifierPool(1, start_method="spawn") as pool:  # its own processes, none forked from a warm one
+        light = pool.score(["x"], [None], [VERIFIERS["_test_heavy_imports"], VERIFIERS["format"]], timeout=HANG_S)
+        assert light.status == ["ok"] and light.scores[0][0] == 0.0
+        heavy = pool.score(
+            [GOOD], ["4"], [VERIFIERS["acc"], VERIFIERS["_test_heavy_imports"]], timeout=1.0, math_verifiers=True
+        )
+        assert heavy.status == ["ok"] and heavy.scores[0] == (1.0, 2.0), heavy  # math-verify and sympy, not torch
+        assert heavy.worker_restarts == 0
