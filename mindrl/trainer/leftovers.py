@@ -1,5 +1,5 @@
 """What a run leaves on its host if its driver is killed, recorded in the run dir while the run lives: its engines'
-shared memory and its reward worker's temporary folder. The next run in the same dir removes them."""
+shared memory and the temporary folder of its rule-reward processes. The next run in the same dir removes them."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ killed (a SIGKILLed driver cannot clean up; Ray's reaper stops the workers, not 
 SHM_PREFIXES = ("mindrl", "psm_")  # our engines' TP segments; vLLM's message-queue buffers (Python's default names)
 
 TEMP_RECORD = ".reward_tmp.json"
-"""In the run dir while the run's rule-reward worker lives: {"host", "path"} of its multiprocessing temporary
-folder (pymp-*), removed by the next run on that host if this one was killed (Ray's reaper kills the worker, which
-then runs no exit handler)."""
+"""In the run dir while the run's driver lives: {"host", "path"} of its multiprocessing temporary folder (pymp-*,
+where the rule-reward verifier pool's forkserver keeps its socket), removed by the next run on that host if this one
+was killed (a killed process runs no exit handler)."""
 
 
 def _read_record(path: str) -> list | None:
@@ -36,7 +36,7 @@ def _read_record(path: str) -> list | None:
 
 def remove_leftovers(run_dir: str) -> None:
     """What a previous run in `run_dir` that did not shut down (a SIGKILLed driver) left behind and recorded: its
-    engines' shared memory and its reward worker's temporary folder (this host's)."""
+    engines' shared memory and its rule-reward temporary folder (this host's)."""
     import socket
 
     from mindrl.rollout.vllm_engine import remove_shm_segments
@@ -60,10 +60,10 @@ def remove_leftovers(run_dir: str) -> None:
                 continue
             if entry.get("host") == host:
                 shutil.rmtree(folder, ignore_errors=True)
-                logger.info("removed the reward worker's temporary folder %s of a previous run in %s that did not "
+                logger.info("removed the rule-reward temporary folder %s of a previous run in %s that did not "
                             "shut down", folder, run_dir)  # fmt: skip
             else:
-                logger.info("a previous run in %s left its reward worker's temporary folder %s on host %s",
+                logger.info("a previous run in %s left its rule-reward temporary folder %s on host %s",
                             run_dir, folder, entry.get("host"))  # fmt: skip
         os.remove(path)
 
@@ -85,12 +85,12 @@ def remove_shm(run_dir: str, idents: set[str]) -> None:
 
 
 def record_temp(run_dir: str, host: str, path: str) -> None:
-    """The reward worker's temporary folder into TEMP_RECORD. Not worth failing the run over (e.g. a full disk)."""
+    """The rule-reward temporary folder into TEMP_RECORD. Not worth failing the run over (e.g. a full disk)."""
     try:
         with open(os.path.join(run_dir, TEMP_RECORD), "w") as f:
             json.dump([{"host": host, "path": path}], f)
     except OSError as e:
-        logger.warning("could not record the rule-reward worker's temporary folder %s: %s", path, e)
+        logger.warning("could not record the rule-reward temporary folder %s: %s", path, e)
 
 
 def forget_temp(run_dir: str) -> None:
