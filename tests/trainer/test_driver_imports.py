@@ -1,0 +1,23 @@
+"""What the driver's process imports: mindrl-train's driver, preflight, the config and the planner load neither
+megatron-core (nor torch._dynamo, which it pulls in: ~0.2 GiB) nor math-verify / sympy (the verifiers' processes do)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.trainer.rl_helpers import ROOT
+
+_PROBE = """
+import json, sys
+import mindrl.cli.train, mindrl.cli.plan, mindrl.preflight, mindrl.trainer.ppo_trainer, mindrl.plan
+from mindrl.trainer.reward_client import RewardClient
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "math_verify", "sympy")
+                        or m == "torch._dynamo")))
+"""
+
+
+def test_the_driver_imports_no_megatron_nor_math_verify():
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
