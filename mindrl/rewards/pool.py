@@ -82,7 +82,8 @@ class VerifierPool:
     flight within half a second.
 
     math_verifiers: start the processes with math-verify imported and warm (the forkserver preloads it); a `score`
-    call with math_verifiers=True on a pool started without asks its processes to warm up first. Without, they never import it."""
+    call with math_verifiers=True on a pool started without asks its processes to warm up first. Without either,
+    they never import it."""
 
     def __init__(
         self, num_workers: int, start_method: str = "forkserver", max_chunk: int = 32, math_verifiers: bool = False
@@ -263,8 +264,8 @@ _shared_lock = threading.Lock()
 
 def get_shared_pool(num_workers: int | None = None, math_verifiers: bool = False) -> VerifierPool:
     """The process-wide pool, created on first use and kept across calls (worker startup is the
-    expensive part). A different num_workers replaces it; a forked child gets its own. math_verifiers: a new pool starts
-    warm for the math verifiers (an existing one warms up at its first `score(..., math_verifiers=True)`)."""
+    expensive part). A different num_workers replaces it; a forked child gets its own. math_verifiers: a new
+    pool starts warm for the math verifiers (an existing one warms up at its first `score(..., math_verifiers=True)`)."""
     global _shared_pool
     num_workers = num_workers or default_num_workers()
     with _shared_lock:
