@@ -265,7 +265,7 @@ _shared_lock = threading.Lock()
 def get_shared_pool(num_workers: int | None = None, math_verifiers: bool = False) -> VerifierPool:
     """The process-wide pool, created on first use and kept across calls (worker startup is the
     expensive part). A different num_workers replaces it; a forked child gets its own. math_verifiers: a new
-    pool starts warm for the math verifiers (an existing one warms up at its first `score(..., math_verifiers=True)`)."""
+    pool starts warm for the math verifiers (an existing one warms up at its first such `score`)."""
     global _shared_pool
     num_workers = num_workers or default_num_workers()
     with _shared_lock:

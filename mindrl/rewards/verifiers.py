@@ -27,7 +27,7 @@ MATH_VERIFIERS: set[str] = set()
 MiB) and warms their parsers (`warm_up_math`) before it scores with one of them, and only then."""
 
 MATH_MODULE = "mindrl.rewards.equivalence"
-"""What the math verifiers import (math-verify, sympy): the verifier pool's forkserver preloads it when they are used."""
+"""What the math verifiers import (math-verify, sympy): the pool's forkserver preloads it when they are used."""
 
 
 def register_verifier(name: str, uses_math: bool = False) -> Callable[[Verifier], Verifier]:

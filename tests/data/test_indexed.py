@@ -73,7 +73,7 @@ def test_same_sequences_and_document_starts_as_megatron(tmp_path, dtype, max_seq
 
 
 def test_multimodal_files_read_their_tokens(tmp_path):
-    """megatron's multimodal index appends a mode per sequence: the tokens still read as megatron's reader reads them."""
+    """megatron's multimodal index appends a mode per sequence: the tokens read as megatron's reader reads them."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronDataset
 
     prefix = str(tmp_path / "mm")

