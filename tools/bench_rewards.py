@@ -148,7 +148,7 @@ def main() -> None:
             shutdown_shared_pool()
             return
     start = time.perf_counter()
-    get_shared_pool(args.workers)
+    get_shared_pool(args.workers, math_verifiers=True)  # as the trainer starts it for acc / math_verify
     compute_rule_rewards(["\\boxed{1}"] * args.workers, ["1"] * args.workers, ["acc"], [1.0], num_workers=args.workers)
     startup = time.perf_counter() - start
 
