@@ -240,7 +240,9 @@ class VerifierPool:
                         code = w.proc.exitcode
                         raise RuntimeError(
                             f"a verifier worker died during startup (exit code {code}); run "
-                            f"`python -c 'import {_WORKER_MODULE}'` to see why"
+                            f"`python -c 'import {_WORKER_MODULE}'` to see why. A script that scores (or calls "
+                            "mindrl's train()) needs `if __name__ == '__main__':` around its work: each verifier "
+                            "process imports the main module"
                         ) from None
                     if w.chunk:
                         fail_current(slot, "crash", f"worker process died (exit code {w.proc.exitcode})")
