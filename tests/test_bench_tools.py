@@ -136,6 +136,8 @@ def test_bench_soak_roles():
     assert role_of("python", agent, is_root=False) == "ray agent"
     forkserver = ["python", "-c", "from multiprocessing.forkserver import main"]
     assert role_of("python", forkserver, is_root=False) == "multiprocessing forkserver"
+    with_ray_path = [*forkserver, "{'sys_path': ['/venv/lib/python3.11/site-packages/ray/thirdparty_files']}"]
+    assert role_of("python", with_ray_path, is_root=False) == "multiprocessing forkserver"
     assert role_of("sh", ["sh", "-c", "sleep 1"], is_root=False) == "other"
 
 

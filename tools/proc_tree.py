@@ -17,7 +17,8 @@ def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
     """The role a process of the tree plays: the driver; a Ray actor by its class ("ray::IntegratedWorker.update"
     counts as IntegratedWorker); each of Ray's daemons ("ray raylet", "ray gcs_server", its Python agents by
     script: "ray agent", "ray log_monitor", ...); Python's multiprocessing helpers by kind ("multiprocessing
-    forkserver", "multiprocessing resource_tracker", "multiprocessing spawn": e.g. the verifiers' pool);
+    forkserver", "multiprocessing resource_tracker", "multiprocessing spawn": e.g. the verifiers' pool, whose
+    processes forked by the forkserver keep its command line);
     anything else as "other"."""
     if is_root:
         return "driver"
@@ -29,12 +30,13 @@ def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
         return "ray worker (starting)"
     if name in ("raylet", "gcs_server"):
         return "ray " + name
-    if "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:  # Ray's Python agents, by script
-        script = next((a for a in cmdline if a.endswith(".py")), name)
-        return "ray " + os.path.basename(script).removesuffix(".py")
+    # before Ray's agents: a forkserver's command line carries its parent's sys.path, which may name ray/ folders
     for kind in ("forkserver", "resource_tracker", "spawn"):
         if f"multiprocessing.{kind}" in text:
             return "multiprocessing " + kind
+    if "/ray/" in text or "ray/_private" in text or "ray/dashboard" in text:  # Ray's Python agents, by script
+        script = next((a for a in cmdline if a.endswith(".py")), name)
+        return "ray " + os.path.basename(script).removesuffix(".py")
     return "other"
 
 
