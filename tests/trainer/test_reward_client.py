@@ -27,7 +27,7 @@ def test_scores_in_the_background_then_shuts_down_without_leftovers(tmp_path):
     ids = [tok.encode(t, add_special_tokens=False) for t in texts]
     labels = [tok.encode(x, add_special_tokens=False) for x in ("a", "b", "c")]
     decoded = tok.batch_decode(ids, skip_special_tokens=True)
-    settings = RewardSettings(("format", "_test_heavy_imports", "_test_sleep_if_marked"), (1.0, 0.0, 0.0), 3.0, 1)
+    settings = RewardSettings(("format", "_test_sleep_if_marked"), (1.0, 0.0), 3.0, 1)
     client = RewardClient(settings, str(tmp_path), tok)
     try:
         (entry,) = json.load(open(tmp_path / TEMP_RECORD))  # where a killed driver's forkserver socket stays
@@ -40,7 +40,6 @@ def test_scores_in_the_background_then_shuts_down_without_leftovers(tmp_path):
         assert started < 1.0 and took >= 3.0, (started, took)  # the driver went on while the hung sample ran out
         assert scored.texts == decoded and scored.labels == ["a", "b", "c"]
         assert scored.rewards == [float(t == GOOD) for t in decoded[:2]] + [0.0]
-        assert scored.per_verifier[0][1] == 0.0  # format alone: no math-verify, sympy nor torch in the verifier
         assert scored.per_verifier[2] is None
         assert scored.metrics["reward/timeouts"] == 1.0 and scored.metrics["reward/worker_restarts"] == 1.0
         pids = get_shared_pool(1).worker_pids()
