@@ -51,11 +51,12 @@ def test_unwritable_save_path_fails_before_any_worker_starts(assets, tmp_path):
 
 def test_verifier_crash_and_hang_are_survived_then_a_killed_rank_ends_the_run_naming_it(assets, tmp_path):
     """One run, three faults (one trainer start instead of two). Iteration 2: the rule-reward verifier process is
-    killed (-9) while idle: the pool replaces it and scores the whole batch. Iteration 3: it is stopped (SIGSTOP, a
-    hang): the sample it was given times out (scores 0, counted) and it is replaced; the others score. Iteration 4
-    is scored normally and saved. Iteration 5: kill -9 of actor rank 1 while the update runs (rank 0 then waits in
-    a collective for it): the run stops within a bounded time with an error naming the iteration, the call, the rank
-    and its pid; iteration 4's checkpoint is the one to resume from."""
+    killed (-9) while idle: the pool replaces it and scores the batch (all of it, or all but the one sample sent
+    before the kernel closed its socket). Iteration 3: it is stopped (SIGSTOP, a hang): the sample it was given
+    times out (scores 0, counted) and it is replaced; the others score. Iteration 4 is scored normally and saved.
+    Iteration 5: kill -9 of actor rank 1 while the update runs (rank 0 then waits in a collective for it): the run
+    stops within a bounded time with an error naming the iteration, the call, the rank and its pid; iteration 4's
+    checkpoint is the one to resume from."""
     import json
 
     from mindrl.rewards import get_shared_pool
@@ -102,15 +103,16 @@ def test_verifier_crash_and_hang_are_survived_then_a_killed_rank_ends_the_run_na
     # the verifier's crash and hang (metrics.jsonl holds each iteration's metrics, logged before its save)
     m = {x["iteration"]: x for x in map(json.loads, open(tmp_path / "metrics.jsonl"))}
     assert sorted(m) == [1, 2, 3, 4]  # iteration 5 never finished
-    assert m[2]["reward/worker_restarts"] == 1 and m[2]["reward/crashes"] == m[2]["reward/timeouts"] == 0, m[2]
+    # a send can reach the killed process's socket before the kernel closes it: then that one sample is a crash
+    assert m[2]["reward/worker_restarts"] == 1 and m[2]["reward/crashes"] <= 1 and m[2]["reward/timeouts"] == 0, m[2]
     assert m[3]["reward/worker_restarts"] == 1 and m[3]["reward/timeouts"] == 1 and m[3]["reward/crashes"] == 0, m[3]
     assert m[3]["timing/non_overlap_rule_reward"] < 30  # one sample's timeout (5 s), not a stalled batch
     for it in (1, 4):
         assert m[it]["reward/worker_restarts"] == 0 and m[it]["reward/timeouts"] == 0, m[it]
     rows = [json.loads(x) for x in open(tmp_path / "rollouts.jsonl")]
     scored = {it: [r["acc_for_ppo"] is not None for r in rows if r["iteration"] == it] for it in range(1, 5)}
-    assert all(scored[1]) and all(scored[2]) and all(scored[4])
-    assert scored[3].count(False) <= 1  # the timed-out sample, where the logged rows include it
+    assert all(scored[1]) and all(scored[4])
+    assert scored[2].count(False) <= 1 and scored[3].count(False) <= 1  # the lost sample, if the logged rows hold it
     assert not any(alive(pid) for pid in hung), hung
     _no_leftovers()
 
