@@ -136,6 +136,18 @@ def _reward_field(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     return None
 
 
+def _val_field(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+    """The first verifier's held-out greedy mean (`val/<verifier>/mean`), labelled `val <verifier>`."""
+    for k, v in metrics.items():
+        parts = k.split("/")
+        if len(parts) == 3 and parts[0] == "val" and parts[2] == "mean" and parts[1] not in _VAL_NOT_VERIFIERS:
+            return f"val {parts[1]}", v
+    return None
+
+
+_VAL_NOT_VERIFIERS = ("reward", "response_length", "sampled_response_length")
+
+
 # ------------------------------------------------------------------------------------------------ sinks
 class MetricsLogger:
     """Per-iteration metrics to the console, `run_dir/metrics.jsonl`, TensorBoard and (optionally) wandb.
@@ -240,6 +252,9 @@ class MetricsLogger:
         reward = _reward_field(values)
         if reward is not None:
             parts.append(f"{reward[0]} {reward[1]:.3f}")
+        val = _val_field(values)
+        if val is not None:
+            parts.append(f"{val[0]} {val[1]:.3f}")
         kl = next((values[k] for k in _KL_KEYS if k in values), None)
         if kl is not None:
             parts.append(f"kl {kl:.3g}")
