@@ -183,6 +183,8 @@ class PPOTrainer:
         replicas = self.cfg.rl_config.infer_dp
 
         def generate(prompts, sampling, seeds):
+            # each call streams the weights in: they must be on the device (a rollout leaves them where scoring wants)
+            self._enter_phase("rollout", {})
             # the prompts split evenly over the engine replicas: pad with copies of the last, dropped after
             pad = -len(prompts) % replicas
             out = self.rollout.generate(prompts + prompts[-1:] * pad, sampling, seeds + seeds[-1:] * pad).samples
@@ -191,7 +193,6 @@ class PPOTrainer:
         def score(responses, labels):
             return self.reward.collect(self.reward.score(responses, labels), responses, labels, self.iteration)
 
-        self._enter_phase("rollout", {})
         metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer)
         self._enter_phase("train", {})
         self._memory_ledger()  # the evaluation's phases are not the next iteration's
