@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,8 +21,8 @@ VAL_SAMPLES = 3
 # verifier (the last number of the response is the label's) scores some of the random model's responses 1: rewards
 # and held-out scores vary, and the policy moves.
 VERIFIER = "gsm8k"
-BASE = ["megatron_training.train_iters=2", "generate_config.infer_tensor_parallel_size=1",
-        f"rl_config.verifier_function=[{VERIFIER}]"]  # fmt: skip
+BASE = ["megatron_training.train_iters=2", "megatron_training.save_interval=1",
+        "generate_config.infer_tensor_parallel_size=1", f"rl_config.verifier_function=[{VERIFIER}]"]  # fmt: skip
 
 
 def _val(assets) -> list[str]:
@@ -174,6 +175,31 @@ def test_evaluation_leaves_training_unchanged(eval_run, assets, tmp_path_factory
         kept = {k for k in b if not k.startswith("timing/") and not k.endswith("_tps")}
         assert {k: a[k] for k in kept} == {k: b[k] for k in kept}
         assert set(a) - set(b) == {k for k in a if k.startswith("val/")} | {"timing/eval"}
+
+
+@pytest.mark.slow
+def test_resumed_run_evaluates_where_the_straight_run_did(eval_run, assets, tmp_path):
+    """Resumed from iteration 1's checkpoint: iteration 1's evaluation is not run again (its row is kept), iteration
+    2's is, with the straight run's responses and metrics."""
+    from mindrl.checkpoint import mcore_ckpt
+
+    run_dir, lines = eval_run
+    d = tmp_path / "split"
+    shutil.copytree(run_dir, d)
+    shutil.rmtree(d / "ckpt_actor" / "iter_0000002")
+    mcore_ckpt.write_tracker(str(d / "ckpt_actor"), 1)
+    (d / "eval" / "iter_0000002.jsonl").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in (d / "eval").iterdir()}
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    _, _, resumed, _ = _train(_config("grpo_tiny_cpu", assets, d, *BASE, *_val(assets), *resume,
+                                      actor_load=d / "ckpt_actor"))  # fmt: skip
+
+    def comparable(m):
+        return {k: v for k, v in m.items() if not k.startswith("timing/") and not k.endswith("_tps")}
+
+    assert [comparable(m) for m in resumed] == [comparable(m) for m in lines]
+    assert {p.name: p.stat().st_mtime_ns for p in (d / "eval").iterdir() if p.name in kept} == kept
+    assert (d / "eval" / "iter_0000002.jsonl").read_text() == (run_dir / "eval" / "iter_0000002.jsonl").read_text()
 
 
 def _mindrl_eval(*args: str) -> tuple[dict, list[dict]]:
