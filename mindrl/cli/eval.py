@@ -205,7 +205,9 @@ def _dataset(args: argparse.Namespace, tok_dir: str, tmp_prefix: str) -> str:
     try:
         cfg.validate("mindrl-eval")
         preprocess(cfg, log=open(os.devnull, "w"))  # noqa: SIM115 (closed with the process)
-    except (ConfigError, InputError, BadRowError, ValueError) as e:
+    except BadRowError as e:  # every row counts: mindrl-eval skips none (the hint is mindrl-preprocess's)
+        raise EvalInputError(f"--data {args.data}: {str(e).split(' (strict=true')[0]}") from None
+    except (ConfigError, InputError, ValueError) as e:
         raise EvalInputError(f"--data {args.data}: {e}") from None
     return tmp_prefix
 

@@ -203,7 +203,7 @@ class Evaluator:
         self.interval, self.before_train, self.last = interval or 0, before_train, last
 
     @classmethod
-    def from_config(cls, cfg) -> Evaluator | None:
+    def from_config(cls, cfg, run_dir: str) -> Evaluator | None:
         """None when the config has no rl_config.val_data_path."""
         mt, rl = cfg.megatron_training, cfg.rl_config
         if not rl.val_data_path:
@@ -213,7 +213,6 @@ class Evaluator:
         )
         names = [rl.verifier_function] if isinstance(rl.verifier_function, str) else list(rl.verifier_function)
         settings = EvalSettings(tuple(names), rl.val_n_samples, rl.val_temperature, mt.seed)
-        run_dir = rl.run_dir or os.path.join("outputs", cfg.config_name)
         return cls(eval_set, settings, run_dir, mt.eval_interval, rl.val_before_train, mt.train_iters)
 
     def due(self, iteration: int) -> bool:

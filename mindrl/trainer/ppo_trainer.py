@@ -71,7 +71,7 @@ class PPOTrainer:
         self.num_mini, self.epochs = from_config.num_mini_batches(cfg), rl.epochs
         self.needs_ref = from_config.needs_reference(cfg)
         self.verifier_names = from_config.reward_settings(cfg).verifier_function
-        self.evaluator = Evaluator.from_config(cfg)  # None without rl_config.val_data_path
+        self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)

@@ -105,16 +105,27 @@ def test_eval_help():
     assert out.returncode == 0 and "--load-dir" in out.stdout and "--n-samples" in out.stdout
 
 
-def test_eval_bad_input_names_it(tmp_path):
+def test_eval_bad_input_names_it(tmp_path, tiny_models, capsys):
     from mindrl.cli.eval import main
 
     hf = tmp_path / "hf"
     hf.mkdir()
-    assert main(["--hf-dir", str(hf), "--data", str(tmp_path / "x.json")]) == 2  # no config.json
-    (hf / "config.json").write_text("{}")
-    assert main(["--hf-dir", str(hf), "--load-dir", str(hf), "--data", "x"]) == 2
-    assert main(["--hf-dir", str(hf), "--data", str(tmp_path / "missing.jsonl")]) == 2
-    assert main(["--hf-dir", str(hf), "--data", str(tmp_path), "--verifier", "acc_for_pop"]) == 2
+    good = tiny_models["untied"]
+    bad_row = tmp_path / "bad.json"
+    bad_row.write_text(json.dumps([{"problem": "1 + 1?", "answer": "2"}, {"problem": 5, "answer": "3"}]))
+    cases = [
+        (["--hf-dir", str(hf), "--data", str(bad_row)], "has no config.json"),
+        (["--hf-dir", good, "--load-dir", good, "--data", str(bad_row)], "exactly one of --hf-dir"),
+        (["--hf-dir", good, "--data", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+        (["--hf-dir", good, "--data", str(bad_row), "--verifier", "acc_for_pop"], "did you mean 'acc_for_ppo'"),
+        (["--hf-dir", good, "--data", str(bad_row)], "non-string value for key 'problem'"),
+        (["--load-dir", good, "--tokenizer", good, "--data", str(bad_row)], "not a megatron checkpoint"),
+        (["--hf-dir", good, "--data", str(bad_row), "--n-samples", "-1"], "--n-samples must be >= 0"),
+    ]
+    for argv, named in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("mindrl-eval: error: ") and named in err, (argv, err)
 
 
 # ------------------------------------------------------------------------------------------------ end to end
