@@ -215,6 +215,15 @@ class Evaluator:
         settings = EvalSettings(tuple(names), rl.val_n_samples, rl.val_temperature, mt.seed)
         return cls(eval_set, settings, run_dir, mt.eval_interval, rl.val_before_train, mt.train_iters)
 
+    def forget_after(self, iteration: int) -> None:
+        """Remove the responses of evaluations after `iteration` (a resumed run's start; -1: a fresh run, all), as
+        metrics.jsonl drops their rows: what the run dir shows is this run's."""
+        folder = os.path.join(self.run_dir, EVAL_DIR)
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            stem = name.removeprefix("iter_").removesuffix(".jsonl")
+            if name.startswith("iter_") and stem.isdigit() and int(stem) > iteration:
+                os.remove(os.path.join(folder, name))
+
     def due(self, iteration: int) -> bool:
         """Whether the weights after `iteration` (0: the starting ones) are evaluated."""
         if iteration == 0:

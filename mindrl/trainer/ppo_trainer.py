@@ -141,6 +141,8 @@ class PPOTrainer:
             console=not logger.isEnabledFor(logging.INFO),
         ) as log:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
+            if self.evaluator is not None:
+                self.evaluator.forget_after(self.iteration if self.iteration > 0 else -1)
             if self.iteration == 0 and self._eval_due():  # a resumed run logged its iteration's evaluation already
                 log.log(0, self._evaluate_or_abort())
             while self.iteration < mt.train_iters:

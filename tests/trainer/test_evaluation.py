@@ -75,6 +75,26 @@ def test_eval_metrics_of_rows():
     assert m["val/sampled_response_length/mean"] == 5
 
 
+def test_a_fresh_run_forgets_an_earlier_runs_evaluations(tmp_path):
+    """metrics.jsonl's rows and the eval JSONLs after the start go; a resumed run keeps those up to its iteration."""
+    from mindrl.trainer.evaluation import eval_file, write_rows
+    from mindrl.trainer.metrics import MetricsLogger
+
+    ev = Evaluator(EvalSet([], [], []), EvalSettings(("acc",)), str(tmp_path), 1, True, 4)
+    for it in (0, 1, 2):
+        write_rows(eval_file(str(tmp_path), it), [{"sample": -1}], iteration=it)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "x": 1.0}) + "\n" for i in (0, 1, 2)))
+    with MetricsLogger(str(tmp_path), 4, use_tensorboard=False, console=False, start_iteration=1):
+        pass
+    ev.forget_after(1)
+    assert [json.loads(x)["iteration"] for x in open(tmp_path / "metrics.jsonl")] == [0, 1]
+    assert sorted(os.listdir(tmp_path / "eval")) == ["iter_0000000.jsonl", "iter_0000001.jsonl"]
+    with MetricsLogger(str(tmp_path), 4, use_tensorboard=False, console=False, start_iteration=0):
+        pass
+    ev.forget_after(-1)
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and os.listdir(tmp_path / "eval") == []
+
+
 def test_config_keys(tmp_path):
     from mindrl.config import ConfigError, load_config
 
