@@ -31,6 +31,7 @@ setup(
     entry_points={
         "console_scripts": [
             "mindrl-convert=mindrl.cli.convert:main",
+            "mindrl-eval=mindrl.cli.eval:main",
             "mindrl-plan=mindrl.cli.plan:main",
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-rollout-server=mindrl.cli.rollout_server:main",

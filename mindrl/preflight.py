@@ -75,7 +75,9 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
     if cfg.critic_config is not None and cfg.critic_model is not None:
         _check_checkpoint(col, "critic_config.load", cfg.critic_config.load, cfg.critic_model, value_model=True)
     if mt.data_path and not col.is_bad("megatron_training.data_path"):
-        _check_dataset(col, mt.data_path, mt.dataset_additional_keys)
+        _check_dataset(col, "megatron_training.data_path", mt.data_path, mt.dataset_additional_keys)
+    if rl.val_data_path and not col.is_bad("rl_config.val_data_path"):
+        _check_dataset(col, "rl_config.val_data_path", rl.val_data_path, mt.dataset_additional_keys)
     if rl.runtime_env_path:
         _check_runtime_env(col, rl.runtime_env_path)
     for key, path in (
@@ -139,14 +141,14 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
                     "must describe the checkpoint's network")  # fmt: skip
 
 
-def _check_dataset(col: Collector, data_path: str, extra_keys: list[str]) -> None:
+def _check_dataset(col: Collector, key: str, data_path: str, extra_keys: list[str]) -> None:
     prefix = dataset_output_prefix(data_path)
     missing = []
     for k in ["input_ids", *extra_keys]:
         base = f"{prefix}_packed_{k}_document"
         missing += [base + ext for ext in (".bin", ".idx") if not os.path.isfile(base + ext)]
     if missing:
-        col.add("megatron_training.data_path", f"packed dataset files missing: {', '.join(missing)} (data_path "
+        col.add(key, f"packed dataset files missing: {', '.join(missing)} ({key.rsplit('.', 1)[1]} "
                 f"{_p(data_path)}; run mindrl-preprocess with output_prefix={prefix!r}, and check "
                 "dataset_additional_keys)")  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""Plot a run's metrics.jsonl as one 2x2 PNG: rewards, response length, KL, throughput.
+"""Plot a run's metrics.jsonl as one 3x2 PNG: rewards, response length, KL, throughput, held-out accuracy (val/*)
+and the held-out responses' length.
 
     python tools/plot_metrics.py RUN_DIR [--out PNG] [--smooth K]
 
@@ -20,7 +21,15 @@ PANELS = [
     ("response length", "tokens", ["response_length/mean", "response_length/max", "response_length/min"], None),
     ("KL", "kl", ["actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"], None),
     ("throughput", "tokens / s / device", ["e2e_tps", "update_tps", "vllm_tps"], None),
+    ("held-out accuracy", "score", [], lambda k: k.startswith("val/") and _is_val_score(k)),
+    ("held-out response length", "tokens", ["val/response_length/mean", "val/sampled_response_length/mean"], None),
 ]
+
+
+def _is_val_score(key: str) -> bool:
+    """val/<verifier>/mean and val/<verifier>/pass@k (not the lengths or counts)."""
+    parts = key.split("/")
+    return len(parts) == 3 and "length" not in parts[1] and (parts[2] == "mean" or parts[2].startswith("pass@"))
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -69,7 +78,7 @@ def plot_metrics(run_dir: str, out: str | None = None, smooth_k: int = 1) -> str
     out = out or os.path.join(run_dir, "metrics.png")
     all_keys = list(dict.fromkeys(k for r in rows for k in r))
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), squeeze=False)
+    fig, axes = plt.subplots(3, 2, figsize=(12, 12), squeeze=False)
     for ax, (title, ylabel, fixed, extra) in zip(axes.flat, PANELS):
         keys = [k for k in fixed if k in all_keys]
         if extra is not None:
@@ -80,7 +89,7 @@ def plot_metrics(run_dir: str, out: str | None = None, smooth_k: int = 1) -> str
                 (line,) = ax.plot(its, vals, alpha=0.25)
                 ax.plot(its, smooth(vals, smooth_k), color=line.get_color(), label=key)
             else:
-                ax.plot(its, vals, label=key)
+                ax.plot(its, vals, label=key, marker="o" if key.startswith("val/") else None)
         if keys:
             ax.legend(fontsize=8)
         else:

@@ -85,8 +85,6 @@ MEGATRON_IGNORED: dict[str, str] = {
     ),
     **dict.fromkeys(
         [
-            "eval_iters",
-            "eval_interval",
             "log_interval",
             "log_throughput",
             "enable_high_availability",
@@ -140,6 +138,7 @@ MEGATRON_IGNORED: dict[str, str] = {
         ],
         "a YaRN RoPE-scaling parameter; YaRN is not supported (rope_scaling_type)",
     ),  # fmt: skip
+    "eval_iters": "megatron's batches per evaluation; mindrl's held-out evaluation takes rl_config.val_max_prompts",
     **dict.fromkeys(["dpo_loss_type", "ref_model", "refer_model_iter"], _DPO),
     **dict.fromkeys(
         ["lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"],
@@ -194,6 +193,9 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
     """Checkpoint every this many iterations (and at the end); None or 0: only at the end."""
     save_total_limit: int | None = None
     """mindrl addition: keep only the newest this many saved iterations per save dir (None: keep all)."""
+    eval_interval: int | None = None
+    """Evaluate the policy on rl_config.val_data_path every this many iterations (besides before training and at the
+    end); None or 0: only then. Without val_data_path it has no effect (MindSpeed-RL's RL trainers never read it)."""
     seed: int = 1234
     """Seed of the data order, rollout sampling and model initialisation."""
     data_path: str | None = None
@@ -243,6 +245,9 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
             col.add("seq_length", f"must be >= 1, got {self.seq_length}")
         if self.save_interval is not None and self.save_interval < 0:
             col.add("save_interval", f"must be >= 0 (0 or null: save at the end only), got {self.save_interval}")
+        if self.eval_interval is not None and self.eval_interval < 0:
+            col.add("eval_interval", f"must be >= 0 (0 or null: evaluate before training and at the end only), got "
+                    f"{self.eval_interval}")  # fmt: skip
         if self.save_total_limit is not None and self.save_total_limit < 1:
             col.add("save_total_limit", f"must be >= 1 (or null: keep every iteration), got {self.save_total_limit}")
         if self.tokenizer_type not in TOKENIZER_TYPES:

@@ -268,6 +268,22 @@ class RLSectionConfig(Section):
     shipped configs/envs/runtime_env.yaml. The driver's own environment wins for the file's keys."""
     num_cpu_devices: int | None = None
     """CPU stand-in devices to expose when running on CPU; None: actor_resource.num_npus."""
+    # -- held-out evaluation (mindrl additions; docs/evaluation.md) --------------------------------------
+    val_data_path: str | None = None
+    """Held-out prompts with their labels, preprocessed like megatron_training.data_path (a mindrl-preprocess
+    output_prefix): greedy accuracy on them before training, every megatron_training.eval_interval iterations and at
+    the end, as val/* metrics. None: no evaluation."""
+    val_before_train: bool = True
+    """Evaluate the starting weights (iteration 0) before the first iteration (a resumed run does not: see
+    docs/evaluation.md)."""
+    val_max_prompts: int | None = None
+    """Evaluate only the first this many held-out prompts (dataset order, after the max_prompt_length filter);
+    None: all of them."""
+    val_n_samples: int = 0
+    """Besides the greedy response, this many sampled responses per prompt (at val_temperature) for pass@k;
+    0: greedy only."""
+    val_temperature: float = 1.0
+    """Temperature of the val_n_samples samples (top_p / top_k / min_p as sampling_config)."""
 
     @classmethod
     def normalize(cls, key: str, value: Any) -> Any:
@@ -331,10 +347,24 @@ class RLSectionConfig(Section):
                 col.add(key, f"must be >= 0, got {getattr(self, key)}")
         if self.logprob_diff_warn <= 0:
             col.add("logprob_diff_warn", f"must be > 0, got {self.logprob_diff_warn}")
+        self._validate_val(col)
         n = self.actor_resource.num_npus
         if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
             col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
                     f"actor_resource.num_npus={n}")  # fmt: skip
+
+    def _validate_val(self, col: Collector) -> None:
+        if self.val_max_prompts is not None and self.val_max_prompts < 1:
+            col.add("val_max_prompts", f"must be >= 1 (or null: every held-out prompt), got {self.val_max_prompts}")
+        if self.val_n_samples < 0:
+            col.add("val_n_samples", f"must be >= 0 (0: greedy only), got {self.val_n_samples}")
+        if not math.isfinite(self.val_temperature) or self.val_temperature <= 0:
+            col.add("val_temperature", f"must be > 0 (the pass@k samples are sampled; greedy is always evaluated), "
+                    f"got {self.val_temperature}")  # fmt: skip
+        if not self.val_data_path:
+            for key in ("val_max_prompts", "val_n_samples"):
+                if getattr(self, key):
+                    col.ignore(key, "has no effect without rl_config.val_data_path")
 
     def _validate_kl(self, col: Collector) -> None:
         for key in ("kl_penalty", "kl_loss_type"):

@@ -71,6 +71,8 @@ class RLConfig(Section):
         if gen.dtype != mt.dtype:
             col.note(f"generate_config.dtype={gen.dtype} differs from the training dtype {mt.dtype}: rollout "
                      "logprobs will differ from the trainer's (rollout_is_threshold can correct for it)")  # fmt: skip
+        if mt.eval_interval and not rl.val_data_path:
+            col.ignore("megatron_training.eval_interval", "has no effect without rl_config.val_data_path")
         if rl.needs_critic and rl.use_kl_in_reward is False and rl.init_kl_coef > 0:
             col.note(f"rl_config: gae with use_kl_in_reward: false puts the KL in the actor loss (init_kl_coef="
                      f"{rl.init_kl_coef}); MindSpeed-RL's PPO applies no KL then; set init_kl_coef: 0 to match")  # fmt: skip

@@ -136,6 +136,18 @@ def _reward_field(metrics: Mapping[str, float]) -> tuple[str, float] | None:
     return None
 
 
+def _val_field(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+    """The first verifier's held-out greedy mean (`val/<verifier>/mean`), labelled `val <verifier>`."""
+    for k, v in metrics.items():
+        parts = k.split("/")
+        if len(parts) == 3 and parts[0] == "val" and parts[2] == "mean" and parts[1] not in _VAL_NOT_VERIFIERS:
+            return f"val {parts[1]}", v
+    return None
+
+
+_VAL_NOT_VERIFIERS = ("reward", "response_length", "sampled_response_length")
+
+
 # ------------------------------------------------------------------------------------------------ sinks
 class MetricsLogger:
     """Per-iteration metrics to the console, `run_dir/metrics.jsonl`, TensorBoard and (optionally) wandb.
@@ -145,8 +157,8 @@ class MetricsLogger:
     Resume: `start_iteration` is the iteration the run restarts after (the checkpoint's iteration; 0 for a
     fresh run). Lines of metrics.jsonl with a later iteration are removed on open, so the resumed run appends
     without duplicates; TensorBoard events with a later step are hidden through SummaryWriter's `purge_step`.
-    A fresh run (start_iteration=0) in an old run dir therefore starts from an empty metrics.jsonl.
-    The ETA is seeded with the timing/all of the kept iterations.
+    A fresh run (start_iteration=0) in an old run dir therefore starts from an empty metrics.jsonl (an earlier run's
+    row 0, its evaluation before training, goes too). The ETA is seeded with the timing/all of the kept iterations.
 
     The console line goes to the `mindrl.trainer` logger (INFO) and, when `console` is true, also to stdout,
     because Ray drivers are often run with logging left unconfigured.
@@ -192,12 +204,14 @@ class MetricsLogger:
                 self._iteration_seconds.append(float(row["timing/all"]))
 
         try:
-            _truncate_jsonl(self.path, start_iteration, seed_eta)
+            # a fresh run keeps nothing, not even an earlier run's evaluation before training (iteration 0)
+            last_kept = start_iteration if start_iteration > 0 else -1
+            _truncate_jsonl(self.path, last_kept, seed_eta)
             self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
             if use_tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(run_dir, TENSORBOARD_DIR), purge_step=start_iteration + 1)
+                self._tb = SummaryWriter(os.path.join(run_dir, TENSORBOARD_DIR), purge_step=last_kept + 1)
         except BaseException:
             self.close()  # do not leave a wandb run open behind a failed construction
             raise
@@ -240,6 +254,9 @@ class MetricsLogger:
         reward = _reward_field(values)
         if reward is not None:
             parts.append(f"{reward[0]} {reward[1]:.3f}")
+        val = _val_field(values)
+        if val is not None:
+            parts.append(f"{val[0]} {val[1]:.3f}")
         kl = next((values[k] for k in _KL_KEYS if k in values), None)
         if kl is not None:
             parts.append(f"kl {kl:.3g}")

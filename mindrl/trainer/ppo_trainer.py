@@ -24,6 +24,7 @@ from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.trainer import experience, leftovers
+from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
@@ -69,6 +70,7 @@ class PPOTrainer:
         self.num_mini, self.epochs = from_config.num_mini_batches(cfg), rl.epochs
         self.needs_ref = from_config.needs_reference(cfg)
         self.verifier_names = from_config.reward_settings(cfg).verifier_function
+        self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -138,10 +140,16 @@ class PPOTrainer:
             console=not logger.isEnabledFor(logging.INFO),
         ) as log:
             rollouts = RolloutLogger(self.run_dir, rl.log_rollouts_interval, start_iteration=self.iteration)
+            if self.evaluator is not None:
+                self.evaluator.forget_after(self.iteration if self.iteration > 0 else -1)
+            if self.iteration == 0 and self._eval_due():  # a resumed run logged its iteration's evaluation already
+                log.log(0, self._evaluate_or_abort())
             while self.iteration < mt.train_iters:
                 self.iteration += 1
                 announce_iteration(self.groups, self.profile, self.iteration)
                 metrics, rows = self._step_or_abort(next(batches))
+                if self._eval_due():
+                    metrics.update(self._evaluate_or_abort())
                 metrics["checkpoint/save_failures"] = float(self.save_failures)
                 # logged before the save: a resume cuts metrics.jsonl back to the saved iteration
                 log.log(self.iteration, metrics)
@@ -159,6 +167,37 @@ class PPOTrainer:
             return self.step(prompts)
         except (WorkerError, RemoteRolloutError) as e:
             raise TrainingAborted(f"iteration {self.iteration}: {e}{self._resume_hint()}") from e
+
+    def _eval_due(self) -> bool:
+        return self.evaluator is not None and self.evaluator.due(self.iteration)
+
+    def _evaluate_or_abort(self) -> dict[str, float]:
+        """The held-out evaluation of the current weights (`mindrl.trainer.evaluation`): its val/* metrics and
+        timing/eval. It leaves the models where the step left them and draws nothing from training's random streams
+        (its own seeds; the engine's samples depend only on them)."""
+        try:
+            return self._evaluate()
+        except (WorkerError, RemoteRolloutError) as e:
+            raise TrainingAborted(f"evaluation at iteration {self.iteration}: {e}{self._resume_hint()}") from e
+
+    def _evaluate(self) -> dict[str, float]:
+        replicas = self.cfg.rl_config.infer_dp
+
+        def generate(prompts, sampling, seeds):
+            # each call streams the weights in: they must be on the device (a rollout leaves them where scoring wants)
+            self._enter_phase("rollout", {})
+            # the prompts split evenly over the engine replicas: pad with copies of the last, dropped after
+            pad = -len(prompts) % replicas
+            out = self.rollout.generate(prompts + prompts[-1:] * pad, sampling, seeds + seeds[-1:] * pad).samples
+            return out[: len(prompts)]
+
+        def score(responses, labels):
+            return self.reward.collect(self.reward.score(responses, labels), responses, labels, self.iteration)
+
+        metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer)
+        self._enter_phase("train", {})
+        self._memory_ledger()  # the evaluation's phases are not the next iteration's
+        return metrics
 
     def _periodic_save(self) -> None:
         """A save on the save_interval cadence. If it cannot be written (full disk...), the run goes on with its

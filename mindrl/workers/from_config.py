@@ -190,9 +190,14 @@ def sampling(cfg, tokenizer):
     """The rollout's SamplingConfig (n samples per prompt), stopping also at the tokenizer's end tokens (EOS,
     <|im_end|>) where it has them."""
     s = cfg.generate_config.sampling(cfg.rl_config.n_samples_per_prompt)
-    stop = set(s.stop_token_ids)
+    s.stop_token_ids = sorted(set(s.stop_token_ids) | set(end_token_ids(tokenizer)))
+    return s
+
+
+def end_token_ids(tokenizer) -> list[int]:
+    """The tokenizer's end tokens a response stops at: EOS and <|im_end|>, where it has them."""
+    ids = set()
     for tok in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")):
         if isinstance(tok, int) and tok >= 0 and tok != tokenizer.unk_token_id:
-            stop.add(tok)
-    s.stop_token_ids = sorted(stop)
-    return s
+            ids.add(tok)
+    return sorted(ids)

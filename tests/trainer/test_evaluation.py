@@ -1,0 +1,272 @@
+"""Held-out evaluation: the val/* metrics against an independent computation from the written responses, training
+unchanged by it, and mindrl-eval (HF and megatron checkpoints) reproducing the trainer's evaluations."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mindrl.trainer.evaluation import EvalSet, EvalSettings, Evaluator, eval_metrics, pass_at_k, pass_ks
+from tests.trainer.rl_helpers import ROOT, _config, _train
+
+VAL_PROMPTS = 5  # odd: the trainer pads them over its 2 engine replicas
+VAL_SAMPLES = 3
+# GRPO at actor TP2 with two TP1 engine replicas (mindrl-eval's engine is TP1: the same greedy arithmetic). The gsm8k
+# verifier (the last number of the response is the label's) scores some of the random model's responses 1: rewards
+# and held-out scores vary, and the policy moves.
+VERIFIER = "gsm8k"
+BASE = ["megatron_training.train_iters=2", "megatron_training.save_interval=1",
+        "generate_config.infer_tensor_parallel_size=1", f"rl_config.verifier_function=[{VERIFIER}]"]  # fmt: skip
+
+
+def _val(assets) -> list[str]:
+    return [
+        f"rl_config.val_data_path={assets / 'data' / 'train'}",
+        f"rl_config.val_max_prompts={VAL_PROMPTS}",
+        f"rl_config.val_n_samples={VAL_SAMPLES}",
+        "rl_config.val_temperature=1.0",
+        "megatron_training.eval_interval=1",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ pure pieces
+def _pass_at_k_by_enumeration(correct: list[bool], k: int) -> float:
+    """The fraction of the k-subsets of the samples holding a correct one."""
+    subsets = list(itertools.combinations(correct, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_is_the_subset_fraction():
+    for n in range(1, 7):
+        for c in range(n + 1):
+            correct = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(_pass_at_k_by_enumeration(correct, k), abs=1e-12)
+    assert pass_ks(1) == [1] and pass_ks(3) == [1, 2, 3] and pass_ks(8) == [1, 2, 4, 8] and pass_ks(0) == []
+
+
+def test_schedule_before_every_interval_and_last():
+    def due(interval, before, last=10):
+        ev = Evaluator(EvalSet([], [], []), EvalSettings(("acc",)), "/nonexistent", interval, before, last)
+        return [i for i in range(last + 1) if ev.due(i)]
+
+    assert due(4, True) == [0, 4, 8, 10]
+    assert due(5, False) == [5, 10]
+    assert due(None, True) == [0, 10]
+    assert due(0, False, last=3) == [3]
+
+
+def test_eval_metrics_of_rows():
+    rows = [
+        {"index": 7, "sample": -1, "acc": 1.0, "reward": 1.0, "response_length": 4},
+        {"index": 9, "sample": -1, "acc": None, "reward": 0.0, "response_length": 6},  # scoring timed out: 0
+        *({"index": 7, "sample": j, "acc": s, "reward": s, "response_length": 2} for j, s in enumerate((0.0, 1.0))),
+        *({"index": 9, "sample": j, "acc": 0.0, "reward": 0.0, "response_length": 8} for j in range(2)),
+    ]
+    m = eval_metrics(rows, ["acc"], 2)
+    assert m["val/acc/mean"] == 0.5 and m["val/reward/mean"] == 0.5 and m["val/response_length/mean"] == 5
+    assert m["val/acc/pass@1"] == 0.25 and m["val/acc/pass@2"] == 0.5 and m["val/num_prompts"] == 2
+    assert m["val/sampled_response_length/mean"] == 5
+
+
+def test_a_fresh_run_forgets_an_earlier_runs_evaluations(tmp_path):
+    """metrics.jsonl's rows and the eval JSONLs after the start go; a resumed run keeps those up to its iteration."""
+    from mindrl.trainer.evaluation import eval_file, write_rows
+    from mindrl.trainer.metrics import MetricsLogger
+
+    ev = Evaluator(EvalSet([], [], []), EvalSettings(("acc",)), str(tmp_path), 1, True, 4)
+    for it in (0, 1, 2):
+        write_rows(eval_file(str(tmp_path), it), [{"sample": -1}], iteration=it)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "x": 1.0}) + "\n" for i in (0, 1, 2)))
+    with MetricsLogger(str(tmp_path), 4, use_tensorboard=False, console=False, start_iteration=1):
+        pass
+    ev.forget_after(1)
+    assert [json.loads(x)["iteration"] for x in open(tmp_path / "metrics.jsonl")] == [0, 1]
+    assert sorted(os.listdir(tmp_path / "eval")) == ["iter_0000000.jsonl", "iter_0000001.jsonl"]
+    with MetricsLogger(str(tmp_path), 4, use_tensorboard=False, console=False, start_iteration=0):
+        pass
+    ev.forget_after(-1)
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and os.listdir(tmp_path / "eval") == []
+
+
+def test_config_keys(tmp_path):
+    from mindrl.config import ConfigError, load_config
+
+    cfg = load_config("grpo_tiny_cpu", overrides=["megatron_training.eval_interval=5"])
+    assert cfg.megatron_training.eval_interval == 5 and cfg.rl_config.val_data_path is None
+    assert "megatron_training.eval_interval" in cfg.ignored_keys  # no held-out set: no effect
+    assert (
+        "megatron_training.eval_iters"
+        in load_config("grpo_tiny_cpu", overrides=["+megatron_training.eval_iters=3"]).ignored_keys
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo_tiny_cpu", overrides=["rl_config.val_temperature=0", "rl_config.val_n_samples=-1",
+                                                "megatron_training.eval_interval=-2", "rl_config.val_max_prompts=0"])  # fmt: skip
+    for key in ("val_temperature", "val_n_samples", "eval_interval", "val_max_prompts"):
+        assert key in str(e.value)
+
+
+def test_val_data_path_is_checked_before_start(tmp_path):
+    from mindrl.config import ConfigError
+    from mindrl.preflight import load_config
+
+    with pytest.raises(ConfigError, match=r"rl_config.val_data_path.*packed dataset files missing"):
+        load_config("grpo_tiny_cpu", overrides=[f"rl_config.val_data_path={tmp_path / 'nothing'}"])
+
+
+def test_eval_help():
+    out = subprocess.run([sys.executable, "-m", "mindrl.cli.eval", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "--load-dir" in out.stdout and "--n-samples" in out.stdout
+
+
+def test_eval_bad_input_names_it(tmp_path, tiny_models, capsys):
+    from mindrl.cli.eval import main
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    good = tiny_models["untied"]
+    bad_row = tmp_path / "bad.json"
+    bad_row.write_text(json.dumps([{"problem": "1 + 1?", "answer": "2"}, {"problem": 5, "answer": "3"}]))
+    cases = [
+        (["--hf-dir", str(hf), "--data", str(bad_row)], "has no config.json"),
+        (["--hf-dir", good, "--load-dir", good, "--data", str(bad_row)], "exactly one of --hf-dir"),
+        (["--hf-dir", good, "--data", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+        (["--hf-dir", good, "--data", str(bad_row), "--verifier", "acc_for_pop"], "did you mean 'acc_for_ppo'"),
+        (["--hf-dir", good, "--data", str(bad_row)], "non-string value for key 'problem'"),
+        (["--load-dir", good, "--tokenizer", good, "--data", str(bad_row)], "not a megatron checkpoint"),
+        (["--hf-dir", good, "--data", str(bad_row), "--n-samples", "-1"], "--n-samples must be >= 0"),
+    ]
+    for argv, named in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("mindrl-eval: error: ") and named in err, (argv, err)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def eval_run(assets, tmp_path_factory):
+    """GRPO for 2 iterations, evaluated before, after 1 and after 2."""
+    run_dir = tmp_path_factory.mktemp("eval_on")
+    cfg = _config("grpo_tiny_cpu", assets, run_dir, *BASE, *_val(assets))
+    _, results, lines, _ = _train(cfg)
+    return run_dir, lines
+
+
+@pytest.mark.slow
+def test_val_metrics_equal_the_written_responses_scored_again(eval_run):
+    from mindrl.rewards import score_rule_rewards
+    from tools.plot_metrics import plot_metrics
+
+    run_dir, lines = eval_run
+    assert [x["iteration"] for x in lines] == [0, 1, 2]
+    assert set(lines[0]) == {"iteration", "timing/eval"} | {k for k in lines[0] if k.startswith("val/")}
+    for line in lines:
+        it = line["iteration"]
+        rows = [json.loads(x) for x in open(run_dir / "eval" / f"iter_{it:07d}.jsonl")]
+        assert {r["iteration"] for r in rows} == {it} and len(rows) == VAL_PROMPTS * (1 + VAL_SAMPLES)
+        # scored again here, by the verifier itself (not the trainer's reward worker)
+        again = score_rule_rewards([r["response"] for r in rows], [r["label"] for r in rows], [VERIFIER], [1.0])
+        assert [s[0] for s in again.per_verifier] == [r[VERIFIER] for r in rows]
+        greedy = [s[0] for s, r in zip(again.per_verifier, rows) if r["sample"] < 0]
+        assert line[f"val/{VERIFIER}/mean"] == pytest.approx(sum(greedy) / VAL_PROMPTS, abs=1e-12)
+        lengths = [r["response_length"] for r in rows if r["sample"] < 0]
+        assert line["val/response_length/mean"] == pytest.approx(sum(lengths) / VAL_PROMPTS, abs=1e-12)
+        for k in (1, 2, 3):
+            per_prompt = {}
+            for s, r in zip(again.per_verifier, rows):
+                if r["sample"] >= 0:
+                    per_prompt.setdefault(r["index"], []).append(s[0] > 0)
+            want = sum(_pass_at_k_by_enumeration(c, k) for c in per_prompt.values()) / VAL_PROMPTS
+            assert line[f"val/{VERIFIER}/pass@{k}"] == pytest.approx(want, abs=1e-12)
+        assert line["timing/eval"] > 0
+    assert any(line[f"val/{VERIFIER}/pass@3"] > 0 for line in lines)  # not a trivial all-zero check
+    # the sinks: TensorBoard has the scalars, the PNG draws them
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars(f"val/{VERIFIER}/mean")] == [0, 1, 2]
+    assert os.path.getsize(plot_metrics(str(run_dir))) > 0
+
+
+@pytest.mark.slow
+def test_evaluation_leaves_training_unchanged(eval_run, assets, tmp_path_factory):
+    run_dir, on = eval_run
+    off_dir = tmp_path_factory.mktemp("eval_off")
+    _, _, off, _ = _train(_config("grpo_tiny_cpu", assets, off_dir, *BASE))
+    assert [x["iteration"] for x in off] == [1, 2]
+    assert off[-1]["actor/grad_norm"] > 0  # the policy moves (iteration 1's rewards are all 0 here)
+    for a, b in zip(on[1:], off):
+        kept = {k for k in b if not k.startswith("timing/") and not k.endswith("_tps")}
+        assert {k: a[k] for k in kept} == {k: b[k] for k in kept}
+        assert set(a) - set(b) == {k for k in a if k.startswith("val/")} | {"timing/eval"}
+
+
+@pytest.mark.slow
+def test_resumed_run_evaluates_where_the_straight_run_did(eval_run, assets, tmp_path):
+    """Resumed from iteration 1's checkpoint: iteration 1's evaluation is not run again (its row is kept), iteration
+    2's is, with the straight run's responses and metrics."""
+    from mindrl.checkpoint import mcore_ckpt
+
+    run_dir, lines = eval_run
+    d = tmp_path / "split"
+    shutil.copytree(run_dir, d)
+    shutil.rmtree(d / "ckpt_actor" / "iter_0000002")
+    mcore_ckpt.write_tracker(str(d / "ckpt_actor"), 1)
+    (d / "eval" / "iter_0000002.jsonl").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in (d / "eval").iterdir()}
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    _, _, resumed, _ = _train(_config("grpo_tiny_cpu", assets, d, *BASE, *_val(assets), *resume,
+                                      actor_load=d / "ckpt_actor"))  # fmt: skip
+
+    def comparable(m):
+        return {k: v for k, v in m.items() if not k.startswith("timing/") and not k.endswith("_tps")}
+
+    assert [comparable(m) for m in resumed] == [comparable(m) for m in lines]
+    assert {p.name: p.stat().st_mtime_ns for p in (d / "eval").iterdir() if p.name in kept} == kept
+    assert (d / "eval" / "iter_0000002.jsonl").read_text() == (run_dir / "eval" / "iter_0000002.jsonl").read_text()
+
+
+def _mindrl_eval(*args: str) -> tuple[dict, list[dict]]:
+    out = subprocess.run([sys.executable, "-m", "mindrl.cli.eval", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = json.loads(
+        [x for x in out.stdout.splitlines() if x.startswith("{") and '"val/num_prompts"' in x][-1]
+    )  # vLLM logs to stdout
+    path = out.stdout.strip().splitlines()[-1].removeprefix("responses: ")
+    return metrics, [json.loads(x) for x in open(path)]
+
+
+def _same_evaluation(cli: tuple[dict, list[dict]], metrics: dict, rows: list[dict]) -> None:
+    got, got_rows = cli
+    assert {k: v for k, v in got.items() if k.startswith("val/")} == {
+        k: v for k, v in metrics.items() if k.startswith("val/")
+    }
+    strip = ("iteration",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in rows] == got_rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["hf", "mcore"])
+def test_mindrl_eval_reproduces_the_trainers_evaluation(eval_run, assets, tmp_path, source):
+    """The starting weights (HF dir, on the raw DeepScaleR JSON) are evaluated as iteration 0 was; the final checkpoint
+    (megatron, on the preprocessed set) as iteration 2."""
+    run_dir, lines = eval_run
+    it = 0 if source == "hf" else 2
+    data = str(assets / "task.json") if source == "hf" else str(assets / "data" / "train")
+    ckpt = ["--hf-dir", str(assets / "hf")] if source == "hf" else ["--load-dir", str(run_dir / "ckpt_actor"),
+                                                                     "--tokenizer", str(assets / "hf")]  # fmt: skip
+    cli = _mindrl_eval(
+        *ckpt, "--data", data, "--prompt-type", "qwen", "--max-prompts", str(VAL_PROMPTS), "--max-prompt-length", "64",
+        "--max-tokens", "24", "--verifier", VERIFIER, "--n-samples", str(VAL_SAMPLES), "--temperature", "1.0",
+        "--seed", "1234", "--out", str(tmp_path / "responses.jsonl"),
+    )  # fmt: skip
+    rows = [json.loads(x) for x in open(run_dir / "eval" / f"iter_{it:07d}.jsonl")]
+    _same_evaluation(cli, lines[it], rows)
