@@ -231,7 +231,7 @@ def _engine(args: argparse.Namespace, hf_dir: str, tok_dir: str, longest_prompt:
 
 
 def _scorer(tokenizer, names: list[str], weights: list[float], timeout: float):
-    """A ScoreFn scoring in this process's verifier pool (the trainer's reward worker does the same)."""
+    """A ScoreFn scoring in this process's verifier pool (the trainer's RewardClient does the same, from a thread)."""
     from mindrl.rewards import score_rule_rewards
     from mindrl.workers.results import Scores
 
