@@ -10,6 +10,7 @@ import os
 import shutil
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from mindrl.checkpoint import convert
@@ -107,7 +108,7 @@ def test_smollm2_model_file_and_template_match_the_checkpoint(smollm2_hf, tmp_pa
     """get_model again is a no-op; configs/model/smollm2_135m.yaml describes the checkpoint (the preflight's own
     comparison) and the `smollm2` template renders exactly the tokenizer's chat template."""
     import transformers
-    import yaml
+    from omegaconf import OmegaConf
 
     from mindrl.checkpoint import mcore_ckpt
     from mindrl.config.errors import Collector
@@ -119,7 +120,8 @@ def test_smollm2_model_file_and_template_match_the_checkpoint(smollm2_hf, tmp_pa
 
     assert get_model("smollm2", log=None) == smollm2_hf
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    raw = yaml.safe_load(open(os.path.join(root, "configs", "model", "smollm2_135m.yaml")))["smollm2_135m"]
+    path = os.path.join(root, "configs", "model", "smollm2_135m.yaml")
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)["smollm2_135m"]  # as the config loader reads it
     col = Collector()
     arch = ModelArchConfig.from_dict({**raw, "name": "smollm2_135m"}, "model.smollm2_135m", col)
     # A checkpoint description of the real model (weights are not needed for this comparison).
@@ -152,15 +154,31 @@ def test_smollm2_layouts_round_trip_and_check(smollm2_hf, pool, pool3, tmp_path,
     _convert_check_round_trip(smollm2_hf, tmp_path, tp, pp, _pool_for(tp, pp, pool, pool3))
 
 
+def _logprobs(logits: torch.Tensor, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """[batch, response] logprobs (temperature 1) of ids[:, start:] from the logits of the whole sequences."""
+    return torch.log_softmax(logits[:, start - 1 : -1].double(), -1).gather(-1, ids[:, start:].unsqueeze(-1))[..., 0]
+
+
 @pytest.mark.slow
 def test_smollm2_vllm_logprobs_match_megatron_after_a_reshard(smollm2_hf, tmp_path):
-    """One optimizer step at TP1, the weights streamed into one vLLM engine, its logprobs recomputed by megatron."""
+    """The real weights streamed from megatron (TP1) into one vLLM engine: its logprobs of what it sampled against
+    megatron's recomputation, each also against the exact (fp64) logprobs and against HF's own fp32 error there."""
     from mindrl.workers.hybrid_check import CheckSettings, check_rank
 
     with RankPool(1, threads=2, timeout_s=600) as one:
         convert.hf2mcore(smollm2_hf, str(tmp_path / "m"), 1, 1, pool=one)
-        settings = CheckSettings(1, 1, 1, steps=1, cycles=1, temperature=0.7, lr=1e-5, num_prompts=2, max_tokens=12)
+        settings = CheckSettings(1, 1, 1, steps=0, cycles=1, num_prompts=2, max_tokens=12)
         results = one.run(check_rank, str(tmp_path / "m"), smollm2_hf, settings)
+        samples = results[0]["samples"]
+        ids = torch.tensor([prompt + response for prompt, response, _ in samples])  # equal lengths (ignore_eos)
+        start = len(samples[0][0])
+        ours = _logprobs(convert.megatron_outputs(one, str(tmp_path / "m"), 1, 1, ids), ids, start)
     gap = results[0]["cycles"][0]["rollout/logprob_diff_max"]
-    print(f"SmolLM2 TP1 -> vLLM TP1: max |logprob diff| {gap:.3g}")
+    engine = torch.tensor([lp for _, _, lp in samples], dtype=torch.float64)
+    exact = _logprobs(convert.hf_outputs(smollm2_hf, ids, torch.float64), ids, start)
+    hf32 = _logprobs(convert.hf_outputs(smollm2_hf, ids, torch.float32), ids, start)
+    err = {name: (lp - exact).abs().max().item() for name, lp in (("vLLM", engine), ("megatron", ours), ("HF", hf32))}
+    print(f"SmolLM2 TP1 -> vLLM TP1: max |logprob diff| {gap:.3g}; fp32 vs exact (fp64) logprobs: {err}")
+    # The converted checkpoint's fp32 forward is as close to the exact logprobs as HF's own fp32 forward.
+    assert err["megatron"] <= 2 * err["HF"]
     assert gap <= TOL
