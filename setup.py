@@ -27,7 +27,12 @@ setup(
         "tqdm",
         "pyyaml",
     ],
-    extras_require={"test": ["pytest", "pytest-timeout"], "parquet": ["pyarrow"]},
+    extras_require={
+        "test": ["pytest", "pytest-timeout"],
+        "parquet": ["pyarrow"],
+        # GGUF model files -> HF checkpoints (mindrl-convert gguf2hf, tools/get_model.py)
+        "gguf": ["gguf>=0.19", "accelerate>=1.0"],
+    },
     entry_points={
         "console_scripts": [
             "mindrl-convert=mindrl.cli.convert:main",

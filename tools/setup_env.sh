@@ -71,6 +71,8 @@ pipi --no-deps "$WHEEL"
 
 echo "[setup_env] megatron-core, ray, transformers and the rest"
 pipi -r "$ROOT/tools/requirements-cpu.txt"
+echo "[setup_env] the gguf extra (mindrl[gguf]: GGUF -> HF for tools/get_model.py and its tests)"
+pipi "gguf==0.19.0" "accelerate==1.15.0"
 echo "[setup_env] mindrl (editable)"
 pipi --no-deps -e "$ROOT"
 

@@ -17,8 +17,6 @@ from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint, HFShardWriter
 from mindrl.models.hf_config import ModelSpec, torch_dtype
 from mindrl.models.weight_map import expected_hf_names, expected_hf_shape, mcore_param_names, param_mapping
 
-DEFAULT_TOL = 1e-5
-
 
 @dataclass
 class ConversionStats:
@@ -266,13 +264,14 @@ _SHAPE_FIELDS = ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "
 
 
 def _logits_rank(
-    load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool, hf_config: str | None = None
-) -> torch.Tensor | None:
+    load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool, hf_config: str | None = None,
+    dtype: str = "float32",
+) -> torch.Tensor | None:  # fmt: skip
     from megatron.core import parallel_state as ps
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = loading.build_and_load(load_dir, tp, pp, "float32", sequence_parallel=sp, hf_config=hf_config)
+    _, _, model = loading.build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sp, hf_config=hf_config)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None
@@ -286,20 +285,32 @@ def megatron_outputs(
     input_ids: torch.Tensor,
     sequence_parallel: bool = False,
     hf_config: str | None = None,
+    dtype: str = "float32",
 ) -> torch.Tensor:
-    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP, computed on `pool`.
+    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP in `dtype`, computed on `pool`.
     hf_config: the HF model dir describing a legacy (mp_rank_*) checkpoint."""
-    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel, hf_config)
+    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel, hf_config, dtype)
     return next(r for r in results if r is not None)
 
 
-def hf_outputs(hf_dir: str, input_ids: torch.Tensor) -> torch.Tensor:
-    """The HF model's logits, or per-token scores for a sequence-classification model, in fp32."""
+def _rms_norm_in_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
+
+
+def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The HF model's logits, or per-token scores for a sequence-classification model, in `dtype`. In fp64 its
+    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64."""
+    import functools
+
     import transformers
 
     spec = ModelSpec.from_hf_dir(hf_dir)
     cls = getattr(transformers, spec.architecture)
-    model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = cls.from_pretrained(hf_dir, dtype=dtype).eval()
+    if dtype == torch.float64:
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+                module.forward = functools.partial(_rms_norm_in_dtype, module)
     with torch.no_grad():
         if spec.is_value_model:
             hidden = model.model(input_ids=input_ids).last_hidden_state
@@ -307,12 +318,38 @@ def hf_outputs(hf_dir: str, input_ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=input_ids).logits
 
 
+# `check`'s default bound as a fraction of HF's fp32-vs-fp64 gap: three orders of magnitude below what fp32 itself
+# does to the model, about five above the fp64 agreement of a correct conversion.
+GAP_FRACTION = 1e-3
+
+
+@dataclass
+class CheckResult:
+    """What `check` measured on one batch of random tokens."""
+
+    max_abs_diff: float
+    """max |megatron - HF| over the logits (values), both models in fp64."""
+    reference_gap: float
+    """max |HF in fp32 - HF in fp64| on the same tokens: how far a correct fp32 forward lands from the fp64 one."""
+    max_abs_output: float
+    """max |logit| (value) of HF's fp64 forward, for scale."""
+    tol: float
+    """The bound max_abs_diff was held to: --tol if given, else GAP_FRACTION * reference_gap."""
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tol
+
+
 def check(
     hf_dir: str, load_dir: str, tp: int | None = None, pp: int | None = None, batch: int = 2, seq_len: int = 64,
-    seed: int = 0, pool=None,
-) -> float:  # fmt: skip
-    """Max |megatron - HF| over the logits (or values) of random tokens; both models in fp32. A legacy
-    (mp_rank_*) checkpoint at load_dir takes its architecture from hf_dir."""
+    seed: int = 0, pool=None, tol: float | None = None,
+) -> CheckResult:  # fmt: skip
+    """Compare the checkpoint's logits (values) with HF's on random tokens, both models entirely in fp64. A converted
+    model passes when its difference from HF is below GAP_FRACTION of fp32's own error on the same tokens (HF fp32 vs
+    HF fp64), or below `tol` if given. A fixed bound in fp32 fails a correct 30-layer model on rounding alone; in
+    fp64 a correct conversion agrees to ~1e-13 and one slightly wrong weight stands out. A legacy (mp_rank_*)
+    checkpoint at load_dir takes its architecture from hf_dir."""
     is_legacy = legacy.is_legacy(load_dir)
     if is_legacy:
         spec, _ = legacy.resolve_spec(load_dir, hf_dir)
@@ -338,6 +375,14 @@ def check(
     _check_pool(pool, tp * pp)
     input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
     with _ranks(pool, tp * pp) as ranks:
-        ours = megatron_outputs(ranks, load_dir, tp, pp, input_ids, hf_config=hf_dir if is_legacy else None)
-    ref = hf_outputs(hf_dir, input_ids)
-    return (ours - ref).abs().max().item()
+        ours = megatron_outputs(
+            ranks, load_dir, tp, pp, input_ids, hf_config=hf_dir if is_legacy else None, dtype="float64"
+        )
+    ref = hf_outputs(hf_dir, input_ids, torch.float64)
+    gap = (hf_outputs(hf_dir, input_ids, torch.float32).double() - ref).abs().max().item()
+    return CheckResult(
+        max_abs_diff=(ours - ref).abs().max().item(),
+        reference_gap=gap,
+        max_abs_output=ref.abs().max().item(),
+        tol=GAP_FRACTION * gap if tol is None else tol,
+    )

@@ -251,7 +251,7 @@ class SDPAttention(DotProductAttention):
         # on CPU. A device kernel that keeps its softmax in fp32 inside takes the 16-bit operands as they are.
         dtype = query.dtype
         upcast = current_platform().attention_operands == "fp32"
-        if self.config.attention_softmax_in_fp32 and dtype != torch.float32 and upcast:
+        if self.config.attention_softmax_in_fp32 and dtype.itemsize < 4 and upcast:  # 16-bit only, fp64 stays
             query, key, value = query.float(), key.float(), value.float()
         groups = prefix_groups_of(attention_mask)
         if groups is not None:

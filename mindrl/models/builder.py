@@ -17,7 +17,7 @@ from megatron.core.transformer.transformer_block import (
 
 from mindrl.config.settings import RecomputeSettings
 from mindrl.models.attention import SDPAttention
-from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm
+from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
@@ -42,7 +42,7 @@ class RMSNorm(torch.nn.Module):
             return rms_norm(hidden_states, self.weight, self.eps)
         if self.device_kernel:  # the device's fused kernel: keeps its input and 1/rms, not an fp32 copy
             return current_platform().rms_norm(hidden_states, self.weight, self.eps)
-        x = torch.nn.functional.rms_norm(hidden_states.float(), self.weight.shape, eps=self.eps)
+        x = torch.nn.functional.rms_norm(hidden_states.to(stats_dtype(hidden_states)), self.weight.shape, eps=self.eps)
         return self.weight * x.to(hidden_states.dtype)
 
 

@@ -143,6 +143,11 @@ class SwiGLU(torch.nn.Module):
         return {}
 
 
+def stats_dtype(x: torch.Tensor) -> torch.dtype:
+    """RMSNorm's statistics: fp32 for 16- and 32-bit inputs (as HF), fp64 for fp64."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 class _RMSNorm(torch.autograd.Function):
     """weight * rms_norm(x) with statistics in fp32 and the weight applied in x's dtype (HF's Llama / Qwen2 order).
 
@@ -158,7 +163,8 @@ class _RMSNorm(torch.autograd.Function):
         if kernels is not None:  # one pass; the sum of squares in the kernel's order (not bit-identical to torch's)
             out, y, rstd = kernels.rms_norm_forward(x, weight, eps)
         else:
-            y, rstd = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, eps)
+            # statistics in fp32, or in fp64 for an fp64 model (the fp64 reference of `mindrl-convert check`)
+            y, rstd = torch.ops.aten._fused_rms_norm(x.to(stats_dtype(x)), [x.shape[-1]], None, eps)
             out = weight * y.to(x.dtype)
         ctx.save_for_backward(y, rstd, weight)
         ctx.dtype = x.dtype
@@ -174,12 +180,12 @@ class _RMSNorm(torch.autograd.Function):
         grad_weight = None
         if ctx.needs_input_grad[1]:
             # sum over every token of grad * y (y as the forward multiplied it: in x's dtype), accumulated in fp32
-            y_used = y if ctx.dtype == torch.float32 else y.to(ctx.dtype).float()
-            grad_weight = torch.linalg.vecdot(grad.float().reshape(-1, hidden), y_used.reshape(-1, hidden), dim=0)
+            y_used = y if ctx.dtype == y.dtype else y.to(ctx.dtype).to(y.dtype)
+            grad_weight = torch.linalg.vecdot(grad.to(y.dtype).reshape(-1, hidden), y_used.reshape(-1, hidden), dim=0)
             grad_weight = grad_weight.to(weight.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            dy = (grad * weight).float()
+            dy = (grad * weight).to(y.dtype)
             dot = torch.linalg.vecdot(dy, y).unsqueeze(-1).div_(hidden)
             grad_x = torch.addcmul(dy, y, dot, value=-1.0).mul_(rstd).to(ctx.dtype)
         return grad_x, grad_weight, None

@@ -17,7 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": ("llama", False),
     "LlamaForSequenceClassification": ("llama", True),
 }
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Llama-3.1 scaling constants that megatron's `rope_scaling=True` hard-codes.
 _LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

@@ -94,6 +94,7 @@ def check_rank(load_dir: str, engine_dir: str, s: CheckSettings, export_it_dir: 
                 engine.load_weights = tee
             samples, stats = hybrid.generate(prompts, sampling)
             metrics = hybrid.logprob_diff_metrics(prompts, samples, sampling)
+            last_samples = [(p, r.token_ids, r.logprobs) for p, group in zip(prompts, samples) for r in group]
             cycles.append({"losses": losses, **metrics, **asdict(stats), "tokens_per_s": stats.tokens_per_s})
         bytes_emitted = hybrid.manager.streamer.stats.bytes_emitted
         if export_it_dir is not None:  # the same weights, exported the direct way (a checkpoint)
@@ -108,4 +109,5 @@ def check_rank(load_dir: str, engine_dir: str, s: CheckSettings, export_it_dir: 
         "memcpy_s": memcpy_seconds(bytes_emitted),
         "model_bytes": bytes_emitted,
         "recorded": recorded,
+        "samples": last_samples,  # (prompt ids, response ids, engine logprobs) of this rank's engine, last cycle
     }

@@ -53,6 +53,11 @@ def test_special_tokens_tokenise_to_single_ids(tokenizer):
         ),
         ("qwen3", "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"),
         (
+            "smollm2",
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
             "llama3",
             "<s><|start_header_id|>user<|end_header_id|>\n\nP<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
         ),
@@ -83,7 +88,7 @@ def test_placeholders_inside_content_stay_literal():
 
 
 def test_required_templates_are_shipped():
-    assert {"default", "empty", "qwen", "qwen_r1", "qwen_math_r1", "qwen3", "llama3", "deepseek3_r1"} <= set(
+    assert {"default", "empty", "qwen", "qwen_r1", "qwen_math_r1", "qwen3", "smollm2", "llama3", "deepseek3_r1"} <= set(
         load_templates()
     )
 
