@@ -14,6 +14,9 @@ from mindrl.workers.dispatch import Dispatch, register
 from mindrl.workers.profiling import StageProfiler
 from mindrl.workers.results import DeviceLedger
 
+TRAINING_PHASES = ("train", "critic_train")
+"""Phases that start with the platform's cache emptied (`Platform.empty_cache`): their updates are a step's peak."""
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -123,7 +126,8 @@ class MegatronRank:
         what they hold then in the ledger (no communication: each rank moves its own shards)."""
         for model, offloader in self._offloaders().items():
             offloader.place(self.settings.residency.on_entry(model, phase))
-        current_platform().empty_cache()  # what the last phase freed goes back (CPU: glibc's free pages)
+        if phase in TRAINING_PHASES:  # the peak phases: what the phases before freed goes back (CPU: glibc's free
+            current_platform().empty_cache()  # pages); elsewhere the freed memory is reused (no page faults)
         self.phase = phase
         self.ledger[phase] = self._held()
 
