@@ -54,7 +54,8 @@ class CpuPlatform(Platform):
 
     def empty_cache(self) -> None:
         # glibc keeps what the process frees (worker_env: no mmap, no trim), so a phase's freed memory stays resident
-        # into the next one. Hand the free pages back before an update (workers.rank.TRAINING_PHASES), as a device's caching allocator would.
+        # into the next one. Hand the free pages back before an update (workers.rank.TRAINING_PHASES), as a device's
+        # caching allocator would.
         _malloc_trim()
 
     def memory_allocated(self) -> int:
