@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = "examples/grpo/grpo_smollm2_cpu.sh"
 ITERS, VAL_PROMPTS = 2, 8
 SHRINK = [  # a smaller batch and shorter answers than the recipe's, so that CI takes minutes
-    "megatron_training.global_batch_size=4", "rl_config.mini_batch_size=4",
+    "megatron_training.global_batch_size=4", "rl_config.mini_batch_size=4", "rl_config.n_samples_per_prompt=4",
     "generate_config.sampling_config.max_tokens=16",
 ]  # fmt: skip
 
