@@ -192,7 +192,7 @@ class PPOTrainer:
             return out[: len(prompts)]
 
         def score(responses, labels):
-            return self.reward.collect(self.reward.score(responses, labels), responses, labels, self.iteration)
+            return self.reward.collect(self.reward.score(responses, labels), self.iteration)
 
         metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer)
         self._enter_phase("train", {})
@@ -284,7 +284,7 @@ class PPOTrainer:
             batch["values"] = gathered.tensor
             timing["timing/critic_model"] = gathered.seconds
         with _timed(timing, "timing/non_overlap_rule_reward"):
-            scored = self.reward.collect(reward_ref, responses, labels, self.iteration)
+            scored = self.reward.collect(reward_ref, self.iteration)
         timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
         timing["timing/scoring"] = time.perf_counter() - t_score
         return scored

@@ -86,9 +86,7 @@ class RewardClient:
             [list(x) for x in labels], skip_special_tokens=True
         )
 
-    def collect(
-        self, pending: PendingScores, responses: Sequence[list[int]], labels: Sequence[list[int]], iteration: int
-    ) -> Scores:
+    def collect(self, pending: PendingScores, iteration: int) -> Scores:
         """The batch's Scores. Samples that timed out or whose process died score 0 and are counted in
         reward/timeouts and reward/crashes; an error of the pool itself (a verifier process that cannot start)
         ends the run with its message."""

@@ -35,7 +35,7 @@ def test_scores_in_the_background_then_shuts_down_without_leftovers(tmp_path):
         t0 = time.perf_counter()
         pending = client.score(ids, labels)
         started = time.perf_counter() - t0
-        scored = client.collect(pending, ids, labels, iteration=1)
+        scored = client.collect(pending, iteration=1)
         took = time.perf_counter() - t0
         assert started < 1.0 and took >= 3.0, (started, took)  # the driver went on while the hung sample ran out
         assert scored.texts == decoded and scored.labels == ["a", "b", "c"]
@@ -43,7 +43,7 @@ def test_scores_in_the_background_then_shuts_down_without_leftovers(tmp_path):
         assert scored.per_verifier[2] is None
         assert scored.metrics["reward/timeouts"] == 1.0 and scored.metrics["reward/worker_restarts"] == 1.0
         pids = get_shared_pool(1).worker_pids()
-        again = client.collect(client.score(ids[:2], labels[:2]), ids[:2], labels[:2], iteration=2)
+        again = client.collect(client.score(ids[:2], labels[:2]), iteration=2)
         assert again.rewards == scored.rewards[:2] and again.metrics["reward/worker_restarts"] == 0.0
     finally:
         client.shutdown()
