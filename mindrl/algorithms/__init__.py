@@ -11,6 +11,7 @@ from mindrl.algorithms.advantages import (
     list_advantage_estimators,
     register_adv_est,
 )
+from mindrl.algorithms.dapo import keep_groups, overlong_penalty
 from mindrl.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -21,10 +22,12 @@ from mindrl.algorithms.kl import (
 )
 from mindrl.algorithms.losses import (
     LOSS_AGG_MODES,
+    POLICY_LOSS_MODES,
     agg_loss,
     count_tokens_and_seqs,
     entropy_from_logits,
     entropy_loss,
+    gspo_policy_loss,
     logprobs_from_logits,
     policy_loss,
     value_loss,
@@ -40,6 +43,7 @@ from mindrl.algorithms.masked import (
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "POLICY_LOSS_MODES",
     "AdaptiveKLController",
     "FixedKLController",
     "agg_loss",
@@ -54,6 +58,8 @@ __all__ = [
     "entropy_from_logits",
     "entropy_loss",
     "get_advantage_estimator",
+    "gspo_policy_loss",
+    "keep_groups",
     "kl_loss",
     "kl_penalty",
     "last_valid_index",
@@ -63,6 +69,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
     "register_adv_est",
     "scores_to_token_level",

@@ -8,6 +8,8 @@ import torch
 from mindrl.algorithms.masked import check_same_shape, masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSS_MODES = ("vanilla", "gspo")
+"""rl_config.policy_loss_mode: PPO's token-level ratio (`policy_loss`) or GSPO's sequence-level one (`gspo_policy_loss`)."""
 
 
 def count_tokens_and_seqs(response_mask: torch.Tensor) -> tuple[int, int]:
@@ -113,6 +115,50 @@ def policy_loss(
     metrics = {
         "pg_clipfrac": pg_clipfrac.detach(),
         "pg_clipfrac_lower": masked_mean(lower_active.float(), response_mask).detach(),
+        "ppo_kl": masked_mean(-negative_approx_kl, response_mask).detach(),
+    }
+    return loss, metrics
+
+
+def gspo_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    is_weights: torch.Tensor | None = None,
+    **agg_kwargs,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (Zheng et al. 2025): the PPO clip on the sequence-level importance ratio, to be minimised.
+
+    Inputs as `policy_loss`. Per response i: s_i = exp(mean over its valid tokens of (log_prob - old_log_prob)),
+    loss_i = max(-A_i * s_i, -A_i * clip(s_i, 1 - low, 1 + high)), and the loss is the mean over responses
+    (seq-mean-token-mean: every token of a response carries loss_i, whatever loss_agg_mode says). The gradient of
+    s_i is s_i times the mean of the tokens' log-prob gradients (the paper's), obtained by giving each token the
+    ratio sg(s_i) * pi / sg(pi). The log-ratio is capped at 10 before exp. agg_kwargs: `agg_loss`'s global counts
+    (global_num_seqs, dp_size; the others are unused here).
+
+    metrics: pg_clipfrac (share of valid tokens, i.e. length-weighted, whose response was clipped),
+    pg_clipfrac_lower (0: no dual clip), ppo_kl (mean of old_log_prob - log_prob over valid tokens)."""
+    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
+    mask = response_mask.to(log_prob.dtype)
+    negative_approx_kl = log_prob - old_log_prob
+    lengths = mask.sum(dim=-1).clamp(min=1)
+    seq_log_ratio = (negative_approx_kl * mask).sum(dim=-1) / lengths
+    log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(log_ratio.clamp(max=10.0))
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    if is_weights is not None:
+        check_same_shape(is_weights=is_weights, response_mask=response_mask)
+        pg_losses = pg_losses * is_weights.detach()
+    agg = {k: v for k, v in agg_kwargs.items() if k in ("global_num_seqs", "dp_size")}
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **agg)
+    metrics = {
+        "pg_clipfrac": masked_mean((pg_losses2 > pg_losses1).float(), response_mask).detach(),
+        "pg_clipfrac_lower": torch.zeros((), dtype=log_prob.dtype, device=log_prob.device),
         "ppo_kl": masked_mean(-negative_approx_kl, response_mask).detach(),
     }
     return loss, metrics

@@ -13,7 +13,7 @@ from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSett
 
 DATASET_SUFFIX = "_packed_input_ids_document"
 TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
-STAGES = (None, "ray_ppo", "ray_grpo")
+STAGES = (None, "ray_ppo", "ray_grpo", "ray_dapo")
 
 _FUSION = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
 _MEMORY = "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl"
@@ -180,8 +180,8 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
     model: str | None = None
     """Name of the model (configs/model/NAME.yaml) every role uses unless its section names another."""
     stage: str | None = None
-    """MindSpeed-RL's algorithm label ('ray_ppo' / 'ray_grpo'). Informational: the algorithm follows
-    rl_config.adv_estimator."""
+    """MindSpeed-RL's algorithm label ('ray_ppo' / 'ray_grpo' / 'ray_dapo'). The algorithm follows rl_config's keys;
+    ray_dapo also turns every KL term off, as MindSpeed-RL's DAPO loss and trainer have none (docs/algorithms.md)."""
     global_batch_size: int | None = None
     """Prompts per iteration (required); each is sampled n_samples_per_prompt times."""
     seq_length: int | None = None

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mindrl.algorithms import LOSS_AGG_MODES, list_advantage_estimators
+from mindrl.algorithms import LOSS_AGG_MODES, POLICY_LOSS_MODES, list_advantage_estimators
 from mindrl.algorithms.kl import KL_PENALTY_KINDS
 from mindrl.config.errors import Collector, did_you_mean
 from mindrl.config.section import Section
@@ -25,6 +25,10 @@ PACKING_USES = {
 GROUP_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus_baseline")
 # MindSpeed-RL verifier names that mindrl registers under another name (same rule).
 VERIFIER_ALIASES = {"math_verify_reward": "math_verify"}
+# filter_groups_metric besides a verifier name: the response's whole reward (weighted verifiers + overlong penalty).
+SEQ_REWARD_METRIC = "seq_reward"
+# Keys of older MindSpeed-RL recipes read under today's name.
+RENAMED_KEYS = {"shuffle_minibatch": "shuffle_mini_batch"}
 
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
 
@@ -79,7 +83,6 @@ class RLSectionConfig(Section):
         ),
         "log_max_throughput": "mindrl computes throughput from mean lengths, never the max",
         "tp_split_expert": "a mixture-of-experts option; mindrl builds dense models only",
-        "token_level_loss": "used by MindSpeed-RL's DAPO loss only; mindrl's aggregation is loss_agg_mode",
         "advantage_whiten": "unused by MindSpeed-RL; mindrl whitens GAE advantages and normalises group ones",
         "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
         "beta": "handed to the losses by MindSpeed-RL but read by none of its PPO/GRPO losses",
@@ -89,14 +92,6 @@ class RLSectionConfig(Section):
         ),
         **dict.fromkeys(
             ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
-        ),
-        **dict.fromkeys(
-            ["rollout_max_tokens", "overlong_buffer", "overlong_buffer_penalty_factor"],
-            "a DAPO overlong-penalty option; active only with overlong_buffer_enable, which is not supported",
-        ),
-        **dict.fromkeys(
-            ["filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"],
-            "a DAPO dynamic-sampling option; active only with filter_groups_enable, which is not supported",
         ),
         "require_max_age_all_finished": "a partial-rollout option; partial rollout is not supported",
         **dict.fromkeys(
@@ -109,15 +104,12 @@ class RLSectionConfig(Section):
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
         "use_swanlab": ((False,), "SwanLab logging; use use_tensorboard or use_wandb"),
-        "filter_groups_enable": ((False,), "DAPO dynamic sampling"),
-        "overlong_buffer_enable": ((False,), "DAPO overlong reward shaping"),
         "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
         "partial_rollout_max_split": ((1,), "partial rollout"),
         "share_backbone": ((False,), "a LoRA actor sharing the reference backbone"),
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
-        "shuffle_mini_batch": ((False,), "shuffling mini-batches within an iteration"),
     }
 
     # -- placement -----------------------------------------------------------------------------------
@@ -213,6 +205,44 @@ class RLSectionConfig(Section):
     """Rows cap of the old logprobs' micro-batches; None: dynamic_max_batch_size."""
     update_dynamic_max_batch_size: int | None = None
     """Rows cap of the actor update's micro-batches; None: dynamic_max_batch_size."""
+    shuffle_mini_batch: bool = False
+    """Take each update's mini-batches in a seeded random order instead of batch order (MindSpeed-RL's key; the
+    order is the same on every rank and over the update's epochs). No effect with a single mini-batch."""
+    norm_adv_by_std_in_grpo: bool = True
+    """group_norm divides by the group's std (GRPO); false: score minus the group mean only (Dr.GRPO; verl's key)."""
+    policy_loss_mode: str = "vanilla"
+    """vanilla: PPO's clipped token-level ratio; gspo: GSPO's sequence-level ratio and clip (mindrl's name for verl's
+    actor.policy_loss.loss_mode). GSPO's policy loss is a mean over responses whatever loss_agg_mode says; its paper
+    clips at clip_ratio_low 3e-4, clip_ratio_high 4e-4."""
+    loss_scale_factor: int | None = None
+    """seq-mean-token-sum-norm's constant divisor (Dr.GRPO's constant length; verl's actor.loss_scale_factor); None:
+    sampling_config.max_tokens."""
+    token_level_loss: bool | None = None
+    """MindSpeed-RL's DAPO loss switch: true is loss_agg_mode token-mean, false seq-mean-token-mean; None: loss_agg_mode
+    decides. Set with a loss_agg_mode that disagrees, it is an error."""
+    # -- DAPO (docs/algorithms.md) --------------------------------------------------------------------
+    overlong_buffer_enable: bool = False
+    """DAPO's soft overlong punishment: a response longer than rollout_max_tokens - overlong_buffer tokens loses up to
+    overlong_buffer_penalty_factor of reward, linearly in the excess."""
+    overlong_buffer: int = 0
+    """Tokens before the maximum over which the penalty grows (1 <= overlong_buffer < rollout_max_tokens)."""
+    overlong_buffer_penalty_factor: float = 1.0
+    """The penalty at rollout_max_tokens."""
+    rollout_max_tokens: int | None = None
+    """The maximum response length of the penalty: must equal generate_config.sampling_config.max_tokens (None: that
+    value)."""
+    filter_groups_enable: bool = False
+    """DAPO's dynamic sampling: drop every prompt whose n samples all score the same on filter_groups_metric, and
+    sample more prompts (global_batch_size at a time) until filter_groups_train_batch_size prompts are kept."""
+    filter_groups_metric: str = "acc"
+    """What the filter compares: a name in verifier_function (that verifier's own score, before weights and the
+    overlong penalty, as MindSpeed-RL), or 'seq_reward' (the response's whole reward)."""
+    filter_groups_max_batches: int = 1
+    """Generation batches per iteration at most; the run stops with an error when they keep fewer prompts than
+    needed (MindSpeed-RL's rule). <= 0: no limit."""
+    filter_groups_train_batch_size: int | None = None
+    """Prompts trained on per iteration with dynamic sampling (kept groups beyond it are dropped); None:
+    global_batch_size."""
     clip_higher_enable: bool | None = None
     """MindSpeed-RL's DAPO switch for clip_ratio_low/high: true requires both; false ignores them; None (mindrl):
     they apply whenever set."""
@@ -286,6 +316,18 @@ class RLSectionConfig(Section):
     """Temperature of the val_n_samples samples (top_p / top_k / min_p as sampling_config)."""
 
     @classmethod
+    def from_dict(cls, data, prefix: str, col: Collector) -> Any:
+        if isinstance(data, dict) and any(k in data for k in RENAMED_KEYS):
+            data = dict(data)
+            for old, new in RENAMED_KEYS.items():
+                if old in data:
+                    col.note(f"{prefix}.{old} is read as {prefix}.{new} (its name in MindSpeed-RL today)")
+                    if new not in data:
+                        data[new] = data[old]
+                    del data[old]
+        return super().from_dict(data, prefix, col)
+
+    @classmethod
     def normalize(cls, key: str, value: Any) -> Any:
         if key == "verifier_function":
             names = [value] if isinstance(value, str) else value
@@ -297,6 +339,7 @@ class RLSectionConfig(Section):
 
     def __post_init__(self) -> None:
         self._bound: _Bound | None = None
+        self._dapo_stage = False
         super().__post_init__()
 
     def validate(self, col: Collector) -> None:
@@ -340,6 +383,8 @@ class RLSectionConfig(Section):
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             col.add("loss_agg_mode", f"{self.loss_agg_mode!r} is not one of {', '.join(LOSS_AGG_MODES)}"
                     + did_you_mean(self.loss_agg_mode, LOSS_AGG_MODES))  # fmt: skip
+        self._validate_loss(col)
+        self._validate_dapo(col)
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
         for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):
@@ -352,6 +397,49 @@ class RLSectionConfig(Section):
         if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
             col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
                     f"actor_resource.num_npus={n}")  # fmt: skip
+
+    def _validate_loss(self, col: Collector) -> None:
+        if self.policy_loss_mode not in POLICY_LOSS_MODES:
+            col.add("policy_loss_mode", f"{self.policy_loss_mode!r} is not one of {', '.join(POLICY_LOSS_MODES)}"
+                    + did_you_mean(self.policy_loss_mode, POLICY_LOSS_MODES))  # fmt: skip
+        elif self.policy_loss_mode == "gspo" and self.clip_ratio_c is not None:
+            col.add("clip_ratio_c", "dual-clip is a token-level PPO clip; policy_loss_mode gspo clips sequences")
+        if self.loss_scale_factor is not None and self.loss_scale_factor < 1:
+            col.add(
+                "loss_scale_factor", f"must be >= 1 (or null: sampling_config.max_tokens), got {self.loss_scale_factor}"
+            )
+        if self.token_level_loss is not None:
+            wanted = "token-mean" if self.token_level_loss else "seq-mean-token-mean"
+            if self.loss_agg_mode == "token-mean" and not self.token_level_loss:
+                object.__setattr__(self, "loss_agg_mode", wanted)
+            elif self.loss_agg_mode != wanted:
+                col.add("token_level_loss", f"{self.token_level_loss} means loss_agg_mode {wanted}, but loss_agg_mode "
+                        f"is {self.loss_agg_mode!r}; remove one of them")  # fmt: skip
+
+    def _validate_dapo(self, col: Collector) -> None:
+        if self.overlong_buffer_enable:
+            if self.overlong_buffer < 1:
+                col.add("overlong_buffer", f"must be >= 1 with overlong_buffer_enable, got {self.overlong_buffer}")
+            if self.overlong_buffer_penalty_factor < 0:
+                col.add("overlong_buffer_penalty_factor", f"must be >= 0, got {self.overlong_buffer_penalty_factor}")
+        else:
+            for key in ("overlong_buffer", "rollout_max_tokens"):
+                if getattr(self, key):
+                    col.ignore(key, "has no effect without overlong_buffer_enable")
+        if self.filter_groups_enable:
+            allowed = [*self.verifier_function, SEQ_REWARD_METRIC]
+            if self.filter_groups_metric not in allowed:
+                col.add("filter_groups_metric", f"{self.filter_groups_metric!r} is neither one of verifier_function "
+                        f"({', '.join(self.verifier_function)}) nor {SEQ_REWARD_METRIC!r}")  # fmt: skip
+            if self.n_samples_per_prompt < 2:
+                col.add("filter_groups_enable", "compares the samples of a prompt and needs n_samples_per_prompt >= 2")
+            b = self.filter_groups_train_batch_size
+            if b is not None and b < 1:
+                col.add("filter_groups_train_batch_size", f"must be >= 1 (or null: global_batch_size), got {b}")
+        else:
+            for key in ("filter_groups_train_batch_size",):
+                if getattr(self, key) is not None:
+                    col.ignore(key, "has no effect without filter_groups_enable")
 
     def _validate_val(self, col: Collector) -> None:
         if self.val_max_prompts is not None and self.val_max_prompts < 1:
@@ -433,8 +521,12 @@ class RLSectionConfig(Section):
     # -- derived (what the trainer reads) --------------------------------------------------------------
     def bind(self, global_batch_size: int, actor_tp_pp: int, critic_tp_pp: int | None, infer_tp: int) -> None:
         """Called by the loader: fixes the layout-dependent values below and resolves mini_batch_size."""
+        if self.filter_groups_enable and self.filter_groups_train_batch_size is None:
+            self.filter_groups_train_batch_size = global_batch_size
         if self.mini_batch_size is None:
-            self.mini_batch_size = global_batch_size
+            self.mini_batch_size = (
+                self.filter_groups_train_batch_size if self.filter_groups_enable else global_batch_size
+            )
         self._bound = _Bound(global_batch_size, actor_tp_pp, critic_tp_pp, infer_tp)
 
     def _need_bound(self) -> _Bound:
@@ -462,15 +554,26 @@ class RLSectionConfig(Section):
         """use_kl_in_reward if set, else MindSpeed-RL's per-algorithm choice: in the reward for gae (PPO)."""
         return self.use_kl_in_reward if self.use_kl_in_reward is not None else self.needs_critic
 
+    def use_dapo_stage(self) -> None:
+        """megatron_training.stage is ray_dapo (the loader calls this): MindSpeed-RL's DAPO loss has no KL term, and
+        its DAPO trainer puts none in the reward, so the run has no KL and no reference model."""
+        self._dapo_stage = True
+
+    @property
+    def kl_enabled(self) -> bool:
+        """Whether any KL term exists: not under stage ray_dapo, else a coefficient > 0."""
+        return not self._dapo_stage and self.init_kl_coef > 0
+
     @property
     def kl_coef_in_loss(self) -> float:
-        """The actor loss's KL coefficient: init_kl_coef when the KL is in the loss, 0 when it is in the reward."""
-        return 0.0 if self.kl_in_reward else float(self.init_kl_coef)
+        """The actor loss's KL coefficient: init_kl_coef when the KL is in the loss, 0 when it is in the reward (or
+        there is no KL: stage ray_dapo)."""
+        return 0.0 if self.kl_in_reward or not self.kl_enabled else float(self.init_kl_coef)
 
     @property
     def needs_reference(self) -> bool:
         """Whether the run builds a reference model: a KL term, in the reward or in the loss, with a coefficient."""
-        return (self.kl_in_reward and self.init_kl_coef > 0) or self.kl_coef_in_loss > 0
+        return (self.kl_in_reward and self.kl_enabled) or self.kl_coef_in_loss > 0
 
     @property
     def actor_dp(self) -> int:
@@ -489,14 +592,21 @@ class RLSectionConfig(Section):
         return self.world_size // self._need_bound().infer_tp
 
     @property
+    def train_batch_size(self) -> int:
+        """Prompts an iteration trains on: filter_groups_train_batch_size with dynamic sampling, else
+        global_batch_size (the prompts it samples at a time)."""
+        b = self._need_bound().global_batch_size
+        return int(self.filter_groups_train_batch_size or b) if self.filter_groups_enable else b
+
+    @property
     def num_mini_batches(self) -> int:
-        """Optimizer steps per epoch: global_batch_size / mini_batch_size."""
-        return self._need_bound().global_batch_size // int(self.mini_batch_size or 1)
+        """Optimizer steps per epoch: train_batch_size / mini_batch_size."""
+        return self.train_batch_size // int(self.mini_batch_size or 1)
 
     @property
     def mini_batch_responses(self) -> int:
         """Responses per optimizer step (MindSpeed-RL's internal mini_batch_size)."""
-        return int(self.mini_batch_size or self._need_bound().global_batch_size) * self.n_samples_per_prompt
+        return int(self.mini_batch_size or self.train_batch_size) * self.n_samples_per_prompt
 
     def token_budget(self, use: str) -> tuple[int | None, int | None]:
         """(tokens, rows cap) per micro-batch of `use` (a key of PACKING_USES) with use_dynamic_bsz, else (None,

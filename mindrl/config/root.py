@@ -57,15 +57,21 @@ class RLConfig(Section):
         if self.critic_config is not None and crit is not None and world is not None and crit != world:
             col.add("rl_config.critic_resource.num_npus", f"{crit} differs from actor_resource.num_npus={world}: "
                     "the critic runs on the actor's devices; remove critic_resource or make them equal")  # fmt: skip
-        if gbs is not None and rl.mini_batch_size is not None and not col.is_bad("rl_config.mini_batch_size"):
-            if gbs % rl.mini_batch_size:
-                col.add("rl_config.mini_batch_size", f"megatron_training.global_batch_size={gbs} prompts must be "
+        train_key = (
+            "rl_config.filter_groups_train_batch_size"
+            if rl.filter_groups_enable
+            else "megatron_training.global_batch_size"
+        )
+        train = rl.filter_groups_train_batch_size if rl.filter_groups_enable else gbs
+        if train is not None and rl.mini_batch_size is not None and not col.is_bad("rl_config.mini_batch_size"):
+            if train % rl.mini_batch_size:
+                col.add("rl_config.mini_batch_size", f"{train_key}={train} prompts must be "
                         f"divisible by mini_batch_size={rl.mini_batch_size} (prompts per optimizer step)")  # fmt: skip
         roles = [("actor_config", self.actor_config, self.model)]
         if self.critic_config is not None and self.critic_model is not None:
             roles.append(("critic_config", self.critic_config, self.critic_model))
         for role, rc, arch in roles:
-            self._check_role(col, role, rc, arch, world, gbs, n)
+            self._check_role(col, role, rc, arch, world, train, n)
         self._check_inference(col, world, gbs)
         self._check_lengths(col)
         if gen.dtype != mt.dtype:
@@ -91,6 +97,8 @@ class RLConfig(Section):
                 rc.model = mt.model
         if self.generate_config.tokenizer_name_or_path is None:
             self.generate_config.tokenizer_name_or_path = mt.tokenizer_name_or_path
+        if mt.stage == "ray_dapo":
+            self.rl_config.use_dapo_stage()
         if mt.global_batch_size is not None and mt.global_batch_size >= 1:
             a = self.actor_config
             c = self.critic_config if self.rl_config.needs_critic else None
@@ -143,8 +151,9 @@ class RLConfig(Section):
         if gbs is None or col.is_bad(f"{role}.micro_batch_size", "megatron_training.global_batch_size"):
             return
         rollout = gbs * n
+        what = "filter_groups_train_batch_size" if self.rl_config.filter_groups_enable else "global_batch_size"
         if rollout % (dp * mbs):
-            col.add(f"{role}.micro_batch_size", f"global_batch_size x n_samples_per_prompt = {gbs} x {n} = {rollout} "
+            col.add(f"{role}.micro_batch_size", f"{what} x n_samples_per_prompt = {gbs} x {n} = {rollout} "
                     f"responses must be divisible by DP x micro_batch_size = {dp} x {mbs} = {dp * mbs}")  # fmt: skip
         mini = self.rl_config.mini_batch_size
         if mini is not None and not gbs % mini and (mini * n) % (dp * mbs):
@@ -175,6 +184,17 @@ class RLConfig(Section):
         if gen.max_model_len < need:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < rl_config.max_prompt_length + "
                     f"sampling_config.max_tokens = {rl.max_prompt_length} + {gen.sampling_config.max_tokens} = {need}")  # fmt: skip
+        if rl.overlong_buffer_enable:  # MindSpeed-RL's rules
+            max_tokens = gen.sampling_config.max_tokens
+            if rl.rollout_max_tokens is None:
+                rl.rollout_max_tokens = max_tokens
+            elif rl.rollout_max_tokens != max_tokens:
+                col.add("rl_config.rollout_max_tokens", f"{rl.rollout_max_tokens} differs from "
+                        f"generate_config.sampling_config.max_tokens={max_tokens}: the overlong penalty must end at the "
+                        "length the rollout stops at")  # fmt: skip
+            if rl.overlong_buffer >= max_tokens:
+                col.add("rl_config.overlong_buffer", f"{rl.overlong_buffer} must be below "
+                        f"sampling_config.max_tokens={max_tokens}")  # fmt: skip
         if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
                     f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+from mindrl.rewards.dapo_math import dapo_math_score
 from mindrl.rewards.extract import (
     final_answer,
     has_strict_structure,
@@ -123,6 +124,13 @@ def acc_for_ppo_reward(response: str, label: str | None) -> float:
 def math_17k_acc_reward(response: str, label: str | None) -> float:
     """Same rule as acc_for_ppo, kept as its own name for MindSpeed-RL's math-17k configs."""
     return _boxed_correct(response, label)
+
+
+@register_verifier("acc_for_dapo")
+def acc_for_dapo_reward(response: str, label: str | None) -> float:
+    """DAPO's math reward: the last "Answer: ..." of the response's tail equals the label after Minerva's
+    normalisation (a string comparison, no math-verify): 1.0, else -1.0 (`mindrl.rewards.dapo_math`)."""
+    return dapo_math_score(response, label)
 
 
 @register_verifier("math_verify", uses_math=True)

@@ -350,7 +350,7 @@ def iteration_throughput(cfg, metrics: Mapping[str, float]) -> dict[str, float]:
     return throughput_metrics(
         response_length_mean=metrics["response_length/mean"],
         prompt_length_mean=metrics["prompt_length/mean"],
-        global_batch_size=cfg.megatron_training.global_batch_size,
+        global_batch_size=cfg.rl_config.train_batch_size,  # the prompts trained on (dynamic sampling: kept ones)
         n_samples_per_prompt=cfg.rl_config.n_samples_per_prompt,
         world_size=cfg.rl_config.world_size,
         timing=metrics,

@@ -16,6 +16,7 @@ from mindrl.algorithms import (
     apply_kl_penalty,
     build_kl_controller,
     get_advantage_estimator,
+    overlong_penalty,
     scores_to_token_level,
 )
 from mindrl.batch import Batch
@@ -24,6 +25,7 @@ from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.trainer import experience, leftovers
+from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
 from mindrl.trainer.reward_client import RewardClient
@@ -147,7 +149,7 @@ class PPOTrainer:
             while self.iteration < mt.train_iters:
                 self.iteration += 1
                 announce_iteration(self.groups, self.profile, self.iteration)
-                metrics, rows = self._step_or_abort(next(batches))
+                metrics, rows = self._step_or_abort(batches)
                 if self._eval_due():
                     metrics.update(self._evaluate_or_abort())
                 metrics["checkpoint/save_failures"] = float(self.save_failures)
@@ -160,11 +162,11 @@ class PPOTrainer:
             self.save()  # the last iteration is always saved; a failure here fails the run
         return results
 
-    def _step_or_abort(self, prompts) -> tuple[dict[str, float], list[dict]]:
+    def _step_or_abort(self, batches) -> tuple[dict[str, float], list[dict]]:
         """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already
         killed: no rank is left waiting in a collective)."""
         try:
-            return self.step(prompts)
+            return self.step(batches)
         except (WorkerError, RemoteRolloutError) as e:
             raise TrainingAborted(f"iteration {self.iteration}: {e}{self._resume_hint()}") from e
 
@@ -211,17 +213,26 @@ class PPOTrainer:
     def _resume_hint(self) -> str:
         return self.checkpoints.resume_hint()
 
-    def step(self, prompts) -> tuple[dict[str, float], list[dict]]:
-        """One PPO / GRPO iteration on a PromptBatch. Returns (metrics, sampled rows for rollouts.jsonl)."""
+    def step(self, batches) -> tuple[dict[str, float], list[dict]]:
+        """One PPO / GRPO / DAPO iteration on the PromptBatches it draws from the iterator `batches` (one, or with
+        dynamic sampling as many as it takes). Returns (metrics, sampled rows for rollouts.jsonl)."""
         timing: dict[str, float] = {}
         t_all = time.perf_counter()
-        self._enter_phase("rollout", timing)
-        batch = self._rollout(prompts, timing)
-        labels = experience.row_labels(prompts.extras, self.n, len(batch))
-        self._enter_phase("score", timing)
-        scored = self._score(batch, labels, timing)  # reference, values, rewards
+        sampled: dict[str, float] = {}
+        if self.cfg.rl_config.filter_groups_enable:
+            batch, labels, scored, sampled = self._sample_filtered(batches, timing)
+            self._enter_phase("score", timing)
+            self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
+        else:
+            prompts = next(batches)
+            self._enter_phase("rollout", timing)
+            batch = self._rollout(prompts, timing)
+            labels = experience.row_labels(prompts.extras, self.n, len(batch))
+            self._enter_phase("score", timing)
+            scored = self._score(batch, labels, timing)  # reference, values, rewards
         with _timed(timing, "timing/adv"):
             metrics = self._advantages(batch, scored)
+        metrics.update(sampled)
         if self.critic is not None:  # first: its targets come from the pre-update values
             self._enter_phase("critic_train", timing)
             with _timed(timing, "timing/update_critic"):
@@ -252,23 +263,83 @@ class PPOTrainer:
         groups = [self.actor.memory_ledger(), *([self.critic.memory_ledger()] if self.critic is not None else [])]
         return memory_metrics([DeviceLedger.merge(parts) for parts in zip(*groups)])
 
-    def _rollout(self, prompts, timing: dict[str, float]) -> Batch:
-        """Samples of the current policy; per-prompt seeds from (seed, dataset row) keep sampling independent of the
-        layout."""
-        mt = self.cfg.megatron_training
+    def _rollout(self, prompts, timing: dict[str, float], gen_batch: int = 0) -> Batch:
+        """Samples of the current policy; per-prompt seeds from (seed, iteration, generation batch, dataset row) keep
+        sampling independent of the layout."""
         prompt_ids = [p.tolist() for p in prompts.prompts]
-        seeds = [(mt.seed * 1_000_003 + self.iteration * 7919 + int(i) * self.n) % (2**31) for i in prompts.indices]
-        with _timed(timing, "timing/rollout_total"):
-            result = self.rollout.generate(prompt_ids, self.sampling, seeds)
-        timing.update(result.timing)
-        return experience.make_batch(prompt_ids, result.samples, self.n, self.tokenizer.pad_token_id)
+        samples = self._generate(prompt_ids, prompts.indices, timing, gen_batch)
+        return experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
 
-    def _score(self, batch: Batch, labels: list[list[int]], timing: dict[str, float]) -> Scores:
+    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int) -> list:
+        """`n` samples per prompt; the rollout's timings added to `timing` (summed over generation batches)."""
+        mt = self.cfg.megatron_training
+        base = mt.seed * 1_000_003 + self.iteration * 7919 + gen_batch * 104_729
+        seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
+        t0 = time.perf_counter()
+        result = self.rollout.generate(prompt_ids, self.sampling, seeds)
+        timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
+        for k, v in result.timing.items():
+            timing[k] = timing.get(k, 0.0) + v if k.startswith("timing/") else v
+        return result.samples
+
+    def _sample_filtered(self, batches, timing: dict[str, float]):
+        """DAPO's dynamic sampling: generation batches of global_batch_size prompts, each scored, its groups whose
+        samples all score the same on filter_groups_metric dropped, until train_batch_size groups are kept (the
+        surplus of the last batch is dropped too). Returns (batch, row labels, Scores, dynamic-sampling metrics).
+        The prompt sampler advances once per generation batch, so a resume continues after the last one drawn."""
+        rl = self.cfg.rl_config
+        want, limit = rl.train_batch_size, rl.filter_groups_max_batches
+        kept = KeptGroups(self.n, self.verifier_names)
+        while kept.num_groups < want:
+            if limit > 0 and kept.gen_batches >= limit:
+                raise TrainingAborted(
+                    f"iteration {self.iteration}: dynamic sampling kept {kept.num_groups} of the "
+                    f"filter_groups_train_batch_size={want} prompts after rl_config.filter_groups_max_batches={limit} "
+                    f"generation batches ({kept.filtered_groups} of {kept.generated_groups} groups scored alike on "
+                    f"{rl.filter_groups_metric}); raise filter_groups_max_batches (<= 0: no limit) or use easier / "
+                    "more varied prompts"
+                )
+            prompts = next(batches)
+            self._enter_phase("rollout", timing)
+            prompt_ids = [p.tolist() for p in prompts.prompts]
+            samples = self._generate(prompt_ids, prompts.indices, timing, kept.gen_batches)
+            responses = [list(s.token_ids) or [self.tokenizer.pad_token_id or 0] for group in samples for s in group]
+            labels = experience.row_labels(prompts.extras, self.n, len(responses))
+            t0 = time.perf_counter()
+            scored = self.reward.collect(self.reward.score(responses, labels), self.iteration)
+            timing["timing/non_overlap_rule_reward"] = (
+                timing.get("timing/non_overlap_rule_reward", 0.0) + time.perf_counter() - t0
+            )
+            lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
+            shaped, _ = self._shaped_scores(scored, lengths)
+            metric = filter_metric(scored, shaped, rl.filter_groups_metric, self.verifier_names)
+            kept.add(prompt_ids, samples, labels, scored, metric)
+        prompt_ids, samples, labels, scored = kept.take(want)
+        timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
+        batch = experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
+        return batch, labels, scored, kept.metrics(want)
+
+    def _shaped_scores(self, scored: Scores, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rows,) each response's score: its rule reward, plus DAPO's overlong penalty (returned second; None when
+        off) from its length `lengths` (rows,) in tokens."""
+        rl = self.cfg.rl_config
+        scores = torch.tensor(scored.rewards, dtype=torch.float32)
+        if not rl.overlong_buffer_enable:
+            return scores, None
+        penalty = overlong_penalty(
+            lengths, int(rl.rollout_max_tokens), rl.overlong_buffer, rl.overlong_buffer_penalty_factor
+        ).float()
+        return scores + penalty, penalty
+
+    def _score(
+        self, batch: Batch, labels: list[list[int]], timing: dict[str, float], scored: Scores | None = None
+    ) -> Scores:
         """Old logprobs (skipped on-policy), reference logprobs and critic values into the batch; the rule rewards'
-        answer returned. The rewards run in the background and the critic's values alongside the actor's passes."""
+        answer returned (or `scored`, when the rewards are known already). The rewards run in the background and the
+        critic's values alongside the actor's passes."""
         t_score = time.perf_counter()
         responses = batch.rows_meta["response_ids"]
-        reward_ref = self.reward.score(responses, labels)
+        reward_ref = self.reward.score(responses, labels) if scored is None else None
         fwd = batch.select(experience.FORWARD_KEYS)
         values = self.critic.compute_values.start(fwd) if self.critic is not None else None
         if not self.cfg.rl_config.on_policy:
@@ -283,9 +354,10 @@ class PPOTrainer:
                 gathered = values.wait()
             batch["values"] = gathered.tensor
             timing["timing/critic_model"] = gathered.seconds
-        with _timed(timing, "timing/non_overlap_rule_reward"):
-            scored = self.reward.collect(reward_ref, self.iteration)
-        timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
+        if reward_ref is not None:
+            with _timed(timing, "timing/non_overlap_rule_reward"):
+                scored = self.reward.collect(reward_ref, self.iteration)
+            timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
         timing["timing/scoring"] = time.perf_counter() - t_score
         return scored
 
@@ -294,9 +366,12 @@ class PPOTrainer:
         batch; returns their metrics."""
         rl = self.cfg.rl_config
         mask = batch["response_mask"]
-        scores = torch.tensor(scored.rewards, dtype=torch.float32)
+        scores, penalty = self._shaped_scores(scored, mask.sum(-1))
         token_scores = scores_to_token_level(scores, mask)
         metrics: dict[str, float] = {}
+        if penalty is not None:
+            metrics["reward/overlong_penalty"] = penalty.mean().item()
+            metrics["reward/overlong_ratio"] = (penalty < 0).float().mean().item()
         if rl.kl_in_reward and self.needs_ref:
             rewards, kl_metrics = apply_kl_penalty(
                 token_scores,
@@ -311,7 +386,12 @@ class PPOTrainer:
         else:
             rewards = token_scores
         estimator = get_advantage_estimator(rl.adv_estimator)
-        available = {"gamma": rl.gamma, "lam": rl.lam, "index": batch.rows_meta["uid"]}
+        available = {
+            "gamma": rl.gamma,
+            "lam": rl.lam,
+            "index": batch.rows_meta["uid"],
+            "norm_adv_by_std": rl.norm_adv_by_std_in_grpo,
+        }
         if "values" in batch:
             available["values"] = batch["values"]
         wanted = inspect.signature(estimator).parameters

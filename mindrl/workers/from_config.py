@@ -23,8 +23,9 @@ def rollout_size(cfg) -> int:
 
 
 def num_mini_batches(cfg) -> int:
-    """Optimizer steps per epoch of an iteration (mini_batch_size counts prompts, as in MindSpeed-RL)."""
-    return max(1, cfg.megatron_training.global_batch_size // cfg.rl_config.mini_batch_size)
+    """Optimizer steps per epoch of an iteration (mini_batch_size counts prompts, as in MindSpeed-RL; an iteration
+    trains on rl_config.train_batch_size prompts)."""
+    return max(1, cfg.rl_config.num_mini_batches)
 
 
 def total_optimizer_steps(cfg) -> int:
@@ -89,6 +90,10 @@ def loss_settings(cfg) -> PPOLossSettings:
         cliprange_value=rl.cliprange_value,
         rollout_is_threshold=rl.rollout_is_threshold,
         temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+        policy_loss_mode=rl.policy_loss_mode,
+        loss_scale_factor=float(rl.loss_scale_factor or sampling.max_tokens),
+        shuffle_mini_batch=rl.shuffle_mini_batch,
+        seed=cfg.megatron_training.seed,
     )
 
 

@@ -12,7 +12,15 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.utils import get_model_config
 
-from mindrl.algorithms import agg_loss, count_tokens_and_seqs, kl_loss, masked_mean, policy_loss, value_loss
+from mindrl.algorithms import (
+    agg_loss,
+    count_tokens_and_seqs,
+    gspo_policy_loss,
+    kl_loss,
+    masked_mean,
+    policy_loss,
+    value_loss,
+)
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
@@ -406,18 +414,23 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
     is_weights = None
     if s.rollout_is_threshold is not None:
         is_weights = torch.exp(old - mb["rollout_log_prob"]).clamp(max=s.rollout_is_threshold) * mask
-    pg_loss, m = policy_loss(
-        old,
-        log_prob,
-        mb["advantages"],
-        mask,
-        s.clip_ratio_low,
-        s.clip_ratio_high,
-        s.clip_ratio_c,
-        s.loss_agg_mode,
-        is_weights=is_weights,
-        **agg,
-    )
+    if s.policy_loss_mode == "gspo":
+        pg_loss, m = gspo_policy_loss(
+            old, log_prob, mb["advantages"], mask, s.clip_ratio_low, s.clip_ratio_high, is_weights=is_weights, **agg
+        )
+    else:
+        pg_loss, m = policy_loss(
+            old,
+            log_prob,
+            mb["advantages"],
+            mask,
+            s.clip_ratio_low,
+            s.clip_ratio_high,
+            s.clip_ratio_c,
+            s.loss_agg_mode,
+            is_weights=is_weights,
+            **agg,
+        )
     ent = agg_loss(entropy, mask, s.loss_agg_mode, **agg)
     loss = pg_loss - s.entropy_coeff * ent
     kl = torch.zeros((), device=log_prob.device)
@@ -507,14 +520,20 @@ def ppo_update(
     steps = skipped = 0
     token_counts = torch.zeros(4, dtype=torch.float64)  # computed, real, untrimmed, shared
     ddp.train()
+    minis = shard.split(num_mini_batches)
+    if settings.shuffle_mini_batch and num_mini_batches > 1:
+        # MindSpeed-RL's shuffle_mini_batch: one order per update, kept over its epochs; the scheduler's step count
+        # is the same on every rank and is restored on resume, so the order is too
+        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + int(getattr(scheduler, "num_steps", 0)))
+        minis = [minis[i] for i in torch.randperm(num_mini_batches, generator=gen).tolist()]
     for _ in range(epochs):
-        for mini in shard.split(num_mini_batches):
+        for mini in minis:
             tokens, seqs = _global_counts(mini)
             # Global denominators (micro-batches are trimmed, so also the batch's R for the *-norm mode).
             agg = {
                 "global_num_tokens": max(tokens, 1.0),
                 "global_num_seqs": max(seqs, 1.0),
-                "loss_scale_factor": float(mini["responses"].shape[1]),
+                "loss_scale_factor": float(settings.loss_scale_factor or mini["responses"].shape[1]),
                 "dp_size": dp,
             }
             plan = _plan(ddp, mini, micro_batch_size)

@@ -45,6 +45,14 @@ class PPOLossSettings:
     """Truncated importance sampling cap on pi_old / pi_rollout (None: off)."""
     temperature: float = 1.0
     """The sampling temperature: logprobs are those of softmax(logits / temperature)."""
+    policy_loss_mode: str = "vanilla"
+    """vanilla: PPO's token-level ratio; gspo: GSPO's sequence-level ratio (`mindrl.algorithms.gspo_policy_loss`)."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's constant divisor (Dr.GRPO); None: the mini-batch's response width."""
+    shuffle_mini_batch: bool = False
+    """Take each update's mini-batches in a seeded random order (the same on every rank)."""
+    seed: int = 1234
+    """Seed of that order (with the scheduler's step count)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import pytest
 
 from mindrl.rewards import get_verifier, list_verifiers, math_equal
 
-MINDSPEED_NAMES = ["acc", "format", "strict_format", "base_acc", "acc_for_ppo", "math_17k_acc", "math_verify", "gsm8k"]
+MINDSPEED_NAMES = [
+    "acc", "format", "strict_format", "base_acc", "acc_for_ppo", "acc_for_dapo", "math_17k_acc", "math_verify", "gsm8k"
+]  # fmt: skip
 
 
 def test_all_mindspeed_names_are_registered():
@@ -19,7 +21,7 @@ def test_unknown_verifier_lists_known_names_and_close_matches():
         get_verifier("math_verfy")
     msg = str(err.value)
     assert "unknown verifier 'math_verfy' (from rl_config.verifier_function)" in msg
-    assert "acc, acc_for_ppo, base_acc" in msg and "did you mean 'math_verify'" in msg
+    assert "acc, acc_for_dapo, acc_for_ppo, base_acc" in msg and "did you mean 'math_verify'" in msg
 
 
 @pytest.mark.parametrize(
