@@ -2,6 +2,7 @@
 # The main job on a CPU-only machine: a tiny PPO (or GRPO) run end to end, about 10 minutes after setup.
 #   bash examples/quickstart_cpu.sh          # PPO (GAE + critic)
 #   bash examples/quickstart_cpu.sh grpo     # GRPO (group-norm advantages, KL loss, no critic)
+#   bash examples/quickstart_cpu.sh dapo     # DAPO (GRPO + overlong buffer, dynamic sampling, clip-higher, no KL)
 # Steps:
 #   1. set up .venv
 #   2. a tiny Qwen2 model + tokenizer, and a synthetic task in DeepScaleR's JSON format (problem, answer)
@@ -18,7 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 ALGO="${1:-ppo}"
-case "$ALGO" in ppo|grpo) ;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo]" >&2; exit 2;; esac
+case "$ALGO" in ppo|grpo|dapo) ;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo]" >&2; exit 2;; esac
 START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"

@@ -38,6 +38,10 @@ class KeptGroups:
     """Per kept row: its label's token ids."""
     scores: list[Scores] = field(default_factory=list)
     """Per generation batch: the Scores of its kept rows."""
+    rows: list[dict] = field(default_factory=list)
+    """Per kept row: its rollouts.jsonl row (those beyond the train batch are logged as surplus)."""
+    filtered_rows: list[dict] = field(default_factory=list)
+    """The rollouts.jsonl rows of the filtered groups."""
     gen_batches: int = 0
     generated_groups: int = 0
     filtered_groups: int = 0
@@ -46,14 +50,17 @@ class KeptGroups:
     def num_groups(self) -> int:
         return len(self.prompt_ids)
 
-    def add(self, prompt_ids, samples, labels, scored: Scores, metric: torch.Tensor) -> None:
+    def add(self, prompt_ids, samples, labels, scored: Scores, metric: torch.Tensor, rows_out: list[dict]) -> None:
         """One generation batch: prompts (G), their samples (G lists of n), row labels and Scores (G * n rows),
-        and the filter metric (G * n,)."""
+        the filter metric (G * n,) and the rows for rollouts.jsonl (G * n)."""
         keep = keep_groups(metric, self.n).tolist()
         self.gen_batches += 1
         self.generated_groups += len(keep)
         self.filtered_groups += keep.count(False)
         rows = [g * self.n + j for g, kept in enumerate(keep) if kept for j in range(self.n)]
+        dropped = [g * self.n + j for g, kept in enumerate(keep) if not kept for j in range(self.n)]
+        self.rows.extend(rows_out[r] for r in rows)
+        self.filtered_rows.extend({**rows_out[r], "dynamic_sampling": "filtered"} for r in dropped)
         for g, kept in enumerate(keep):
             if kept:
                 self.prompt_ids.append(prompt_ids[g])
@@ -70,6 +77,11 @@ class KeptGroups:
         trained = _subset(merged, list(range(rows)), self.verifier_names)
         trained.metrics.update({k: merged.metrics[k] for k in _COUNTS if k in merged.metrics})
         return self.prompt_ids[:groups], self.samples[:groups], self.labels[:rows], trained
+
+    def dropped_rows(self, train_groups: int) -> list[dict]:
+        """rollouts.jsonl rows of the groups not trained on: filtered ones, and kept ones beyond the train batch."""
+        surplus = [{**row, "dynamic_sampling": "surplus"} for row in self.rows[train_groups * self.n :]]
+        return self.filtered_rows + surplus
 
     def metrics(self, train_groups: int) -> dict[str, float]:
         """train/num_gen_batches (MindSpeed-RL's and verl's name) and the groups' fate over the iteration."""

@@ -106,11 +106,17 @@ def token_metrics(role: str, counts: TokenCounts) -> dict[str, float]:
 def rollout_rows(batch: Batch, scored: Scores, tokenizer, verifier_names: Sequence[str]) -> list[dict]:
     """The sampled rows for rollouts.jsonl: prompt, response, label, reward (and each verifier's), length."""
     prompts = tokenizer.batch_decode(batch.rows_meta["prompt_ids"], skip_special_tokens=False)
+    lengths = batch["response_mask"].sum(-1).tolist()
+    return sample_rows(prompts, scored, lengths, verifier_names)
+
+
+def sample_rows(prompts: Sequence[str], scored: Scores, lengths: Sequence[int], verifier_names) -> list[dict]:
+    """rollouts.jsonl rows from each row's prompt text, its Scores and its response length in tokens."""
     rows = []
     for i, text in enumerate(scored.texts):
         per = scored.per_verifier[i]
         row = {"prompt": prompts[i], "response": text, "label": scored.labels[i], "reward": scored.rewards[i]}
         row.update({name: (None if per is None else per[k]) for k, name in enumerate(verifier_names)})
-        row["response_length"] = int(batch["response_mask"][i].sum())
+        row["response_length"] = int(lengths[i])
         rows.append(row)
     return rows

@@ -219,8 +219,9 @@ class PPOTrainer:
         timing: dict[str, float] = {}
         t_all = time.perf_counter()
         sampled: dict[str, float] = {}
+        dropped: list[dict] = []
         if self.cfg.rl_config.filter_groups_enable:
-            batch, labels, scored, sampled = self._sample_filtered(batches, timing)
+            batch, labels, scored, sampled, dropped = self._sample_filtered(batches, timing)
             self._enter_phase("score", timing)
             self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
         else:
@@ -247,7 +248,10 @@ class PPOTrainer:
         timing["timing/all"] = time.perf_counter() - t_all
         metrics.update(timing)
         metrics.update(iteration_throughput(self.cfg, metrics))
-        return metrics, experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
+        rows = experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
+        if self.cfg.rl_config.filter_groups_enable:  # what dynamic sampling did with each generated group
+            rows = [{**row, "dynamic_sampling": "trained"} for row in rows] + dropped
+        return metrics, rows
 
     # ------------------------------------------------------------------------------------------------ pieces
     def _enter_phase(self, phase: str, timing: dict[str, float]) -> None:
@@ -285,7 +289,8 @@ class PPOTrainer:
     def _sample_filtered(self, batches, timing: dict[str, float]):
         """DAPO's dynamic sampling: generation batches of global_batch_size prompts, each scored, its groups whose
         samples all score the same on filter_groups_metric dropped, until train_batch_size groups are kept (the
-        surplus of the last batch is dropped too). Returns (batch, row labels, Scores, dynamic-sampling metrics).
+        surplus of the last batch is dropped too). Returns (batch, row labels, Scores, dynamic-sampling metrics, the
+        rollouts.jsonl rows of the groups not trained on).
         The prompt sampler advances once per generation batch, so a resume continues after the last one drawn."""
         rl = self.cfg.rl_config
         want, limit = rl.train_batch_size, rl.filter_groups_max_batches
@@ -313,11 +318,14 @@ class PPOTrainer:
             lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
             shaped, _ = self._shaped_scores(scored, lengths)
             metric = filter_metric(scored, shaped, rl.filter_groups_metric, self.verifier_names)
-            kept.add(prompt_ids, samples, labels, scored, metric)
+            texts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
+            rows = experience.sample_rows([texts[r // self.n] for r in range(len(responses))], scored, lengths.tolist(),
+                                          self.verifier_names)  # fmt: skip
+            kept.add(prompt_ids, samples, labels, scored, metric, rows)
         prompt_ids, samples, labels, scored = kept.take(want)
         timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
         batch = experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
-        return batch, labels, scored, kept.metrics(want)
+        return batch, labels, scored, kept.metrics(want), kept.dropped_rows(want)
 
     def _shaped_scores(self, scored: Scores, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(rows,) each response's score: its rule reward, plus DAPO's overlong penalty (returned second; None when
