@@ -78,7 +78,16 @@ def test_advantages_apply_the_configured_estimator_to_the_batch(name):
     End to end, GRPO runs group_norm, PPO gae and test_ppo_e2e reinforce_plus_plus; the estimators' own math is
     test_advantages'."""
     t = _bare_trainer(n=2)
-    t.cfg = NS(rl_config=NS(kl_in_reward=False, adv_estimator=name, gamma=0.9, lam=0.8))
+    t.cfg = NS(
+        rl_config=NS(
+            kl_in_reward=False,
+            adv_estimator=name,
+            gamma=0.9,
+            lam=0.8,
+            norm_adv_by_std_in_grpo=True,
+            overlong_buffer_enable=False,
+        )
+    )
     t.needs_ref, t.verifier_names = False, ["acc_for_ppo"]
     samples = [
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
@@ -159,3 +168,92 @@ def test_a_killed_runs_recorded_temp_folder_is_removed_and_nothing_else(tmp_path
         remove_leftovers(str(run))
         assert elsewhere.is_dir() and not (run / TEMP_RECORD).exists()
     remove_leftovers(str(run))  # no record: nothing to do
+
+
+# ------------------------------------------------------------------------------------------ dynamic sampling
+class _FakeRollout:
+    """Samples whose first token encodes the reward the fake verifier gives: prompt p's sample j scores
+    rewards[p][j]."""
+
+    def __init__(self, rewards: dict[int, list[float]]):
+        self.rewards, self.calls = rewards, []
+
+    def generate(self, prompt_ids, sampling, seeds):
+        from mindrl.trainer.rollout import RolloutResult
+
+        self.calls.append([p[0] for p in prompt_ids])
+        out = [[RolloutSample([p[0], j + 1], [-0.1, -0.2], "stop") for j in range(2)] for p in prompt_ids]
+        return RolloutResult(out, {"timing/rollout": 1.0})
+
+
+class _FakeReward:
+    def __init__(self, rollout: _FakeRollout):
+        self.rollout = rollout
+
+    def score(self, responses, labels):
+        return responses
+
+    def collect(self, responses, iteration):
+        rewards = [self.rollout.rewards[r[0]][r[1] - 1] for r in responses]
+        per = [[x] for x in rewards]
+        metrics = {"reward/acc_for_ppo/mean": 0.0, "reward/timeouts": 0.0, "timing/rule_reward": 0.5}
+        return Scores(rewards, per, [str(r) for r in responses], [""] * len(responses), metrics)
+
+
+def _sampling_trainer(rewards, train_batch: int, max_batches: int):
+    t = _bare_trainer(n=2)
+    rl = NS(train_batch_size=train_batch, filter_groups_max_batches=max_batches, filter_groups_metric="acc_for_ppo",
+            overlong_buffer_enable=False)  # fmt: skip
+    t.cfg = NS(rl_config=rl, megatron_training=NS(seed=1))
+    t.iteration, t.verifier_names, t.sampling = 1, ["acc_for_ppo"], None
+    t.tokenizer = NS(pad_token_id=0, batch_decode=lambda ids, **kw: [str(x) for x in ids])
+    t.rollout = _FakeRollout(rewards)
+    t.reward = _FakeReward(t.rollout)
+    t._enter_phase = lambda phase, timing: None
+    return t
+
+
+def _prompt_batches(first: int, size: int):
+    from mindrl.data.prompt_dataset import PromptBatch
+
+    k = first
+    while True:
+        ids = list(range(k, k + size))
+        yield PromptBatch([torch.tensor([i, 100]) for i in ids], torch.tensor(ids), {})
+        k += size
+
+
+def test_dynamic_sampling_fills_the_train_batch_from_groups_that_disagree():
+    """Prompts in batches of 4; the groups of prompts 1, 2, 5, 9, 10, 13 disagree. A train batch of 3 takes 2
+    generation batches (prompts 0-7: 1, 2, 5 kept, 8 - 3 = 5 filtered, none surplus)."""
+    mixed = {1, 2, 5, 9, 10, 13}
+    rewards = {p: ([1.0, 0.0] if p in mixed else [1.0, 1.0] if p % 2 else [0.0, 0.0]) for p in range(100)}
+    t = _sampling_trainer(rewards, train_batch=3, max_batches=0)
+    batches = _prompt_batches(0, 4)
+    timing: dict[str, float] = {}
+    batch, labels, scored, metrics, dropped = t._sample_filtered(batches, timing)
+    assert t.rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [batch["responses"][2 * g, 0].item() for g in range(3)] == [1, 2, 5]
+    assert scored.rewards == [1.0, 0.0] * 3 and len(labels) == 6
+    assert metrics == {"train/num_gen_batches": 2.0, "train/generated_groups": 8.0, "train/filtered_groups": 5.0,
+                       "train/filtered_groups_ratio": 5 / 8, "train/surplus_groups": 0.0}  # fmt: skip
+    assert [r["dynamic_sampling"] for r in dropped] == ["filtered"] * 10
+    assert timing["timing/rollout"] == 2.0 and timing["timing/rule_reward"] == 1.0
+    assert scored.metrics["reward/acc_for_ppo/mean"] == 0.5
+    # the next iteration continues with the prompts after the last generation batch: nothing is drawn twice
+    t.iteration = 2
+    _, _, _, metrics, dropped = t._sample_filtered(batches, {})
+    assert t.rollout.calls[2:] == [[8, 9, 10, 11], [12, 13, 14, 15]] and metrics["train/filtered_groups"] == 5.0
+    t.rollout.calls.clear()
+    t2 = _sampling_trainer(rewards, train_batch=1, max_batches=0)
+    _, _, _, metrics, dropped = t2._sample_filtered(_prompt_batches(0, 4), {})
+    assert metrics["train/surplus_groups"] == 1.0 and [r["dynamic_sampling"] for r in dropped][-2:] == ["surplus"] * 2
+
+
+def test_dynamic_sampling_stops_after_filter_groups_max_batches():
+    rewards = {p: [1.0, 1.0] for p in range(100)}
+    t = _sampling_trainer(rewards, train_batch=2, max_batches=3)
+    with pytest.raises(TrainingAborted, match="kept 0 of the filter_groups_train_batch_size=2 prompts after "
+                       "rl_config.filter_groups_max_batches=3 generation batches"):  # fmt: skip
+        t._sample_filtered(_prompt_batches(0, 4), {})
+    assert len(t.rollout.calls) == 3
