@@ -68,9 +68,11 @@ echo "== 6/6 back to HF, plot"
 "$PY" - "$RUN_DIR/metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-acc = [r["acc_for_ppo_rewards/mean"] for r in rows]
+# DAPO trains on the prompts whose samples disagree: the policy's own reward is that of every sampled response
+key = "train/generated_reward_mean" if "train/generated_reward_mean" in rows[0] else "acc_for_ppo_rewards/mean"
+acc = [r[key] for r in rows]
 first, last = sum(acc[:5]) / len(acc[:5]), sum(acc[-5:]) / len(acc[-5:])
-print(f"acc_for_ppo: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({len(rows)} iterations)")
+print(f"{key}: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({len(rows)} iterations)")
 PYEOF
 echo "quickstart ($ALGO) done in $(( $(date +%s) - START )) s: checkpoints in $OUT/ckpt, HF result in $RUN_DIR/hf"
 echo "run dir: $RUN_DIR"

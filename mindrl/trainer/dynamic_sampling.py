@@ -45,15 +45,20 @@ class KeptGroups:
     gen_batches: int = 0
     generated_groups: int = 0
     filtered_groups: int = 0
+    generated_reward_sum: float = 0.0
+    """Sum of the shaped rewards of every generated response (trained or dropped)."""
 
     @property
     def num_groups(self) -> int:
         return len(self.prompt_ids)
 
-    def add(self, prompt_ids, samples, labels, scored: Scores, metric: torch.Tensor, rows_out: list[dict]) -> None:
+    def add(
+        self, prompt_ids, samples, labels, scored: Scores, metric: torch.Tensor, shaped: torch.Tensor, rows_out: list
+    ) -> None:
         """One generation batch: prompts (G), their samples (G lists of n), row labels and Scores (G * n rows),
-        the filter metric (G * n,) and the rows for rollouts.jsonl (G * n)."""
+        the filter metric and the shaped rewards (G * n,), and the rows for rollouts.jsonl (G * n)."""
         keep = keep_groups(metric, self.n).tolist()
+        self.generated_reward_sum += float(shaped.double().sum())
         self.gen_batches += 1
         self.generated_groups += len(keep)
         self.filtered_groups += keep.count(False)
@@ -91,6 +96,7 @@ class KeptGroups:
             "train/filtered_groups": float(self.filtered_groups),
             "train/filtered_groups_ratio": self.filtered_groups / max(self.generated_groups, 1),
             "train/surplus_groups": float(max(self.num_groups - train_groups, 0)),
+            "train/generated_reward_mean": self.generated_reward_sum / max(self.generated_groups * self.n, 1),
         }
 
 

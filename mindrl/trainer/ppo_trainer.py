@@ -321,7 +321,7 @@ class PPOTrainer:
             texts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
             rows = experience.sample_rows([texts[r // self.n] for r in range(len(responses))], scored, lengths.tolist(),
                                           self.verifier_names)  # fmt: skip
-            kept.add(prompt_ids, samples, labels, scored, metric, rows)
+            kept.add(prompt_ids, samples, labels, scored, metric, shaped, rows)
         prompt_ids, samples, labels, scored = kept.take(want)
         timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
         batch = experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)

@@ -65,6 +65,8 @@ def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path):
         assert m["train/filtered_groups"] == fate.count("filtered")
         assert m["train/surplus_groups"] == fate.count("surplus")
         assert math.isclose(m["train/filtered_groups_ratio"], fate.count("filtered") / len(groups))
+        every = [r["reward"] + _penalty(r["response_length"]) for r in rows]
+        assert abs(m["train/generated_reward_mean"] - sum(every) / len(every)) <= 1e-6
         # the overlong metrics and the shaped score of the trained responses
         trained = [r for r in rows if r["dynamic_sampling"] == "trained"]
         penalties = [_penalty(r["response_length"]) for r in trained]

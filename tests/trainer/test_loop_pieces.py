@@ -236,7 +236,8 @@ def test_dynamic_sampling_fills_the_train_batch_from_groups_that_disagree():
     assert [batch["responses"][2 * g, 0].item() for g in range(3)] == [1, 2, 5]
     assert scored.rewards == [1.0, 0.0] * 3 and len(labels) == 6
     assert metrics == {"train/num_gen_batches": 2.0, "train/generated_groups": 8.0, "train/filtered_groups": 5.0,
-                       "train/filtered_groups_ratio": 5 / 8, "train/surplus_groups": 0.0}  # fmt: skip
+                       "train/filtered_groups_ratio": 5 / 8, "train/surplus_groups": 0.0,
+                       "train/generated_reward_mean": 7 / 16}  # fmt: skip
     assert [r["dynamic_sampling"] for r in dropped] == ["filtered"] * 10
     assert timing["timing/rollout"] == 2.0 and timing["timing/rule_reward"] == 1.0
     assert scored.metrics["reward/acc_for_ppo/mean"] == 0.5
