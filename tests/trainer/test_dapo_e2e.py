@@ -5,12 +5,13 @@ the prompt sampler's position in the checkpoint, and one short run each of Dr.GR
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.iterations import TrainerState
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import _config, _train, assert_same_checkpoints
 
 pytestmark = pytest.mark.slow  # each run starts Ray and worker processes that import vLLM and megatron
 
@@ -31,24 +32,41 @@ def _groups(rows: list[dict], n: int) -> list[list[dict]]:
     return groups
 
 
-def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path):
-    # The random tiny model never answers right, so the filter compares the whole reward, which the overlong penalty
-    # makes depend on the length; responses stop at the first digit token, so lengths vary from sample to sample.
+_RUN: dict = {}
+
+
+def _dapo_overrides(assets) -> list[str]:
+    """The random tiny model never answers right, so the filter compares the whole reward, which the overlong penalty
+    makes depend on the length; responses stop at the first digit token, so lengths vary from sample to sample."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(assets / "hf"))
     digits = sorted({tok.convert_tokens_to_ids(str(d)) for d in range(10)} - {tok.unk_token_id})
-    cfg = _config(
-        "dapo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2", "megatron_training.save_interval=1",
+    return [
         "rl_config.filter_groups_metric=seq_reward", "rl_config.filter_groups_train_batch_size=4",
         "rl_config.mini_batch_size=2", "rl_config.filter_groups_max_batches=8",
         f"rl_config.rollout_max_tokens={MAX_TOKENS}", f"rl_config.overlong_buffer={BUFFER}",
         f"rl_config.overlong_buffer_penalty_factor={FACTOR}", f"generate_config.sampling_config.max_tokens={MAX_TOKENS}",
         f"+generate_config.sampling_config.stop_token_ids={digits}", "rl_config.use_tensorboard=false",
-    )  # fmt: skip
+        "megatron_training.save_interval=1",
+    ]  # fmt: skip
+
+
+def _dapo_run(assets, tmp_path_factory):
+    """dapo_tiny_cpu for 2 iterations, saved after each (shared by the tests below)."""
+    if not _RUN:
+        run_dir = tmp_path_factory.mktemp("dapo")
+        cfg = _config("dapo_tiny_cpu", assets, run_dir, "megatron_training.train_iters=2", *_dapo_overrides(assets))
+        _, results, lines, rollouts = _train(cfg)
+        _RUN.update(cfg=cfg, lines=lines, rollouts=rollouts, run_dir=run_dir)
+    return _RUN
+
+
+def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path_factory):
+    run = _dapo_run(assets, tmp_path_factory)
+    cfg, lines, rollouts, tmp_path = run["cfg"], run["lines"], run["rollouts"], run["run_dir"]
     rl = cfg.rl_config
     assert not rl.needs_reference and rl.train_batch_size == 4 and rl.num_mini_batches == 2
-    _, results, lines, rollouts = _train(cfg)
     n, gbs = rl.n_samples_per_prompt, cfg.megatron_training.global_batch_size
     consumed = 0
     filtered_seen = 0
@@ -82,6 +100,33 @@ def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path):
         assert TrainerState.read(it_dir).loader["sampler"]["consumed_samples"] == consumed
     assert filtered_seen > 0  # the run did filter (else this test checks nothing)
     assert any(p < 0 for r in rollouts for p in [_penalty(r["response_length"])])
+
+
+def test_dapo_resume_draws_the_same_prompts(assets, tmp_path_factory, tmp_path):
+    """Stopped after iteration 1 and resumed, iteration 2 samples the same prompts and responses as the straight run
+    (the prompt sampler's position covers every generation batch), with the same metrics and final weights."""
+    from mindrl.checkpoint import mcore_ckpt
+
+    run = _dapo_run(assets, tmp_path_factory)
+    split = tmp_path / "split"
+    shutil.copytree(run["run_dir"], split)
+    shutil.rmtree(split / "ckpt_actor" / "iter_0000002")
+    mcore_ckpt.write_tracker(str(split / "ckpt_actor"), 1)
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    cfg = _config("dapo_tiny_cpu", assets, split, "megatron_training.train_iters=2", *_dapo_overrides(assets), *resume,
+                  actor_load=split / "ckpt_actor")  # fmt: skip
+    _, results, lines, rollouts = _train(cfg)
+    assert [r.iteration for r in results] == [2]
+    straight = [r for r in run["rollouts"] if r["iteration"] == 2]
+    resumed = [r for r in rollouts if r["iteration"] == 2]
+    assert [(r["prompt"], r["response"], r["dynamic_sampling"]) for r in resumed] == [
+        (r["prompt"], r["response"], r["dynamic_sampling"]) for r in straight
+    ]
+    a, b = run["lines"][1], lines[1]
+    for k in a:
+        if not k.startswith("timing/") and not k.endswith("_tps"):
+            assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-6), (k, a[k], b[k])
+    assert_same_checkpoints(run["run_dir"] / "ckpt_actor", split / "ckpt_actor", tmp_path)
 
 
 @pytest.mark.parametrize(
