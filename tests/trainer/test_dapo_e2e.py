@@ -35,20 +35,28 @@ def _groups(rows: list[dict], n: int) -> list[list[dict]]:
 _RUN: dict = {}
 
 
-def _dapo_overrides(assets) -> list[str]:
-    """The random tiny model never answers right, so the filter compares the whole reward, which the overlong penalty
-    makes depend on the length; responses stop at the first digit token, so lengths vary from sample to sample."""
+def _length_reward(assets, plus: str = "") -> list[str]:
+    """A reward that varies on the random tiny model, which never answers right: the overlong penalty, with responses
+    stopping at the first digit token so that lengths vary from sample to sample. `plus`: "+" for a config that
+    does not write the overlong keys."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(assets / "hf"))
     digits = sorted({tok.convert_tokens_to_ids(str(d)) for d in range(10)} - {tok.unk_token_id})
     return [
-        "rl_config.filter_groups_metric=seq_reward", "rl_config.filter_groups_train_batch_size=4",
-        "rl_config.mini_batch_size=2", "rl_config.filter_groups_max_batches=8",
-        f"rl_config.rollout_max_tokens={MAX_TOKENS}", f"rl_config.overlong_buffer={BUFFER}",
-        f"rl_config.overlong_buffer_penalty_factor={FACTOR}", f"generate_config.sampling_config.max_tokens={MAX_TOKENS}",
+        f"{plus}rl_config.overlong_buffer_enable=true", f"{plus}rl_config.rollout_max_tokens={MAX_TOKENS}",
+        f"{plus}rl_config.overlong_buffer={BUFFER}", f"{plus}rl_config.overlong_buffer_penalty_factor={FACTOR}",
+        f"generate_config.sampling_config.max_tokens={MAX_TOKENS}",
         f"+generate_config.sampling_config.stop_token_ids={digits}", "rl_config.use_tensorboard=false",
-        "megatron_training.save_interval=1",
+    ]  # fmt: skip
+
+
+def _dapo_overrides(assets) -> list[str]:
+    """The filter compares the whole reward (`_length_reward`'s penalty)."""
+    return [
+        "rl_config.filter_groups_metric=seq_reward", "rl_config.filter_groups_train_batch_size=4",
+        "rl_config.mini_batch_size=2", "rl_config.filter_groups_max_batches=8", "megatron_training.save_interval=1",
+        *_length_reward(assets),
     ]  # fmt: skip
 
 
@@ -140,7 +148,7 @@ def test_dapo_resume_draws_the_same_prompts(assets, tmp_path_factory, tmp_path):
 )  # fmt: skip
 def test_grpo_family_runs(assets, tmp_path, name, overrides):
     cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1",
-                  "rl_config.use_tensorboard=false", *overrides)  # fmt: skip
+                  *_length_reward(assets, plus="+"), *overrides)  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
     (m,) = lines
     assert m["actor/skipped_updates"] == 0 and math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
