@@ -143,7 +143,8 @@ def test_dapo_resume_draws_the_same_prompts(assets, tmp_path_factory, tmp_path):
         ("dr_grpo", ["+rl_config.norm_adv_by_std_in_grpo=false", "rl_config.loss_agg_mode=seq-mean-token-sum-norm",
                      "rl_config.init_kl_coef=0"]),
         ("gspo", ["+rl_config.policy_loss_mode=gspo", "+rl_config.clip_ratio_low=3e-4",
-                  "+rl_config.clip_ratio_high=4e-4", "rl_config.mini_batch_size=4", "rl_config.epochs=2"]),
+                  "+rl_config.clip_ratio_high=4e-4", "rl_config.mini_batch_size=4", "rl_config.epochs=2",
+                  "+rl_config.shuffle_mini_batch=true"]),
     ],
 )  # fmt: skip
 def test_grpo_family_runs(assets, tmp_path, name, overrides):
