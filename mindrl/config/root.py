@@ -77,6 +77,9 @@ class RLConfig(Section):
         if gen.dtype != mt.dtype:
             col.note(f"generate_config.dtype={gen.dtype} differs from the training dtype {mt.dtype}: rollout "
                      "logprobs will differ from the trainer's (rollout_is_threshold can correct for it)")  # fmt: skip
+        if mt.stage == "ray_dapo" and rl.sync_ref_model:
+            col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
+                    "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip
         if mt.eval_interval and not rl.val_data_path:
             col.ignore("megatron_training.eval_interval", "has no effect without rl_config.val_data_path")
         if rl.needs_critic and rl.use_kl_in_reward is False and rl.init_kl_coef > 0:

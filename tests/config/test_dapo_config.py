@@ -86,6 +86,8 @@ def test_dapo_key_errors(tmp_path):
           "rl_config.token_level_loss", "loss_agg_mode token-mean", "remove one of them")  # fmt: skip
     err = errors("dapo_qwen25_7b_A3", "rl_config.n_samples_per_prompt=1", config_path=d)
     issue(err, "rl_config.filter_groups_enable", "n_samples_per_prompt >= 2")
+    issue(errors("dapo_qwen25_7b_A3", "+rl_config.sync_ref_model=true", config_path=d),
+          "rl_config.sync_ref_model", "stage ray_dapo has no KL term")  # fmt: skip
     cfg = load_config("dapo_qwen25_7b_A3", config_path=d, overrides=["rl_config.token_level_loss=false"])
     assert cfg.rl_config.loss_agg_mode == "seq-mean-token-mean"
 
