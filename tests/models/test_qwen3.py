@@ -171,3 +171,51 @@ def test_vllm_logprobs_match_megatron_after_training_and_a_reshard(qwen3_models,
     print(f"vLLM vs megatron max |logprob diff| per cycle: {gaps}; fp32 vs exact (fp64) logprobs: {err}")
     assert err["vLLM"] <= 10 * err["HF"]
     assert gaps[-1] <= 10 * err["HF"]
+
+
+def _tiny_qwen3_arch():
+    from omegaconf import OmegaConf
+
+    from mindrl.config.errors import Collector
+    from mindrl.config.loader import default_config_dir
+    from mindrl.config.model import ModelArchConfig
+
+    raw = OmegaConf.to_container(OmegaConf.load(f"{default_config_dir()}/model/tiny_qwen3.yaml"))["tiny_qwen3"]
+    col = Collector()
+    arch = ModelArchConfig.from_dict({**raw, "name": "tiny_qwen3"}, "model.tiny_qwen3", col)
+    assert not col.issues, col.issues
+    return arch
+
+
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+@pytest.mark.parametrize("role,variant", [("actor", "qwen3"), ("critic", "qwen3_tied_orm")])
+def test_planner_counts_equal_megatron(qwen3_models, pool, role, variant, tp, pp):
+    """configs/model/tiny_qwen3.yaml through the planner: each rank's parameters equal the megatron model's (the q/k
+    norms over head_dim 64 included)."""
+    from mindrl.plan import stage_params
+    from tests.plan import rank_fns
+
+    arch = _tiny_qwen3_arch()
+    got = pool.run(rank_fns.count_params, qwen3_models[variant], role, tp, pp)
+    for rank, r in enumerate(got):
+        want = stage_params(arch, role, tp, pp, r["pp_rank"]).total
+        assert r["params"] == want, f"rank {rank} (pp stage {r['pp_rank']}): megatron {r['params']} != plan {want}"
+
+
+def test_model_file_must_describe_the_checkpoint(qwen3_models, saved_tp2):
+    """The preflight's checkpoint cross-check: tiny_qwen3.yaml matches the tiny Qwen3; without qk_layernorm or with
+    head_dim = hidden/heads it names the key."""
+    from dataclasses import replace
+
+    from mindrl.config.errors import Collector
+    from mindrl.preflight import _check_checkpoint
+
+    arch = _tiny_qwen3_arch()
+    col = Collector()
+    _check_checkpoint(col, "actor_config.load", saved_tp2["qwen3"], arch, value_model=False)
+    assert not col.issues, col.issues
+    col = Collector()
+    _check_checkpoint(col, "actor_config.load", saved_tp2["qwen3"], replace(arch, qk_layernorm=False, kv_channels=None),
+                      value_model=False)  # fmt: skip
+    keys = sorted(i.key for i in col.issues)
+    assert keys == ["model.tiny_qwen3.kv_channels", "model.tiny_qwen3.qk_layernorm"], col.issues
