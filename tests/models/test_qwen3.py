@@ -219,3 +219,25 @@ def test_model_file_must_describe_the_checkpoint(qwen3_models, saved_tp2):
                       value_model=False)  # fmt: skip
     keys = sorted(i.key for i in col.issues)
     assert keys == ["model.tiny_qwen3.kv_channels", "model.tiny_qwen3.qk_layernorm"], col.issues
+
+
+def test_qwen3_template_matches_the_tokenizer_and_mindspeed_rl_ids(qwen3_models):
+    """The `qwen3` template renders what the tiny Qwen3 tokenizer's chat template gives with thinking off, and the
+    R1 handler's prompt ids equal MindSpeed-RL's: the templated prompt's ids, then the empty thought's own ids."""
+    import transformers
+
+    from mindrl.data.handlers import R1AlpacaStyleInstructionHandler
+    from mindrl.data.templates import get_template
+
+    tok = transformers.AutoTokenizer.from_pretrained(qwen3_models["qwen3"])
+    t = get_template("qwen3")
+    for system in ("", "Answer with just the number."):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "7 + 5?"}]
+        want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        assert t.render_prompt("7 + 5?", system=system, response="12") == want
+    keys = {"prompt": "problem", "query": "", "response": "answer", "system": ""}
+    h = R1AlpacaStyleInstructionHandler(tok, t, keys, ["labels"])
+    enc = h.encode_chunk([{"problem": "7 + 5?", "answer": "12"}])
+    head = tok.encode("<|im_start|>user\n7 + 5?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert enc.flat["input_ids"].tolist() == head + tok.encode(t.empty_thought, add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("<think>") in enc.flat["input_ids"].tolist()
