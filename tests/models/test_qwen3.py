@@ -241,3 +241,29 @@ def test_qwen3_template_matches_the_tokenizer_and_mindspeed_rl_ids(qwen3_models)
     head = tok.encode("<|im_start|>user\n7 + 5?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     assert enc.flat["input_ids"].tolist() == head + tok.encode(t.empty_thought, add_special_tokens=False)
     assert tok.convert_tokens_to_ids("<think>") in enc.flat["input_ids"].tolist()
+
+
+@pytest.fixture(scope="module")
+def actor_update_case(qwen3_models):
+    """test_ppo_update's RL batch and its plain PyTorch + transformers PPO reference, on the tiny Qwen3."""
+    from tests.workers.test_ppo_update import ACTOR_LOSS, make_batch, reference_actor
+
+    batch = make_batch(qwen3_models["qwen3"], qwen3_models["qwen3_tied_orm"])
+    return batch, reference_actor(qwen3_models["qwen3"], batch, ACTOR_LOSS)
+
+
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+def test_actor_update_matches_the_reference(pool, saved_tp2, actor_update_case, tp, pp):
+    """One PPO actor update (test_ppo_update's batch and loss): losses within 1e-5 and every gradient, the q/k norms'
+    included (partial sums over each TP rank's heads, which megatron adds up), within 1e-4 of transformers'."""
+    from tests.workers.test_ppo_update import ACTOR_LOSS, micro_batch_size, rel_diffs, run_update
+
+    batch, (want, want_grads) = actor_update_case
+    mbs = micro_batch_size(tp, pp, 2)
+    metrics, grads, _ = run_update(pool, saved_tp2["qwen3"], tp, pp, batch, "actor", ACTOR_LOSS, mbs)
+    for k, v in want.items():
+        assert abs(metrics[k] - v) <= 1e-5, f"{k}: {metrics[k]} vs reference {v}"
+    diffs = rel_diffs(grads, want_grads)
+    norms = {k: v for k, v in diffs.items() if k.endswith(("q_norm.weight", "k_norm.weight"))}
+    print(f"TP{tp} PP{pp}: max rel grad diff {max(diffs.values()):.3g}, q/k norms {max(norms.values()):.3g}")
+    assert len(norms) == 4 and max(diffs.values()) < 1e-4, sorted(diffs.items(), key=lambda kv: -kv[1])[:5]
