@@ -129,8 +129,10 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
         ("ffn_hidden_size", arch.ffn_size, spec.ffn_hidden_size),
         ("num_attention_heads", arch.num_attention_heads, spec.num_heads),
         ("num_query_groups", arch.num_kv_heads, spec.num_kv_heads),
+        ("kv_channels", arch.head_dim, spec.head_dim),
         ("padded_vocab_size", arch.padded_vocab_size, spec.vocab_size),
         ("add_qkv_bias", arch.add_qkv_bias, spec.qkv_bias),
+        ("qk_layernorm", arch.qk_layernorm, spec.qk_layernorm),
     ]
     if not value_model:
         pairs.append(("untie_embeddings_and_output_weights", arch.untie_embeddings_and_output_weights,

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Write a tiny HF Qwen2- (default) or Llama-architecture checkpoint and a locally trained Qwen2-style BPE tokenizer.
+"""Write a tiny HF Qwen2- (default), Llama- or Qwen3-architecture checkpoint and a locally trained Qwen2-style BPE
+tokenizer.
 
 No network: the tokenizer is trained on a synthetic math corpus generated here, and the weights are
 random. Every weight (norms and biases included) is randomised, so that a wrong weight mapping always
@@ -8,6 +9,7 @@ shows up as a logit difference.
     python tools/make_tiny_model.py --out /tmp/tiny
     python tools/make_tiny_model.py --out /tmp/tiny-rm --orm       # Qwen2ForSequenceClassification, 1 label
     python tools/make_tiny_model.py --out /tmp/tiny-llama --arch llama --rope-scaling-factor 8   # Llama-3.1 RoPE
+    python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3   # QK norm, head_dim 64 != hidden/heads
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import random
 from dataclasses import asdict, dataclass
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen3's reasoning markers: added (not special) tokens of its tokenizer, so decoding keeps them in the text.
+THINK_TOKENS = ["<think>", "</think>"]
 # Qwen2's pre-tokenizer split pattern (numbers are split into single digits).
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -33,9 +37,20 @@ CHATML_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+# Qwen3's template in brief: no default system prompt; `enable_thinking=False` opens the answer with an empty thought.
+QWEN3_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+QWEN3_HEAD_DIM = 64
+"""--arch qwen3's default head_dim: twice hidden/heads at the default sizes, decoupled as in Qwen3-32B (128 vs 80)."""
 
 
-ARCHS = ("qwen2", "llama")
+ARCHS = ("qwen2", "llama", "qwen3")
 # The fixed part of a Llama-3.1 "llama3" rope_scaling block (only the factor varies).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -55,7 +70,9 @@ class TinyModelSpec:
     seed: int = 0
     orm: bool = False
     arch: str = "qwen2"
-    """"qwen2" (q/k/v biases) or "llama" (no biases anywhere)."""
+    """"qwen2" (q/k/v biases), "llama" (no biases anywhere) or "qwen3" (no biases, RMSNorm on each q/k head)."""
+    head_dim: int | None = None
+    """Per-head size; None: hidden/heads (qwen2, llama), QWEN3_HEAD_DIM (qwen3). Qwen3 only may decouple it."""
     rope_scaling_factor: float | None = None
     """Llama only: Llama-3.1 ("llama3") RoPE scaling with this factor (None: plain RoPE)."""
 
@@ -68,11 +85,17 @@ class TinyModelSpec:
             raise ValueError(f"--hidden-size {self.hidden_size} must be divisible by --num-heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"--num-heads {self.num_heads} must be divisible by --num-kv-heads {self.num_kv_heads}")
-        head_dim = self.hidden_size // self.num_heads
-        if head_dim < 32:
-            raise ValueError(f"head_dim = hidden/heads = {head_dim}; vLLM-CPU needs head_dim >= 32")
+        if self.head_dim is not None and self.arch != "qwen3":
+            raise ValueError("--head-dim needs --arch qwen3 (Qwen2 and Llama checkpoints use hidden/heads)")
+        if self.resolved_head_dim() < 32:
+            raise ValueError(f"head_dim = {self.resolved_head_dim()}; vLLM-CPU needs head_dim >= 32")
         if self.vocab_size < 300:
             raise ValueError(f"--vocab-size {self.vocab_size} is too small: the byte-level BPE needs >= 300")
+
+    def resolved_head_dim(self) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return QWEN3_HEAD_DIM if self.arch == "qwen3" else self.hidden_size // self.num_heads
 
 
 def synthetic_corpus(seed: int = 0, lines: int = 8000) -> list[str]:
@@ -106,8 +129,9 @@ def synthetic_corpus(seed: int = 0, lines: int = 8000) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab_size: int, seed: int = 0):
-    """Qwen2-style byte-level BPE, trained locally; the ChatML special tokens come last, as in Qwen2."""
+def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False):
+    """Qwen2-style byte-level BPE, trained locally; the ChatML special tokens come last, as in Qwen2 (then Qwen3's
+    <think> / </think> with `think`)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -120,7 +144,7 @@ def train_tokenizer(vocab_size: int, seed: int = 0):
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS),
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) - (len(THINK_TOKENS) if think else 0),
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -128,21 +152,24 @@ def train_tokenizer(vocab_size: int, seed: int = 0):
     )
     tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)
+    if think:
+        tok.add_tokens(THINK_TOKENS)
     return tok
 
 
-def make_tokenizer(out: str, vocab_size: int, seed: int = 0):
+def make_tokenizer(out: str, vocab_size: int, seed: int = 0, arch: str = "qwen2"):
     from transformers import PreTrainedTokenizerFast
 
+    template = QWEN3_TEMPLATE if arch == "qwen3" else CHATML_TEMPLATE
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(vocab_size, seed),
+        tokenizer_object=train_tokenizer(vocab_size, seed, think=arch == "qwen3"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
-        chat_template=CHATML_TEMPLATE,
+        chat_template=template,
     )
     hf_tok.save_pretrained(out)
     # Point AutoTokenizer at Qwen2's tokenizer class, as a real Qwen2 checkpoint does.
@@ -150,7 +177,7 @@ def make_tokenizer(out: str, vocab_size: int, seed: int = 0):
     with open(cfg_path) as f:
         cfg = json.load(f)
     cfg["tokenizer_class"] = "Qwen2Tokenizer"
-    cfg["chat_template"] = CHATML_TEMPLATE
+    cfg["chat_template"] = template
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
     return hf_tok
@@ -182,6 +209,9 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen2ForSequenceClassification,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3ForSequenceClassification,
     )
 
     spec = spec or TinyModelSpec()
@@ -189,7 +219,7 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         setattr(spec, k, v)
     spec.validate()
     os.makedirs(out, exist_ok=True)
-    tok = make_tokenizer(out, spec.vocab_size, spec.seed)
+    tok = make_tokenizer(out, spec.vocab_size, spec.seed, spec.arch)
     if len(tok) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens > --vocab-size {spec.vocab_size}")
     common = dict(
@@ -214,6 +244,9 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
             rope = {"rope_type": "llama3", "factor": float(spec.rope_scaling_factor), **LLAMA3_ROPE}
         cfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False, rope_scaling=rope)
         lm_cls, orm_cls = LlamaForCausalLM, LlamaForSequenceClassification
+    elif spec.arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=spec.resolved_head_dim(), attention_bias=False, use_sliding_window=False)
+        lm_cls, orm_cls = Qwen3ForCausalLM, Qwen3ForSequenceClassification
     else:
         cfg = Qwen2Config(**common, use_sliding_window=False)
         lm_cls, orm_cls = Qwen2ForCausalLM, Qwen2ForSequenceClassification
@@ -228,6 +261,10 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
     record = asdict(spec)
     if spec.arch == "qwen2":  # the Qwen2 record predates these fields: keep it byte-identical
         del record["arch"], record["rope_scaling_factor"]
+    if spec.arch != "qwen3":  # as are Llama's
+        del record["head_dim"]
+    else:
+        record["head_dim"] = spec.resolved_head_dim()
     with open(os.path.join(out, "tiny_model_spec.json"), "w") as f:
         json.dump(record, f, indent=2)
     return out
@@ -247,7 +284,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init-std", type=float, default=d.init_std)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--orm", action="store_true", help="write a *ForSequenceClassification (num_labels=1)")
-    p.add_argument("--arch", choices=ARCHS, default=d.arch, help="qwen2 (q/k/v biases, default) or llama (no biases)")
+    p.add_argument(
+        "--arch", choices=ARCHS, default=d.arch,
+        help="qwen2 (q/k/v biases, default), llama (no biases) or qwen3 (no biases, q/k RMSNorm per head)",
+    )  # fmt: skip
+    p.add_argument(
+        "--head-dim", type=int, default=None,
+        help=f"qwen3 only: per-head size (default {QWEN3_HEAD_DIM}, decoupled from hidden/heads as in Qwen3-32B)",
+    )  # fmt: skip
     p.add_argument(
         "--rope-scaling-factor", type=float, default=None, help="llama only: Llama-3.1 'llama3' RoPE scaling factor"
     )
@@ -265,13 +309,14 @@ def main(argv: list[str] | None = None) -> None:
         orm=a.orm,
         arch=a.arch,
         rope_scaling_factor=a.rope_scaling_factor,
+        head_dim=a.head_dim,
     )
     try:
         make_tiny_model(a.out, spec)
     except ValueError as e:
         p.error(str(e))
     n = sum(1 for _ in open(os.path.join(a.out, "config.json")))
-    name = {"qwen2": "Qwen2", "llama": "Llama"}[a.arch]
+    name = {"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3"}[a.arch]
     print(f"wrote {'ORM ' if a.orm else ''}tiny {name} model + tokenizer to {a.out} ({n} config lines)")
 
 

@@ -77,8 +77,10 @@ class GenerateConfig(Section, EngineSettings):
     """Must be 1 (dense models only)."""
     tokenizer_name_or_path: str | None = None
     """Tokenizer of the engine; None: megatron_training.tokenizer_name_or_path (resolved at load)."""
-    trust_remote_code: bool = ignored_field(False, "mindrl's Qwen2/Llama models and tokenizers need no remote code")
-    """Accepted for compatibility; mindrl's Qwen2/Llama models need no remote code, so it has no effect."""
+    trust_remote_code: bool = ignored_field(
+        False, "mindrl's Qwen2/Llama/Qwen3 models and tokenizers need no remote code"
+    )
+    """Accepted for compatibility; mindrl's Qwen2/Llama/Qwen3 models need no remote code, so it has no effect."""
     max_num_seqs: int = 1
     """Most sequences decoded at once per engine (MindSpeed-RL's default: 1; set it to the batch)."""
     max_num_batched_tokens: int = 2048

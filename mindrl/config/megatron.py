@@ -151,7 +151,6 @@ MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
     "num_experts": ((None, 0), "mixture-of-experts layers"),
     "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
-    "qk_layernorm": ((False,), "QK layer norm (Qwen3); mindrl builds Qwen2/Llama-style models"),
     "attention_bias": ((False,), "biases on every attention projection"),
     "noop_layers": ((None,), "no-op layers"),
     "vocab_extra_ids": ((0,), "extra vocabulary ids"),

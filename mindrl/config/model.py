@@ -14,7 +14,7 @@ SUPPORTED_ROPE_SCALING = (None, "llama3")
 
 @dataclass
 class ModelArchConfig(Section):
-    """A Qwen2 / Llama-style decoder in megatron's argument names (MindSpeed-RL's model YAML keys).
+    """A Qwen2 / Llama / Qwen3-style decoder in megatron's argument names (MindSpeed-RL's model YAML keys).
 
     mindrl builds the model from the checkpoint's HF config; this section is what the layout checks, the
     planner and the checkpoint cross-check (when paths are checked) use, so it must describe the same network.
@@ -59,7 +59,9 @@ class ModelArchConfig(Section):
     untie_embeddings_and_output_weights: bool = False
     """Separate input embedding and output layer weights (Qwen2.5-7B/32B: true)."""
     add_qkv_bias: bool = False
-    """Bias on the QKV projection only (Qwen2: true, Llama: false)."""
+    """Bias on the QKV projection only (Qwen2: true, Llama and Qwen3: false)."""
+    qk_layernorm: bool = False
+    """RMSNorm over each query and key head (its own weight of kv_channels values), before RoPE (Qwen3: true)."""
     disable_bias_linear: bool = False
     """No bias on the other linear layers; mindrl's decoders have none, so this must be true."""
     norm_epsilon: float = 1e-5
@@ -102,8 +104,10 @@ class ModelArchConfig(Section):
             col.add("rotary_base", f"must be > 0, got {self.rotary_base}")
         if self.rope_scaling_type not in SUPPORTED_ROPE_SCALING:
             col.add("rope_scaling_type", f"{self.rope_scaling_type!r} is not supported; use null or 'llama3'")
-        # mindrl builds Qwen2 / Llama-style decoders only; a model file describing anything else is wrong here.
-        style = "mindrl builds Qwen2/Llama-style decoders (RMSNorm, SwiGLU, RoPE, no linear biases but the QKV bias)"
+        # mindrl builds Qwen2 / Llama / Qwen3-style decoders only; a model file describing anything else is wrong here.
+        style = (
+            "mindrl builds Qwen2/Llama/Qwen3-style decoders (RMSNorm, SwiGLU, RoPE, no linear biases but the QKV bias)"
+        )
         if self.normalization != "RMSNorm":
             col.add("normalization", f"{self.normalization!r} is not supported: {style}; set it to RMSNorm")
         if not self.swiglu:

@@ -86,7 +86,9 @@ class Handler:
         # Alpaca convention: the optional input ("query") follows the instruction on its own line.
         content = f"{prompt}\n{query}" if query else prompt
         system = self.field(row, "system", required=False)
-        return self.template.render_prompt(content, system, self.bos, self.eos)
+        # A reasoning template (Qwen3) ends the prompt with an empty thought unless the response brings its own.
+        response = self.field(row, "response", required=False) if self.template.thought_words else ""
+        return self.template.render_prompt(content, system, self.bos, self.eos, response)
 
     def response_text(self, row: dict[str, Any]) -> str:
         raise NotImplementedError

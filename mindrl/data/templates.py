@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,18 +28,41 @@ class ChatTemplate:
     default_system: str = ""
     stop_words: tuple[str, ...] = field(default_factory=tuple)
     description: str = ""
+    thought_words: tuple[str, ...] = field(default_factory=tuple)
+    """A reasoning model's (open, close) thought markers (Qwen3: <think>, </think>), or () for none. With them the
+    template works as MindSpeed-RL's ReasoningTemplate with thinking off (what its prompt and SFT handlers use):
+    thoughts are removed from responses, and a prompt whose response has no thought ends with an empty one."""
 
-    def render_prompt(self, prompt: str, system: str = "", bos_token: str = "", eos_token: str = "") -> str:
-        """The prompt text up to where the model starts answering. An empty `system` means the default."""
+    def render_prompt(
+        self, prompt: str, system: str = "", bos_token: str = "", eos_token: str = "", response: str = ""
+    ) -> str:
+        """The prompt text up to where the model starts answering. An empty `system` means the default; `response`
+        (the row's reference answer or SFT target) matters only to a reasoning template (`thought_words`)."""
         system = system or self.default_system
         text = _fill(self.prefix, "", bos_token, eos_token)
         if system:
             text += _fill(self.system, system, bos_token, eos_token)
-        return text + _fill(self.user, prompt, bos_token, eos_token)
+        text += _fill(self.user, prompt, bos_token, eos_token)
+        if self.thought_words and not any(w in self.remove_thought(response) for w in self.thought_words):
+            text += self.empty_thought
+        return text
 
     def render_response(self, response: str, bos_token: str = "", eos_token: str = "") -> str:
-        """The assistant turn that follows `render_prompt`, end-of-turn marker included."""
-        return _fill(self.assistant, response, bos_token, eos_token)
+        """The assistant turn that follows `render_prompt`, end-of-turn marker included (and any thought removed,
+        for a reasoning template)."""
+        return _fill(self.assistant, self.remove_thought(response), bos_token, eos_token)
+
+    @property
+    def empty_thought(self) -> str:
+        """The thought a reasoning template opens the answer with when thinking is off ('' without thought words)."""
+        return f"{self.thought_words[0]}\n\n{self.thought_words[1]}\n\n" if self.thought_words else ""
+
+    def remove_thought(self, text: str) -> str:
+        """`text` without its complete thoughts (open ... close) and the newlines that then lead it."""
+        if not self.thought_words:
+            return text
+        pattern = re.escape(self.thought_words[0]) + ".*?" + re.escape(self.thought_words[1])
+        return re.sub(pattern, "", text, flags=re.DOTALL).lstrip("\n")
 
 
 def _fill(slot: str, content: str, bos_token: str, eos_token: str) -> str:
@@ -76,6 +100,9 @@ def load_templates(path: str = DEFAULT_TEMPLATES_PATH) -> dict[str, ChatTemplate
         for key, value in spec.items():
             if key == "stop_words":
                 ok, want = isinstance(value, list) and all(isinstance(w, str) for w in value), "a list of strings"
+            elif key == "thought_words":
+                ok = isinstance(value, list) and len(value) == 2 and all(isinstance(w, str) and w for w in value)
+                want = "a list of two non-empty strings (open, close)"
             else:
                 ok, want = isinstance(value, str), "a string"
             if not ok:
@@ -85,6 +112,7 @@ def load_templates(path: str = DEFAULT_TEMPLATES_PATH) -> dict[str, ChatTemplate
                 raise ValueError(f"{path}: template '{name}' slot '{slot}' lacks the {{content}} placeholder")
         spec = dict(spec)
         spec["stop_words"] = tuple(spec.get("stop_words", ()))
+        spec["thought_words"] = tuple(spec.get("thought_words", ()))
         out[name] = ChatTemplate(name=name, **spec)
     return out
 

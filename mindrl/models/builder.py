@@ -65,7 +65,8 @@ class ValueHead(torch.nn.Module):
 
 
 def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
-    """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm; core attention as one
+    """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm (also the per-head q/k norm
+    with config.qk_layernorm); core attention as one
     fused SDPA call (sdpa=False keeps megatron's DotProductAttention, the reference for parity tests); the MLP's
     SwiGLU as mindrl's fused module when config.use_te_activation_func is set (see build_model)."""
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
@@ -75,6 +76,9 @@ def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
         layer.submodules.mlp.submodules.activation_func = SwiGLU
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
+    if config.qk_layernorm:  # Qwen3: over each head's kv_channels; megatron sums their grads over TP by name
+        layer.submodules.self_attention.submodules.q_layernorm = RMSNorm
+        layer.submodules.self_attention.submodules.k_layernorm = RMSNorm
     num_layers = get_num_layers_to_build(config)
     return ModuleSpec(
         module=TransformerBlock,

@@ -1,5 +1,5 @@
-"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`, for Qwen2 / Qwen2.5 and Llama causal LMs or
-one-label `*ForSequenceClassification`; anything else fails here, naming the field, before any process starts."""
+"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`, for Qwen2 / Qwen2.5, Llama and Qwen3 (dense)
+causal LMs or one-label `*ForSequenceClassification`; anything else fails here, naming the field, before any start."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForSequenceClassification": ("qwen2", True),
     "LlamaForCausalLM": ("llama", False),
     "LlamaForSequenceClassification": ("llama", True),
+    "Qwen3ForCausalLM": ("qwen3", False),
+    "Qwen3ForSequenceClassification": ("qwen3", True),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Llama-3.1 scaling constants that megatron's `rope_scaling=True` hard-codes.
@@ -56,6 +58,7 @@ class ModelSpec:
     qkv_bias: bool
     dtype: str
     rope_scaling_factor: float | None = None  # Llama-3.1 style scaling, None = plain RoPE
+    qk_layernorm: bool = False  # RMSNorm over each query / key head before RoPE (Qwen3)
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ---------------------------------------------------------------------------------- loading
@@ -100,6 +103,8 @@ class ModelSpec:
         reject("mlp_bias", lambda v: v is False)
         reject("quantization_config", lambda v: False)
         reject("qk_layernorm", lambda v: v is False)
+        # Qwen3 configs list each layer's attention kind; mindrl builds full attention only.
+        reject("layer_types", lambda v: all(t == "full_attention" for t in v))
         if is_value:
             labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
             if labels != 1:
@@ -146,6 +151,7 @@ class ModelSpec:
             qkv_bias=family == "qwen2",
             dtype=dtype,
             rope_scaling_factor=rope_factor,
+            qk_layernorm=family == "qwen3",
             hf_config=dict(cfg),
         )
 
@@ -203,6 +209,7 @@ class ModelSpec:
             activation_func=torch.nn.functional.silu,
             add_bias_linear=False,
             add_qkv_bias=self.qkv_bias,
+            qk_layernorm=self.qk_layernorm,
             hidden_dropout=0.0,
             attention_dropout=0.0,
             attention_softmax_in_fp32=True,

@@ -22,6 +22,8 @@ _LAYER_MAP = {
     ),
     "self_attention.linear_qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight",),
+    "self_attention.q_layernorm.weight": ("self_attn.q_norm.weight",),
+    "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight",),
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
     "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.linear_fc2.weight": ("mlp.down_proj.weight",),
@@ -75,6 +77,8 @@ def mcore_param_names(spec: ModelSpec) -> list[str]:
         for suffix in _LAYER_MAP:
             if suffix.endswith(".bias") and not spec.qkv_bias:
                 continue
+            if "_layernorm" in suffix and suffix.startswith("self_attention.") and not spec.qk_layernorm:
+                continue
             names.append(f"decoder.layers.{i}.{suffix}")
     names.append("decoder.final_layernorm.weight")
     if spec.is_value_model or not spec.tie_word_embeddings:
@@ -110,6 +114,8 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
         "self_attn.k_proj.bias": (spec.num_kv_heads * hd,),
         "self_attn.v_proj.bias": (spec.num_kv_heads * hd,),
         "self_attn.o_proj.weight": (h, spec.num_heads * hd),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
         "mlp.gate_proj.weight": (ffn, h),
         "mlp.up_proj.weight": (ffn, h),
         "mlp.down_proj.weight": (h, ffn),

@@ -35,14 +35,16 @@ def _vocab(arch: ModelArchConfig) -> int:
 
 def layer_params(arch: ModelArchConfig, tp: int) -> int:
     """One transformer layer on one TP rank: two RMSNorm weights (replicated), the column-parallel QKV
-    projection (query heads + 2 x KV heads, with its bias if add_qkv_bias), the row-parallel output projection,
-    the column-parallel gate+up projection (2 x ffn) and the row-parallel down projection (no linear biases)."""
+    projection (query heads + 2 x KV heads of head_dim = kv_channels, with its bias if add_qkv_bias), the q and k
+    RMSNorms over head_dim with qk_layernorm (replicated), the row-parallel output projection, the column-parallel
+    gate+up projection (2 x ffn) and the row-parallel down projection (no linear biases)."""
     h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
     qkv_out = (int(arch.num_attention_heads) + 2 * arch.num_kv_heads) * d // tp
     qkv = qkv_out * h + (qkv_out if arch.add_qkv_bias else 0)
     proj = h * int(arch.num_attention_heads) * d // tp
     mlp = (2 * f // tp) * h + h * (f // tp)
-    return 2 * h + qkv + proj + mlp
+    qk_norm = 2 * d if arch.qk_layernorm else 0
+    return 2 * h + qkv + qk_norm + proj + mlp
 
 
 def stage_params(arch: ModelArchConfig, role: str, tp: int, pp: int, pp_rank: int) -> StageParams:

@@ -19,6 +19,7 @@ SHIPPED = [
     "ppo_qwen25_32b_A3",
     "grpo_qwen25_7b_A3",
     "grpo_qwen25_32b_A3",
+    "grpo_qwen3_8b_A3",
 ]
 
 

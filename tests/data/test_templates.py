@@ -51,7 +51,7 @@ def test_special_tokens_tokenise_to_single_ids(tokenizer):
             "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{}.<|im_end|>\n"
             "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n",
         ),
-        ("qwen3", "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"),
+        ("qwen3", "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
         (
             "smollm2",
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -85,6 +85,27 @@ def test_placeholders_inside_content_stay_literal():
     assert "x {eos_token} {content} y" in t.render_prompt("x {eos_token} {content} y", eos_token="</s>")
     assert t.render_response("42") == "42<|im_end|>\n"
     assert get_template("default").render_response("42", eos_token="</s>") == "42</s>"
+
+
+def test_qwen3_thinking_off_as_mindspeed_rl():
+    """MindSpeed-RL's qwen3 (ReasoningTemplate, thinking off in its prompt and SFT handlers): thoughts leave the
+    response, and the prompt ends with an empty thought unless what is left of the response still has a marker."""
+    t = get_template("qwen3")
+    head = "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"
+    assert t.thought_words == ("<think>", "</think>") and t.empty_thought == "<think>\n\n</think>\n\n"
+    assert t.render_prompt("P", response="42") == head + "<think>\n\n</think>\n\n"
+    assert t.render_prompt("P", response="<think>a\nb</think>\n\n42") == head + "<think>\n\n</think>\n\n"
+    assert t.render_prompt("P", response="<think> unfinished") == head  # a marker stays: no empty thought added
+    assert t.render_response("<think>a\nb</think>\n\n42") == "42<|im_end|>\n"
+    assert t.render_response("x <think>a</think> y") == "x  y<|im_end|>\n"
+    assert get_template("qwen").render_response("<think>a</think>42") == "<think>a</think>42<|im_end|>\n"
+
+
+def test_thought_words_must_be_two_strings(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"r": {"user": "{content}", "thought_words": ["<think>"]}}')
+    with pytest.raises(ValueError, match="template 'r' field 'thought_words' must be a list of two non-empty"):
+        load_templates(str(path))
 
 
 def test_required_templates_are_shipped():

@@ -8,16 +8,22 @@ import shutil
 import time
 
 import pytest
+from omegaconf import OmegaConf
 
 from mindrl.cli import plan as plan_cli
 from mindrl.config import ConfigError, load_config
+from mindrl.config.errors import Collector
+from mindrl.config.loader import default_config_dir
+from mindrl.config.model import ModelArchConfig
 from mindrl.plan import PHASES, make_plan, rank_coords, stage_params, to_json, to_text, total_params
 
 SHIPPED = [
-    "ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_32b_A2", "grpo_qwen25_7b_A3", "ppo_tiny_cpu", "grpo_tiny_cpu"
+    "ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_32b_A2", "grpo_qwen25_7b_A3", "grpo_qwen3_8b_A3",
+    "ppo_tiny_cpu", "grpo_tiny_cpu",
 ]  # fmt: skip
 RECIPES = {
-    "ppo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3"
+    "ppo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3",
+    "grpo_qwen3_8b_A3": "a3",
 }  # fmt: skip
 """MindSpeed-RL's recipes as they ship them (configs/ differs only in paths and run_dir) and the device each names."""
 
@@ -41,6 +47,24 @@ def test_qwen25_32b_params_by_hand(cfgs):
     assert per_rank == (32_763_876_352 - 129 * 5120) // 8 + 129 * 5120
     critic = total_params(cfg.critic_model, "critic")
     assert critic == 32_763_876_352 - 152064 * 5120 + 5120  # the value head replaces the LM head
+
+
+def _hand_qwen3(v: int, h: int, layers: int, a: int, g: int, d: int, f: int) -> int:
+    per_layer = 2 * h + h * (a + 2 * g) * d + 2 * d + a * d * h + 3 * h * f  # 2 * d: the q and k head norms
+    return 2 * v * h + layers * per_layer + h
+
+
+def test_qwen3_params_by_hand(cfgs):
+    """Qwen3-8B as its HF checkpoint counts it; Qwen3-32B's head_dim (kv_channels 128) is not hidden/heads (80)."""
+    cfg = cfgs["grpo_qwen3_8b_A3"]
+    assert total_params(cfg.model) == _hand_qwen3(151936, 4096, 36, 32, 8, 128, 12288) == 8_190_735_360
+    per_rank = stage_params(cfg.model, "actor", 2, 1, 0).total  # the head norms replicated like the layer norms
+    assert per_rank == (8_190_735_360 - 36 * (2 * 4096 + 2 * 128) - 4096) // 2 + 36 * (2 * 4096 + 2 * 128) + 4096
+    raw = OmegaConf.to_container(OmegaConf.load(f"{default_config_dir()}/model/qwen3_32b.yaml"))["qwen3_32b"]
+    col = Collector()
+    arch = ModelArchConfig.from_dict({**raw, "name": "qwen3_32b"}, "model.qwen3_32b", col)
+    assert arch.head_dim == 128 and arch.qk_layernorm
+    assert total_params(arch) == _hand_qwen3(151936, 5120, 64, 64, 8, 128, 25600)
 
 
 def test_megatron_bytes_per_parameter(cfgs):

@@ -51,7 +51,7 @@ POOL_WORLD = 4
 def hf_model(hf_dir: str, critic: bool):
     import transformers
 
-    cls = transformers.Qwen2ForSequenceClassification if critic else transformers.Qwen2ForCausalLM
+    cls = transformers.AutoModelForSequenceClassification if critic else transformers.AutoModelForCausalLM
     return cls.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
 
 

@@ -1,0 +1,65 @@
+"""A tiny Qwen3 (QK norm, head_dim 64 != hidden/heads, `qwen3` template) through mindrl-train's code path: short PPO
+(critic from its trunk) and GRPO runs on the tiny configs at TP2 with configs/model/tiny_qwen3.yaml."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.rl_helpers import _config, _run, _train, checkpoint_tensors
+from tests.trainer.test_ppo_e2e import PPO_ONLY, REQUIRED, _check_metrics, _no_leftovers
+
+pytestmark = pytest.mark.slow  # each run starts Ray and worker processes that import vLLM and megatron
+
+QWEN3 = ["model=tiny_qwen3", "megatron_training.model=tiny_qwen3", "actor_config.model=tiny_qwen3"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_assets(tmp_path_factory):
+    """The tiny Qwen3 policy and critic as megatron checkpoints, and the comparison task through the qwen3 template."""
+    d = tmp_path_factory.mktemp("qwen3_assets")
+    py = sys.executable
+    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"), "--arch", "qwen3")
+    _run(py, "tools/make_critic_from_lm.py", "--hf-dir", str(d / "hf"), "--out", str(d / "hf_critic"),
+         "--head-std", "0.05")  # fmt: skip
+    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf"), "--save-dir", str(d / "actor"))
+    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf_critic"), "--save-dir", str(d / "critic"),
+         "--orm")  # fmt: skip
+    rows = [{"problem": f"Which is larger: {a} or {b}?", "answer": str(max(a, b))} for a in range(1, 9) for b in (3, 7)]
+    (d / "task.json").write_text(json.dumps(rows))
+    _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
+         f"tokenizer_name_or_path={d / 'hf'}", f"output_prefix={d / 'data' / 'train'}", "workers=1",
+         "prompt_type=qwen3")  # fmt: skip
+    return d
+
+
+def _qk_norms(ckpt: Path, scratch) -> dict:
+    """The q/k norm weights of the newest iteration, stacked over layers ([layers, head_dim]), without optimizer state."""
+    tensors = checkpoint_tensors(ckpt, scratch)
+    return {
+        k: v for k, v in tensors.items() if not k.startswith("optim/") and ("q_layernorm" in k or "k_layernorm" in k)
+    }
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_tiny_qwen3_trains(qwen3_assets, tmp_path, algo):
+    overrides = [*QWEN3, "megatron_training.train_iters=2", "megatron_training.save_interval=2",
+                 "rl_config.use_tensorboard=false"]  # fmt: skip
+    if algo == "ppo":
+        overrides.append("critic_config.model=tiny_qwen3")
+    cfg = _config(f"{algo}_tiny_cpu", qwen3_assets, tmp_path, *overrides)
+    assert cfg.model.qk_layernorm and cfg.model.head_dim == 64
+    run_dir, results, lines, rollouts = _train(cfg)
+    assert len(lines) == 2
+    _check_metrics(lines, cfg, REQUIRED + (PPO_ONLY if algo == "ppo" else []))
+    # The prompts end with Qwen3's empty thought (thinking off, as MindSpeed-RL's qwen3 template).
+    assert all(r["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") for r in rollouts)
+    # Training reached the q/k norms, and they stay one tensor per layer (their TP ranks agree, or the second
+    # iteration's engine-vs-actor logprobs above would not).
+    start, trained = _qk_norms(qwen3_assets / "actor", tmp_path), _qk_norms(Path(run_dir) / "ckpt_actor", tmp_path)
+    assert sorted(trained) == sorted(start) and len(trained) == 2  # q and k, each over the 2 layers
+    assert all(trained[k].shape == (2, 64) and not trained[k].equal(start[k]) for k in trained)
+    _no_leftovers()
