@@ -2,10 +2,11 @@
 # The main job on a CPU-only machine: a tiny PPO (or GRPO) run end to end, about 10 minutes after setup.
 #   bash examples/quickstart_cpu.sh          # PPO (GAE + critic)
 #   bash examples/quickstart_cpu.sh grpo     # GRPO (group-norm advantages, KL loss, no critic)
-#   bash examples/quickstart_cpu.sh dapo     # DAPO (GRPO + overlong buffer, dynamic sampling, clip-higher, no KL)
+#   bash examples/quickstart_cpu.sh dapo     # DAPO (GRPO + overlong buffer, dynamic sampling, clip-higher, no KL) on
+#                                            # the tiny Qwen3 (QK norm, the qwen3 template), in ./outputs/quickstart_qwen3
 # Steps:
 #   1. set up .venv
-#   2. a tiny Qwen2 model + tokenizer, and a synthetic task in DeepScaleR's JSON format (problem, answer)
+#   2. a tiny Qwen2 (Qwen3 for dapo) model + tokenizer, and a synthetic task in DeepScaleR's JSON format (problem, answer)
 #   3. preprocess it (the RL split; and the SFT split as instruction data)
 #   4. SFT warm start on the disjoint SFT split: learns the \boxed{} answer format, not the task
 #   5. convert: HF -> megatron for the SFT start, and a critic (the SFT trunk + a value head, --orm)
@@ -24,19 +25,21 @@ START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-OUT="${OUT:-./outputs/quickstart}"
+ARCH=qwen2 TEMPLATE=qwen
+[[ "$ALGO" == dapo ]] && ARCH=qwen3 TEMPLATE=qwen3
+OUT="${OUT:-./outputs/quickstart$([[ $ARCH == qwen3 ]] && echo _qwen3)}"
 RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 mkdir -p "$OUT"
 
-echo "== 1/6 tiny model + synthetic task"
-"$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
+echo "== 1/6 tiny $ARCH model + synthetic task"
+"$PY" tools/make_tiny_model.py --out "$OUT/hf" --arch "$ARCH" >/dev/null
 "$PY" tools/make_quickstart_data.py --out "$OUT/raw"
 
 echo "== 2/6 preprocess (RL split: DeepScaleR format; SFT split: instruction data)"
 bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/rl.json" tokenizer_name_or_path="$OUT/hf" \
-    output_prefix="$OUT/data/train" prompt_type=qwen workers=1
+    output_prefix="$OUT/data/train" prompt_type="$TEMPLATE" workers=1
 bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/sft.json" tokenizer_name_or_path="$OUT/hf" \
-    output_prefix="$OUT/data/sft" prompt_type=qwen handler_name=AlpacaStyleInstructionHandler \
+    output_prefix="$OUT/data/sft" prompt_type="$TEMPLATE" handler_name=AlpacaStyleInstructionHandler \
     'map_keys={prompt: problem, response: solution}' workers=1
 
 echo "== 3/6 SFT warm start"

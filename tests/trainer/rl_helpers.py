@@ -22,23 +22,13 @@ def _run(*cmd: str) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def assets(tmp_path_factory):
-    """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed."""
-    d = tmp_path_factory.mktemp("ppo_assets")
+def build_assets(d: Path, arch: str = "qwen2") -> Path:
+    """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed, in `d`."""
     py = sys.executable
-    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"))
+    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"), "--arch", arch)
     # A random (not zero) value head: advantages then carry signal, not whitened rounding noise.
-    _run(
-        py,
-        "tools/make_critic_from_lm.py",
-        "--hf-dir",
-        str(d / "hf"),
-        "--out",
-        str(d / "hf_critic"),
-        "--head-std",
-        "0.05",
-    )
+    _run(py, "tools/make_critic_from_lm.py", "--hf-dir", str(d / "hf"), "--out", str(d / "hf_critic"),
+         "--head-std", "0.05")  # fmt: skip
     _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf"), "--save-dir", str(d / "actor"))
     _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf_critic"), "--save-dir", str(d / "critic"),
          "--orm")  # fmt: skip
@@ -46,8 +36,20 @@ def assets(tmp_path_factory):
     (d / "task.json").write_text(json.dumps(rows))
     _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
          f"tokenizer_name_or_path={d / 'hf'}", f"output_prefix={d / 'data' / 'train'}", "workers=1",
-         "prompt_type=qwen")  # fmt: skip
+         f"prompt_type={'qwen3' if arch == 'qwen3' else 'qwen'}")  # fmt: skip
     return d
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory):
+    """The tiny Qwen2's RL assets (build_assets)."""
+    return build_assets(tmp_path_factory.mktemp("ppo_assets"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_assets(tmp_path_factory):
+    """The tiny Qwen3's (QK norm, head_dim 64 != hidden/heads, the qwen3 template), laid out as `assets`."""
+    return build_assets(tmp_path_factory.mktemp("qwen3_assets"), arch="qwen3")
 
 
 def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic_load=None):

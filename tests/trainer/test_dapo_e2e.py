@@ -60,7 +60,7 @@ def _dapo_overrides(assets) -> list[str]:
     ]  # fmt: skip
 
 
-def _dapo_run(assets, tmp_path_factory):
+def _dapo_run(assets, tmp_path_factory):  # assets: the tiny Qwen3 (dapo_tiny_cpu's model)
     """dapo_tiny_cpu for 2 iterations, saved after each (shared by the tests below)."""
     if not _RUN:
         run_dir = tmp_path_factory.mktemp("dapo")
@@ -70,7 +70,8 @@ def _dapo_run(assets, tmp_path_factory):
     return _RUN
 
 
-def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path_factory):
+def test_dapo_dynamic_sampling_and_overlong_metrics(qwen3_assets, tmp_path_factory):
+    assets = qwen3_assets
     run = _dapo_run(assets, tmp_path_factory)
     cfg, lines, rollouts, tmp_path = run["cfg"], run["lines"], run["rollouts"], run["run_dir"]
     rl = cfg.rl_config
@@ -110,11 +111,12 @@ def test_dapo_dynamic_sampling_and_overlong_metrics(assets, tmp_path_factory):
     assert any(p < 0 for r in rollouts for p in [_penalty(r["response_length"])])
 
 
-def test_dapo_resume_draws_the_same_prompts(assets, tmp_path_factory, tmp_path):
+def test_dapo_resume_draws_the_same_prompts(qwen3_assets, tmp_path_factory, tmp_path):
     """Stopped after iteration 1 and resumed, iteration 2 samples the same prompts and responses as the straight run
     (the prompt sampler's position covers every generation batch), with the same metrics and final weights."""
     from mindrl.checkpoint import mcore_ckpt
 
+    assets = qwen3_assets
     run = _dapo_run(assets, tmp_path_factory)
     split = tmp_path / "split"
     shutil.copytree(run["run_dir"], split)

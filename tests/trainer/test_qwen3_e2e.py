@@ -3,37 +3,16 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, _run, _train, checkpoint_tensors
+from tests.trainer.rl_helpers import _config, _train, checkpoint_tensors
 from tests.trainer.test_ppo_e2e import PPO_ONLY, REQUIRED, _check_metrics, _no_leftovers
 
 pytestmark = pytest.mark.slow  # each run starts Ray and worker processes that import vLLM and megatron
 
 QWEN3 = ["model=tiny_qwen3", "megatron_training.model=tiny_qwen3", "actor_config.model=tiny_qwen3"]
-
-
-@pytest.fixture(scope="module")
-def qwen3_assets(tmp_path_factory):
-    """The tiny Qwen3 policy and critic as megatron checkpoints, and the comparison task through the qwen3 template."""
-    d = tmp_path_factory.mktemp("qwen3_assets")
-    py = sys.executable
-    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"), "--arch", "qwen3")
-    _run(py, "tools/make_critic_from_lm.py", "--hf-dir", str(d / "hf"), "--out", str(d / "hf_critic"),
-         "--head-std", "0.05")  # fmt: skip
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf"), "--save-dir", str(d / "actor"))
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf_critic"), "--save-dir", str(d / "critic"),
-         "--orm")  # fmt: skip
-    rows = [{"problem": f"Which is larger: {a} or {b}?", "answer": str(max(a, b))} for a in range(1, 9) for b in (3, 7)]
-    (d / "task.json").write_text(json.dumps(rows))
-    _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
-         f"tokenizer_name_or_path={d / 'hf'}", f"output_prefix={d / 'data' / 'train'}", "workers=1",
-         "prompt_type=qwen3")  # fmt: skip
-    return d
 
 
 def _qk_norms(ckpt: Path, scratch) -> dict:
