@@ -164,7 +164,10 @@ def test_eval_defaults_come_from_a_training_config():
                                                                    *overrides]))  # fmt: skip
     assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, ["END"], "/data/test")
     assert (args.load_dir, args.verifier, args.temperature) == (
-        cfg.actor_config.save, cfg.rl_config.verifier_function, cfg.rl_config.val_temperature)
+        cfg.actor_config.save,
+        cfg.rl_config.verifier_function,
+        cfg.rl_config.val_temperature,
+    )
     assert (args.max_prompts, args.max_prompt_length, args.seed, args.max_num_seqs) == (
         cfg.rl_config.val_max_prompts, cfg.rl_config.max_prompt_length, cfg.megatron_training.seed,
         cfg.generate_config.max_num_seqs)  # fmt: skip
@@ -173,7 +176,8 @@ def test_eval_defaults_come_from_a_training_config():
     assert args.load_dir is None and args.tokenizer == cfg.megatron_training.tokenizer_name_or_path
     plain = resolve_defaults(build_parser().parse_intermixed_args(["--data", "d", "--hf-dir", "/m"]))
     assert {k: getattr(plain, k) for k in CONFIG_DEFAULTS if k != "data"} == {
-        k: d for k, (_, d) in CONFIG_DEFAULTS.items() if k != "data"}
+        k: d for k, (_, d) in CONFIG_DEFAULTS.items() if k != "data"
+    }
 
 
 # ------------------------------------------------------------------------------------------------ end to end
