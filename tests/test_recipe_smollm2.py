@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 2 and "unknown argument '--nope'" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "ITERS": "x"}, capture_output=True, text=True)
     assert r.returncode == 2 and "ITERS must be a positive integer, got 'x'" in r.stderr
+    r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "0"}, capture_output=True, text=True)
+    assert r.returncode == 2 and "MAX_VALUE must be a positive integer, got '0'" in r.stderr
 
 
 @pytest.mark.slow
@@ -56,7 +59,12 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
         resp = [json.loads(line) for line in open(run_dir / "eval" / f"iter_{it:07d}.jsonl")]
         assert len(resp) == VAL_PROMPTS and all(x["sample"] == -1 and x["iteration"] == it for x in resp)
         assert "<|im_start|>assistant\n" in resp[0]["prompt"]  # SmolLM2's chat template
+        # one line each: the config's stop string "\n" ends a response (its token, kept, is the response's last)
+        assert all("\n" not in x["response"].rstrip("\n") for x in resp)
         assert sum(x["gsm8k"] for x in resp) / VAL_PROMPTS == pytest.approx(m["val/gsm8k/mean"])
     assert (run_dir / "metrics.png").stat().st_size > 0
+    assert (out / "raw" / "args.txt").read_text().split()[-2:] == ["--max-value", "20"]  # the recipe's operands
+    problems = json.load(open(out / "raw" / "test.json"))
+    assert max(int(n) for row in problems for n in re.findall(r"\d+", row["problem"])) <= 20
     summary = next(line for line in lines if line.startswith("held-out accuracy "))
     assert f"in {ITERS} iterations" in summary

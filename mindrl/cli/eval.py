@@ -17,48 +17,121 @@ class EvalInputError(ValueError):
     """A bad argument or input file; the message names it."""
 
 
+# The flags a training config gives defaults to (--config-name), each with its config key and its own default.
+CONFIG_DEFAULTS: dict[str, tuple[str, object]] = {
+    "data": ("rl_config.val_data_path", None),
+    "load_dir": ("actor_config.save", None),
+    "tokenizer": ("megatron_training.tokenizer_name_or_path", None),
+    "max_prompts": ("rl_config.val_max_prompts", None),
+    "max_prompt_length": ("rl_config.max_prompt_length", 512),
+    "max_tokens": ("generate_config.sampling_config.max_tokens", 128),
+    "stop": ("generate_config.sampling_config.stop", []),
+    "stop_token_ids": ("generate_config.sampling_config.stop_token_ids", []),
+    "top_p": ("generate_config.sampling_config.top_p", 1.0),
+    "top_k": ("generate_config.sampling_config.top_k", -1),
+    "min_p": ("generate_config.sampling_config.min_p", 0.0),
+    "verifier": ("rl_config.verifier_function", ["acc_for_ppo"]),
+    "verifier_weight": ("rl_config.verifier_weight", None),
+    "verifier_timeout": ("rl_config.verifier_timeout", DEFAULT_TIMEOUT_S),
+    "n_samples": ("rl_config.val_n_samples", 0),
+    "temperature": ("rl_config.val_temperature", 1.0),
+    "seed": ("megatron_training.seed", 1234),
+    "dtype": ("generate_config.dtype", "float32"),
+    "max_num_seqs": ("generate_config.max_num_seqs", 64),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mindrl-eval",
         description=__doc__ + " Same prompts, sampling and verifiers as a training run's evaluation give the same "
-        "responses and metrics (docs/evaluation.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "responses and metrics (docs/evaluation.md). With --config-name, the training config's values are the "
+        "defaults (shown as [KEY]): `mindrl-eval -cn grpo_smollm2_cpu` evaluates its actor_config.save on its "
+        "rl_config.val_data_path as the run does; a flag given overrides its key.",
     )
+
+    def add(group, flag: str, **kw) -> None:
+        dest = flag.lstrip("-").replace("-", "_")
+        key, default = CONFIG_DEFAULTS.get(dest, (None, None))
+        if key is not None:
+            shown = f" (default: {default})" if default not in (None, []) else ""
+            kw["help"] = f"{kw.get('help', '')}{shown} [{key}]"
+        group.add_argument(flag, default=None, **kw)
+
+    cfg = p.add_argument_group("config (optional): a training config giving the defaults below")
+    cfg.add_argument("--config-name", "-cn", help="a training config: <config-path>/NAME.yaml, or a YAML file")
+    cfg.add_argument("--config-path", "-cp", help="its folder (default: the repo's configs/)")
+    cfg.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of the config, as mindrl-train's")
     src = p.add_argument_group("checkpoint (one of)")
     src.add_argument("--hf-dir", help="HF checkpoint directory (config.json + safetensors)")
-    src.add_argument("--load-dir", help="megatron checkpoint (e.g. actor_config.save): its latest iteration")
+    add(src, "--load-dir", help="megatron checkpoint (e.g. actor_config.save): its latest iteration")
     src.add_argument("--hf-config", help="with --load-dir of a legacy mp_rank_* checkpoint: the HF dir giving its "
                      "architecture (see mindrl-convert mcore2hf)")  # fmt: skip
-    src.add_argument("--tokenizer", help="HF tokenizer directory (default: the checkpoint's own)")
+    add(src, "--tokenizer", help="HF tokenizer directory (default: the checkpoint's own)")
     d = p.add_argument_group("data")
-    d.add_argument("--data", required=True, help="a .json / .jsonl / .parquet file (or a directory of them) of "
-                   "DeepScaleR-style rows, or a mindrl-preprocess output_prefix (with labels)")  # fmt: skip
-    d.add_argument("--prompt-type", default="qwen", help="raw data: chat template (configs/model/templates.json)")
+    add(d, "--data", help="a .json / .jsonl / .parquet file (or a directory of them) of DeepScaleR-style rows, or a "
+        "mindrl-preprocess output_prefix (with labels); required")  # fmt: skip
+    d.add_argument("--prompt-type", default="qwen", help="raw data: chat template (configs/model/templates.json) "
+                   "(default: qwen)")  # fmt: skip
     d.add_argument("--prompt-key", default="problem", help="raw data: the field holding the prompt")
     d.add_argument("--answer-key", default="answer", help="raw data: the field holding the reference answer")
-    d.add_argument("--max-prompts", type=int, help="only the first N prompts (default: all)")
-    d.add_argument("--max-prompt-length", type=int, default=512, help="drop longer prompts (rl_config's key)")
+    add(d, "--max-prompts", type=int, help="only the first N prompts")
+    add(d, "--max-prompt-length", type=int, help="drop longer prompts")
     s = p.add_argument_group("sampling and scoring (the training config's values reproduce its evaluation)")
-    s.add_argument("--max-tokens", type=int, default=128, help="sampling_config.max_tokens")
-    s.add_argument("--verifier", nargs="+", default=["acc_for_ppo"], help="rl_config.verifier_function")
-    s.add_argument("--verifier-weight", nargs="+", type=float, help="rl_config.verifier_weight (default: 1 each)")
-    s.add_argument("--verifier-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per response")
-    s.add_argument("--n-samples", type=int, default=0, help="sampled responses per prompt for pass@k (0: greedy only)")
-    s.add_argument("--temperature", type=float, default=1.0, help="temperature of the --n-samples samples")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=-1)
-    s.add_argument("--seed", type=int, default=1234, help="megatron_training.seed (the samples' seeds)")
+    add(s, "--max-tokens", type=int, help="response tokens")
+    add(s, "--stop", nargs="+", help="stop strings (e.g. a newline: $'\\n')")
+    add(s, "--stop-token-ids", nargs="+", type=int, help="token ids that end a response, besides EOS / <|im_end|>")
+    add(s, "--verifier", nargs="+", help="verifiers")
+    add(s, "--verifier-weight", nargs="+", type=float, help="their weights (default: 1 each)")
+    add(s, "--verifier-timeout", type=float, help="seconds per response")
+    add(s, "--n-samples", type=int, help="sampled responses per prompt for pass@k (0: greedy only)")
+    add(s, "--temperature", type=float, help="temperature of the --n-samples samples")
+    add(s, "--top-p", type=float)
+    add(s, "--top-k", type=int)
+    add(s, "--min-p", type=float)
+    add(s, "--seed", type=int, help="the samples' seeds")
     e = p.add_argument_group("engine")
-    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    e.add_argument("--max-num-seqs", type=int, default=64, help="sequences the engine decodes at once")
+    add(e, "--dtype", choices=["float32", "bfloat16", "float16"])
+    add(e, "--max-num-seqs", type=int, help="sequences the engine decodes at once")
     e.add_argument("--out", help="responses JSONL (default: eval_responses.jsonl next to the checkpoint)")
     return p
 
 
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the flags left out: from the training config (--config-name) where given, else their own defaults."""
+    from_config: dict[str, object] = {}
+    if args.overrides and not args.config_name:
+        raise EvalInputError(f"{args.overrides[0]!r}: KEY=VALUE overrides need --config-name")
+    if args.config_name:
+        from mindrl.config import load_config
+        from mindrl.config.cli import check_override_syntax
+        from mindrl.config.errors import ConfigError
+
+        try:
+            check_override_syntax(args.overrides)
+            cfg = load_config(args.config_name, config_path=args.config_path, overrides=args.overrides)
+        except ConfigError as e:
+            raise EvalInputError(f"--config-name {args.config_name}: {e}") from None
+        for dest, (key, _) in CONFIG_DEFAULTS.items():
+            section, *rest = key.split(".")
+            value = getattr(cfg, section)
+            for part in rest:
+                value = getattr(value, part)
+            from_config[dest] = list(value) if isinstance(value, (list, tuple)) else value
+        if args.hf_dir:  # an HF checkpoint given: the config's actor_config.save is not the one evaluated
+            from_config["load_dir"] = None
+    for dest, (_, default) in CONFIG_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, from_config[dest] if from_config.get(dest) is not None else default)
+    if args.data is None:
+        raise EvalInputError("--data is required (or --config-name with rl_config.val_data_path)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     try:
-        metrics, out = run(args)
+        metrics, out = run(resolve_defaults(args))
     except (EvalInputError, FileNotFoundError) as e:
         print(f"mindrl-eval: error: {e}", file=sys.stderr)
         return 2
@@ -99,8 +172,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], str]:
             raise EvalInputError(f"--data {args.data}: {e}") from None
         if not any(eval_set.labels):
             raise EvalInputError(f"--data {args.data}: no labels (reference answers); preprocess with labels")
-        sampling = SamplingConfig(max_tokens=args.max_tokens, top_p=args.top_p, top_k=args.top_k,
-                                  stop_token_ids=_end_tokens(tokenizer))  # fmt: skip
+        sampling = SamplingConfig(max_tokens=args.max_tokens, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                                  stop=args.stop, detokenize=bool(args.stop),
+                                  stop_token_ids=sorted(set(args.stop_token_ids) | set(_end_tokens(tokenizer))))  # fmt: skip
         settings = EvalSettings(tuple(args.verifier), args.n_samples, args.temperature, args.seed)
         engine = _engine(args, hf_dir, tok_dir, max(len(p) for p in eval_set.prompts))
         try:

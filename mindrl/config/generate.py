@@ -44,6 +44,8 @@ class SamplingSection(Section, SamplingSettings):
             col.add("temperature", f"must be >= 0 (0: greedy), got {self.temperature}")
         if any(not s for s in self.stop):
             col.add("stop", "stop strings must be non-empty")
+        if self.stop and not self.detokenize:
+            col.add("stop", "stop strings are matched in the response text: set detokenize: true with them")
         if any(t < 0 for t in self.stop_token_ids):
             col.add("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
 

@@ -183,6 +183,11 @@ def test_max_model_len_covers_prompt_plus_response_and_seq_length():
           "megatron_training.seq_length=256")  # fmt: skip
 
 
+def test_stop_strings_need_detokenize():
+    err = errors("grpo_tiny_cpu", "generate_config.sampling_config.stop=[END]")
+    issue(err, "generate_config.sampling_config.stop", "detokenize: true")
+
+
 def test_max_model_len_within_the_model():
     err = errors("grpo_tiny_cpu", "generate_config.max_model_len=4096")
     issue(err, "generate_config.max_model_len", "max_position_embeddings=2048")

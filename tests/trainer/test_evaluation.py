@@ -141,11 +141,43 @@ def test_eval_bad_input_names_it(tmp_path, tiny_models, capsys):
         (["--hf-dir", good, "--data", str(bad_row)], "non-string value for key 'problem'"),
         (["--load-dir", good, "--tokenizer", good, "--data", str(bad_row)], "not a megatron checkpoint"),
         (["--hf-dir", good, "--data", str(bad_row), "--n-samples", "-1"], "--n-samples must be >= 0"),
+        (["--hf-dir", good, "--data", str(bad_row), "rl_config.epochs=2"], "overrides need --config-name"),
+        (["--hf-dir", good], "--data is required"),
+        (["-cn", "grpo_tiny_cpu", "--hf-dir", good, "rl_config.epoch=2"], "rl_config.epoch"),
     ]
     for argv, named in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("mindrl-eval: error: ") and named in err, (argv, err)
+
+
+def test_eval_defaults_come_from_a_training_config():
+    """-cn: every covered flag takes the config's value (overrides applied), a flag given wins; without -cn the
+    flags' own defaults."""
+    from mindrl.cli.eval import CONFIG_DEFAULTS, build_parser, resolve_defaults
+    from mindrl.config import load_config
+
+    overrides = ["rl_config.val_n_samples=3", "generate_config.sampling_config.stop=[END]",
+                 "generate_config.sampling_config.detokenize=true", "rl_config.val_data_path=/data/test"]  # fmt: skip
+    cfg = load_config("grpo_smollm2_cpu", overrides=overrides)
+    args = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", "--max-tokens", "7",
+                                                                   *overrides]))  # fmt: skip
+    assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, ["END"], "/data/test")
+    assert (args.load_dir, args.verifier, args.temperature) == (
+        cfg.actor_config.save,
+        cfg.rl_config.verifier_function,
+        cfg.rl_config.val_temperature,
+    )
+    assert (args.max_prompts, args.max_prompt_length, args.seed, args.max_num_seqs) == (
+        cfg.rl_config.val_max_prompts, cfg.rl_config.max_prompt_length, cfg.megatron_training.seed,
+        cfg.generate_config.max_num_seqs)  # fmt: skip
+    # an HF checkpoint given: the config's actor_config.save is not used as a second one
+    args = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", "--hf-dir", "/m"]))
+    assert args.load_dir is None and args.tokenizer == cfg.megatron_training.tokenizer_name_or_path
+    plain = resolve_defaults(build_parser().parse_intermixed_args(["--data", "d", "--hf-dir", "/m"]))
+    assert {k: getattr(plain, k) for k in CONFIG_DEFAULTS if k != "data"} == {
+        k: d for k, (_, d) in CONFIG_DEFAULTS.items() if k != "data"
+    }
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -270,3 +302,15 @@ def test_mindrl_eval_reproduces_the_trainers_evaluation(eval_run, assets, tmp_pa
     )  # fmt: skip
     rows = [json.loads(x) for x in open(run_dir / "eval" / f"iter_{it:07d}.jsonl")]
     _same_evaluation(cli, lines[it], rows)
+
+
+@pytest.mark.slow
+def test_mindrl_eval_with_the_training_config_reproduces_the_last_evaluation(eval_run, assets, tmp_path):
+    """`mindrl-eval -cn CONFIG` with the run's overrides and no other flag: the final checkpoint (actor_config.save)
+    on rl_config.val_data_path with the config's sampling and verifiers, as the trainer's iteration 2."""
+    run_dir, lines = eval_run
+    overrides = [f"actor_config.save={run_dir / 'ckpt_actor'}", f"actor_config.load={assets / 'actor'}",
+                 f"megatron_training.tokenizer_name_or_path={assets / 'hf'}", *BASE, *_val(assets)]  # fmt: skip
+    cli = _mindrl_eval("-cn", "grpo_tiny_cpu", *overrides, "--out", str(tmp_path / "responses.jsonl"))
+    rows = [json.loads(x) for x in open(run_dir / "eval" / "iter_0000002.jsonl")]
+    _same_evaluation(cli, lines[2], rows)

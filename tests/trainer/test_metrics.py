@@ -275,6 +275,26 @@ def test_plot_metrics_png(tmp_path, capsys):
     assert plot_metrics(str(tmp_path), str(out)) == str(out) and out.stat().st_size > 0
 
 
+def test_plot_metrics_pass_at_k_panel(tmp_path):
+    from tools.plot_metrics import pass_at_k
+
+    rows = [{"iteration": it, "reward/mean": 0.1} for it in range(1, 9)]
+    for it in (0, 2, 4, 6, 8):  # evaluated iterations: greedy mean and pass@1, 2, 4
+        rows.append({"iteration": it, "val/acc/mean": it / 10, "val/acc/pass@1": it / 20, "val/acc/pass@4": it / 10,
+                     "val/acc/pass@2": None if it == 4 else it / 15, "val/response_length/mean": 9.0})  # fmt: skip
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    curves = pass_at_k(rows)
+    assert list(curves) == ["acc"] and sorted(curves["acc"]) == [0, 2, 4, 6, 8]
+    assert curves["acc"][8] == [(1, 0.4), (2, 8 / 15), (4, 0.8)] and curves["acc"][4] == [(1, 0.2), (4, 0.4)]
+    with_panel = plot_metrics(str(tmp_path), str(tmp_path / "with.png"))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if "val/acc/pass@1" not in r))
+    without = plot_metrics(str(tmp_path), str(tmp_path / "without.png"))
+    from PIL import Image
+
+    assert Image.open(with_panel).size[1] > Image.open(without).size[1]  # a fourth row: the pass@k panel
+
+
 def test_plot_metrics_errors_name_the_file(tmp_path, capsys):
     assert plot_main([str(tmp_path)]) == 1
     assert str(tmp_path / "metrics.jsonl") in capsys.readouterr().err
