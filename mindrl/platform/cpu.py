@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from mindrl.platform.base import Platform
+from mindrl.platform.base import Platform, env_switch
 from mindrl.platform.megatron_cpu import adapt_megatron
 
 
@@ -58,6 +58,13 @@ class CpuPlatform(Platform):
         # caching allocator would.
         _malloc_trim()
 
+    def before_micro_batch(self) -> None:
+        # The micro-batch before freed its activations into glibc's heap, where they stay resident (worker_env); the
+        # update's peak is the heap's high-water mark, some 0.35 GiB above what is live at mb 16 (docs/performance.md,
+        # footprint). Handing the free pages back at each micro-batch keeps the peak nearer the live one.
+        if env_switch("MINDRL_TRIM_MICRO_BATCHES"):
+            _malloc_trim()
+
     def memory_allocated(self) -> int:
         return 0
 
@@ -75,7 +82,9 @@ class CpuPlatform(Platform):
         # glibc malloc keeps what a step frees for the next step (no mmap of big blocks, no trim of the heap's top),
         # so each update and rollout does not page-fault its memory in again, zero-filled by the kernel. Devices keep
         # glibc's defaults: their big buffers are device memory, and host memory handed back matters there (offload).
-        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+        # triton has no CPU backend, yet megatron-core and vLLM import it when it is installed: libtriton's pages
+        # alone are ~70 MiB of each worker's RSS (docs/performance.md, footprint). `mindrl` keeps it out (BLOCKED_IMPORTS).
+        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MINDRL_BLOCKED_IMPORTS": "triton"}
 
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": fraction}
