@@ -76,9 +76,6 @@ class Platform:
     def empty_cache(self) -> None:
         raise NotImplementedError
 
-    def before_micro_batch(self) -> None:
-        """Called as each micro-batch of an update starts (its forward, then its backward); nothing by default."""
-
     def memory_allocated(self) -> int:
         """Bytes the allocator holds on this rank's device (0 on CPU: use storage accounting there)."""
         raise NotImplementedError

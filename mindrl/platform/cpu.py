@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from mindrl.platform.base import Platform, env_switch
+from mindrl.platform.base import Platform
 from mindrl.platform.megatron_cpu import adapt_megatron
 
 
@@ -57,13 +57,6 @@ class CpuPlatform(Platform):
         # into the next one. Hand the free pages back before an update (workers.rank.TRAINING_PHASES), as a device's
         # caching allocator would.
         _malloc_trim()
-
-    def before_micro_batch(self) -> None:
-        # The micro-batch before freed its activations into glibc's heap, where they stay resident (worker_env); the
-        # update's peak is the heap's high-water mark, some 0.35 GiB above what is live at mb 16 (docs/performance.md,
-        # footprint). Handing the free pages back at each micro-batch keeps the peak nearer the live one.
-        if env_switch("MINDRL_TRIM_MICRO_BATCHES"):
-            _malloc_trim()
 
     def memory_allocated(self) -> int:
         return 0

@@ -523,7 +523,6 @@ def ppo_update(
             )
 
             def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
-                current_platform().before_micro_batch()
                 mb = next(data_iterator)
                 output, sliced = _forward(model, mb)
                 return output, partial(loss_fn, mb, settings, _agg, _n, sliced)
