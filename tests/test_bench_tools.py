@@ -132,6 +132,8 @@ def test_bench_soak_roles():
     starting = ["/x/python", "/x/site-packages/ray/_private/workers/default_worker.py", "--node-ip-address=1"]
     assert role_of("python", starting, is_root=False) == "ray worker (starting)"
     assert role_of("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--a"], is_root=False) == "ray raylet"
+    raylet = ["/x/ray/core/src/ray/raylet/raylet", "--python_worker_command=/x/python /x/ray/default_worker.py"]
+    assert role_of("raylet", raylet, is_root=False) == "ray raylet"  # its command line names the workers' script
     agent = ["/x/python", "-u", "/x/site-packages/ray/dashboard/agent.py", "--a"]
     assert role_of("python", agent, is_root=False) == "ray agent"
     forkserver = ["python", "-c", "from multiprocessing.forkserver import main"]

@@ -25,11 +25,11 @@ def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
     title = cmdline[0] if cmdline else name
     if title.startswith("ray::"):
         return title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0] or "ray worker"
+    if name in ("raylet", "gcs_server"):  # before the worker check: the raylet's command line names default_worker.py
+        return "ray " + name
     text = " ".join(cmdline) or name
     if "default_worker.py" in text:  # a worker process before setproctitle
         return "ray worker (starting)"
-    if name in ("raylet", "gcs_server"):
-        return "ray " + name
     # before Ray's agents: a forkserver's command line carries its parent's sys.path, which may name ray/ folders
     for kind in ("forkserver", "resource_tracker", "spawn"):
         if f"multiprocessing.{kind}" in text:

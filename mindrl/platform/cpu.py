@@ -75,7 +75,9 @@ class CpuPlatform(Platform):
         # glibc malloc keeps what a step frees for the next step (no mmap of big blocks, no trim of the heap's top),
         # so each update and rollout does not page-fault its memory in again, zero-filled by the kernel. Devices keep
         # glibc's defaults: their big buffers are device memory, and host memory handed back matters there (offload).
-        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+        # triton has no CPU backend, yet megatron-core and vLLM import it when it is installed: libtriton's pages
+        # alone are ~70 MiB of each worker's RSS (docs/performance.md, footprint). `mindrl` keeps it out (BLOCKED_IMPORTS).
+        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MINDRL_BLOCKED_IMPORTS": "triton"}
 
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": fraction}

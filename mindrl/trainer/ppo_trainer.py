@@ -24,6 +24,7 @@ from mindrl.checkpoint.iterations import TrainerState
 from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
+from mindrl.data.tokenizer import load_tokenizer
 from mindrl.trainer import experience, leftovers
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
@@ -54,15 +55,13 @@ class PPOTrainer:
     """Builds the Ray worker groups for `cfg` (a validated `mindrl.config.RLConfig`) and runs the loop."""
 
     def __init__(self, cfg):
-        from transformers import AutoTokenizer
-
         self.cfg = cfg
         mt, rl = cfg.megatron_training, cfg.rl_config
         self.run_dir = rl.run_dir or os.path.join("outputs", cfg.config_name)
         os.makedirs(self.run_dir, exist_ok=True)
         self.world = rl.world_size
         self.n = rl.n_samples_per_prompt
-        self.tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path)
+        self.tokenizer = load_tokenizer(mt.tokenizer_name_or_path)
         self.dataset = PromptDataset(
             mt.data_path, rl.max_prompt_length, tuple(mt.dataset_additional_keys or ("labels",))
         )

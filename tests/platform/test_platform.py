@@ -217,6 +217,22 @@ def test_one_class_per_device_kind():
     assert npu.ray_actor_options(0.5) == {"num_cpus": 0, "resources": {"NPU": 0.5}}
     assert (cpu.planner_device, cuda.planner_device, npu.planner_device) == (None, "h100", "910b")
     assert cpu.is_cpu and not cuda.is_cpu and not npu.is_cpu and not cpu.has_sleep_mode and npu.has_sleep_mode
-    assert set(cpu.worker_env) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} and cuda.worker_env == {}
+    assert set(cpu.worker_env) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MINDRL_BLOCKED_IMPORTS"}
+    assert cuda.worker_env == {}
     assert cpu.rollout_kv_cache_bytes() == 1 << 30 and cuda.rollout_kv_cache_bytes() is None
     assert cpu.fused_adam and not cuda.fused_adam and cpu.shares_gloo_device and not npu.shares_gloo_device
+
+
+def test_a_cpu_worker_keeps_triton_out():
+    """A process with the CPU platform's worker env imports megatron-core and vLLM without triton (no CPU backend;
+    ~70 MiB of RSS); megatron then knows it has none."""
+    from mindrl.platform import CpuPlatform
+
+    code = (
+        "import sys, mindrl, megatron.core.utils as u, vllm.entrypoints.llm; "
+        "print(sys.modules.get('triton', 'absent'), u.HAVE_TRITON)"
+    )
+    env = {**os.environ, "MINDRL_BLOCKED_IMPORTS": CpuPlatform().worker_env["MINDRL_BLOCKED_IMPORTS"]}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["None", "False"]
