@@ -37,6 +37,7 @@ def _load(name: str, rel: str):
 for _pkg in ("mindrl", "mindrl.rewards"):  # empty parents: only the two modules below are loaded
     sys.modules.setdefault(_pkg, types.ModuleType(_pkg))
 _EXTRACT = _load("mindrl.rewards.extract", "mindrl/rewards/extract.py")
+_load("mindrl.rewards.dapo_math", "mindrl/rewards/dapo_math.py")  # imported by verifiers.py
 _VERIFIERS = _load("mindrl.rewards.verifiers", "mindrl/rewards/verifiers.py")
 
 

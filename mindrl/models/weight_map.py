@@ -49,12 +49,16 @@ class ParamMapping:
     tp_split: str  # "column" | "row" | "gated_column" | "replicated"
 
 
+def _is_qk_norm(suffix: str) -> bool:
+    return suffix in ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+
+
 def param_mapping(spec: ModelSpec, mcore_name: str) -> ParamMapping:
     """The mapping for a megatron parameter name (with global layer index)."""
     m = _LAYER_RE.match(mcore_name)
     if m:
         layer, suffix = int(m.group(1)), m.group(2)
-        if suffix not in _LAYER_MAP:
+        if suffix not in _LAYER_MAP or (_is_qk_norm(suffix) and not spec.qk_layernorm):
             raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}")
         hf = tuple(f"model.layers.{layer}.{s}" for s in _LAYER_MAP[suffix])
         return ParamMapping(mcore_name, hf, _TP_SPLIT.get(suffix, "replicated"))
@@ -77,7 +81,7 @@ def mcore_param_names(spec: ModelSpec) -> list[str]:
         for suffix in _LAYER_MAP:
             if suffix.endswith(".bias") and not spec.qkv_bias:
                 continue
-            if "_layernorm" in suffix and suffix.startswith("self_attention.") and not spec.qk_layernorm:
+            if _is_qk_norm(suffix) and not spec.qk_layernorm:
                 continue
             names.append(f"decoder.layers.{i}.{suffix}")
     names.append("decoder.final_layernorm.weight")

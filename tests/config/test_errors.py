@@ -114,7 +114,7 @@ def test_unknown_config_and_model_names(tmp_path):
     err = errors("ppo_tiny_cpuu")
     issue(err, "config_name", "no config 'ppo_tiny_cpuu'", "did you mean 'ppo_tiny_cpu'")
     err = errors("ppo_tiny_cpu", "actor_config.model=tiny_qwen")
-    issue(err, "actor_config.model", "no model 'tiny_qwen'", "did you mean 'tiny_qwen2'?")
+    issue(err, "actor_config.model", "no model 'tiny_qwen'", "did you mean 'tiny_qwen3' or 'tiny_qwen2'?")
 
 
 # ------------------------------------------------------------------------------------------- layouts

@@ -23,7 +23,17 @@ from mindrl.rewards.extract import (
 from mindrl.rewards.verifiers import get_verifier
 
 BOUNDED = dict(derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
-RULE_VERIFIERS = ["acc", "format", "strict_format", "base_acc", "acc_for_ppo", "math_17k_acc", "math_verify", "gsm8k"]
+RULE_VERIFIERS = [
+    "acc",
+    "format",
+    "strict_format",
+    "base_acc",
+    "acc_for_ppo",
+    "math_17k_acc",
+    "math_verify",
+    "gsm8k",
+    "acc_for_dapo",
+]
 # the values each verifier may return (its docstring's contract)
 VALUES = {
     "acc": {1.0, -0.5, -1.0},
@@ -34,6 +44,7 @@ VALUES = {
     "math_17k_acc": {1.0, 0.0},
     "math_verify": {1.0, 0.0},
     "gsm8k": {1.0, 0.0},
+    "acc_for_dapo": {1.0, -1.0},
 }
 
 # Pieces that steer random text into the parsers' interesting paths.
@@ -111,7 +122,7 @@ def test_all_verifiers_through_the_pool_finish_in_time(batch):
 @given(piece=fuzz_text.filter(bool), size=st.integers(200_000, 1_000_000))
 def test_all_verifiers_on_huge_text_through_the_pool(piece, size):
     response = (piece * (size // len(piece) + 1))[:size] + "\\boxed{7}"
-    scores = score_rule_rewards([response], ["7"], RULE_VERIFIERS, [1.0] * 8, DEFAULT_TIMEOUT_S, 2)
+    scores = score_rule_rewards([response], ["7"], RULE_VERIFIERS, [1.0] * len(RULE_VERIFIERS), DEFAULT_TIMEOUT_S, 2)
     assert scores.metrics["reward/errors"] == 0.0 and scores.metrics["reward/crashes"] == 0.0, scores.metrics
     if scores.per_verifier[0] is not None:
         got = dict(zip(RULE_VERIFIERS, scores.per_verifier[0]))
