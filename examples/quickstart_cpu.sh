@@ -25,9 +25,9 @@ START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-ARCH=qwen2 TEMPLATE=qwen
-[[ "$ALGO" == dapo ]] && ARCH=qwen3 TEMPLATE=qwen3
-OUT="${OUT:-./outputs/quickstart$([[ $ARCH == qwen3 ]] && echo _qwen3)}"
+if [[ "$ALGO" == dapo ]]; then ARCH=qwen3 TEMPLATE=qwen3 DEFAULT_OUT=./outputs/quickstart_qwen3
+else ARCH=qwen2 TEMPLATE=qwen DEFAULT_OUT=./outputs/quickstart; fi
+OUT="${OUT:-$DEFAULT_OUT}"
 RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 mkdir -p "$OUT"
 

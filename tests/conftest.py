@@ -68,6 +68,17 @@ def shared_pool():
     return _POOL
 
 
+def tp2_checkpoints(hf_dirs: dict[str, str], root) -> dict[str, str]:
+    """Each HF model converted once at TP2 (PP1) under `root` (names with "orm" as critics), on the shared pool: for
+    module fixtures, which run before the function-scoped `pool`."""
+    from mindrl.checkpoint import convert
+
+    out = {name: str(root / name) for name in hf_dirs}
+    for name, hf_dir in hf_dirs.items():
+        convert.hf2mcore(hf_dir, out[name], 2, 1, orm="orm" in name, pool=shared_pool())
+    return out
+
+
 @pytest.fixture
 def pool():
     """4 local gloo ranks shared by the whole session (see `shared_pool`)."""

@@ -9,7 +9,6 @@ import torch
 
 import tests.conftest as conftest
 from mindrl.checkpoint import convert, mcore_ckpt
-from mindrl.launch import RankPool
 from mindrl.models.hf_config import ModelSpec
 from tests.checkpoint.test_convert import assert_bit_exact
 
@@ -34,16 +33,8 @@ def llama_models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def saved_tp2(llama_models, tmp_path_factory) -> dict[str, str]:
-    """Each variant converted once at TP2 (PP1); the parity tests load it at every layout. Module fixtures run
-    before the function-scoped `pool`, so start the shared pool here the way conftest does."""
-    if conftest._POOL is None or conftest._POOL.closed:
-        conftest._POOL = RankPool(4, timeout_s=600)
-    root = tmp_path_factory.mktemp("llama_tp2")
-    out = {}
-    for name, hf_dir in llama_models.items():
-        out[name] = str(root / name)
-        convert.hf2mcore(hf_dir, out[name], 2, 1, orm="orm" in name, pool=conftest._POOL)
-    return out
+    """Each variant converted once at TP2 (PP1); the parity tests load it at every layout."""
+    return conftest.tp2_checkpoints(llama_models, tmp_path_factory.mktemp("llama_tp2"))
 
 
 @pytest.fixture(scope="module")

@@ -32,16 +32,8 @@ def qwen3_models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def saved_tp2(qwen3_models, tmp_path_factory) -> dict[str, str]:
-    """Each variant converted once at TP2 (PP1); the parity tests load it at every layout. Module fixtures run
-    before the function-scoped `pool`, so start the shared pool here the way conftest does."""
-    if conftest._POOL is None or conftest._POOL.closed:
-        conftest._POOL = RankPool(4, timeout_s=600)
-    root = tmp_path_factory.mktemp("qwen3_tp2")
-    out = {}
-    for name, hf_dir in qwen3_models.items():
-        out[name] = str(root / name)
-        convert.hf2mcore(hf_dir, out[name], 2, 1, orm="orm" in name, pool=conftest._POOL)
-    return out
+    """Each variant converted once at TP2 (PP1); the parity tests load it at every layout."""
+    return conftest.tp2_checkpoints(qwen3_models, tmp_path_factory.mktemp("qwen3_tp2"))
 
 
 @pytest.fixture(scope="module")
