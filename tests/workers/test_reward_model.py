@@ -4,8 +4,6 @@ empty response; TP2 and PP2 against TP1; bounds from HF's own fp32-vs-fp64 gap."
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -14,6 +12,8 @@ from mindrl.rollout.base import RolloutSample
 from mindrl.trainer.experience import make_batch
 from mindrl.workers.settings import MicroBatching
 from tests.workers import reward_rank_fns
+from tests.workers.reward_rank_fns import hf_model as _hf_model
+from tests.workers.reward_rank_fns import hf_scores as _hf_scores
 
 PROMPTS = ["What is 2 + 3?", "Name a colour of the sky on a clear summer day, in one word."]
 RESPONSES = [  # (prompt index, response text, ends with EOS); the longest one is cut at its last token (truncated)
@@ -24,32 +24,6 @@ RESPONSES = [  # (prompt index, response text, ends with EOS); the longest one i
     (1, " Light blue, mostly.", True),
     (1, " blue", False),
 ]
-
-
-def _hf_model(hf_dir: str, dtype: torch.dtype):
-    """transformers' model in `dtype` (in fp64 with fp64 RMSNorm statistics, as `convert.hf_outputs`)."""
-    import transformers
-
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=dtype).eval()
-    if dtype == torch.float64:
-        for module in model.modules():
-            if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
-                module.forward = functools.partial(convert._rms_norm_in_dtype, module)
-    return model
-
-
-def _hf_scores(model, rows: list[list[int]], pad: int, side: str) -> torch.Tensor:
-    """transformers' own scoring of `rows` (token ids) batched with `side` padding, or one by one (side "none")."""
-    with torch.no_grad():
-        if side == "none":
-            return torch.stack([model(input_ids=torch.tensor([r])).logits[0, 0] for r in rows])
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            cols = slice(width - len(r), width) if side == "left" else slice(0, len(r))
-            ids[i, cols], mask[i, cols] = torch.tensor(r), 1
-        return model(input_ids=ids, attention_mask=mask).logits[:, 0]
 
 
 @pytest.fixture(scope="module")
