@@ -59,6 +59,10 @@ def test_ppo_with_reward_model(assets, tmp_path):
     cfg = _config("ppo_tiny_cpu_rm", assets, tmp_path, "megatron_training.train_iters=1",
                   f"reward_config.load={assets / 'critic'}", "rl_config.use_tensorboard=false")  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
+    from mindrl.plan.planner import make_plan
+
+    planned = make_plan(cfg, device="host").memory["reward"]["score"]["weights_bytes"]
+    assert lines[0]["memory/device_bytes/score/reward.weights"] == planned  # the planner counts what the ledger sees
     rl = cfg.rl_config
     _check_run(lines, rollouts, str(assets / "hf_critic"), rl.reward_model_weight, rl.normalize_reward,
                tuple(rl.reward_clip_range))  # fmt: skip
