@@ -249,7 +249,7 @@ class RLSectionConfig(Section):
     they apply whenever set."""
     # -- rewards -------------------------------------------------------------------------------------
     rule_reward: bool = True
-    """Score responses with rule verifiers; must be true (reward models are not supported)."""
+    """Score responses with rule verifiers; must be true (a reward model, reward_config, adds to the rule rewards)."""
     verifier_function: list[str] = field(default_factory=lambda: ["base_acc"])
     """Verifier names (mindrl.rewards.list_verifiers()); a single name is accepted. MindSpeed-RL's
     'math_verify_reward' is read as mindrl's 'math_verify'."""
