@@ -76,3 +76,28 @@ def test_grpo_with_reward_model(assets, tmp_path):
     assert cfg.reward_config.tp == 2 and not cfg.rl_config.normalize_reward
     _, _, lines, rollouts = _train(cfg)
     _check_run(lines, rollouts, str(assets / "hf_critic"), 2.0, False, None)
+
+
+def test_resume_continues_the_running_normalisation(assets, tmp_path):
+    """GRPO with normalize_reward for 2 iterations straight equals 1, stop, resume for 1: iteration 2's rewards
+    depend on iteration 1's scores through the running statistics saved in trainer_state.json."""
+    import json
+    import shutil
+
+    from mindrl.checkpoint import mcore_ckpt
+
+    rm = [f"+reward_config.load={assets / 'critic'}", "+reward_config.micro_batch_size=4",
+          "+rl_config.normalize_reward=true", "megatron_training.save_interval=1", "rl_config.use_tensorboard=false"]  # fmt: skip
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    _, _, straight, _ = _train(_config("grpo_tiny_cpu", assets, straight_dir, "megatron_training.train_iters=2", *rm))
+    shutil.copytree(straight_dir, split_dir)
+    shutil.rmtree(split_dir / "ckpt_actor" / "iter_0000002")
+    mcore_ckpt.write_tracker(str(split_dir / "ckpt_actor"), 1)
+    state = json.load(open(split_dir / "ckpt_actor" / "iter_0000001" / "trainer_state.json"))
+    assert state["reward_moments"]["count"] == 8 * 4  # iteration 1's scores
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    _, results, split, _ = _train(_config("grpo_tiny_cpu", assets, split_dir, "megatron_training.train_iters=2", *rm,
+                                          *resume, actor_load=split_dir / "ckpt_actor"))  # fmt: skip
+    assert [r.iteration for r in results] == [2]
+    for key in ("reward/mean", "reward_model/score/mean", "critic/advantages/max", "actor/pg_loss"):
+        assert math.isclose(straight[1][key], split[1][key], rel_tol=1e-6, abs_tol=1e-6), key
