@@ -77,7 +77,13 @@ class CpuPlatform(Platform):
         # glibc's defaults: their big buffers are device memory, and host memory handed back matters there (offload).
         # triton has no CPU backend, yet megatron-core and vLLM import it when it is installed: libtriton's pages
         # alone are ~70 MiB of each worker's RSS (docs/performance.md, footprint). `mindrl` keeps it out (BLOCKED_IMPORTS).
-        return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MINDRL_BLOCKED_IMPORTS": "triton"}
+        # pyarrow: Ray's serialization context imports it, when it can, for Ray Data's tables, which mindrl never
+        # sends (~25 MiB; the driver hides it the same way while Ray makes its context: workers.group.start_ray).
+        return {
+            "MALLOC_MMAP_MAX_": "0",
+            "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+            "MINDRL_BLOCKED_IMPORTS": "triton,pyarrow",
+        }
 
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": fraction}

@@ -3,9 +3,11 @@ model's ranks, dispatch and collect; a failing rank fails the call at once and k
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +52,8 @@ def start_ray(
     _ENV_BEFORE_RAY = dict(os.environ)  # ray.init sets RAY_* and PYTHONBREAKPOINT in this process
     if address:
         handlers = _python_signal_handlers()
-        ray.init(address=address, runtime_env=env.runtime_env, log_to_driver=True)
+        with _without_arrow():
+            ray.init(address=address, runtime_env=env.runtime_env, log_to_driver=True)
         _restore_signal_handlers(handlers)
         return True  # connected by us: disconnected by stop_ray (the cluster stays up)
     # The CPU stand-in claims one "device" per bundle; a laptop may run more ranks than it has cores.
@@ -67,20 +70,42 @@ def start_ray(
         if f"RAY_{key}" not in os.environ:
             system_config[key] = False
     handlers = _python_signal_handlers()  # ray.init replaces them with its own (SIGTERM: log and abort)
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        object_store_memory=256 * 1024 * 1024,
-        runtime_env=env.runtime_env,
-        log_to_driver=True,
-        configure_logging=False,
-        _system_config=system_config or None,
-    )
+    with _without_arrow():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            object_store_memory=256 * 1024 * 1024,
+            runtime_env=env.runtime_env,
+            log_to_driver=True,
+            configure_logging=False,
+            _system_config=system_config or None,
+        )
     _restore_signal_handlers(handlers)
     _stop_idle_daemons()
     return True
+
+
+@contextlib.contextmanager
+def _without_arrow():
+    """Ray's serialization context imports pyarrow when it can, for Ray Data's tables, which mindrl never sends:
+    ~25 MiB of RSS in the driver (docs/performance.md, footprint). The context is made here, with pyarrow hidden,
+    then pyarrow is importable again (a parquet dataset reads with it). Workers hide it by MINDRL_BLOCKED_IMPORTS."""
+    import ray
+
+    hide = "pyarrow" not in sys.modules
+    if hide:
+        sys.modules["pyarrow"] = None  # type: ignore[assignment]  # `import pyarrow` raises ModuleNotFoundError
+    try:
+        yield
+        try:
+            ray._private.worker.global_worker.get_serialization_context()
+        except Exception as exc:  # an older/newer Ray: it makes the context later, with pyarrow
+            logger.debug("Ray's serialization context was not made at init (%s)", exc)
+    finally:
+        if hide and "pyarrow" in sys.modules and sys.modules["pyarrow"] is None:
+            del sys.modules["pyarrow"]
 
 
 def _stop_idle_daemons() -> None:

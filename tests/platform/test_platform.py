@@ -225,14 +225,16 @@ def test_one_class_per_device_kind():
 
 def test_a_cpu_worker_keeps_triton_out():
     """A process with the CPU platform's worker env imports megatron-core and vLLM without triton (no CPU backend;
-    ~70 MiB of RSS); megatron then knows it has none."""
+    ~70 MiB of RSS); megatron then knows it has none. pyarrow (Ray's serializers for Ray Data's tables, ~25 MiB) is
+    kept out too: `import pyarrow` raises ModuleNotFoundError, the error Ray skips those serializers on."""
     from mindrl.platform import CpuPlatform
 
     code = (
-        "import sys, mindrl, megatron.core.utils as u, vllm.entrypoints.llm; "
-        "print(sys.modules.get('triton', 'absent'), u.HAVE_TRITON)"
+        "import sys, mindrl, megatron.core.utils as u, vllm.entrypoints.llm\n"
+        "try:\n    import pyarrow\nexcept ModuleNotFoundError:\n    pyarrow = None\n"
+        "print(sys.modules.get('triton', 'absent'), u.HAVE_TRITON, pyarrow)"
     )
     env = {**os.environ, "MINDRL_BLOCKED_IMPORTS": CpuPlatform().worker_env["MINDRL_BLOCKED_IMPORTS"]}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["None", "False"]
+    assert out.stdout.split()[-3:] == ["None", "False", "None"]

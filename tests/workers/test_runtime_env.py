@@ -4,6 +4,7 @@ environment and an explicit runtime_env; malformed files named; a Ray worker see
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -95,8 +96,13 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("MINDRL_PROBE_B", "user")
     for k in current_kernels().worker_env:
         monkeypatch.delenv(k, raising=False)
+    had_arrow = "pyarrow" in sys.modules
     assert start_ray(None, 1)
     try:
+        # Ray's serializers for Arrow tables were made without pyarrow, which is importable again (parquet data)
+        ray.get(ray.put([1]))
+        assert had_arrow or "pyarrow" not in sys.modules
+        assert sys.modules.get("pyarrow", "absent") is not None
 
         @ray.remote(num_cpus=0)
         def probe() -> tuple:
