@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mindrl-train-rm: error: {e}", file=sys.stderr)
         return 2
     if cfg.ignored_keys:
-        print(f"mindrl-train-rm: ignored MindSpeed keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr)
+        print(
+            f"mindrl-train-rm: ignored MindSpeed keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr
+        )
     try:
         result = train_reward_model(cfg)
     except CheckpointError as e:

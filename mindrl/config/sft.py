@@ -221,7 +221,8 @@ def load_sft_config(
         for key in raw:
             if key != SECTION:
                 col.add(
-                    str(key), f"unknown section; a {schema.STAGE} config has only '{SECTION}:'" + did_you_mean(key, [SECTION])
+                    str(key),
+                    f"unknown section; a {schema.STAGE} config has only '{SECTION}:'" + did_you_mean(key, [SECTION]),
                 )
         section = raw.get(SECTION)
         if not isinstance(section, Mapping):

@@ -187,9 +187,7 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
     try:
         from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-        builders = {
-            k: IndexedDatasetBuilder(finals[k] + ".bin" + tmp_tag, dtype=handler.dtype_of(k)) for k in keys
-        }
+        builders = {k: IndexedDatasetBuilder(finals[k] + ".bin" + tmp_tag, dtype=handler.dtype_of(k)) for k in keys}
         next_log = cfg.log_interval
         # Rates count from here: tokenizer loading and imports are setup, reported apart in the summary.
         rows_start = time.perf_counter()
