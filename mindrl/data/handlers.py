@@ -13,7 +13,7 @@ import numpy as np
 from mindrl.data.templates import ChatTemplate
 
 IGNORE_INDEX = -100  # label value that the SFT loss skips (prompt positions)
-MAP_KEY_NAMES = ("prompt", "query", "response", "system", "chosen", "rejected", "margin")
+MAP_KEY_NAMES = ("prompt", "query", "response", "system", "chosen", "rejected", "margin")  # of all handlers
 # Every token document is stored as int32: signed (labels hold IGNORE_INDEX) and wide enough for any vocabulary.
 TOKEN_DTYPE = np.int32
 
@@ -43,7 +43,8 @@ class Handler:
     default_map_keys: ClassVar[dict[str, str]] = {}
     # Keys this handler writes itself; dataset_additional_keys beyond these are raw row columns, tokenised.
     produces: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "labels")
-    # Roles the row must map; the base reads one prompt and one response.
+    # The roles this handler reads (map_keys' keys), and those the row must map.
+    roles: ClassVar[tuple[str, ...]] = ("prompt", "query", "response", "system")
     required_roles: ClassVar[tuple[str, ...]] = ("prompt", "response")
     # Written keys that are not token ids (their own dtype in the indexed dataset).
     key_dtypes: ClassVar[dict[str, type[np.number]]] = {}
@@ -63,7 +64,7 @@ class Handler:
         self.template = template
         # Given map_keys replace the defaults as a whole: a role left out is unused, not silently defaulted
         # to a field name the data may not have.
-        self.map_keys = {r: "" for r in MAP_KEY_NAMES} | dict(map_keys or self.default_map_keys)
+        self.map_keys = {r: "" for r in self.roles} | dict(map_keys or self.default_map_keys)
         for role in self.required_roles:
             if not self.map_keys[role]:
                 raise ValueError(f"{self.name} needs map_keys['{role}'] (the row field holding the {role})")
@@ -225,6 +226,7 @@ class AlpacaStylePairwiseHandler(Handler):
     name = "AlpacaStylePairwiseHandler"
     default_map_keys = {"prompt": "prompt", "query": "", "chosen": "chosen", "rejected": "rejected", "system": ""}
     produces = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "margin")
+    roles = ("prompt", "query", "system", "chosen", "rejected", "margin")
     required_roles = ("prompt", "chosen", "rejected")
     key_dtypes = {"margin": np.float32}
     response_is_template = True
