@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,44 +23,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
+def _summary(result, seconds: float) -> list[str]:
+    last = result.history[-1]
+    lines, val = [], ""
+    if "rm/val_accuracy" in last:
+        lines.append(f"reward model held-out accuracy: {last['rm/val_accuracy']:.4f}")
+        val = f", val_loss {last['rm/val_loss']:.4f}"
+    lines.append(
+        f"mindrl-train-rm: {result.iterations} steps in {seconds:.0f} s, loss {last['rm/loss']:.4f}, accuracy "
+        f"{last['rm/accuracy']:.3f}{val}; checkpoint: {result.save_dir} (iteration {result.saved_iterations[-1]})"
+    )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    from mindrl.checkpoint.hf_io import CheckpointError
-    from mindrl.config import ConfigError
-    from mindrl.launch import RankError
+    from mindrl.cli.sft import run_trainer
     from mindrl.preflight import load_rm_config
     from mindrl.trainer.reward_model import train_reward_model
 
-    start = time.perf_counter()
-    try:
-        cfg = load_rm_config(args.config_name, args.config_path, args.overrides, check_paths=not args.no_check_paths)
-    except ConfigError as e:
-        print(f"mindrl-train-rm: error: {e}", file=sys.stderr)
-        return 2
-    if cfg.ignored_keys:
-        print(
-            f"mindrl-train-rm: ignored MindSpeed keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr
-        )
-    try:
-        result = train_reward_model(cfg)
-    except CheckpointError as e:
-        print(f"mindrl-train-rm: error: {e}", file=sys.stderr)
-        return 1
-    except RankError as e:  # a rank raised or died: its traceback is in the message
-        print(f"mindrl-train-rm: aborted: {e}", file=sys.stderr)
-        return 1
-    last = result.history[-1]
-    val = ""
-    if "rm/val_accuracy" in last:
-        val = f", val_loss {last['rm/val_loss']:.4f}"
-        print(f"reward model held-out accuracy: {last['rm/val_accuracy']:.4f}")
-    print(
-        f"mindrl-train-rm: {result.iterations} steps in {time.perf_counter() - start:.0f} s, loss {last['rm/loss']:.4f}"
-        f"{val}; checkpoint: {result.save_dir} (iteration {result.saved_iterations[-1]})"
-    )
-    print(f"run dir: {result.run_dir}")
-    return 0
+    args = build_parser().parse_args(argv)
+    return run_trainer("mindrl-train-rm", args, load_rm_config, train_reward_model, _summary)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,14 +17,35 @@ import torch
 from mindrl.platform.detect import current_platform
 
 
-class SplitData(Protocol):
-    """A dataset split into contiguous train / valid / test document ranges."""
+class SplitData:
+    """Documents split into contiguous train / valid / test ranges by `split` (megatron's --split); a trainer's
+    dataset adds its samples and `tokens`."""
 
-    def num(self, part: str) -> int: ...
+    def __init__(self, num_docs: int, split: str) -> None:
+        from mindrl.config.sft import split_counts
 
-    def doc(self, part: str, i: int) -> int: ...
+        n_train, n_valid, _ = split_counts(num_docs, split)
+        self.num_docs = num_docs
+        self.ranges = {
+            "train": (0, n_train),
+            "valid": (n_train, n_train + n_valid),
+            "test": (n_train + n_valid, num_docs),
+        }
 
-    def tokens(self, docs: list[int], seq_length: int) -> float: ...
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def num(self, part: str) -> int:
+        start, end = self.ranges[part]
+        return end - start
+
+    def doc(self, part: str, i: int) -> int:
+        """The document id of sample i of a split."""
+        return self.ranges[part][0] + i
+
+    def tokens(self, docs: list[int], seq_length: int) -> float:
+        """Tokens a step on `docs` computes (each sequence cut to seq_length)."""
+        raise NotImplementedError
 
 
 # ------------------------------------------------------------------------------------------------ ranks

@@ -10,7 +10,7 @@ import torch
 
 from mindrl.config.megatron import dataset_output_prefix
 from mindrl.config.reward_model import RMTrainingConfig
-from mindrl.config.sft import SFTConfig, split_counts
+from mindrl.config.sft import SFTConfig
 from mindrl.trainer import megatron_loop as loop
 from mindrl.trainer.sft import batch_width
 
@@ -19,7 +19,7 @@ STAT_KEYS = ("loss_sum", "correct", "chosen_sum", "rejected_sum", "pairs")
 
 
 # ------------------------------------------------------------------------------------------------ data
-class PairwiseDataset:
+class PairwiseDataset(loop.SplitData):
     """Preference pairs written by mindrl-preprocess (AlpacaStylePairwiseHandler): per document the chosen and the
     rejected sequence (prompt + response ids) and the pair's margin; split into contiguous train / valid / test
     document ranges by `split` (megatron's --split)."""
@@ -32,22 +32,7 @@ class PairwiseDataset:
         self.chosen, self.rejected, self.margin = (IndexedDataset(dataset_prefix(prefix, k)) for k in PAIR_KEYS)
         self.chosen_lengths = np.asarray(self.chosen.sequence_lengths, dtype=np.int64)
         self.rejected_lengths = np.asarray(self.rejected.sequence_lengths, dtype=np.int64)
-        n_train, n_valid, n_test = split_counts(len(self.chosen_lengths), split)
-        self.ranges = {
-            "train": (0, n_train),
-            "valid": (n_train, n_train + n_valid),
-            "test": (n_train + n_valid, len(self)),
-        }
-
-    def __len__(self) -> int:
-        return len(self.chosen_lengths)
-
-    def num(self, part: str) -> int:
-        start, end = self.ranges[part]
-        return end - start
-
-    def doc(self, part: str, i: int) -> int:
-        return self.ranges[part][0] + i
+        super().__init__(len(self.chosen_lengths), split)
 
     def sample(self, doc: int) -> tuple[np.ndarray, np.ndarray, float]:
         """(chosen ids, rejected ids, margin) of pair `doc`."""

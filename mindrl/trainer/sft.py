@@ -9,14 +9,14 @@ import numpy as np
 import torch
 
 from mindrl.config.megatron import dataset_output_prefix
-from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
+from mindrl.config.sft import SFTConfig, SFTTrainingConfig
 from mindrl.data.handlers import IGNORE_INDEX
 from mindrl.trainer import megatron_loop as loop
 
 # ------------------------------------------------------------------------------------------------ data
 
 
-class SFTDataset:
+class SFTDataset(loop.SplitData):
     """Instruction samples written by mindrl-preprocess (AlpacaStyleInstructionHandler): per document,
     input_ids and labels of the same length, labels = -100 over the prompt, then the response ids.
 
@@ -30,29 +30,12 @@ class SFTDataset:
         self.input_ids = IndexedDataset(dataset_prefix(prefix, "input_ids"))
         self.labels = IndexedDataset(dataset_prefix(prefix, "labels"))
         self.lengths = np.asarray(self.input_ids.sequence_lengths, dtype=np.int64)
-        n_train, n_valid, n_test = split_counts(len(self.lengths), split)
-        self.ranges = {
-            "train": (0, n_train),
-            "valid": (n_train, n_train + n_valid),
-            "test": (n_train + n_valid, len(self)),
-        }
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def num(self, part: str) -> int:
-        start, end = self.ranges[part]
-        return end - start
-
-    def doc(self, part: str, i: int) -> int:
-        """The document id of sample i of a split."""
-        return self.ranges[part][0] + i
+        super().__init__(len(self.lengths), split)
 
     def sample(self, doc: int) -> tuple[np.ndarray, np.ndarray]:
         return self.input_ids[doc].astype(np.int64), self.labels[doc].astype(np.int64)
 
     def tokens(self, docs: list[int], seq_length: int) -> float:
-        """Tokens a step on `docs` computes (each cut to seq_length)."""
         return float(np.minimum(self.lengths[docs], seq_length).sum())
 
 

@@ -15,7 +15,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from mindrl.config import ConfigError
 from mindrl.preflight import load_rm_config
@@ -51,29 +50,12 @@ def assets(tiny_models, tmp_path_factory):
 
 
 def write_config(dir_path, assets, name: str = "rm_test", **values) -> str:
-    d, hf = assets
-    mt = {
-        "stage": "orm",
-        "data_path": str(d / "data" / "pref"),
-        "tokenizer_name_or_path": hf,
-        "load": str(d / "base"),
-        "save": str(dir_path / "ckpt"),
-        "run_dir": str(dir_path / "run"),
-        "world_size": WORLD,
-        "micro_batch_size": 1,
-        "global_batch_size": 8,
-        "seq_length": 96,
-        "train_iters": 2,
-        "lr": 1.0e-3,
-        "lr_decay_style": "constant",
-        "use_tensorboard": False,
-        "split": "80,20,0",
-        "seed": 7,
-    }
-    mt.update(values)
-    os.makedirs(dir_path, exist_ok=True)
-    (dir_path / f"{name}.yaml").write_text(yaml.safe_dump({"megatron_training": mt}))
-    return str(dir_path)
+    """test_sft's config writer with the reward model's stage and data."""
+    from tests.trainer.test_sft import write_config as sft_config
+
+    d, _ = assets
+    rm_values = {"stage": "orm", "data_path": str(d / "data" / "pref"), "lr": 1.0e-3, "split": "80,20,0"}
+    return sft_config(dir_path, assets, name, **(rm_values | values))
 
 
 def run(pool, dir_path, assets, *overrides: str, **values):
