@@ -136,6 +136,9 @@ def test_first_step_metrics_equal_a_transformers_reference(pool, assets, tmp_pat
     chosen, rejected = torch.tensor(ref64[:8]), torch.tensor(ref64[8:])
     ref = rm.bradley_terry(chosen, rejected, torch.tensor([p[2] for p in pairs], dtype=torch.float64))
     fp32_gap = float(np.abs(ref32 - ref64).max())
+    print(
+        f"loss {m['rm/loss']:.9f} vs transformers fp64 {ref['loss_sum'].item() / 8:.9f}; fp32 score gap {fp32_gap:.2e}"
+    )
     assert fp32_gap < 1e-6
     assert m["rm/loss"] == pytest.approx(ref["loss_sum"].item() / 8, abs=1e-6)
     assert m["rm/accuracy"] == ref["correct"].item() / 8
@@ -155,6 +158,9 @@ def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
     bound = 10 * max(gap, 1e-6)
     got = run(pool, tmp_path / f"tp{tp}pp{pp}", assets, tensor_model_parallel_size=tp,
               pipeline_model_parallel_size=pp, micro_batch_size=2).history  # fmt: skip
+    print(
+        f"TP{tp} PP{pp}: loss gaps {[abs(got[i]['rm/loss'] - ref[i]['rm/loss']) for i in (0, 1)]}, TP1 cut gap {gap:.2e}"
+    )
     for i in (0, 1):
         assert got[i]["rm/loss"] == pytest.approx(ref[i]["rm/loss"], abs=bound), (i, gap)
         assert got[i]["rm/accuracy"] == ref[i]["rm/accuracy"]
@@ -184,6 +190,7 @@ def trained(assets, tmp_path_factory):
 
 def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
     out, stdout = trained
+    print(stdout)
     line = next(x for x in stdout.splitlines() if x.startswith("reward model held-out accuracy: "))
     assert float(line.split(": ")[1]) >= 0.8, stdout
     assert stdout.splitlines()[-1] == f"run dir: {out / 'run'}"
@@ -219,6 +226,7 @@ def test_checkpoint_is_a_critic_and_exports_to_transformers(pool, trained, asset
     hf = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
     with torch.no_grad():
         theirs = hf(mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, 0]
+    print(f"export: max |megatron - transformers| score {(ours - theirs).abs().max().item():.2e}")
     assert (ours - theirs).abs().max().item() < 1e-5
     assert (ours[:4] > ours[4:]).float().mean().item() >= 0.75  # the trained model prefers the chosen answers
 
