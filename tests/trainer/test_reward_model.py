@@ -174,6 +174,19 @@ def test_value_head_checkpoint_trains_from_its_own_head(pool, assets, tmp_path):
     assert np.isfinite(m["rm/loss"]) and m["rm/chosen_score"] != 0.0
 
 
+def test_tied_causal_lm_gets_an_untied_head_at_tp2(pool, assets, tmp_path, tiny_models):
+    """A causal LM with tied embeddings (no output layer in its checkpoint) starts at TP2 with a fresh head; the save
+    is an untied value model."""
+    from mindrl.checkpoint import convert, mcore_ckpt
+
+    convert.hf2mcore(tiny_models["tied"], str(tmp_path / "tied"), 1, 1, pool=pool)
+    result = run(pool, tmp_path, assets, "megatron_training.train_iters=1", load=str(tmp_path / "tied"),
+                 tensor_model_parallel_size=2)  # fmt: skip
+    assert np.isfinite(result.history[0]["rm/loss"]) and result.history[0]["rm/chosen_score"] != 0.0
+    spec, meta = mcore_ckpt.read_model_meta(result.save_dir)
+    assert meta["role"] == "critic" and spec.is_value_model and not spec.tie_word_embeddings
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def trained(assets, tmp_path_factory):
