@@ -88,6 +88,9 @@ def test_preference_task_holds_out_disjoint_problems():
     pairs = make_pairs(rows=400, valid_fraction=0.1, seed=0)
     train, valid = pairs[:360], pairs[360:]
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in valid}
+    distractors = 0
     for p in pairs:
         a, b = (int(c) for c in p["prompt"] if c.isdigit())
-        assert p["chosen"] == f"The answer is \\boxed{{{max(a, b)}}}." and str(min(a, b)) in p["rejected"]
+        assert p["chosen"] == f"The answer is \\boxed{{{max(a, b)}}}." and p["rejected"] != p["chosen"]
+        distractors += str(min(a, b)) not in p["rejected"]
+    assert 0.15 < distractors / len(pairs) < 0.35
