@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 ALGO="${1:-ppo}"
-case "$ALGO" in ppo|grpo|dapo) ;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo]" >&2; exit 2;; esac
+case "$ALGO" in ppo|grpo|dapo) ;; -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo]" >&2; exit 2;; esac
 START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"

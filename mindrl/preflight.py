@@ -85,6 +85,8 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
         )
     if cfg.critic_config is not None and cfg.critic_model is not None:
         _check_checkpoint(col, "critic_config.load", cfg.critic_config.load, cfg.critic_model, value_model=True)
+    if cfg.reward_config is not None and cfg.reward_model is not None and cfg.reward_config.load:
+        _check_checkpoint(col, "reward_config.load", cfg.reward_config.load, cfg.reward_model, value_model=True)
     if mt.data_path and not col.is_bad("megatron_training.data_path"):
         _check_dataset(col, "megatron_training.data_path", mt.data_path, mt.dataset_additional_keys)
     if rl.val_data_path and not col.is_bad("rl_config.val_data_path"):

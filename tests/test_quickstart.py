@@ -1,5 +1,5 @@
 """The README's main job in a short form: examples/quickstart_cpu.sh end to end (task, preprocessing, SFT,
-conversions, PPO through Ray + vLLM-CPU, export, plot) with few SFT steps and RL iterations, into a temp dir."""
+conversions, PPO through Ray + vLLM-CPU, export, plot) with few SFT steps and RL iterations, at its default paths."""
 
 from __future__ import annotations
 
@@ -12,15 +12,34 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _project_view(tmp_path) -> str:
+    """The project's entries linked into a temp dir, so the script runs with its own defaults (OUT, RUN_DIR under
+    ./outputs) without writing into the checkout."""
+    view = tmp_path / "project"
+    view.mkdir()
+    for name in os.listdir(ROOT):
+        if name not in ("outputs", ".git"):
+            os.symlink(os.path.join(ROOT, name), view / name)
+    return str(view)
+
+
+def test_quickstart_help():
+    r = subprocess.run(["bash", "examples/quickstart_cpu.sh", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "quickstart_cpu.sh grpo" in r.stdout and "OUT (assets)" in r.stdout, r.stderr
+
+
 @pytest.mark.slow
 def test_quickstart_short_form(tmp_path):
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "OUT": str(tmp_path / "qs"), "RUN_DIR": str(run_dir), "SFT_ITERS": "20", "ITERS": "3"}
+    view = _project_view(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "RUN_DIR")}
+    env.update(SFT_ITERS="20", ITERS="3")
     r = subprocess.run(
-        ["bash", "examples/quickstart_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+        ["bash", "examples/quickstart_cpu.sh"], cwd=view, env=env, capture_output=True, text=True, timeout=1200
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert r.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
+    assert r.stdout.strip().splitlines()[-1] == "run dir: ./outputs/ppo_tiny_cpu"
+    run_dir = tmp_path / "project" / "outputs" / "ppo_tiny_cpu"
+    assert (tmp_path / "project" / "outputs" / "quickstart" / "ckpt" / "ppo_actor").is_dir()
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [m["iteration"] for m in rows] == [1, 2, 3]
     assert all(0.0 <= m["acc_for_ppo_rewards/mean"] <= 1.0 for m in rows)

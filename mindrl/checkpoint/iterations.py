@@ -34,6 +34,8 @@ class TrainerState:
     reference_saved: bool = False
     """The iteration holds the synced reference model (REF_DIR)."""
     config_name: str | None = None
+    reward_moments: dict | None = None
+    """rl_config.normalize_reward's running statistics of the reward model's scores (None: no reward model)."""
 
     def write(self, it_dir: str) -> None:
         with open(os.path.join(it_dir, TRAINER_STATE), "w") as f:
@@ -52,6 +54,7 @@ class TrainerState:
             save_failures=int(state.get("save_failures", 0)),
             reference_saved=bool(state.get("reference_saved", False)),
             config_name=state.get("config_name"),
+            reward_moments=state.get("reward_moments"),
         )
 
 

@@ -23,19 +23,19 @@ from mindrl.config.megatron import (
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.profiler import ProfilerConfig
 from mindrl.config.rl import RLSectionConfig
-from mindrl.config.root import RLConfig
+from mindrl.config.root import ForwardRoleConfig, RLConfig
 from mindrl.config.section import Section, check_neutral, field_types, section_type
 
 logger = logging.getLogger("mindrl.config")
 
-MEGATRON_SECTIONS = ("megatron_training", "actor_config", "critic_config")
+MEGATRON_SECTIONS = ("megatron_training", "actor_config", "critic_config", "reward_config")
 SECTIONS: dict[str, type[Section]] = {
     "rl_config": RLSectionConfig,
     "generate_config": GenerateConfig,
     "profiler_config": ProfilerConfig,
 }
 IGNORED_SECTIONS = {"msprobe_config": "MindStudio msprobe data dumps (Ascend)"}
-FORBIDDEN_SECTIONS = ("ref_config", "reward_config")
+FORBIDDEN_SECTIONS = ("ref_config",)
 TOP_LEVEL = {*MEGATRON_SECTIONS, *SECTIONS, "model", *IGNORED_SECTIONS, *FORBIDDEN_SECTIONS}
 
 
@@ -226,7 +226,7 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
         if key in IGNORED_SECTIONS:
             col.ignore(key, IGNORED_SECTIONS[key])
         elif key in FORBIDDEN_SECTIONS:
-            col.add(key, "must not be set: in integrated mode the reference and reward share actor_config "
+            col.add(key, "must not be set: in integrated mode the reference shares actor_config "
                     "(MindSpeed-RL's rule too)")  # fmt: skip
         elif key not in TOP_LEVEL:
             col.add(key, "unknown section" + did_you_mean(str(key), TOP_LEVEL))
@@ -244,18 +244,25 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
     if critic_raw is None and rl.critic_resource is not None:
         col.ignore("rl_config.critic_resource", "there is no critic")
 
+    reward_raw: Mapping | None = raw.get("reward_config") if isinstance(raw.get("reward_config"), Mapping) else None
+
     models = _ModelFiles(raw.get("model"), config_dir, col, source)
     merger = _Megatron(col, models)
     merger.classify("megatron_training", section["megatron_training"], source)
     merger.classify("actor_config", section["actor_config"], source)
     if critic_raw is not None:
         merger.classify("critic_config", critic_raw, source)
+    if reward_raw is not None:
+        merger.classify("reward_config", reward_raw, source)
 
     mt, actor, arch = merger.build("actor_config")
     assert mt is not None and arch is not None
     critic = critic_arch = None
     if critic_raw is not None:
         _, critic, critic_arch = merger.build("critic_config", actor_globals=merger.last_globals)
+    reward = reward_arch = None
+    if reward_raw is not None:
+        _, reward, reward_arch = merger.build("reward_config", actor_globals=merger.last_globals)
     with col.scope(""):
         return RLConfig(
             megatron_training=mt,
@@ -266,6 +273,8 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
             profiler_config=prof,
             model=arch,
             critic_model=critic_arch,
+            reward_config=reward,
+            reward_model=reward_arch,
             source=source,
             config_name=name,
         )
@@ -393,12 +402,12 @@ class _Megatron:
         for key, v in merged["arch"].items():
             prov.setdefault(v.path, (v.path, v.source))
             prov[f"model.{name}.{key}"] = (v.path, v.source)
-        if actor_globals is not None:  # the critic trains on the actor's batches: no disagreement on globals
+        if actor_globals is not None:  # the critic / reward model read the actor's batches: no disagreement on globals
             for key, (kind, v) in role_layer.items():
                 if kind == "global" and key in actor_globals and actor_globals[key].value != v.value:
                     a = actor_globals[key]
-                    col.add(v.path, f"{v.value!r} differs from {a.path}={a.value!r}; the critic shares the actor's "
-                            "batches and data, so remove it from critic_config")  # fmt: skip
+                    col.add(v.path, f"{v.value!r} differs from {a.path}={a.value!r}; {role} shares the actor's "
+                            f"batches and data, so remove it from {role}")  # fmt: skip
         mt = None
         if actor_globals is None:
             self.last_globals = merged["global"]
@@ -406,7 +415,8 @@ class _Megatron:
             with col.scope("megatron_training"):
                 mt = MegatronTrainingConfig(**kwargs)
         with col.scope(role):
-            rc = RoleConfig(**{k: v.value for k, v in merged["role"].items()})
+            role_cls = ForwardRoleConfig if role == "reward_config" else RoleConfig
+            rc = role_cls(**{k: v.value for k, v in merged["role"].items()})
         arch = None
         if name is not None:
             with col.scope(f"model.{name}"):

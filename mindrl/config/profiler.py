@@ -14,6 +14,7 @@ STAGES = (
     "actor_compute_log_prob",
     "reference_compute_log_prob",
     "critic_compute_values",
+    "reward_compute_scores",
     "actor_update",
     "critic_update",
 )
@@ -34,7 +35,7 @@ class ProfilerSection(Section):
     trace (`mindrl::<stage>`); on Ascend this also records mstx ranges."""
     stage: str | list[str] = "all"
     """`all`, or one or a list of: actor_generate, actor_compute_log_prob, reference_compute_log_prob,
-    critic_compute_values, actor_update, critic_update."""
+    critic_compute_values, reward_compute_scores, actor_update, critic_update."""
     profile_save_path: str = "./profiler_data"
     """Where the traces go: <profile_save_path>/<stage>/iter_<N>/rank_<R>.* (relative paths: to the working
     directory of mindrl-train)."""

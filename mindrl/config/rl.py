@@ -120,7 +120,8 @@ class RLSectionConfig(Section):
     critic_resource: ResourceConfig | None = None
     """The critic's devices: absent or the same num_npus as the actor (it shares the actor's devices)."""
     reward_resource: ResourceConfig | None = None
-    """A reward model's devices; must stay unset (rule rewards only, as MindSpeed-RL's integrated mode)."""
+    """The reward model's devices (reward_config): absent or the actor's num_npus (mindrl co-locates it on the actor's
+    devices, offloaded outside scoring); its own devices (separate placement) are not supported yet."""
     reference_resource: ResourceConfig | None = None
     """Must stay unset: in integrated mode the reference uses the actor's devices."""
     integrated_mode_config: IntegratedModeConfig = field(default_factory=IntegratedModeConfig)
@@ -248,7 +249,7 @@ class RLSectionConfig(Section):
     they apply whenever set."""
     # -- rewards -------------------------------------------------------------------------------------
     rule_reward: bool = True
-    """Score responses with rule verifiers; must be true (reward models are not supported)."""
+    """Score responses with rule verifiers; must be true (a reward model, reward_config, adds to the rule rewards)."""
     verifier_function: list[str] = field(default_factory=lambda: ["base_acc"])
     """Verifier names (mindrl.rewards.list_verifiers()); a single name is accepted. MindSpeed-RL's
     'math_verify_reward' is read as mindrl's 'math_verify'."""
@@ -258,6 +259,16 @@ class RLSectionConfig(Section):
     """Processes scoring rewards."""
     verifier_timeout: float = 30.0
     """Seconds per response before its score is 0."""
+    reward_model_weight: float = 1.0
+    """With a reward model (reward_config): the weight of its score in the reward, beside verifier_weight's (the
+    reward is sum(verifier_weight * verifier) + reward_model_weight * score). mindrl addition: MindSpeed-RL writes
+    the model's and the rules' rm_scores to one column and does not mix them."""
+    normalize_reward: bool = False
+    """With a reward model: its scores are normalised by a running mean and std (over every score seen so far, this
+    batch's included; OpenRLHF's `normalize_reward`, verl's reward_model running normalisation) before clipping."""
+    reward_clip_range: list[float] | None = None
+    """With a reward model: [low, high] its (normalised) scores are clipped to before weighting (OpenRLHF's
+    `reward_clip_range`); None: no clipping."""
     # -- logging -------------------------------------------------------------------------------------
     use_tensorboard: bool = False
     """Write TensorBoard events under run_dir/tensorboard (kept on with use_wandb, unlike MindSpeed-RL)."""
@@ -348,10 +359,15 @@ class RLSectionConfig(Section):
                     "devices (integrated mode) only")  # fmt: skip
         if self.actor_resource.num_npus is None:
             col.add("actor_resource.num_npus", "is required (the number of devices)")
-        for key in ("reward_resource", "reference_resource"):
-            if getattr(self, key) is not None:
-                col.add(key, "must not be set: in integrated mode the reference shares the actor's devices and "
-                        "rewards come from rule verifiers (rule_reward)")  # fmt: skip
+        if self.reference_resource is not None:
+            col.add("reference_resource", "must not be set: in integrated mode the reference shares the actor's "
+                    "devices")  # fmt: skip
+        if self.reward_clip_range is not None:
+            r = self.reward_clip_range
+            if len(r) != 2 or not all(math.isfinite(x) for x in r) or r[0] >= r[1]:
+                col.add("reward_clip_range", f"expected [low, high] with low < high, got {r}")
+        if not math.isfinite(self.reward_model_weight):
+            col.add("reward_model_weight", f"must be finite, got {self.reward_model_weight}")
         estimators = list_advantage_estimators()
         if self.adv_estimator not in estimators:
             col.add("adv_estimator", f"unknown estimator {self.adv_estimator!r}"

@@ -18,6 +18,18 @@ from mindrl.config.section import Section
 
 
 @dataclass
+class ForwardRoleConfig(RoleConfig):
+    """reward_config: a model run forward only. Its optimizer keys have no use, so lr is not required."""
+
+    SECTION: ClassVar[str] = "reward_config"
+
+    def validate(self, col: Collector) -> None:
+        if self.lr is None:
+            self.lr = max(self.min_lr, 1.0)  # never used: no optimizer is built
+        super().validate(col)
+
+
+@dataclass
 class RLConfig(Section):
     """A validated PPO / GRPO config in MindSpeed-RL's schema. Build it with `mindrl.config.load_config`."""
 
@@ -39,6 +51,11 @@ class RLConfig(Section):
     """The actor's architecture (configs/model/NAME.yaml, NAME = actor_config.model)."""
     critic_model: ModelArchConfig | None = None
     """The critic's architecture (usually the same model file as the actor's); None without a critic."""
+    reward_config: ForwardRoleConfig | None = None
+    """The reward model (a value-head checkpoint: load, layout, micro_batch_size), merged over megatron_training as
+    MindSpeed-RL's reward_config; None: rule rewards only."""
+    reward_model: ModelArchConfig | None = None
+    """The reward model's architecture; None without a reward model."""
     source: str = ""
     """The YAML file the config came from."""
     config_name: str = ""
@@ -72,6 +89,9 @@ class RLConfig(Section):
             roles.append(("critic_config", self.critic_config, self.critic_model))
         for role, rc, arch in roles:
             self._check_role(col, role, rc, arch, world, train, n)
+        if self.reward_config is not None and self.reward_model is not None:
+            self._check_role(col, "reward_config", self.reward_config, self.reward_model, world, None, n)
+        self._check_reward_model(col, world)
         self._check_inference(col, world, gbs)
         self._check_lengths(col)
         if gen.dtype != mt.dtype:
@@ -89,7 +109,7 @@ class RLConfig(Section):
     def _resolve(self) -> None:
         """Fill the values that default to another section's."""
         mt = self.megatron_training
-        for rc in (self.actor_config, self.critic_config):
+        for rc in (self.actor_config, self.critic_config, self.reward_config):
             if rc is None:
                 continue
             if rc.use_distributed_optimizer is None:
@@ -162,6 +182,28 @@ class RLConfig(Section):
         if mini is not None and not gbs % mini and (mini * n) % (dp * mbs):
             col.add(f"{role}.micro_batch_size", f"a mini-batch of mini_batch_size x n_samples_per_prompt = {mini} x "
                     f"{n} = {mini * n} responses must be divisible by DP x micro_batch_size = {dp} x {mbs} = {dp * mbs}")  # fmt: skip
+
+    def _check_reward_model(self, col: Collector, world: int | None) -> None:
+        """reward_config against the rest: co-located on the actor's devices (MindSpeed-RL refuses reward_config in
+        integrated mode; mindrl runs it there, offloaded outside scoring)."""
+        rl, rm = self.rl_config, self.reward_config
+        res = rl.reward_resource.num_npus if rl.reward_resource is not None else None
+        if rm is None:
+            if rl.reward_resource is not None:
+                col.add("rl_config.reward_resource", "is set but there is no reward model: add a reward_config "
+                        "section (load: a value-head checkpoint) or remove reward_resource")  # fmt: skip
+            knobs = {"reward_model_weight": 1.0, "normalize_reward": False, "reward_clip_range": None}
+            for key, default in knobs.items():
+                if getattr(rl, key) != default:
+                    col.ignore(f"rl_config.{key}", "has no effect without a reward model (reward_config)")
+            return
+        if res is not None and world is not None and res != world:
+            col.add("rl_config.reward_resource.num_npus", f"{res} differs from actor_resource.num_npus={world}: the "
+                    "reward model runs on the actor's devices (co-located, offloaded outside scoring); its own "
+                    "devices (separate placement) are not supported yet; remove reward_resource or make them equal")  # fmt: skip
+        if rl.filter_groups_enable:
+            col.add("rl_config.filter_groups_enable", "with a reward model (reward_config) is not supported yet: "
+                    "dynamic sampling filters on the rule rewards before the scoring phase")  # fmt: skip
 
     def _check_inference(self, col: Collector, world: int | None, gbs: int | None) -> None:
         itp = self.generate_config.infer_tensor_parallel_size
@@ -239,7 +281,8 @@ class RLConfig(Section):
         """Plain dict of every section, the model(s), the ignored keys and the derived values."""
         out: dict[str, Any] = {"config_name": self.config_name, "source": self.source}
         for name in (
-            "megatron_training", "actor_config", "critic_config", "rl_config", "generate_config", "profiler_config"
+            "megatron_training", "actor_config", "critic_config", "reward_config", "rl_config", "generate_config",
+            "profiler_config",
         ):  # fmt: skip
             section = getattr(self, name)
             if section is not None:
@@ -247,6 +290,8 @@ class RLConfig(Section):
         out["model"] = self.model.to_dict()
         if self.critic_model is not None:
             out["critic_model"] = self.critic_model.to_dict()
+        if self.reward_model is not None:
+            out["reward_model"] = self.reward_model.to_dict()
         out["ignored_keys"] = list(self.ignored_keys)
         try:
             out["resolved"] = self.resolved()

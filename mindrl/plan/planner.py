@@ -279,6 +279,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
         out["rollout"]["critic_train"] = asleep
         if has_ref:
             out["reference"]["critic_train"] = {**held("reference", "critic_train", ref_w), "activations_bytes": 0}
+    if cfg.reward_config is not None and cfg.reward_model is not None:
+        out["reward"] = _reward_memory(plan, cfg, slot, held)
     out["actor"]["train"] = {**held("actor", "train", actor), **_update_acts(a, cfg.model, slot.actor[1], dev)}
     out["rollout"]["train"] = asleep
     if has_ref:
@@ -287,6 +289,20 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     phases = [p for p in PHASES if any(p in v for v in out.values())]
     out["total"] = {f"{p}_bytes": _phase_total(out, p) for p in phases}
     return out
+
+
+def _reward_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, held) -> dict[str, dict[str, int]]:
+    """The reward model on `slot`'s device, by phase: its weights (its own TP x PP stage) where the residency
+    schedule has them, and a forward pass's activations while scoring. No grads, no optimizer."""
+    rm, settings = cfg.reward_config, from_config.reward_model_settings(cfg)
+    stage = rank_coords(slot.device, rm.tp, rm.pp, plan.world)[1]
+    e = mem.DTYPE_BYTES[settings.dtype]
+    weights = {"weights_bytes": stage_params(cfg.reward_model, "critic", rm.tp, rm.pp, stage).total * e}
+    m = settings.micro_batching
+    shape = mem.micro_batch_shape(plan.train_seq_len + 1, m.rows, m.token_budget, m.max_rows, m.packed)
+    acts = mem.forward_bytes(cfg.reward_model, "critic", *shape, rm.tp, e)
+    phases = [p for p in PHASES if p != "critic_train" or cfg.rl_config.needs_critic]
+    return {p: {**held("reward", p, weights), "activations_bytes": acts if p == "score" else 0} for p in phases}
 
 
 def _phase_total(memory: dict, phase: str) -> int:
@@ -302,7 +318,9 @@ def _fill_memory(plan: Plan, cfg: RLConfig, has_ref: bool) -> None:
     seen: dict[tuple, dict] = {}
     best, best_slot = None, 0
     for slot in plan.placement:  # devices with the same stages hold the same bytes
-        key = (slot.actor[1], None if slot.critic is None else slot.critic[1])
+        rm = cfg.reward_config
+        key = (slot.actor[1], None if slot.critic is None else slot.critic[1],
+               None if rm is None else rank_coords(slot.device, rm.tp, rm.pp, plan.world)[1])  # fmt: skip
         if key not in seen:
             seen[key] = _device_memory(plan, cfg, slot, has_ref)
             peak = max(seen[key]["total"].values())
@@ -343,6 +361,10 @@ def fix_key(
         if cfg.generate_config.kv_cache_memory_gib is not None or not kv_by_utilization:
             return "generate_config.kv_cache_memory_gib (lower it)"
         return "generate_config.gpu_memory_utilization (lower it; the KV cache takes what is left of it)"
+    if role == "reward":  # forward only: its micro-batch, else its layout
+        if term == "activations_bytes" and cfg.reward_config.micro_batch_size > 1:
+            return "reward_config.micro_batch_size (lower it)"
+        return "reward_config.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"
     section = "critic_config" if role == "critic" else "actor_config"
     lay = layouts["critic" if role == "critic" else "actor"]
     every_switch = replace(from_config.residency(cfg), offload=OffloadConfig(True, True, True))

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from mindrl.resharding.offload import KINDS, OffloadConfig
 
 PHASES = ("rollout", "score", "critic_train", "train")
-"""An iteration: rollout (the engine awake), scoring (old / reference logprobs, critic values), the critic's update,
-then the actor's update."""
-MODELS = ("actor", "reference", "critic")
+"""An iteration: rollout (the engine awake), scoring (old / reference logprobs, critic values, reward-model scores), the
+critic's update, then the actor's update."""
+MODELS = ("actor", "reference", "critic", "reward")
 TERMS = {"param": "weights", "grad": "grads", "optimizer": "optimizer"}
 """Offload kind -> the ledger's and the planner's name of that term."""
 
@@ -23,7 +23,9 @@ class ResidencySchedule:
       only the kinds whose `offload_train_*` switch is off; during scoring also its weights when it computes old
       logprobs (not on-policy), never its grads or optimizer state unless their switch is off;
     - reference: its weights during scoring (its forward) only;
-    - critic (`critic_offload`): its weights during scoring, everything during its update, nothing otherwise.
+    - critic (`critic_offload`): its weights during scoring, everything during its update, nothing otherwise;
+    - reward (the reward model, forward only: weights only): its weights during scoring, nothing otherwise (always
+      on the device without `reward_offload`).
     The rollout engine is awake during the rollout only (asleep elsewhere where the platform has sleep mode).
     """
 
@@ -33,6 +35,8 @@ class ResidencySchedule:
     """The actor computes old logprobs while scoring (False on-policy: they are the rollout's)."""
     critic_offload: bool = True
     """The critic leaves the device outside its own phases (MindSpeed-RL always offloads it)."""
+    reward_offload: bool = True
+    """The reward model leaves the device outside scoring."""
 
     def on_device(self, model: str, phase: str) -> frozenset[str]:
         """The kinds (`mindrl.resharding.offload.KINDS`) of `model`'s state on the device during `phase`."""
@@ -47,6 +51,8 @@ class ResidencySchedule:
             return kept
         if model == "reference":
             return frozenset({"param"}) if phase == "score" else frozenset()
+        if model == "reward":
+            return frozenset({"param"}) if phase == "score" or not self.reward_offload else frozenset()
         if not self.critic_offload:
             return frozenset(KINDS)
         return {"score": frozenset({"param"}), "critic_train": frozenset(KINDS)}.get(phase, frozenset())
@@ -64,7 +70,7 @@ class ResidencySchedule:
     def describe(self, model: str, phase: str) -> str:
         """'resident', 'offloaded', or which terms are on the device ('weights on')."""
         on = self.on_device(model, phase)
-        if model == "reference":
+        if model in ("reference", "reward"):
             return "resident" if on else "offloaded"
         if on == frozenset(KINDS):
             return "resident"

@@ -82,6 +82,8 @@ def advantage_metrics(batch: Batch, scores: torch.Tensor, scored: Scores, verifi
     metrics.update(stats_metrics("response_length", mask.sum(-1)))
     metrics.update(stats_metrics("prompt_length", batch["prompt_lengths"]))
     metrics["reward/mean"] = scores.mean().item()
+    if scored.model_scores is not None:
+        metrics.update(stats_metrics("reward_model/score", scored.model_scores))
     for name in verifier_names:
         metrics[f"{name}_rewards/mean"] = scored.metrics.get(f"reward/{name}/mean", 0.0)
     for k in ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_restarts"):
@@ -104,10 +106,15 @@ def token_metrics(role: str, counts: TokenCounts) -> dict[str, float]:
 
 
 def rollout_rows(batch: Batch, scored: Scores, tokenizer, verifier_names: Sequence[str]) -> list[dict]:
-    """The sampled rows for rollouts.jsonl: prompt, response, label, reward (and each verifier's), length."""
+    """The sampled rows for rollouts.jsonl: prompt, response, label, reward (and each verifier's), length; with a
+    reward model also its raw score and the prompt's and response's token ids."""
     prompts = tokenizer.batch_decode(batch.rows_meta["prompt_ids"], skip_special_tokens=False)
     lengths = batch["response_mask"].sum(-1).tolist()
-    return sample_rows(prompts, scored, lengths, verifier_names)
+    rows = sample_rows(prompts, scored, lengths, verifier_names)
+    if scored.model_scores is not None:  # the tokens the reward model scored, for checking its scores offline
+        for row, p, r in zip(rows, batch.rows_meta["prompt_ids"], batch.rows_meta["response_ids"]):
+            row["prompt_ids"], row["response_ids"] = list(p), list(r)
+    return rows
 
 
 def sample_rows(prompts: Sequence[str], scored: Scores, lengths: Sequence[int], verifier_names) -> list[dict]:
@@ -117,6 +124,8 @@ def sample_rows(prompts: Sequence[str], scored: Scores, lengths: Sequence[int], 
         per = scored.per_verifier[i]
         row = {"prompt": prompts[i], "response": text, "label": scored.labels[i], "reward": scored.rewards[i]}
         row.update({name: (None if per is None else per[k]) for k, name in enumerate(verifier_names)})
+        if scored.model_scores is not None:
+            row["reward_model_score"] = scored.model_scores[i]
         row["response_length"] = int(lengths[i])
         rows.append(row)
     return rows

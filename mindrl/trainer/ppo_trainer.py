@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -25,6 +26,7 @@ from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
+from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
 from mindrl.trainer import experience, leftovers
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
@@ -37,6 +39,7 @@ from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_grou
 from mindrl.workers.integrated_worker import IntegratedWorker
 from mindrl.workers.profiling import announce_iteration
 from mindrl.workers.results import DeviceLedger, Scores, UpdateResult, logprob_diff_summary
+from mindrl.workers.reward_worker import SCORE_KEYS, RewardWorker
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -71,6 +74,8 @@ class PPOTrainer:
         self.num_mini, self.epochs = from_config.num_mini_batches(cfg), rl.epochs
         self.needs_ref = from_config.needs_reference(cfg)
         self.verifier_names = from_config.reward_settings(cfg).verifier_function
+        self.rm_mix = from_config.reward_model_mix(cfg)  # None without a reward model
+        self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
@@ -96,21 +101,29 @@ class PPOTrainer:
             self.pg = device_placement_group(self.world)
             integrated = from_config.integrated_settings(cfg, self.resume)
             self.profile = integrated.profile
-            # The critic shares the actor's bundles (half a device each), in its own megatron world. Both get their
-            # node's cores shared among the ranks there (they run in turn), not one thread each.
+            # The critic and the reward model share the actor's bundles (half a device for the actor, the other half
+            # split between them), each in its own megatron world. All get their node's cores shared among the ranks
+            # there (they run in turn), not one thread each.
             threads = worker_threads(self.pg, self.world)
+            rm_settings = from_config.reward_model_settings(cfg)
+            share = 0.5 / max(1, int(rl.needs_critic) + int(rm_settings is not None))
             self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5, threads=threads)
             self.groups.append(self.actor)
-            self.critic = None
+            self.critic = self.reward_model = None
             if rl.needs_critic:
-                self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=0.5, threads=threads)
+                self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=share, threads=threads)
                 self.groups.append(self.critic)
+            if rm_settings is not None:
+                self.reward_model = WorkerGroup(RewardWorker, "reward", self.pg, self.world, share, threads)
+                self.groups.append(self.reward_model)
             self.reward = RewardClient(from_config.reward_settings(cfg), self.run_dir, self.tokenizer)
             self.actor.setup(integrated)  # collective: builds actor, reference and the engine
             self.shm_idents = {i for names in self.actor.shm_names() for i in names}
             leftovers.record_shm(self.run_dir, self.shm_idents)  # for the next run if this one is killed
             if self.critic is not None:
                 self.critic.setup(from_config.critic_settings(cfg, self.resume))
+            if self.reward_model is not None:
+                self.reward_model.setup(rm_settings)
             self.rollout: RolloutSource = (
                 self.remote.attach(self.actor)
                 if self.remote is not None
@@ -257,13 +270,18 @@ class PPOTrainer:
         """Every worker puts its models where the residency schedule has them in `phase` (the actor's group and the
         critic's move at once); `timing/residency/{phase}`: the seconds that took."""
         with _timed(timing, f"timing/residency/{phase}"):
-            pending = [group.enter_phase.start(phase) for group in (self.actor, self.critic) if group is not None]
+            pending = [group.enter_phase.start(phase) for group in self._model_groups()]
             for call in pending:
                 call.wait()
 
+    def _model_groups(self) -> list[WorkerGroup]:
+        """The groups holding models on the devices: the actor's, and the critic's and reward model's where present."""
+        return [group for group in (self.actor, self.critic, self.reward_model) if group is not None]
+
     def _memory_ledger(self) -> dict[str, float]:
-        """`memory/device_bytes/*` of this iteration: each device's actor (+ reference) and critic ranks together."""
-        groups = [self.actor.memory_ledger(), *([self.critic.memory_ledger()] if self.critic is not None else [])]
+        """`memory/device_bytes/*` of this iteration: each device's actor (+ reference), critic and reward-model ranks
+        together."""
+        groups = [group.memory_ledger() for group in self._model_groups()]
         return memory_metrics([DeviceLedger.merge(parts) for parts in zip(*groups)])
 
     def _rollout(self, prompts, timing: dict[str, float], gen_batch: int = 0) -> Batch:
@@ -341,14 +359,16 @@ class PPOTrainer:
     def _score(
         self, batch: Batch, labels: list[list[int]], timing: dict[str, float], scored: Scores | None = None
     ) -> Scores:
-        """Old logprobs (skipped on-policy), reference logprobs and critic values into the batch; the rule rewards'
-        answer returned (or `scored`, when the rewards are known already). The rewards run in the background and the
-        critic's values alongside the actor's passes."""
+        """Old logprobs (skipped on-policy), reference logprobs, critic values and the reward model's scores ("rm_scores")
+        into the batch; the rewards returned: the rule rewards' answer (or `scored`, when they are known already), with
+        the reward model's scores mixed in. The rule rewards run in the background, the critic's values and the
+        reward model's scores alongside the actor's passes."""
         t_score = time.perf_counter()
         responses = batch.rows_meta["response_ids"]
         reward_ref = self.reward.score(responses, labels) if scored is None else None
         fwd = batch.select(experience.FORWARD_KEYS)
         values = self.critic.compute_values.start(fwd) if self.critic is not None else None
+        rm = self.reward_model.compute_scores.start(batch.select(SCORE_KEYS)) if self.reward_model is not None else None
         if not self.cfg.rl_config.on_policy:
             with _timed(timing, "timing/old_log_p"):
                 batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
@@ -361,12 +381,27 @@ class PPOTrainer:
                 gathered = values.wait()
             batch["values"] = gathered.tensor
             timing["timing/critic_model"] = gathered.seconds
+        if rm is not None:
+            with _timed(timing, "timing/non_overlap_reward_model"):
+                got = rm.wait()
+            batch["rm_scores"] = got.tensor[:, 0]
+            timing["timing/reward_model"] = got.seconds
         if reward_ref is not None:
             with _timed(timing, "timing/non_overlap_rule_reward"):
                 scored = self.reward.collect(reward_ref, self.iteration)
             timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
+        if rm is not None:
+            scored = self._mix_model_scores(scored, batch["rm_scores"].tolist())
         timing["timing/scoring"] = time.perf_counter() - t_score
         return scored
+
+    def _mix_model_scores(self, scored: Scores, model_scores: list[float]) -> Scores:
+        """The rule rewards with the reward model's scores mixed in (normalised and clipped as configured, weighted;
+        `mindrl.rewards.model_scores`); the raw scores kept in `Scores.model_scores`."""
+        shaped = shaped_model_scores(model_scores, self.rm_mix, self.rm_moments)
+        return dataclasses.replace(
+            scored, rewards=mix_rewards(scored.rewards, shaped, self.rm_mix), model_scores=model_scores
+        )
 
     def _advantages(self, batch: Batch, scored: Scores) -> dict[str, float]:
         """token_level_scores / rewards (with the KL penalty, if in the reward), advantages and returns into the
@@ -483,6 +518,7 @@ class PPOTrainer:
             save_failures=self.save_failures,
             reference_saved=self.sync_ref,
             config_name=self.cfg.config_name,
+            reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -495,6 +531,8 @@ class PPOTrainer:
         self.kl_ctrl.load_state_dict(state.kl_ctrl)
         self.skipped_in_a_row = state.skipped_in_a_row
         self.save_failures = state.save_failures
+        if state.reward_moments is not None:
+            self.rm_moments.load_state_dict(state.reward_moments)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:

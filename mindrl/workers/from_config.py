@@ -13,8 +13,16 @@ from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.resharding.residency import ResidencySchedule
 from mindrl.rewards import RewardSettings
+from mindrl.rewards.model_scores import RewardModelMix
 from mindrl.workers.profiling import ProfileSettings
-from mindrl.workers.settings import CriticSettings, IntegratedSettings, ModelSettings, PPOLossSettings
+from mindrl.workers.settings import (
+    CriticSettings,
+    IntegratedSettings,
+    MicroBatching,
+    ModelSettings,
+    PPOLossSettings,
+    RewardModelSettings,
+)
 
 
 def rollout_size(cfg) -> int:
@@ -170,6 +178,33 @@ def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:
     return CriticSettings(
         critic=model, loss=loss_settings(cfg), residency=residency(cfg), profile=profile_settings(cfg)
     )
+
+
+def reward_model_settings(cfg) -> RewardModelSettings | None:
+    """The reward model's (reward_config); None without one. Its forward passes take reward_config.micro_batch_size
+    rows, packed like the others' with rl_config.use_remove_padding."""
+    rc = cfg.reward_config
+    if rc is None:
+        return None
+    return RewardModelSettings(
+        load=rc.load,
+        tp=rc.tensor_model_parallel_size,
+        pp=rc.pipeline_model_parallel_size,
+        micro_batching=MicroBatching(rows=rc.micro_batch_size, packed=cfg.rl_config.use_remove_padding),
+        dtype=cfg.megatron_training.dtype,
+        seed=cfg.megatron_training.seed,
+        residency=residency(cfg),
+        profile=profile_settings(cfg),
+    )
+
+
+def reward_model_mix(cfg) -> RewardModelMix | None:
+    """How the reward model's scores enter the reward (rl_config); None without a reward model."""
+    if cfg.reward_config is None:
+        return None
+    rl = cfg.rl_config
+    clip = tuple(float(x) for x in rl.reward_clip_range) if rl.reward_clip_range is not None else None
+    return RewardModelMix(float(rl.reward_model_weight), bool(rl.normalize_reward), clip)
 
 
 def residency(cfg) -> ResidencySchedule:

@@ -92,6 +92,8 @@ class Scores:
     metrics: dict[str, float]
     """reward/<verifier>/mean, reward/timeouts, reward/errors, reward/crashes, reward/worker_restarts,
     timing/rule_reward."""
+    model_scores: list[float] | None = None
+    """Per response: the reward model's raw score, already mixed into `rewards` (None: no reward model)."""
 
 
 @dataclass

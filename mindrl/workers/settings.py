@@ -135,3 +135,20 @@ class CriticSettings:
     residency: ResidencySchedule = field(default_factory=ResidencySchedule)
     """What the critic keeps on the device in each phase (by default off it outside its own phases)."""
     profile: ProfileSettings | None = None
+
+
+@dataclass(frozen=True)
+class RewardModelSettings:
+    """The reward model (reward_config): a value-head checkpoint run forward only, at its own TP x PP."""
+
+    load: str
+    """mindrl megatron checkpoint of the value-head model (`mindrl-convert hf2mcore --orm`)."""
+    tp: int = 1
+    pp: int = 1
+    micro_batching: MicroBatching = field(default_factory=MicroBatching)
+    """How its forward pass cuts micro-batches (reward_config.micro_batch_size rows, or rl_config's token budget)."""
+    dtype: str = "float32"
+    seed: int = 1234
+    residency: ResidencySchedule = field(default_factory=ResidencySchedule)
+    """When its weights are on the device (by default while scoring only)."""
+    profile: ProfileSettings | None = None

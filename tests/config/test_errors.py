@@ -102,7 +102,7 @@ def test_forbidden_and_unsupported_keys():
     issue(err, "rl_config.use_integrated_worker", "integrated mode")
     issue(err, "generate_config.server_urls", "rollout_mode 'server' needs at least one rollout server URL")
     issue(err, "generate_config.enable_expert_parallel", "not supported")
-    issue(err, "rl_config.reward_resource", "must not be set")
+    issue(err, "rl_config.reward_resource", "no reward model", "reward_config")
 
 
 def test_ref_config_section_is_rejected(tmp_path):

@@ -12,6 +12,7 @@ from tests.config.conftest import asset_overrides
 
 SHIPPED = [
     "ppo_tiny_cpu",
+    "ppo_tiny_cpu_rm",
     "ppo_tiny_cpu_server",
     "grpo_tiny_cpu",
     "dapo_tiny_cpu",

@@ -56,7 +56,11 @@ def test_reference_critic_and_engine():
     assert s.describe("actor", "rollout") == "offloaded" and s.describe("reference", "score") == "resident"
     with pytest.raises(ValueError, match="unknown model 'engine'"):
         s.on_device("engine", "score")
-    assert set(MODELS) == {"actor", "reference", "critic"}
+    assert {p: s.on_device("reward", p) for p in PHASES} == {
+        "rollout": NONE, "score": {"param"}, "critic_train": NONE, "train": NONE}  # fmt: skip
+    assert all(ResidencySchedule(reward_offload=False).on_device("reward", p) == {"param"} for p in PHASES)
+    assert s.describe("reward", "score") == "resident" and s.describe("reward", "train") == "offloaded"
+    assert set(MODELS) == {"actor", "reference", "critic", "reward"}
 
 
 def test_the_trainer_and_the_planner_read_one_schedule():

@@ -1,0 +1,103 @@
+"""PPO and GRPO with a reward model beside the rule reward (real megatron on gloo, Ray, vLLM): the new metrics, the
+reward model's residency in the ledger, and the first iteration's rewards against a direct computation (transformers'
+*ForSequenceClassification on the same rollouts' tokens, the mix done by hand)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.trainer.rl_helpers import _config, _train
+from tests.workers.reward_rank_fns import hf_model, hf_scores
+
+pytestmark = pytest.mark.slow
+
+
+def _direct_rewards(rows: list[dict], hf_dir: str, weight: float, normalize: bool, clip) -> tuple:
+    """(transformers' fp64 scores of the rows' prompt + response tokens, its fp32-vs-fp64 gap, the rewards mixed by
+    hand from the rows' rule rewards and those scores)."""
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(hf_dir).pad_token_id
+    tokens = [r["prompt_ids"] + r["response_ids"][: r["response_length"]] for r in rows]
+    truth = hf_scores(hf_model(hf_dir, torch.float64), tokens, pad, "none")
+    gap = (hf_scores(hf_model(hf_dir, torch.float32), tokens, pad, "none").double() - truth).abs().max().item()
+    shaped = truth.clone()
+    if normalize:  # the running statistics start empty: the first batch's own mean and (population) std
+        shaped = (shaped - shaped.mean()) / shaped.std(unbiased=False)
+    if clip is not None:
+        shaped = shaped.clamp(*clip)
+    rewards = [r["acc_for_ppo"] + weight * s for r, s in zip(rows, shaped.tolist())]
+    return truth, gap, rewards
+
+
+def _check_run(lines, rollouts, hf_dir, weight, normalize, clip):
+    first = lines[0]
+    for key in ("timing/reward_model", "reward_model/score/mean", "reward_model/score/max", "reward_model/score/min"):
+        assert key in first and math.isfinite(first[key]), key
+    # the reward model's weights: on the device while scoring, off it while the engine runs
+    assert first["memory/device_bytes/score/reward.weights"] > 0
+    assert first["memory/device_bytes/rollout/reward.weights"] == 0
+    rows = [r for r in rollouts if r["iteration"] == 1]
+    truth, gap, rewards = _direct_rewards(rows, hf_dir, weight, normalize, clip)
+    ours = torch.tensor([r["reward_model_score"] for r in rows], dtype=torch.float64)
+    # two fp32 forwards (HF's, mindrl's) each land within about HF's own fp32-vs-fp64 gap of the fp64 truth
+    err = (ours - truth).abs().max().item()
+    print(f"|mindrl fp32 - HF fp64| max {err:.3g}; HF fp32-vs-fp64 gap {gap:.3g}")
+    assert err <= 2 * gap + truth.abs().max().item() * torch.finfo(torch.float32).eps
+    assert first["reward_model/score/mean"] == pytest.approx(ours.mean().item(), abs=1e-6)
+    # the mix: the scores' rounding error scaled by the normalisation (1 / std) and the weight
+    scale = abs(weight) / (truth.std(unbiased=False).item() if normalize else 1.0)
+    tol = 3 * scale * (2 * gap + truth.abs().max().item() * torch.finfo(torch.float32).eps) + 1e-6
+    got = [r["reward"] for r in rows]
+    assert max(abs(a - b) for a, b in zip(got, rewards)) <= tol, (got, rewards)
+
+
+def test_ppo_with_reward_model(assets, tmp_path):
+    cfg = _config("ppo_tiny_cpu_rm", assets, tmp_path, "megatron_training.train_iters=1",
+                  f"reward_config.load={assets / 'critic'}", "rl_config.use_tensorboard=false")  # fmt: skip
+    _, _, lines, rollouts = _train(cfg)
+    from mindrl.plan.planner import make_plan
+
+    planned = make_plan(cfg, device="host").memory["reward"]["score"]["weights_bytes"]
+    assert lines[0]["memory/device_bytes/score/reward.weights"] == planned  # the planner counts what the ledger sees
+    rl = cfg.rl_config
+    _check_run(lines, rollouts, str(assets / "hf_critic"), rl.reward_model_weight, rl.normalize_reward,
+               tuple(rl.reward_clip_range))  # fmt: skip
+
+
+def test_grpo_with_reward_model(assets, tmp_path):
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1",
+                  f"+reward_config.load={assets / 'critic'}", "+reward_config.tensor_model_parallel_size=2",
+                  "+reward_config.micro_batch_size=4", "+rl_config.reward_model_weight=2.0",
+                  "rl_config.use_tensorboard=false")  # fmt: skip
+    assert cfg.reward_config.tp == 2 and not cfg.rl_config.normalize_reward
+    _, _, lines, rollouts = _train(cfg)
+    _check_run(lines, rollouts, str(assets / "hf_critic"), 2.0, False, None)
+
+
+def test_resume_continues_the_running_normalisation(assets, tmp_path):
+    """GRPO with normalize_reward for 2 iterations straight equals 1, stop, resume for 1: iteration 2's rewards
+    depend on iteration 1's scores through the running statistics saved in trainer_state.json."""
+    import json
+    import shutil
+
+    from mindrl.checkpoint import mcore_ckpt
+
+    rm = [f"+reward_config.load={assets / 'critic'}", "+reward_config.micro_batch_size=4",
+          "+rl_config.normalize_reward=true", "megatron_training.save_interval=1", "rl_config.use_tensorboard=false"]  # fmt: skip
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    _, _, straight, _ = _train(_config("grpo_tiny_cpu", assets, straight_dir, "megatron_training.train_iters=2", *rm))
+    shutil.copytree(straight_dir, split_dir)
+    shutil.rmtree(split_dir / "ckpt_actor" / "iter_0000002")
+    mcore_ckpt.write_tracker(str(split_dir / "ckpt_actor"), 1)
+    state = json.load(open(split_dir / "ckpt_actor" / "iter_0000001" / "trainer_state.json"))
+    assert state["reward_moments"]["count"] == 8 * 4  # iteration 1's scores
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    _, results, split, _ = _train(_config("grpo_tiny_cpu", assets, split_dir, "megatron_training.train_iters=2", *rm,
+                                          *resume, actor_load=split_dir / "ckpt_actor"))  # fmt: skip
+    assert [r.iteration for r in results] == [2]
+    for key in ("reward/mean", "reward_model/score/mean", "critic/advantages/max", "actor/pg_loss"):
+        assert math.isclose(straight[1][key], split[1][key], rel_tol=1e-6, abs_tol=1e-6), key
