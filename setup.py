@@ -41,6 +41,7 @@ setup(
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-rollout-server=mindrl.cli.rollout_server:main",
             "mindrl-sft=mindrl.cli.sft:main",
+            "mindrl-train-rm=mindrl.cli.train_rm:main",
             "mindrl-train=mindrl.cli.train:main",
         ]
     },

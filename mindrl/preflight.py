@@ -44,6 +44,17 @@ def load_sft_config(
     return sft_config.load_sft_config(config_name, config_path, overrides, checks=checks)
 
 
+def load_rm_config(
+    config_name: str, config_path: str | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+) -> SFTConfig:
+    """The `stage: orm` config of mindrl-train-rm (`RMTrainingConfig`), plus (unless check_paths is False) the
+    checkpoint, tokenizer and preference-data checks of `check_rm_paths`."""
+    from mindrl.config.reward_model import RMTrainingConfig
+
+    checks = (check_rm_paths,) if check_paths else ()
+    return sft_config.load_sft_config(config_name, config_path, overrides, checks=checks, schema=RMTrainingConfig)
+
+
 def config_from_args(args: argparse.Namespace) -> RLConfig:
     """Load and validate the config the parsed arguments (`mindrl.config.cli.add_config_args`) name, with the path
     checks unless --no-check-paths; raises ConfigError."""
@@ -178,13 +189,22 @@ def _check_runtime_env(col: Collector, path: str) -> None:
 # ---------------------------------------------------------------------------------------------- SFT configs
 def check_sft_paths(mt: SFTTrainingConfig, col: Collector) -> None:
     """The checkpoint (and that the layout fits its model), the tokenizer and the SFT data, reported to col."""
+    _check_training_paths(mt, col, sft_data_counts, value_head=False)
+
+
+def check_rm_paths(mt: SFTTrainingConfig, col: Collector) -> None:
+    """The checkpoint (a causal LM or a value-head model), the tokenizer and the preference data, reported to col."""
+    _check_training_paths(mt, col, pairwise_data_counts, value_head=True)
+
+
+def _check_training_paths(mt: SFTTrainingConfig, col: Collector, data_counts, value_head: bool) -> None:
     with col.scope(SFT_SECTION):
         try:
             spec, meta = read_model_meta(mt.load)
         except (CheckpointError, OSError, ValueError, KeyError) as e:
             col.add("load", f"{e} (make one with mindrl-convert hf2mcore)")
         else:
-            if meta.get("role") != "actor":
+            if meta.get("role") != "actor" and not value_head:
                 col.add("load", f"{mt.load!r} holds a {spec.architecture} (value head); SFT trains a causal LM")
             try:
                 spec.validate_layout(mt.tensor_model_parallel_size, 1)
@@ -202,7 +222,7 @@ def check_sft_paths(mt: SFTTrainingConfig, col: Collector) -> None:
         if not os.path.isdir(mt.tokenizer_name_or_path):
             col.add("tokenizer_name_or_path", f"tokenizer directory {mt.tokenizer_name_or_path!r} does not exist")
         try:
-            counts = sft_data_counts(mt.data_path, mt.split)
+            counts = data_counts(mt.data_path, mt.split)
         except ValueError as e:
             col.add("data_path", f"{mt.data_path!r}: {e}")
             return
@@ -211,6 +231,25 @@ def check_sft_paths(mt: SFTTrainingConfig, col: Collector) -> None:
                     f"samples of {mt.data_path!r} with split {mt.split!r})")  # fmt: skip
         if mt.eval_interval and counts[1] == 0:
             col.add("split", f"{mt.split!r} leaves no validation sample of the {sum(counts)} in {mt.data_path!r}")
+
+
+def pairwise_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
+    """(train, valid, test) pair counts of the preference data at `data_path`, read from the .idx files only.
+    Raises ValueError unless it holds the pairwise handler's chosen / rejected ids and margins, one per pair."""
+    from mindrl.trainer.reward_model import PAIR_KEYS
+
+    prefix = dataset_output_prefix(data_path)
+    counts = []
+    for key in PAIR_KEYS:
+        p = dataset_prefix(prefix, key)
+        if not (os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx")):
+            raise ValueError(
+                f"{p}.{{bin,idx}} not found (run mindrl-preprocess with handler_name=AlpacaStylePairwiseHandler)"
+            )
+        counts.append(len(IndexedDataset(p)))
+    if len(set(counts)) != 1:
+        raise ValueError(f"{', '.join(PAIR_KEYS)} hold {counts} documents: the preference data is inconsistent")
+    return split_counts(counts[0], split)
 
 
 def sft_data_counts(data_path: str, split: str) -> tuple[int, int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mindrl.checkpoint import legacy, mcore_ckpt
+from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.config.settings import RecomputeSettings
 from mindrl.models.hf_config import ModelSpec
 
@@ -19,27 +20,62 @@ def build_and_load(
     iteration: int | str | None = None,
     hf_config: str | None = None,
     recompute: RecomputeSettings | None = None,
+    value_head: bool = False,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
     with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
     saved one. A legacy per-rank checkpoint (mp_rank_* files, see `legacy`) takes its architecture from
     `hf_config` (an HF model dir) or the config.json in load_dir/hf_files. recompute: activation recomputation
-    in training (None: none)."""
+    in training (None: none). value_head: build a critic (value-head model) whatever the checkpoint holds; from a
+    causal LM that is its trunk with a fresh head (`value_model_spec`, `init_value_head`), and the returned spec
+    is the value model's."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
     if legacy.is_legacy(load_dir, iteration):
+        if value_head:
+            raise CheckpointError(
+                f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
+            )
         return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute)
     init_model_parallel(tp, pp)
     iteration = mcore_ckpt.read_tracker(load_dir) if iteration is None else iteration
     spec, meta = mcore_ckpt.read_model_meta(load_dir, iteration)
+    fresh_head = value_head and meta["role"] != "critic"
+    if fresh_head:
+        spec = value_model_spec(spec)
     model = build_model(
         spec,
-        meta["role"],
+        "critic" if value_head else meta["role"],
         dtype=dtype or meta["dtype"],
         sequence_parallel=sequence_parallel,
         perform_initialization=False,
         recompute=recompute,
     )
-    mcore_ckpt.load_model(model, mcore_ckpt.iteration_dir(load_dir, iteration))
+    it_dir = mcore_ckpt.iteration_dir(load_dir, iteration)
+    mcore_ckpt.load_model(model, it_dir, skip=("output_layer.",) if fresh_head else ())
+    if fresh_head:
+        init_value_head(model, spec)
     return spec, meta, model
+
+
+def value_model_spec(spec: ModelSpec) -> ModelSpec:
+    """The `*ForSequenceClassification` (one label) of a causal LM's spec: the same trunk, an untied scalar head."""
+    if spec.is_value_model:
+        return spec
+    cfg = dict(spec.hf_config)
+    cfg["architectures"] = [spec.architecture.replace("ForCausalLM", "ForSequenceClassification")]
+    cfg.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, tie_word_embeddings=False)
+    return ModelSpec.from_hf_config(cfg, f"{spec.architecture} as a value model")
+
+
+def init_value_head(model: torch.nn.Module, spec: ModelSpec, seed: int = 0) -> None:
+    """A fresh value head on the last stage, the same on every rank (it is replicated over TP): N(0, 1/(h+1)^2), the
+    small start OpenRLHF's reward models use, so the first scores are near 0."""
+    head = getattr(model, "output_layer", None) if getattr(model, "post_process", False) else None
+    if head is None:
+        return
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(head.weight.shape, generator=gen, dtype=torch.float64) / (spec.hidden_size + 1)
+    with torch.no_grad():
+        head.weight.copy_(weight.to(head.weight.dtype))

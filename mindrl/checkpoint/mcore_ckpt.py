@@ -141,14 +141,23 @@ def save_model(model: torch.nn.Module, it_dir: str) -> None:
     dist_checkpointing.save(model.sharded_state_dict(), it_dir)
 
 
-def load_model(model: torch.nn.Module, it_dir: str) -> None:
-    """Collective; works whatever TP/PP the checkpoint was saved with (dist_checkpointing reshards)."""
+def load_model(model: torch.nn.Module, it_dir: str, skip: tuple[str, ...] = ()) -> None:
+    """Collective; works whatever TP/PP the checkpoint was saved with (dist_checkpointing reshards). skip: name
+    prefixes of the model's tensors not to load (left as they are; the checkpoint's own may be unused)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     check_files(it_dir)
+    sharded = {k: v for k, v in model.sharded_state_dict().items() if not k.startswith(skip)} if skip else None
+    strict = StrictHandling.ASSUME_OK_UNEXPECTED if skip else StrictHandling.RAISE_ALL
     try:
-        state = dist_checkpointing.load(model.sharded_state_dict(), it_dir, strict=StrictHandling.RAISE_ALL)
+        state = dist_checkpointing.load(sharded or model.sharded_state_dict(), it_dir, strict=strict)
     except Exception as e:  # e.g. a shard of the right size holding corrupted bytes
         raise CheckpointError(f"cannot load the model from {it_dir}: {type(e).__name__}: {e}") from e
-    model.load_state_dict(state, strict=True)
+    if not skip:
+        model.load_state_dict(state, strict=True)
+        return
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    left = [k for k in missing if not k.startswith(skip) and not k.endswith("_extra_state")]
+    if left or unexpected:
+        raise CheckpointError(f"{it_dir}: tensors missing {left[:5]}, unexpected {list(unexpected)[:5]}")

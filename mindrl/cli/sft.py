@@ -25,42 +25,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_trainer(tool: str, args: argparse.Namespace, load, train, summary) -> int:
+    """The body of an offline trainer's CLI (mindrl-sft, mindrl-train-rm): load(config_name, config_path, overrides,
+    check_paths) the config, train(cfg) it, print summary(result, seconds)'s lines and last 'run dir: PATH'."""
     # WARNING: the progress lines are our own (every log_interval), not the metrics logger's per-step INFO line.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.checkpoint.hf_io import CheckpointError
     from mindrl.config import ConfigError
     from mindrl.launch import RankError
-    from mindrl.preflight import load_sft_config
-    from mindrl.trainer.sft import train_sft
 
     start = time.perf_counter()
     try:
-        cfg = load_sft_config(args.config_name, args.config_path, args.overrides, check_paths=not args.no_check_paths)
+        cfg = load(args.config_name, args.config_path, args.overrides, check_paths=not args.no_check_paths)
     except ConfigError as e:
-        print(f"mindrl-sft: error: {e}", file=sys.stderr)
+        print(f"{tool}: error: {e}", file=sys.stderr)
         return 2
     if cfg.ignored_keys:
-        print(
-            f"mindrl-sft: ignored MindSpeed-LLM keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr
-        )
+        print(f"{tool}: ignored MindSpeed keys (no effect here): {', '.join(cfg.ignored_keys)}", file=sys.stderr)
     try:
-        result = train_sft(cfg)
+        result = train(cfg)
     except CheckpointError as e:
-        print(f"mindrl-sft: error: {e}", file=sys.stderr)
+        print(f"{tool}: error: {e}", file=sys.stderr)
         return 1
     except RankError as e:  # a rank raised or died: its traceback is in the message
-        print(f"mindrl-sft: aborted: {e}", file=sys.stderr)
+        print(f"{tool}: aborted: {e}", file=sys.stderr)
         return 1
-    last = result.history[-1]
-    val = f", val_loss {last['sft/val_loss']:.4f}" if "sft/val_loss" in last else ""
-    print(
-        f"mindrl-sft: {result.iterations} steps in {time.perf_counter() - start:.0f} s, loss {last['sft/loss']:.4f}"
-        f"{val}; checkpoint: {result.save_dir} (iteration {result.saved_iterations[-1]})"
-    )
+    for line in summary(result, time.perf_counter() - start):
+        print(line)
     print(f"run dir: {result.run_dir}")
     return 0
+
+
+def _summary(result, seconds: float) -> list[str]:
+    last = result.history[-1]
+    val = f", val_loss {last['sft/val_loss']:.4f}" if "sft/val_loss" in last else ""
+    return [
+        f"mindrl-sft: {result.iterations} steps in {seconds:.0f} s, loss {last['sft/loss']:.4f}{val}; "
+        f"checkpoint: {result.save_dir} (iteration {result.saved_iterations[-1]})"
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mindrl.preflight import load_sft_config
+    from mindrl.trainer.sft import train_sft
+
+    return run_trainer("mindrl-sft", build_parser().parse_args(argv), load_sft_config, train_sft, _summary)
 
 
 if __name__ == "__main__":

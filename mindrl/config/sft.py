@@ -27,6 +27,8 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     Relative paths are relative to the current directory (the shipped configs assume the repo root)."""
 
     SECTION: ClassVar[str] = SECTION
+    STAGE: ClassVar[str] = "sft"
+    TRAINS: ClassVar[str] = "mindrl-sft trains supervised fine-tuning only"
     # MindSpeed-LLM arguments that SFT launch scripts pass but that mean nothing here: accepted and listed.
     IGNORED: ClassVar[Mapping[str, str]] = {
         **dict.fromkeys(["is_instruction_dataset", "prompt_type", "tokenizer_type", "tokenizer_not_use_fast"], _DATA),
@@ -126,8 +128,8 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
         return self.lr_warmup_iters
 
     def validate(self, col: Collector) -> None:
-        if self.stage != "sft":
-            col.add("stage", f"must be 'sft' (mindrl-sft trains supervised fine-tuning only), got {self.stage!r}")
+        if self.stage != self.STAGE:
+            col.add("stage", f"must be {self.STAGE!r} ({self.TRAINS}), got {self.stage!r}")
         for key in ("data_path", "tokenizer_name_or_path", "load", "save"):
             if not getattr(self, key) and not col.is_bad(key):
                 col.add(key, "is required (a path)")
@@ -200,37 +202,42 @@ def load_sft_config(
     config_path: str | None = None,
     overrides: Sequence[str] = (),
     checks: Sequence[Callable[[SFTTrainingConfig, Collector], None]] = (),
+    schema: type[SFTTrainingConfig] = SFTTrainingConfig,
 ) -> SFTConfig:
     """Compose <config_path>/<config_name>.yaml with hydra (config_path None: the repo's configs/; config_name
     may also be a path to a YAML file), apply hydra-style `megatron_training.key=value` overrides, validate.
     Raises one ConfigError listing every problem.
 
     checks: further checks of the valid section, reporting to the same collector (mindrl.preflight's checks of
-    the data, checkpoint and tokenizer); they run only when the config itself has no problem."""
+    the data, checkpoint and tokenizer); they run only when the config itself has no problem. schema: the section's
+    class (a subclass for another stage: `mindrl.config.reward_model.RMTrainingConfig`)."""
     from mindrl.config.loader import _locate  # the same resolution (and messages) as mindrl-train's
 
     config_dir, name = _locate(config_name, config_path)
     source = os.path.join(config_dir, name + ".yaml")
-    raw, provenance, issues = _compose(config_dir, name, list(overrides), source)
+    raw, provenance, issues = _compose(config_dir, name, list(overrides), source, schema)
     col = Collector(default_source=source, provenance=provenance, issues=issues)
     with collecting(col):
         for key in raw:
             if key != SECTION:
                 col.add(
-                    str(key), f"unknown section; an SFT config has only '{SECTION}:'" + did_you_mean(key, [SECTION])
+                    str(key),
+                    f"unknown section; a {schema.STAGE} config has only '{SECTION}:'" + did_you_mean(key, [SECTION]),
                 )
         section = raw.get(SECTION)
         if not isinstance(section, Mapping):
             col.add(SECTION, "is required: a mapping of megatron training arguments")
             col.raise_if_any(name)  # nothing else is worth checking
-        mt = SFTTrainingConfig.from_dict(section, SECTION, col)
+        mt = schema.from_dict(section, SECTION, col)
         for check in checks if not col.issues else ():
             check(mt, col)
     col.raise_if_any(name)
     return SFTConfig(mt, config_name=name, source=source, ignored_keys=list(col.ignored))
 
 
-def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> tuple[dict, dict, list[Issue]]:
+def _compose(
+    config_dir: str, name: str, overrides: list[str], source: str, schema: type[SFTTrainingConfig]
+) -> tuple[dict, dict, list[Issue]]:
     """(the composed config, provenance of overridden keys, issues of unknown override keys)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -238,7 +245,7 @@ def _compose(config_dir: str, name: str, overrides: list[str], source: str) -> t
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    known = set(SFTTrainingConfig.known_keys())
+    known = set(schema.known_keys())
     provenance: dict[str, tuple[str, str]] = {}
     issues: list[Issue] = []
     fixed: list[str] = []

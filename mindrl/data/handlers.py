@@ -13,8 +13,8 @@ import numpy as np
 from mindrl.data.templates import ChatTemplate
 
 IGNORE_INDEX = -100  # label value that the SFT loss skips (prompt positions)
-MAP_KEY_NAMES = ("prompt", "query", "response", "system")
-# Every document is stored as int32: signed (labels hold IGNORE_INDEX) and wide enough for any vocabulary.
+MAP_KEY_NAMES = ("prompt", "query", "response", "system", "chosen", "rejected", "margin")  # of all handlers
+# Every token document is stored as int32: signed (labels hold IGNORE_INDEX) and wide enough for any vocabulary.
 TOKEN_DTYPE = np.int32
 
 
@@ -43,6 +43,15 @@ class Handler:
     default_map_keys: ClassVar[dict[str, str]] = {}
     # Keys this handler writes itself; dataset_additional_keys beyond these are raw row columns, tokenised.
     produces: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "labels")
+    # The roles this handler reads (map_keys' keys), and those the row must map.
+    roles: ClassVar[tuple[str, ...]] = ("prompt", "query", "response", "system")
+    required_roles: ClassVar[tuple[str, ...]] = ("prompt", "response")
+    # Written keys that are not token ids (their own dtype in the indexed dataset).
+    key_dtypes: ClassVar[dict[str, type[np.number]]] = {}
+
+    @classmethod
+    def dtype_of(cls, key: str) -> type[np.number]:
+        return cls.key_dtypes.get(key, TOKEN_DTYPE)
 
     def __init__(
         self,
@@ -55,8 +64,8 @@ class Handler:
         self.template = template
         # Given map_keys replace the defaults as a whole: a role left out is unused, not silently defaulted
         # to a field name the data may not have.
-        self.map_keys = {r: "" for r in MAP_KEY_NAMES} | dict(map_keys or self.default_map_keys)
-        for role in ("prompt", "response"):
+        self.map_keys = {r: "" for r in self.roles} | dict(map_keys or self.default_map_keys)
+        for role in self.required_roles:
             if not self.map_keys[role]:
                 raise ValueError(f"{self.name} needs map_keys['{role}'] (the row field holding the {role})")
         self.extra_keys = [k for k in additional_keys if k not in self.produces]
@@ -93,26 +102,35 @@ class Handler:
     def response_text(self, row: dict[str, Any]) -> str:
         raise NotImplementedError
 
+    def response_texts(self, row: dict[str, Any]) -> tuple[str, ...]:
+        """The responses that follow the prompt (one; a pairwise handler returns chosen and rejected)."""
+        return (self.response_text(row),)
+
+    def row_values(self, row: dict[str, Any]) -> dict[str, list[float]]:
+        """Non-token values of the row (key -> its document), beside the token documents."""
+        return {}
+
     # Whether response text may contain special tokens (a rendered assistant turn) or must not (an answer).
     response_is_template: ClassVar[bool] = False
 
-    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+    def assemble(self, prompt_ids: list[int], *response_ids: list[int]) -> dict[str, list[int]]:
         raise NotImplementedError
 
     # --- chunk -> tokens -------------------------------------------------------------------------
     def encode_chunk(self, rows: list[Any]) -> EncodedChunk:
-        prompts, responses, extras, good, bad = [], [], [], [], []
+        prompts, responses, values, extras, good, bad = [], [], [], [], [], []
         for i, row in enumerate(rows):
             try:
                 if not isinstance(row, dict):
                     raise BadRow(f"row is not an object but {type(row).__name__}")
-                p, r = self.prompt_text(row), self.response_text(row)
+                p, r, v = self.prompt_text(row), self.response_texts(row), self.row_values(row)
                 ex = [self._extra_field(row, k) for k in self.extra_keys]
             except BadRow as e:
                 bad.append((i, str(e)))
                 continue
             prompts.append(p)
             responses.append(r)
+            values.append(v)
             extras.append(ex)
             good.append(i)
         out: dict[str, list[list[int]]] = {k: [] for k in (*self.produces, *self.extra_keys)}
@@ -120,15 +138,17 @@ class Handler:
             # Special tokens written in the template ("<|im_start|>") must become their single ids, but an
             # answer is plain text: split_special_tokens keeps a literal "<|im_end|>" in it from turning special.
             p_ids = self._tokenize(prompts, split_special=False)
-            r_ids = self._tokenize(responses, split_special=not self.response_is_template)
-            for pi, ri in zip(p_ids, r_ids):
-                for k, v in self.assemble(pi, ri).items():
+            r_ids = [
+                self._tokenize(list(texts), split_special=not self.response_is_template) for texts in zip(*responses)
+            ]
+            for pi, vals, *ri in zip(p_ids, values, *r_ids):
+                for k, v in (self.assemble(pi, *ri) | vals).items():
                     out[k].append(v)
             for j, k in enumerate(self.extra_keys):
                 out[k] = self._tokenize([ex[j] for ex in extras], split_special=True)
         lengths = {k: np.array([len(seq) for seq in v], dtype=np.int64) for k, v in out.items()}
         flat = {
-            k: np.fromiter(itertools.chain.from_iterable(v), dtype=TOKEN_DTYPE, count=int(lengths[k].sum()))
+            k: np.fromiter(itertools.chain.from_iterable(v), dtype=self.dtype_of(k), count=int(lengths[k].sum()))
             for k, v in out.items()
         }
         return EncodedChunk(flat=flat, lengths=lengths, good=good, bad=bad)
@@ -197,8 +217,59 @@ class AlpacaStyleInstructionHandler(Handler):
         }
 
 
+class AlpacaStylePairwiseHandler(Handler):
+    """Preference pairs (reward model, DPO): one prompt, a chosen and a rejected response, each written as
+    prompt + templated response with labels = IGNORE_INDEX over the prompt (MindSpeed's pairwise keys); `margin`
+    holds the row's Bradley-Terry margin (float32, 0 when map_keys has no 'margin'). A pair whose two responses
+    are the same text carries no preference and is a bad row."""
+
+    name = "AlpacaStylePairwiseHandler"
+    default_map_keys = {"prompt": "prompt", "query": "", "chosen": "chosen", "rejected": "rejected", "system": ""}
+    produces = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "margin")
+    roles = ("prompt", "query", "system", "chosen", "rejected", "margin")
+    required_roles = ("prompt", "chosen", "rejected")
+    key_dtypes = {"margin": np.float32}
+    response_is_template = True
+
+    def response_texts(self, row: dict[str, Any]) -> tuple[str, ...]:
+        chosen, rejected = self.field(row, "chosen"), self.field(row, "rejected")
+        if chosen == rejected:
+            raise BadRow(
+                f"chosen and rejected are the same text (keys '{self.map_keys['chosen']}', "
+                f"'{self.map_keys['rejected']}'): the pair carries no preference"
+            )
+        return tuple(self.template.render_response(r, self.bos, self.eos) for r in (chosen, rejected))
+
+    def row_values(self, row: dict[str, Any]) -> dict[str, list[float]]:
+        key = self.map_keys.get("margin", "")
+        if not key:
+            return {"margin": [0.0]}
+        if key not in row:
+            raise BadRow(f"missing key '{key}' (margin)")
+        value = row[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+            raise BadRow(f"margin (key '{key}') must be a finite number, got {value!r}")
+        return {"margin": [float(value)]}
+
+    def assemble(self, prompt_ids: list[int], *response_ids: list[int]) -> dict[str, list[int]]:
+        chosen_ids, rejected_ids = response_ids
+        prompt_labels = [IGNORE_INDEX] * len(prompt_ids)
+        return {
+            "chosen_input_ids": prompt_ids + chosen_ids,
+            "chosen_labels": prompt_labels + chosen_ids,
+            "rejected_input_ids": prompt_ids + rejected_ids,
+            "rejected_labels": prompt_labels + rejected_ids,
+        }
+
+
 HANDLERS: dict[str, type[Handler]] = {
-    h.name: h for h in (R1AlpacaStyleInstructionHandler, AlpacaStyleInstructionHandler, GSM8KStyleInstructionHandler)
+    h.name: h
+    for h in (
+        R1AlpacaStyleInstructionHandler,
+        AlpacaStyleInstructionHandler,
+        GSM8KStyleInstructionHandler,
+        AlpacaStylePairwiseHandler,
+    )
 }
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from mindrl.data.handlers import TOKEN_DTYPE, EncodedChunk, Handler, get_handler_class
+from mindrl.data.handlers import EncodedChunk, Handler, get_handler_class
 from mindrl.data.preprocess_config import ConfigError, PreprocessConfig
 from mindrl.data.readers import InputError, InputFile, RawRow, discover_inputs, iter_rows
 from mindrl.data.templates import get_template
@@ -187,7 +187,7 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
     try:
         from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-        builders = {k: IndexedDatasetBuilder(finals[k] + ".bin" + tmp_tag, dtype=TOKEN_DTYPE) for k in keys}
+        builders = {k: IndexedDatasetBuilder(finals[k] + ".bin" + tmp_tag, dtype=handler.dtype_of(k)) for k in keys}
         next_log = cfg.log_interval
         # Rates count from here: tokenizer loading and imports are setup, reported apart in the summary.
         rows_start = time.perf_counter()

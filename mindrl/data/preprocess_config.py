@@ -59,7 +59,7 @@ class PreprocessConfig:
     prompt_type: str = "empty"
     """Chat template name in configs/model/templates.json."""
     map_keys: dict[str, str] = field(default_factory=dict)
-    """Role -> row field: prompt, query, response, system. '' leaves a role unused."""
+    """Role -> row field: prompt, query, response, system (pairwise: chosen, rejected, margin). '' leaves a role unused."""
     dataset_additional_keys: list[str] = field(default_factory=list)
     """Extra documents to write: 'labels' (from the handler) or raw string columns of the row, tokenised."""
     strict: bool = False

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Stage 2 of the RLHF pipeline on a CPU-only machine: a reward model on the quickstart task's preference pairs
+# (chosen = the larger number, rejected = the smaller), about a minute after setup.
+#   bash examples/rlhf/train_rm_cpu.sh
+# Steps:
+#   1. the tiny Qwen2 + tokenizer (unless OUT/hf exists) and the preference pairs (tools/make_preference_data.py)
+#   2. preprocess them (AlpacaStylePairwiseHandler, the qwen template)
+#   3. the start: LOAD (default OUT/ckpt/actor_sft, the quickstart's SFT save, else the base model converted here)
+#   4. mindrl-train-rm (configs/rm_tiny_cpu.yaml): prints `reward model held-out accuracy: X`
+#   5. export: mindrl-convert mcore2hf --orm -> OUT/hf_reward (transformers' Qwen2ForSequenceClassification)
+# Environment: OUT (default ./outputs/quickstart: the model and SFT save), RLHF (default ./outputs/rlhf: data and
+# the reward checkpoint), LOAD, RM_ITERS (default: the config's). The last line is `run dir: PATH`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+PY="python"
+[[ -x "$ROOT/.venv/bin/python" ]] && PY="$ROOT/.venv/bin/python"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+OUT="${OUT:-./outputs/quickstart}"
+RLHF="${RLHF:-./outputs/rlhf}"
+RUN_DIR="${RUN_DIR:-./outputs/rm_tiny_cpu}"
+mkdir -p "$OUT" "$RLHF"
+
+echo "== 1/4 tiny model + preference pairs"
+[[ -f "$OUT/hf/config.json" ]] || "$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
+"$PY" tools/make_preference_data.py --out "$RLHF/raw" --rows 2000 --valid-fraction 0.1
+
+echo "== 2/4 preprocess (pairwise)"
+bash examples/data/preprocess_data.sh pairwise input="$RLHF/raw/pref.json" tokenizer_name_or_path="$OUT/hf" \
+    output_prefix="$RLHF/data/pref" prompt_type=qwen workers=1
+
+LOAD="${LOAD:-$OUT/ckpt/actor_sft}"
+if [[ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]]; then
+    LOAD="$OUT/ckpt/base"
+    "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$LOAD" --tp 1 --pp 1 --overwrite
+fi
+
+echo "== 3/4 reward model from $LOAD"
+RM_ARGS=(megatron_training.data_path="$RLHF/data/pref" megatron_training.tokenizer_name_or_path="$OUT/hf"
+    megatron_training.load="$LOAD" megatron_training.save="$RLHF/ckpt/reward" megatron_training.run_dir="$RUN_DIR")
+[[ -n "${RM_ITERS:-}" ]] && RM_ARGS+=(megatron_training.train_iters="$RM_ITERS")
+"$PY" -m mindrl.cli.train_rm --config-name rm_tiny_cpu "${RM_ARGS[@]}" | grep -v "^run dir: "
+
+echo "== 4/4 export: HF Qwen2ForSequenceClassification"
+"$PY" -m mindrl.cli.convert mcore2hf --orm --load-dir "$RLHF/ckpt/reward" --save-dir "$RLHF/hf_reward" --overwrite
+echo "reward checkpoint: $RLHF/ckpt/reward (critic_config.load); HF: $RLHF/hf_reward"
+echo "run dir: $RUN_DIR"
