@@ -21,12 +21,14 @@ def build_model_and_optimizer(
     sequence_parallel: bool = False,
     iteration: int | str | None = None,
     recompute: RecomputeSettings | None = None,
+    cp: int = 1,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
 
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
-    recompute: activation recomputation in training (None: none).
+    recompute: activation recomputation in training (None: none). cp: context-parallel size (megatron's DDP then
+    reduces the gradients over DP x CP).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -35,7 +37,7 @@ def build_model_and_optimizer(
     from mindrl.checkpoint.loading import build_and_load
 
     spec, _, model = build_and_load(
-        load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute
+        load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute, cp=cp
     )
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(

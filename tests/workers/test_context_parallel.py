@@ -1,0 +1,98 @@
+"""Context parallelism (megatron_cp_algo): CP2 equals CP1 in the attention itself, and in the actor's and the critic's
+forward (logprobs, values), update metrics, gradients and weights, at CP2, CP2 x TP2 (+SP) and CP2 x PP2, padded and
+packed rows. fp32 on CPU, gloo ranks; the bound is the CP1 run's own gap to DP-invariance (see `rel`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindrl.models.context_parallel import CPSplit
+from mindrl.workers.settings import MicroBatching
+from tests.workers import cp_rank_fns
+from tests.workers.test_ppo_update import ACTOR_LOSS, CRITIC_LOSS, ckpts, rl_batch  # noqa: F401 (fixtures)
+
+LOSSES = {"actor": ACTOR_LOSS, "critic": CRITIC_LOSS}
+
+
+def test_split_is_megatrons_load_balanced_chunks():
+    split = CPSplit(16, 2, 1)
+    assert split.columns().tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert CPSplit(16, 2, 0).columns().tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert sorted(split.gathered().tolist()) == list(range(16))
+    with pytest.raises(ValueError, match="does not split into 2 x 2"):
+        CPSplit(18, 2, 0)
+
+
+def test_attention_over_cp_is_exact(pool):
+    """Each rank's query chunks over the gathered K/V: the full rows' attention and its input gradients (fp64)."""
+    cp = 2
+    runs = pool.run(cp_rank_fns.attention_rank, cp, 7)
+    g = torch.Generator().manual_seed(7)
+    s, b, h, d = 16, 2, 4, 8
+    q, k, v = (torch.randn(s, b, h, d, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1).expand(b, 1, s, s).clone()
+    mask[0, :, :, :3] = True
+    mask[0] &= ~torch.eye(s, dtype=torch.bool)
+    scores = torch.einsum("qbhd,kbhd->bhqk", q, k).masked_fill(mask, float("-inf"))
+    out = torch.einsum("bhqk,kbhd->qbhd", scores.softmax(-1), v)
+    out.pow(2).sum().backward()
+    for r in runs:
+        torch.testing.assert_close(r["out"], out.detach(), rtol=1e-12, atol=1e-12)
+        cols = r["cols"]
+        # every rank computes the whole loss: its gradients are CP times its share (DDP averages over DP x CP)
+        for name, ref in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            torch.testing.assert_close(r[name] / cp, ref[cols], rtol=1e-12, atol=1e-12)
+
+
+def rel(got: dict, want: dict) -> float:
+    return max(((got[k] - want[k]).norm() / want[k].norm().clamp_min(1e-30)).item() for k in want)
+
+
+def merged(runs, what):
+    return {k: v for r in runs if r[what] for k, v in r[what].items()}
+
+
+def forwards(runs, rows: int):
+    out = None
+    for r in runs:
+        if r["forward"] is None:
+            continue
+        idx, t = r["forward"]
+        out = torch.zeros(rows, t.shape[1]) if out is None else out
+        out[idx, : t.shape[1]] = t
+    return out
+
+
+LAYOUTS = [
+    pytest.param(1, 1, False, id="cp2"),
+    pytest.param(2, 1, True, id="cp2-tp2-sp"),
+    pytest.param(1, 2, False, id="cp2-pp2"),
+]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("tp, pp, sp", LAYOUTS)
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_cp2_equals_cp1(pool, ckpts, rl_batch, role, tp, pp, sp, packed):  # noqa: F811
+    """CP2 against CP1 at the same TP x PP (the CP1 run has twice the DP: the update is DP-invariant), and the
+    CP1 run against a second CP1 run at DP1 (CP1 x its own layout at half the world) to measure the DP gap."""
+    micro = MicroBatching(rows=2, packed=packed)
+    loss = LOSSES[role]
+    one = pool.run(cp_rank_fns.layout_rank, ckpts[role], tp, pp, 1, rl_batch, role, loss, micro, sp)
+    two = pool.run(cp_rank_fns.layout_rank, ckpts[role], tp, pp, 2, rl_batch, role, loss, micro, sp)
+    n = len(rl_batch)
+    f1, f2 = forwards(one, n), forwards(two, n)
+    fwd_diff = ((f2 - f1).abs().max() / f1.abs().max()).item()
+    m1, m2 = one[0]["metrics"], two[0]["metrics"]
+    metric_diff = max(
+        abs(m2[k] - m1[k]) / max(1.0, abs(m1[k])) for k in m1 if not k.startswith("_") and k in m2
+    )
+    g_diff = rel(merged(two, "grads"), merged(one, "grads"))
+    w_diff = rel(merged(two, "weights"), merged(one, "weights"))
+    print(f"{role} tp{tp} pp{pp} sp{sp} packed{packed}: forward {fwd_diff:.2g} metrics {metric_diff:.2g} "
+          f"grads {g_diff:.2g} weights {w_diff:.2g}")
+    assert sorted(m1) == sorted(m2)
+    assert fwd_diff <= 1e-6 and metric_diff <= 1e-6, (fwd_diff, metric_diff)
+    assert g_diff <= 1e-5, g_diff
+    assert w_diff <= 1e-6, w_diff
