@@ -52,22 +52,23 @@ class CPSplit:
         return rows.index_select(3, self.gathered(mask.device))
 
     def full(self, local: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's columns along `dim` -> the full row in natural order, on every rank; backward sums the ranks'
-        gradients and keeps this rank's columns (each rank computes the same loss on the full row, so its gradient
-        is CP times its share: megatron's DDP averages over DP x CP)."""
-        gathered = gather_along(local, dim)
+        """This rank's columns along `dim` -> the full row in natural order, on every rank. Every rank then computes
+        the same loss on the full rows, so backward keeps this rank's columns of the gradient without summing them
+        over the group (megatron's schedule multiplies the loss by CP, and its DDP averages over DP x CP)."""
+        gathered = _GatherCP.apply(local.movedim(dim, 0), False).movedim(0, dim)
         inverse = torch.empty(self.width, dtype=torch.long, device=local.device)
         inverse[self.gathered(local.device)] = torch.arange(self.width, device=local.device)
         return gathered.index_select(dim, inverse)
 
 
 class _GatherCP(torch.autograd.Function):
-    """All-gather over the CP group along dim 0 (ranks in turn); backward reduce-scatters (sums the ranks'
-    gradients, keeps this rank's part)."""
+    """All-gather over the CP group along dim 0 (ranks in turn). Backward: reduce-scatter (sum the ranks' gradients,
+    keep this rank's part), or with reduce False this rank's part of its own gradient."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor):
+    def forward(ctx, t: torch.Tensor, reduce: bool):
         group, n = ps.get_context_parallel_group(), ps.get_context_parallel_world_size()
+        ctx.reduce = reduce
         t = t.contiguous()
         out = t.new_empty(n * t.shape[0], *t.shape[1:])
         torch.distributed.all_gather_into_tensor(out, t, group=group)
@@ -76,14 +77,15 @@ class _GatherCP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         group, n = ps.get_context_parallel_group(), ps.get_context_parallel_world_size()
+        if not ctx.reduce:
+            return grad.chunk(n)[ps.get_context_parallel_rank()].contiguous(), None
         grad = grad.contiguous()
         out = grad.new_empty(grad.shape[0] // n, *grad.shape[1:])
         torch.distributed.reduce_scatter_tensor(out, grad, group=group)
-        return out
+        return out, None
 
 
 def gather_along(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """All-gather `t` over the CP group along `dim` (ranks in turn), with the reduce-scatter backward."""
-    if dim == 0:
-        return _GatherCP.apply(t)
-    return _GatherCP.apply(t.movedim(dim, 0)).movedim(0, dim)
+    """All-gather `t` over the CP group along `dim` (ranks in turn); backward reduce-scatters its gradient (K/V: each
+    rank's keys get the gradients of every rank's queries)."""
+    return _GatherCP.apply(t.movedim(dim, 0), True).movedim(0, dim)

@@ -40,13 +40,15 @@ def test_attention_over_cp_is_exact(pool):
     for r in runs:
         torch.testing.assert_close(r["out"], out.detach(), rtol=1e-12, atol=1e-12)
         cols = r["cols"]
-        # every rank computes the whole loss: its gradients are CP times its share (DDP averages over DP x CP)
+        # every rank computes the whole loss; K/V gradients summed over the ranks' queries
         for name, ref in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
-            torch.testing.assert_close(r[name] / cp, ref[cols], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(r[name], ref[cols], rtol=1e-12, atol=1e-12)
 
 
 def rel(got: dict, want: dict) -> float:
-    return max(((got[k] - want[k]).norm() / want[k].norm().clamp_min(1e-30)).item() for k in want)
+    """|got - want| / |want| over all the tensors together."""
+    num = sum(((got[k] - want[k]).norm() ** 2).item() for k in want)
+    return (num / sum((want[k].norm() ** 2).item() for k in want)) ** 0.5
 
 
 def merged(runs, what):
@@ -71,28 +73,51 @@ LAYOUTS = [
 ]
 
 
+def update_rel(got: dict, want: dict, before: dict) -> float:
+    """|got - want| over |want - before| (the weight update's own size), over all weights together."""
+    num = sum(((got[k] - want[k]).norm() ** 2).item() for k in want)
+    return (num / sum(((want[k] - before[k]).norm() ** 2).item() for k in want)) ** 0.5
+
+
+def gaps(a, b, n: int, before: dict) -> dict:
+    fa, fb = forwards(a, n), forwards(b, n)
+    ma, mb = a[0]["metrics"], b[0]["metrics"]
+    return {
+        "forward": ((fb - fa).abs().max() / fa.abs().max()).item(),
+        "metrics": max(abs(mb[k] - ma[k]) / max(1.0, abs(ma[k])) for k in ma if not k.startswith("_")),
+        "grads": rel(merged(b, "grads"), merged(a, "grads")),
+        "update": update_rel(merged(b, "weights"), merged(a, "weights"), before),
+    }
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("tp, pp, sp", LAYOUTS)
 @pytest.mark.parametrize("role", ["actor", "critic"])
-def test_cp2_equals_cp1(pool, ckpts, rl_batch, role, tp, pp, sp, packed):  # noqa: F811
-    """CP2 against CP1 at the same TP x PP (the CP1 run has twice the DP: the update is DP-invariant), and the
-    CP1 run against a second CP1 run at DP1 (CP1 x its own layout at half the world) to measure the DP gap."""
-    micro = MicroBatching(rows=2, packed=packed)
+def test_cp2_equals_cp1(pool, tiny_models, ckpts, rl_batch, role, tp, pp, sp, packed):  # noqa: F811
+    """CP2 against CP1 at the same TP x PP (the CP1 run has twice the DP: the update is DP-invariant). The bound is
+    the fp32 gap between two CP1 runs that group the same sums differently (2 rows per micro-batch against 1),
+    measured here, or 1e-6 where that gap is smaller."""
+    from mindrl.checkpoint.hf_io import HFCheckpoint
+
     loss = LOSSES[role]
-    one = pool.run(cp_rank_fns.layout_rank, ckpts[role], tp, pp, 1, rl_batch, role, loss, micro, sp)
-    two = pool.run(cp_rank_fns.layout_rank, ckpts[role], tp, pp, 2, rl_batch, role, loss, micro, sp)
-    n = len(rl_batch)
-    f1, f2 = forwards(one, n), forwards(two, n)
-    fwd_diff = ((f2 - f1).abs().max() / f1.abs().max()).item()
-    m1, m2 = one[0]["metrics"], two[0]["metrics"]
-    metric_diff = max(
-        abs(m2[k] - m1[k]) / max(1.0, abs(m1[k])) for k in m1 if not k.startswith("_") and k in m2
+    one = pool.run(
+        cp_rank_fns.layout_rank, ckpts[role], tp, pp, 1, rl_batch, role, loss, MicroBatching(2, packed=packed), sp
     )
-    g_diff = rel(merged(two, "grads"), merged(one, "grads"))
-    w_diff = rel(merged(two, "weights"), merged(one, "weights"))
-    print(f"{role} tp{tp} pp{pp} sp{sp} packed{packed}: forward {fwd_diff:.2g} metrics {metric_diff:.2g} "
-          f"grads {g_diff:.2g} weights {w_diff:.2g}")
-    assert sorted(m1) == sorted(m2)
-    assert fwd_diff <= 1e-6 and metric_diff <= 1e-6, (fwd_diff, metric_diff)
-    assert g_diff <= 1e-5, g_diff
-    assert w_diff <= 1e-6, w_diff
+    ref = pool.run(
+        cp_rank_fns.layout_rank, ckpts[role], tp, pp, 1, rl_batch, role, loss, MicroBatching(1, packed=packed), sp
+    )
+    two = pool.run(
+        cp_rank_fns.layout_rank, ckpts[role], tp, pp, 2, rl_batch, role, loss, MicroBatching(2, packed=packed), sp
+    )
+    hf = HFCheckpoint(tiny_models["untied" if role == "actor" else "orm"])
+    before = {k: hf.get(k).float() for k in merged(one, "weights")}
+    n = len(rl_batch)
+    bound = {k: max(1e-6, v) for k, v in gaps(one, ref, n, before).items()}
+    # Adam's first step is ~sign(g): where g is near eps it magnifies rounding (test_ppo_update.check_savings' bound)
+    bound["update"] = max(bound["update"], 1e-4)
+    got = gaps(one, two, n, before)
+    print(f"{role} tp{tp} pp{pp} sp{sp} packed{packed}: CP2 vs CP1 {got}, fp32 regrouping gap {bound}")
+    assert sorted(one[0]["metrics"]) == sorted(two[0]["metrics"])
+    assert one[0]["metrics"]["_tokens"][1:] == two[0]["metrics"]["_tokens"][1:]  # computed: padded to 2 x CP
+    for k in got:
+        assert got[k] <= bound[k], (k, got[k], bound[k])
