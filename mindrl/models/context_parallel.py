@@ -8,9 +8,6 @@ from dataclasses import dataclass
 import torch
 from megatron.core import parallel_state as ps
 
-ALGORITHMS = ("megatron_cp_algo",)
-"""The context_parallel_algo values mindrl runs (MindSpeed-RL's ring-attention algorithm, as exact causal attention)."""
-
 
 def cp_size() -> int:
     return ps.get_context_parallel_world_size() if ps.model_parallel_is_initialized() else 1
