@@ -24,7 +24,9 @@ class CPSplit:
 
     def __post_init__(self):
         if self.width % (2 * self.size):
-            raise ValueError(f"a row of {self.width} columns does not split into 2 x {self.size} context-parallel chunks")
+            raise ValueError(
+                f"a row of {self.width} columns does not split into 2 x {self.size} context-parallel chunks"
+            )
 
     def columns(self, rank: int | None = None, device=None) -> torch.Tensor:
         """[width / size] the global columns rank `rank` (default: this one) holds, in its local order."""

@@ -80,7 +80,15 @@ class MegatronRank:
         self.profiler = StageProfiler(s.profile, self.rank)
         info = self.init_layout(m.tp, m.pp, m.seed, m.cp)
         self.spec, model, self.optimizer, self.scheduler = build_model_and_optimizer(
-            m.load, m.tp, m.pp, m.optim, m.total_steps, m.dtype, m.sequence_parallel, m.load_iteration, m.recompute,
+            m.load,
+            m.tp,
+            m.pp,
+            m.optim,
+            m.total_steps,
+            m.dtype,
+            m.sequence_parallel,
+            m.load_iteration,
+            m.recompute,
             cp=m.cp,
         )
         if m.resume_dir is not None:

@@ -116,9 +116,7 @@ def test_context_parallel_recipes_split_the_activations(cfgs):
     lay = plan.layouts["actor"]
     assert (lay.tp, lay.pp, lay.cp, lay.dp) == (8, 2, 2, 2)
     cfg1 = load_config("dapo_qwen25_32b_A3_32k", overrides=["actor_config.context_parallel_size=1"])
-    acts = {
-        cp: p.memory["actor"]["train"]["activations_bytes"] for cp, p in ((2, plan), (1, make_plan(cfg1)))
-    }
+    acts = {cp: p.memory["actor"]["train"]["activations_bytes"] for cp, p in ((2, plan), (1, make_plan(cfg1)))}
     assert acts[1] / 2 < acts[2] < 0.6 * acts[1], acts
     assert "CP 2 DP 2" in to_text(plan) and "cp 1)" in to_text(plan)
 
