@@ -265,7 +265,7 @@ class SDPAttention(DotProductAttention):
         upcast = current_platform().attention_operands == "fp32"
         if self.config.attention_softmax_in_fp32 and dtype.itemsize < 4 and upcast:  # 16-bit only, fp64 stays
             query, key, value = query.float(), key.float(), value.float()
-        if self.config.context_parallel_size > 1 and cp_size() > 1:
+        if getattr(self.config, "context_parallel_size", 1) > 1 and cp_size() > 1:
             # Context parallelism: this rank's queries (its two chunks) over every rank's keys and values, gathered
             # (backward: their gradients reduce-scattered back); the mask is [b, 1, s / CP, s] with the keys in the
             # gather's order (`CPSplit.local_mask`). Exact causal attention over the whole row.

@@ -13,6 +13,10 @@ def test_cp_sets_the_role_and_the_dp():
     assert cfg.actor_config.cp == 2 and cfg.actor_config.context_parallel_algo == "megatron_cp_algo"
     assert cfg.rl_config.actor_dp == 1  # 2 devices / (TP1 x PP1 x CP2)
     assert "actor_config.context_parallel_size" not in cfg.ignored_keys
+    # megatron_training's value is the roles' default, as for the other layout keys (MindSpeed-RL's merge)
+    cfg = load_config("grpo_tiny_cpu", overrides=["+megatron_training.context_parallel_size=2",
+                                                  "actor_config.tensor_model_parallel_size=1"])  # fmt: skip
+    assert cfg.actor_config.cp == 2 and cfg.rl_config.actor_dp == 1
 
 
 def test_cp_errors_name_the_key():
