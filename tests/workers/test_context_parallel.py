@@ -121,3 +121,44 @@ def test_cp2_equals_cp1(pool, tiny_models, ckpts, rl_batch, role, tp, pp, sp, pa
     assert one[0]["metrics"]["_tokens"][1:] == two[0]["metrics"]["_tokens"][1:]  # computed: padded to 2 x CP
     for k in got:
         assert got[k] <= bound[k], (k, got[k], bound[k])
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gemm", "cuda", "npu"])
+def test_platform_kernels_attend_a_cp_ranks_rows(monkeypatch, platform):
+    """Each platform's core attention (CPU's SDPA and GEMM paths, CUDA's kernel choice on CPU tensors, the NPU's
+    npu_fusion_attention through tests/models' named fake, which computes in fp32) on one CP rank's queries over the
+    gathered keys with `CPSplit.local_mask`: the rows of the fp64 truth, within twice the path's own error on the
+    whole rows (or 1e-12). GQA, a left-padded row."""
+    import sys
+
+    from mindrl.models.attention import gemm_attention
+    from mindrl.models.forward import attention_inputs
+    from mindrl.platform import CpuPlatform, CudaPlatform
+    from mindrl.platform.npu import NpuPlatform
+    from tests.models.test_sdpa_attention import FakeTorchNpu
+
+    if platform == "npu":
+        monkeypatch.setitem(sys.modules, "torch_npu", FakeTorchNpu())
+    plat = {"cpu": CpuPlatform, "gemm": CpuPlatform, "cuda": CudaPlatform, "npu": NpuPlatform}[platform]()
+
+    def attend(q, k, v, mask):  # [b, n, s, d] layouts
+        if platform == "gemm":  # megatron's [s, b, n, d] in
+            return gemm_attention(*(t.permute(2, 0, 1, 3) for t in (q, k, v)), mask, 0.3)
+        return plat.core_attention(q, k, v, mask, 0.3, 0.0)
+
+    g = torch.Generator().manual_seed(3)
+    s, b, heads, kv, d, cp = 16, 2, 4, 2, 8, 2
+    q, k, v = (torch.randn(b, n, s, d, generator=g, dtype=torch.float64) for n in (heads, kv, kv))
+    valid = torch.ones(b, s, dtype=torch.long)
+    valid[1, :5] = 0
+    _, mask = attention_inputs(valid, valid)
+    ek, ev = (t.repeat_interleave(heads // kv, 1) for t in (k, v))
+    truth = (q @ ek.transpose(-1, -2) * 0.3).masked_fill(mask, float("-inf")).softmax(-1) @ ev
+    bound = max(1e-12, 2 * (attend(q, k, v, mask).double() - truth).abs().max().item())
+    for rank in range(cp):
+        split = CPSplit(s, cp, rank)
+        order = split.gathered()
+        local_q = q.index_select(2, split.columns())
+        out = attend(local_q, k.index_select(2, order), v.index_select(2, order), split.local_mask(mask))
+        err = (out.double() - truth.index_select(2, split.columns())).abs().max().item()
+        assert err <= bound, (platform, rank, err, bound)
