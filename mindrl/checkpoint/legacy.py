@@ -401,13 +401,14 @@ def build_and_load(
     hf_config: str | None = None,
     iteration: int | str | None = None,
     recompute: RecomputeSettings | None = None,
+    cp: int = 1,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model) like `loading.build_and_load`, from a legacy checkpoint at any saved TP / PP.
     Collective in name only (each rank reads the files it needs); call inside a rank."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
-    init_model_parallel(tp, pp)
+    init_model_parallel(tp, pp, cp=cp)
     spec, source = resolve_spec(root, hf_config)
     ckpt = LegacyCheckpoint.open(root, iteration)
     try:

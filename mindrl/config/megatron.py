@@ -14,6 +14,8 @@ from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSett
 DATASET_SUFFIX = "_packed_input_ids_document"
 TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
 STAGES = (None, "ray_ppo", "ray_grpo", "ray_dapo")
+CP_ALGORITHMS = ("megatron_cp_algo",)
+"""context_parallel_algo values mindrl runs (`mindrl.models.context_parallel`)."""
 
 _FUSION = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
 _MEMORY = "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl"
@@ -94,7 +96,6 @@ MEGATRON_IGNORED: dict[str, str] = {
             "use_kv_cache",
             "algorithm",
             "no_check_for_nan_in_loss_and_grad",
-            "context_parallel_algo",
         ],
         _LOG,
     ),
@@ -147,7 +148,6 @@ MEGATRON_IGNORED: dict[str, str] = {
 }
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "context_parallel_size": ((1,), "context parallelism"),
     "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
     "num_experts": ((None, 0), "mixture-of-experts layers"),
     "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
@@ -288,6 +288,12 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
     """Training tensor parallelism (TP)."""
     pipeline_model_parallel_size: int = 1
     """Training pipeline parallelism (PP)."""
+    context_parallel_size: int = 1
+    """Training context parallelism (CP): each row's columns split over CP ranks in 2 x CP load-balanced chunks, the
+    attention exact over the whole row (docs/parallelism.md); the world is TP x PP x CP x DP."""
+    context_parallel_algo: str = "megatron_cp_algo"
+    """How attention spans the CP ranks; only megatron_cp_algo (MindSpeed-RL's ring attention: exact causal
+    attention, here over K/V all-gathered from the CP group)."""
     micro_batch_size: int = 1
     """Responses per micro-batch in the update (gradient accumulation over micro-batches)."""
     lr: float | None = None
@@ -320,9 +326,13 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
     """None: megatron_training.sequence_parallel (resolved at load)."""
 
     def validate(self, col: Collector) -> None:
-        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size"):
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
+                    "context_parallel_size"):  # fmt: skip
             if getattr(self, key) < 1:
                 col.add(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.context_parallel_algo not in CP_ALGORITHMS:
+            col.add("context_parallel_algo", f"{self.context_parallel_algo!r} is not supported; use "
+                    f"{' or '.join(CP_ALGORITHMS)} (ulysses and hybrid CP are not implemented)")  # fmt: skip
         if self.lr is None:
             col.add("lr", "is required")
         elif self.lr <= 0:
@@ -365,6 +375,10 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
     @property
     def pp(self) -> int:
         return self.pipeline_model_parallel_size
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
 
 
 def megatron_key_kind(key: str) -> str:

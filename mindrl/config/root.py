@@ -127,8 +127,8 @@ class RLConfig(Section):
             c = self.critic_config if self.rl_config.needs_critic else None
             self.rl_config.bind(
                 mt.global_batch_size,
-                max(1, a.tp * a.pp),
-                None if c is None else max(1, c.tp * c.pp),
+                max(1, a.tp * a.pp * a.cp),  # the model-parallel ranks per DP rank: DP = world / (TP x PP x CP)
+                None if c is None else max(1, c.tp * c.pp * c.cp),
                 max(1, self.generate_config.infer_tensor_parallel_size),
             )
 
@@ -166,11 +166,15 @@ class RLConfig(Section):
                     col.add(f"{role}.{key}", f"{message} ({where}.num_layers={arch.num_layers}, PP={pp})")
         if world is None or col.is_bad("rl_config.actor_resource.num_npus"):
             return
-        if world % (tp * pp):
-            col.add(tp_key, f"TP x PP = {tp} x {pp} = {tp * pp} does not divide the {world} devices "
-                    "(rl_config.actor_resource.num_npus)")  # fmt: skip
+        cp, cp_key = rc.cp, f"{role}.context_parallel_size"
+        if cp < 1 or col.is_bad(cp_key):
             return
-        dp, mbs = world // (tp * pp), rc.micro_batch_size
+        if world % (tp * pp * cp):
+            names, sizes = ("TP x PP x CP", f"{tp} x {pp} x {cp}") if cp > 1 else ("TP x PP", f"{tp} x {pp}")
+            col.add(cp_key if cp > 1 else tp_key, f"{names} = {sizes} = {tp * pp * cp} does not divide the {world} "
+                    "devices (rl_config.actor_resource.num_npus)")  # fmt: skip
+            return
+        dp, mbs = world // (tp * pp * cp), rc.micro_batch_size
         if gbs is None or col.is_bad(f"{role}.micro_batch_size", "megatron_training.global_batch_size"):
             return
         rollout = gbs * n

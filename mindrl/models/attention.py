@@ -10,6 +10,7 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from mindrl.models.context_parallel import cp_size, gather_along
 from mindrl.models.fused import kernels_for
 from mindrl.models.packing import RowAttention, packed_rows_of
 from mindrl.platform.detect import current_platform
@@ -231,6 +232,17 @@ class SDPAttention(DotProductAttention):
     [prompt, itself], computing no score a mask would hide. Rows packed into one (`PackedRows`) likewise: it reads
     their `RowAttention` and attends row by row."""
 
+    def __init__(self, config, *args, **kwargs):
+        # DotProductAttention refuses context parallelism (megatron leaves it to Transformer Engine); this one
+        # attends this rank's query chunks over the K/V all-gathered from the CP group (`forward`).
+        cp = config.context_parallel_size
+        config.context_parallel_size = 1
+        try:
+            super().__init__(config, *args, **kwargs)
+        finally:
+            config.context_parallel_size = cp
+        self.config = config
+
     def forward(
         self,
         query: torch.Tensor,
@@ -253,6 +265,14 @@ class SDPAttention(DotProductAttention):
         upcast = current_platform().attention_operands == "fp32"
         if self.config.attention_softmax_in_fp32 and dtype.itemsize < 4 and upcast:  # 16-bit only, fp64 stays
             query, key, value = query.float(), key.float(), value.float()
+        if getattr(self.config, "context_parallel_size", 1) > 1 and cp_size() > 1:
+            # Context parallelism: this rank's queries (its two chunks) over every rank's keys and values, gathered
+            # (backward: their gradients reduce-scattered back); the mask is [b, 1, s / CP, s] with the keys in the
+            # gather's order (`CPSplit.local_mask`). Exact causal attention over the whole row.
+            if attention_mask is None:
+                raise ValueError("context-parallel attention needs the explicit mask of the rank's queries")
+            key, value = gather_along(key, 0), gather_along(value, 0)
+            return self._context(self._attend(query, key, value, attention_mask, dropout).to(dtype))
         groups = prefix_groups_of(attention_mask)
         if groups is not None:
             return self._prefix_groups(query, key, value, *groups, dropout).to(dtype)

@@ -121,6 +121,8 @@ def build_model(
         config_overrides.update(use_te_activation_func=eager, bias_activation_fusion=not eager)
     elif config_overrides.get("use_te_activation_func"):
         config_overrides.setdefault("bias_activation_fusion", False)  # megatron refuses both
+    # Context parallelism from the parallel state: megatron's rotary table then keeps this rank's chunks.
+    config_overrides.setdefault("context_parallel_size", ps.get_context_parallel_world_size())
     config = spec.transformer_config(
         tp,
         pp,

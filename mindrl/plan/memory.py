@@ -97,7 +97,7 @@ def norm_activation_bytes(
 
 def layer_activation_bytes(
     arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, fused_norm: bool = False,
-    gemm_attention: bool = False, path: KernelPath | None = None,
+    gemm_attention: bool = False, path: KernelPath | None = None, cp: int = 1,
 ) -> int:  # fmt: skip
     """What autograd keeps for one transformer layer's backward, for a micro-batch of b sequences of s tokens.
 
@@ -128,7 +128,7 @@ def layer_activation_bytes(
     if _output_is_context(path, e, gemm_attention):
         context = 0  # the projection's input is SDPA's fp32 output, counted with the attention
     mlp = s * b * 3 * arch.ffn_size * e // tp
-    attention = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path)
+    attention = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path, cp)
     return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + attention + context + mlp
 
 
@@ -157,20 +157,24 @@ def _output_is_context(path: KernelPath | None, e: int, gemm_attention: bool) ->
 
 
 def core_attention_bytes(
-    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None
-) -> int:
+    arch: ModelArchConfig, s: int, b: int, tp: int, e: int, gemm_attention: bool = False, path: KernelPath | None = None,
+    cp: int = 1,
+) -> int:  # fmt: skip
     """What core attention alone keeps for backward, i.e. what selective recomputation does not keep (it keeps the
     attention's inputs instead, `selective_kept_bytes`) and rebuilds for one layer at a time in backward: the
-    attention terms of `layer_activation_bytes` but the context, which the output projection keeps either way."""
+    attention terms of `layer_activation_bytes` but the context, which the output projection keeps either way.
+    Under context parallelism (cp > 1) s is the rank's query columns and the keys are all k = cp s (gathered K, V;
+    the mask and scores are s x k)."""
     d, a, g = arch.head_dim, int(arch.num_attention_heads), arch.num_kv_heads
+    k = s * cp
     if gemm_attention:  # Q, K, V in fp32 (an extra copy when e < 4), the fp32 softmax
-        qkv = (4 * a + 8 * g) * d
-        return s * b * qkv // tp + 4 * a * b * s * s // tp
+        return (s * 4 * a + k * 8 * g) * b * d // tp + 4 * a * b * s * k // tp
     if _device_attention(path, e, gemm_attention):  # q, K, V (grouped or expanded), output; statistics, mask
         kv = g if path.attention_grouped_kv else a
         mask = e if path.mask_bytes is None else path.mask_bytes
-        return s * b * (2 * a + 2 * kv) * d * e // tp + path.softmax_stats_bytes * a * s * b // tp + mask * b * s * s
-    return s * b * 16 * a * d // tp + 4 * a * s * b // tp + 4 * b * s * s  # SDPA's fp32 Q, K, V, output; lse, mask
+        qkv = (s * 2 * a + k * 2 * kv) * b * d * e // tp
+        return qkv + path.softmax_stats_bytes * a * s * b // tp + mask * b * s * k
+    return (s + k) * b * 8 * a * d // tp + 4 * a * s * b // tp + 4 * b * s * k  # fp32 Q, K, V, output; lse, mask
 
 
 def selective_kept_bytes(
@@ -193,7 +197,7 @@ def activation_output_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: i
 
 def recomputed_layers_bytes(
     arch: ModelArchConfig, s: int, b: int, tp: int, sp: bool, e: int, layers: int, recompute: RecomputeSettings | None,
-    fused_norm: bool = False, gemm_attention: bool = False, path: KernelPath | None = None,
+    fused_norm: bool = False, gemm_attention: bool = False, path: KernelPath | None = None, cp: int = 1,
 ) -> tuple[int, int]:  # fmt: skip
     """(kept, rebuilt) for one micro-batch of a stage of `layers` layers under `recompute`: the bytes its layers
     keep from forward to backward, and the most its backward holds beyond them at once (what a recomputation
@@ -206,14 +210,14 @@ def recomputed_layers_bytes(
     `core_attention_bytes` in every layer and rebuilds one layer's once that layer's MLP and context are freed;
     recompute_activation_function drops the MLP's activation output, rebuilt for one layer at a time before the
     layer frees anything. The layers a full recomputation rebuilds follow the last two."""
-    layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention, path)
+    layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention, path, cp)
     mlp = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + s * b * 3 * arch.ffn_size * e // tp
     rebuilt = 0  # one layer's selective / activation rebuild: sequential in its backward, the larger counts
     if recompute is not None and recompute.recompute_activation_function:
         act = activation_output_bytes(arch, s, b, tp, e)
         layer, mlp, rebuilt = layer - act, mlp - act, act
     if recompute is not None and recompute.recompute_granularity == "selective":
-        core = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path)
+        core = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path, cp)
         layer += selective_kept_bytes(arch, s, b, tp, e, gemm_attention, path) - core
         context = s * b * int(arch.num_attention_heads) * arch.head_dim * e // tp
         rebuilt = max(rebuilt, core - mlp - context)
@@ -230,16 +234,17 @@ def recomputed_layers_bytes(
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
     stage: int, micro_batches: int, recompute: RecomputeSettings | None = None, fused_norm: bool = False,
-    gemm_attention_max_len: int = 0, path: KernelPath | None = None,
+    gemm_attention_max_len: int = 0, path: KernelPath | None = None, cp: int = 1,
 ) -> int:  # fmt: skip
-    """Peak activations of one rank of pipeline stage `stage` in an update. Under 1F1B stage k holds
+    """Peak activations of one rank of pipeline stage `stage` in an update (cp > 1: s is the rank's columns of a
+    context-parallel row, `core_attention_bytes`). Under 1F1B stage k holds
     min(PP - k, micro-batches) micro-batches in flight, each keeping what its L/PP layers keep under `recompute`
     (`recomputed_layers_bytes`); the backward of one of them first frees the head of the last stage (the final
     norm, and an actor's logits), then rebuilds what the recomputation rebuilds: the larger of the two counts."""
     layers = int(arch.num_layers) // pp
     in_flight = max(1, min(pp - stage, micro_batches))
-    gemm = s <= gemm_attention_max_len
-    kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm, path)
+    gemm = s * cp <= gemm_attention_max_len
+    kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm, path, cp)
     head = 0
     if stage == pp - 1:
         logits = logits_bytes(arch, s, b, tp, e) if role != "critic" else 0

@@ -43,6 +43,8 @@ class ModelLayout:
     """Parameters of one TP rank of each pipeline stage."""
     recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
     """Activation recomputation in the update (recompute_* keys)."""
+    cp: int = 1
+    """Context parallelism: each rank computes 1 / cp of every row's columns (the shapes above are whole rows)."""
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,20 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
-def rank_coords(rank: int, tp: int, pp: int, world: int) -> tuple[int, int, int]:
-    """(tp_rank, pp_rank, dp_rank) of a global rank in megatron's default order 'tp-cp-ep-dp-pp' (TP fastest,
-    then DP, then PP), as parallel_state.initialize_model_parallel lays ranks out."""
-    dp = world // (tp * pp)
-    return rank % tp, rank // (tp * dp), (rank // tp) % dp
+def rank_coords(rank: int, tp: int, pp: int, world: int, cp: int = 1) -> tuple[int, ...]:
+    """(tp_rank, pp_rank, dp_rank), and cp_rank when cp > 1, of a global rank in megatron's default order
+    'tp-cp-ep-dp-pp' (TP fastest, then CP, then DP, then PP), as parallel_state.initialize_model_parallel lays
+    ranks out."""
+    dp = world // (tp * pp * cp)
+    coords = (rank % tp, rank // (tp * cp * dp), (rank // (tp * cp)) % dp)
+    return coords if cp == 1 else (*coords, (rank // tp) % cp)
 
 
 def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
     rc, arch = (cfg.critic_config, cfg.critic_model) if role == "critic" else (cfg.actor_config, cfg.model)
     model_role = "critic" if role == "critic" else "actor"
     settings = _model_settings(cfg, role)
-    dp = world // (settings.tp * settings.pp)
+    dp = world // (settings.tp * settings.pp * settings.cp)
     rl = cfg.rl_config
     seq = rl.max_prompt_length + cfg.generate_config.sampling_config.max_tokens
     update = mem.micro_batch_shape(
@@ -127,6 +131,7 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         params_total=total_params(arch, model_role),
         params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total for s in range(rc.pp)],
         recompute=settings.recompute,
+        cp=settings.cp,
     )
 
 
@@ -173,8 +178,8 @@ def make_plan(
             device=i,
             node=i // dev.per_node,
             local=i % dev.per_node,
-            actor=rank_coords(i, a.tp, a.pp, world),
-            critic=None if c is None else rank_coords(i, c.tp, c.pp, world),
+            actor=rank_coords(i, a.tp, a.pp, world, a.cp),
+            critic=None if c is None else rank_coords(i, c.tp, c.pp, world, c.cp),
             engine=(i // itp, i % itp),
         )
         for i in range(world)
@@ -209,10 +214,15 @@ def _update_acts(lay: ModelLayout, arch, stage: int, dev: Device) -> dict[str, i
 def _acts(lay: ModelLayout, arch, stage: int, recompute: RecomputeSettings, dev: Device) -> int:
     s, b = lay.update_shape
     return mem.train_activation_bytes(
-        arch, "critic" if lay.role == "critic" else "actor", s, b, lay.tp, lay.pp,
+        arch, "critic" if lay.role == "critic" else "actor", -(-s // lay.cp), b, lay.tp, lay.pp,
         lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
-        dev.kernels.norm == "eager_fused", dev.kernels.gemm_attention_max_len, dev.kernels,
+        dev.kernels.norm == "eager_fused", dev.kernels.gemm_attention_max_len, dev.kernels, lay.cp,
     )  # fmt: skip
+
+
+def _local(shape: tuple[int, int], cp: int) -> tuple[int, int]:
+    """(s, b) of a micro-batch -> what one context-parallel rank computes of it: s / cp columns of each row."""
+    return -(-shape[0] // cp), shape[1]
 
 
 def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -> dict:
@@ -252,20 +262,20 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
 
     out["actor"]["rollout"] = held("actor", "rollout", actor)
     out["rollout"]["rollout"] = engine
-    fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", *a.forward_shape, a.tp, ea)
+    fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", *_local(a.forward_shape, a.cp), a.tp, ea)
     out["actor"]["score"] = {**held("actor", "score", actor), "activations_bytes": fwd_a}
     if has_ref:
         ref_mbs = rl.ref_forward_micro_batch_size or a.micro_batch_size
         ref_w = {"weights_bytes": actor["weights_bytes"]}
         ref_shape = mem.micro_batch_shape(seq, ref_mbs, *rl.token_budget("ref"), a.packed)
-        ref_act = mem.forward_bytes(cfg.model, "actor", *ref_shape, a.tp, ea)
+        ref_act = mem.forward_bytes(cfg.model, "actor", *_local(ref_shape, a.cp), a.tp, ea)
         out["reference"] = {"rollout": {**held("reference", "rollout", ref_w), "activations_bytes": 0},
                             "score": {**held("reference", "score", ref_w), "activations_bytes": ref_act}}  # fmt: skip
     out["rollout"]["score"] = asleep
     if c is not None:
         critic = _state(c, slot.critic[1])
         ec = mem.DTYPE_BYTES[c.dtype]
-        cfwd = mem.forward_bytes(cfg.critic_model, "critic", *c.forward_shape, c.tp, ec)
+        cfwd = mem.forward_bytes(cfg.critic_model, "critic", *_local(c.forward_shape, c.cp), c.tp, ec)
         out["critic"] = {
             "rollout": held("critic", "rollout", critic),
             "score": {**held("critic", "score", critic), "activations_bytes": cfwd},

@@ -58,15 +58,16 @@ def _placement_lines(plan: Plan) -> list[str]:
             f"  node {node}: devices {_ranges([s.local for s in slots])} (global {_ranges([s.device for s in slots])})"
         )
         for s in slots:
-            a = f"actor+ref rank {s.device:>3} (tp {s.actor[0]} pp {s.actor[1]} dp {s.actor[2]})"
-            c = (
-                ""
-                if s.critic is None
-                else f" | critic rank {s.device:>3} (tp {s.critic[0]} pp {s.critic[1]} dp {s.critic[2]})"
-            )
+            a = f"actor+ref rank {s.device:>3} ({_coords(s.actor)})"
+            c = "" if s.critic is None else f" | critic rank {s.device:>3} ({_coords(s.critic)})"
             e = f" | engine {s.engine[0]} tp {s.engine[1]}"
             lines.append(f"    dev {s.local:>2}: {a}{c}{e}")
     return lines
+
+
+def _coords(c: tuple[int, ...]) -> str:
+    """(tp, pp, dp[, cp]) ranks as text."""
+    return f"tp {c[0]} pp {c[1]} dp {c[2]}" + (f" cp {c[3]}" if len(c) > 3 else "")
 
 
 def _micro(lay: ModelLayout) -> str:
@@ -92,7 +93,8 @@ def to_text(plan: Plan) -> str:
     for role, lay in plan.layouts.items():
         opt = "distributed" if lay.distributed_optimizer else "replicated"
         lines.append(
-            f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} DP {lay.dp} VPP {lay.vpp} "
+            f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} "
+            f"{f'CP {lay.cp} ' if lay.cp > 1 else ''}DP {lay.dp} VPP {lay.vpp} "
             f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  {_micro(lay)}  optimizer {opt}  "
             f"{lay.params_total / 1e9:.3f} B params, {max(lay.params_per_stage) / 1e9:.3f} B per rank"
             + _recompute_text(lay.recompute)

@@ -71,6 +71,8 @@ def _cpu_factory(fn):
     def factory(*args, **kwargs):
         if "device" in kwargs:
             kwargs["device"] = _to_cpu_device(kwargs["device"])
+        if kwargs.get("pin_memory"):  # no pinned-memory allocator without an accelerator (CP's rotary chunk index)
+            kwargs["pin_memory"] = False
         return fn(*args, **kwargs)
 
     return factory

@@ -64,6 +64,7 @@ def model_settings(
         load=load,
         tp=role_cfg.tensor_model_parallel_size,
         pp=role_cfg.pipeline_model_parallel_size,
+        cp=role_cfg.context_parallel_size,
         micro_batch_size=role_cfg.micro_batch_size,
         forward_micro_batch_size=forward_mbs or role_cfg.micro_batch_size,
         optim=_optim(role_cfg, total, mt),

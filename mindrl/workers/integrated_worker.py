@@ -26,8 +26,8 @@ class IntegratedWorker(MegatronRank):
         info, self.actor = self._setup_trained(s, a)
         self.ref = self.ref_offloader = None
         if s.ref_load is not None:
-            # Built at the actor's TP/PP and dtype: each rank's reference shard pairs with its actor shard (sync).
-            self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype)
+            # Built at the actor's TP/PP/CP and dtype: each rank's reference shard pairs with its actor shard (sync).
+            self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype, cp=a.cp)
             self.ref.eval()
             # Off the device except while scoring; on CPU a host-to-host copy each way that frees nothing, kept so
             # that the schedule and its ledger run there too.

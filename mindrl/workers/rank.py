@@ -53,18 +53,19 @@ class MegatronRank:
         self.phase: str | None = None  # the phase of the iteration (enter_phase); None before the first
         return os.getpid()
 
-    def init_layout(self, tp: int, pp: int, seed: int) -> RankInfo:
+    def init_layout(self, tp: int, pp: int, seed: int, cp: int = 1) -> RankInfo:
         from megatron.core import parallel_state as ps
 
         from mindrl.launch import init_model_parallel
 
-        init_model_parallel(tp, pp, seed)
+        init_model_parallel(tp, pp, seed, cp=cp)
+        first_cp = ps.get_context_parallel_rank() == 0  # the CP ranks of a DP rank compute the same outputs
         self.info = RankInfo(
             rank=self.rank,
             dp_rank=ps.get_data_parallel_rank(),
             dp_size=ps.get_data_parallel_world_size(),
             is_source=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_first_stage(),
-            is_output=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage(),
+            is_output=ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage() and first_cp,
         )
         return self.info
 
@@ -77,9 +78,18 @@ class MegatronRank:
 
         self.settings = s
         self.profiler = StageProfiler(s.profile, self.rank)
-        info = self.init_layout(m.tp, m.pp, m.seed)
+        info = self.init_layout(m.tp, m.pp, m.seed, m.cp)
         self.spec, model, self.optimizer, self.scheduler = build_model_and_optimizer(
-            m.load, m.tp, m.pp, m.optim, m.total_steps, m.dtype, m.sequence_parallel, m.load_iteration, m.recompute
+            m.load,
+            m.tp,
+            m.pp,
+            m.optim,
+            m.total_steps,
+            m.dtype,
+            m.sequence_parallel,
+            m.load_iteration,
+            m.recompute,
+            cp=m.cp,
         )
         if m.resume_dir is not None:
             load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)

@@ -23,6 +23,7 @@ from mindrl.algorithms import (
 )
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
+from mindrl.models.context_parallel import CPSplit, cp_size
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
 from mindrl.models.packing import PackedRows, cut_by_budget, pack_rows
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
@@ -122,8 +123,13 @@ def _packed_positions(model, mb: Batch):
         raise RuntimeError("prefix groups and packed rows need the model's rotary embedding (RoPE)")
     positions = packed.positions if packed is not None else layout.positions(model_device(model))
     width = len(positions)
+    split = _cp_split(mb)
+    if split is not None:  # megatron's table holds this rank's chunks of columns: pick from the whole one instead
+        positions = split.local(positions, 0)
 
     def pick(module, args, output):
+        if split is not None:
+            return module.get_emb(width).index_select(0, positions)
         if output.shape[0] != width:
             raise RuntimeError(f"rotary table of {output.shape[0]} rows for packed rows of {width} columns")
         return output.index_select(0, positions)
@@ -139,10 +145,10 @@ def _packed_positions(model, mb: Batch):
 def _response_head(model, mb: Batch):
     """Apply the output layer (LM head or value head) to the response positions only: a pre-hook cuts the
     decoder's hidden states [s, b, h] to rows [P - 1, P - 1 + R) before it. Yields whether it did: not off the
-    last pipeline stage (no output layer) nor under sequence parallelism (each TP rank holds s / TP rows there;
-    the outputs are sliced afterwards instead)."""
+    last pipeline stage (no output layer) nor under sequence or context parallelism (each rank holds part of the
+    rows there; the outputs are sliced afterwards instead)."""
     head = _output_layer(model)
-    if not SAVINGS or head is None or get_model_config(model).sequence_parallel:
+    if not SAVINGS or head is None or get_model_config(model).sequence_parallel or cp_size() > 1:
         yield False
         return
     start, length = mb.meta["prompt_length"] - 1, mb["responses"].shape[1]
@@ -179,10 +185,61 @@ def _response_head(model, mb: Batch):
             handle.remove()
 
 
+def _cp_split(mb: Batch) -> CPSplit | None:
+    """How the micro-batch's columns split over the context-parallel group (None without CP)."""
+    n = cp_size()
+    return CPSplit(_model_shape(mb)[0], n, ps.get_context_parallel_rank()) if n > 1 else None
+
+
 def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
-    """(the model's outputs for micro-batch mb, whether they cover the response positions only)."""
+    """(the model's outputs for micro-batch mb, whether they cover the response positions only). Under context
+    parallelism the model runs on this rank's columns (`CPSplit`) and the outputs are those columns'."""
+    ids, position_ids, mask = _model_inputs(mb)
+    split = _cp_split(mb)
+    if split is not None:
+        ids, position_ids, mask = split.local(ids, 1), split.local(position_ids, -1), split.local_mask(mask)
     with _response_head(model, mb) as sliced, _packed_positions(model, mb):
-        return model(*_model_inputs(mb)), sliced
+        return model(ids, position_ids, mask), sliced
+
+
+def _column_labels(mb: Batch) -> torch.Tensor:
+    """[rows as the model sees them, width] the response token each model column predicts (0 where none)."""
+    responses = mb["responses"]
+    packed = _packed(mb)
+    if packed is not None:  # the real response tokens' predicting columns (padding ones point at column 0)
+        valid = mb["attention_mask"][:, mb["input_ids"].shape[1] - responses.shape[1] :].bool()
+        labels = responses.new_zeros(1, packed.width)
+        labels[0, packed.sources.view(valid.shape)[valid]] = responses[valid]
+        return labels
+    if _layout(mb) is not None:
+        raise RuntimeError("prefix groups do not run under context parallelism")
+    p, r = mb.meta["prompt_length"], responses.shape[1]
+    labels = responses.new_zeros(mb["input_ids"].shape)
+    labels[:, p - 1 : p - 1 + r] = responses
+    return labels
+
+
+def _token_logprobs(output, mb: Batch, sliced: bool, temperature: float, **kw):
+    """(rows, R) logprobs of the response tokens and their entropy (`vocab_parallel_logprobs`; kw: with_entropy,
+    entropy_grad). Under context parallelism each rank computes its columns' and they are gathered to full rows."""
+    split = _cp_split(mb)
+    if split is None:
+        return vocab_parallel_logprobs(_response_slice(output, mb, sliced), mb["responses"], temperature, **kw)
+    labels = split.local(_column_labels(mb), 1)
+    lp, ent = vocab_parallel_logprobs(output, labels, temperature, **kw)
+
+    def rows(t):
+        return None if t is None else _response_slice(split.full(t, 1).unsqueeze(-1), mb, False).squeeze(-1)
+
+    return rows(lp), rows(ent)
+
+
+def _token_values(output, mb: Batch, sliced: bool) -> torch.Tensor:
+    """(rows, R) fp32 values before each response token (gathered over context parallelism)."""
+    split = _cp_split(mb)
+    if split is not None:
+        output = split.full(output, 1)
+    return _response_slice(output, mb, sliced).squeeze(-1).float()
 
 
 def _model_shape(mb: Batch) -> tuple[int, int]:
@@ -276,6 +333,9 @@ def _plan(model, batch: Batch, micro: int | MicroBatching) -> _Plan:
         raise ValueError(f"{n} rows do not split into micro-batches of {mbs}")
     p_len, r_len = batch.real_widths()
     multiple = ps.get_tensor_model_parallel_world_size() if get_model_config(model).sequence_parallel else 1
+    multiple *= 2 * cp_size() if cp_size() > 1 else 1  # context parallelism: 2 x CP chunks per row
+    if not SAVINGS and cp_size() > 1:
+        raise ValueError("the plain path (rl_model.SAVINGS off) does not pad rows for context parallelism")
     if not SAVINGS:
         micro = [mb.to(device) for mb in batch.split(n // mbs)]
         tokens = n * batch["input_ids"].shape[1]
@@ -354,7 +414,7 @@ def response_logprobs(
         output, sliced = _forward(model, mb)
 
         def collect(output_tensor, non_loss_data=True):
-            lp, _ = vocab_parallel_logprobs(_response_slice(output_tensor, mb, sliced), mb["responses"], temperature)
+            lp, _ = _token_logprobs(output_tensor, mb, sliced, temperature)
             return lp * mb["response_mask"]
 
         return output, collect
@@ -371,7 +431,7 @@ def response_values(model, batch: Batch, micro_batch_size: int | MicroBatching) 
         output, sliced = _forward(model, mb)
 
         def collect(output_tensor, non_loss_data=True):
-            return _response_slice(output_tensor, mb, sliced).squeeze(-1).float() * mb["response_mask"]
+            return _token_values(output_tensor, mb, sliced) * mb["response_mask"]
 
         return output, collect
 
@@ -404,10 +464,9 @@ def _global_counts(batch: Batch) -> tuple[float, float]:
 
 def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced: bool, output: torch.Tensor):
     mask = mb["response_mask"]
-    logits = _response_slice(output, mb, sliced)
     # With entropy_coeff 0 the entropy is only a metric: no graph over the vocabulary is built for it.
-    log_prob, entropy = vocab_parallel_logprobs(
-        logits, mb["responses"], s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0 or not SAVINGS
+    log_prob, entropy = _token_logprobs(
+        output, mb, sliced, s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0 or not SAVINGS
     )
     # Exactly on-policy (no old-logprob recompute): the old policy is the current one, the ratio is 1.
     old = mb["old_log_prob"] if "old_log_prob" in mb else log_prob.detach()
@@ -460,7 +519,7 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
 
 def _critic_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced: bool, output: torch.Tensor):
     mask = mb["response_mask"]
-    vpreds = _response_slice(output, mb, sliced).squeeze(-1).float()
+    vpreds = _token_values(output, mb, sliced)
     loss, m = value_loss(vpreds, mb["returns"], mb["values"], mask, s.cliprange_value, s.loss_agg_mode, **agg)
     share = mask.sum() / agg["global_num_tokens"]
     metrics = {"critic/vf_loss": loss.detach() / agg["dp_size"], "critic/vf_clipfrac": m["vf_clipfrac"] * share}

@@ -81,6 +81,8 @@ class ModelSettings:
     """Optimizer steps of the whole run (the LR decay horizon)."""
     dtype: str = "float32"
     sequence_parallel: bool = False
+    cp: int = 1
+    """Context-parallel size (actor_config / critic_config.context_parallel_size)."""
     recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
     """Activation recomputation in the update (none by default)."""
     seed: int = 1234

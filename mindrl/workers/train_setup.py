@@ -22,13 +22,15 @@ def build_model_and_optimizer(
     iteration: int | str | None = None,
     recompute: RecomputeSettings | None = None,
     value_head: bool = False,
+    cp: int = 1,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
 
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
     recompute: activation recomputation in training (None: none). value_head: train a value-head model (a causal
-    LM checkpoint gets a fresh head: `mindrl.checkpoint.loading.build_and_load`).
+    LM checkpoint gets a fresh head: `mindrl.checkpoint.loading.build_and_load`). cp: context-parallel size
+    (megatron's DDP then reduces the gradients over DP x CP).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -38,7 +40,7 @@ def build_model_and_optimizer(
 
     spec, _, model = build_and_load(
         load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
-        value_head=value_head,
+        value_head=value_head, cp=cp,
     )  # fmt: skip
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(

@@ -94,11 +94,11 @@ def test_value_from_megatron_training_is_reported_where_written(tmp_path):
 
 
 def test_forbidden_and_unsupported_keys():
-    err = errors("grpo_tiny_cpu", "+rl_config.multi_turn_enable=true", "+megatron_training.context_parallel_size=2",
+    err = errors("grpo_tiny_cpu", "+rl_config.multi_turn_enable=true", "+megatron_training.expert_model_parallel_size=2",
                  "rl_config.use_integrated_worker=false", "generate_config.rollout_mode=server",
                  "+generate_config.enable_expert_parallel=true", "+rl_config.reward_resource.num_npus=2")  # fmt: skip
     issue(err, "rl_config.multi_turn_enable", "not supported", "multi-turn tool-use rollouts")
-    issue(err, "megatron_training.context_parallel_size", "not supported", "context parallelism", "set it to 1")
+    issue(err, "megatron_training.expert_model_parallel_size", "not supported", "expert parallelism", "set it to 1")
     issue(err, "rl_config.use_integrated_worker", "integrated mode")
     issue(err, "generate_config.server_urls", "rollout_mode 'server' needs at least one rollout server URL")
     issue(err, "generate_config.enable_expert_parallel", "not supported")

@@ -19,11 +19,11 @@ from mindrl.plan import PHASES, make_plan, rank_coords, stage_params, to_json, t
 
 SHIPPED = [
     "ppo_qwen25_32b_A3", "grpo_qwen25_32b_A3", "grpo_qwen25_32b_A2", "grpo_qwen25_7b_A3", "grpo_qwen3_8b_A3",
-    "ppo_tiny_cpu", "grpo_tiny_cpu",
+    "ppo_tiny_cpu", "grpo_tiny_cpu", "dapo_qwen25_32b_A3_32k", "dapo_qwen25_32b_A2_20k",
 ]  # fmt: skip
 RECIPES = {
     "ppo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A3": "a3", "grpo_qwen25_32b_A2": "910b", "grpo_qwen25_7b_A3": "a3",
-    "grpo_qwen3_8b_A3": "a3",
+    "grpo_qwen3_8b_A3": "a3", "dapo_qwen25_32b_A3_32k": "a3", "dapo_qwen25_32b_A2_20k": "910b",
 }  # fmt: skip
 """MindSpeed-RL's recipes as they ship them (configs/ differs only in paths and run_dir) and the device each names."""
 
@@ -94,6 +94,31 @@ def test_rank_layout_is_megatrons():
                 assert [c[index] for c in coords] == list(range(len(group))), (kind, tp, pp, group)
                 others = {c[:index] + c[index + 1 :] for c in coords}
                 assert len(others) == 1, (kind, group)
+
+
+def test_rank_layout_with_context_parallelism_is_megatrons():
+    from megatron.core.parallel_state import RankGenerator
+
+    for tp, pp, cp, world in [(8, 2, 2, 64), (2, 1, 2, 8), (1, 2, 2, 8), (2, 2, 2, 16)]:
+        dp = world // (tp * pp * cp)
+        gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+        for kind, index in (("tp", 0), ("pp", 1), ("dp", 2), ("cp", 3)):
+            for group in gen.get_ranks(kind):
+                coords = [rank_coords(r, tp, pp, world, cp) for r in group]
+                assert [c[index] for c in coords] == list(range(len(group))), (kind, tp, pp, cp, group)
+                assert len({c[:index] + c[index + 1 :] for c in coords}) == 1, (kind, group)
+
+
+def test_context_parallel_recipes_split_the_activations(cfgs):
+    """The CP2 recipes: the actor's layout says CP 2 and DP = 64 / (TP8 x PP2 x CP2) = 2, and the update's
+    activations are what CP1 would need over about CP (the attention keeps all keys: a little more)."""
+    plan = make_plan(cfgs["dapo_qwen25_32b_A3_32k"])
+    lay = plan.layouts["actor"]
+    assert (lay.tp, lay.pp, lay.cp, lay.dp) == (8, 2, 2, 2)
+    cfg1 = load_config("dapo_qwen25_32b_A3_32k", overrides=["actor_config.context_parallel_size=1"])
+    acts = {cp: p.memory["actor"]["train"]["activations_bytes"] for cp, p in ((2, plan), (1, make_plan(cfg1)))}
+    assert acts[1] / 2 < acts[2] < 0.6 * acts[1], acts
+    assert "CP 2 DP 2" in to_text(plan) and "cp 1)" in to_text(plan)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

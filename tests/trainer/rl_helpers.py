@@ -178,17 +178,21 @@ def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
 
 # One PPO iteration at each training layout (tensor x pipeline parallel; inference at TP1): test_ppo_e2e compares
 # them; test_legacy_e2e compares its legacy-checkpoint run against "tp2" (the shipped layout).
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2)}
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2), "cp2": (1, 1)}
+CP_SIZES = {"cp2": 2}
+"""Context-parallel size of a layout (1 where absent)."""
 _LAYOUT_RUNS: dict[str, SharedRun] = {}
 
 
 def layout_overrides(name: str) -> list[str]:
     tp, pp = LAYOUTS[name]
+    cp = CP_SIZES.get(name, 1)
     return [
-        "megatron_training.train_iters=1", f"rl_config.actor_resource.num_npus={tp * pp}",
-        f"rl_config.critic_resource.num_npus={tp * pp}",
+        "megatron_training.train_iters=1", f"rl_config.actor_resource.num_npus={tp * pp * cp}",
+        f"rl_config.critic_resource.num_npus={tp * pp * cp}",
         f"actor_config.tensor_model_parallel_size={tp}", f"actor_config.pipeline_model_parallel_size={pp}",
         f"critic_config.tensor_model_parallel_size={tp}", f"critic_config.pipeline_model_parallel_size={pp}",
+        f"actor_config.context_parallel_size={cp}", f"critic_config.context_parallel_size={cp}",
         "generate_config.infer_tensor_parallel_size=1", "rl_config.use_tensorboard=false",
         # Adam's first step is lr * g / (|g| + eps): with the default eps a gradient element near 1e-8 turns
         # layout rounding (1e-9) into a visible weight difference; 1e-6 keeps the comparison well-conditioned.
