@@ -167,7 +167,8 @@ def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def trained(assets, tmp_path_factory):
-    """The CLI, one rank, on the tiny task: 40 steps, validation every 10 (the held-out problems)."""
+    """The CLI, one rank, on the tiny task: 40 steps, validation every 10 (the held-out problems); ~25 s with the
+    preprocessing, so not marked slow."""
     out = tmp_path_factory.mktemp("dpo_run")
     path = write_config(out, assets, world_size=1, micro_batch_size=16, global_batch_size=16, train_iters=40,
                         eval_interval=10, eval_iters=2, lr_warmup_iters=5, lr_decay_style="cosine", lr=1e-3,
@@ -183,7 +184,6 @@ KEYS = ("dpo/loss", "dpo/rewards/accuracy", "dpo/rewards/margin", "dpo/rewards/c
         "dpo/logps/chosen", "dpo/logps/rejected", "dpo/grad_norm", "dpo/lr")  # fmt: skip
 
 
-@pytest.mark.slow
 def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
     out, stdout = trained
     print(stdout)
@@ -200,7 +200,6 @@ def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
     assert np.mean([r["dpo/loss"] for r in rows[-5:]]) < np.mean([r["dpo/loss"] for r in rows[:5]])
 
 
-@pytest.mark.slow
 def test_checkpoint_exports_and_prefers_the_chosen_answers(pool, trained, assets, tmp_path):
     """The save is an actor; mcore2hf writes a causal LM whose held-out chosen-minus-rejected log-prob margin (HF,
     summed over the response tokens) is larger than the starting model's, and positive on most pairs."""
