@@ -243,3 +243,19 @@ def test_bad_config_names_the_key(assets, tmp_path):
                       refer_model_iter=1)  # fmt: skip
     cfg = load_dpo_config("dpo_test", ms)
     assert cfg.ignored_keys == ["megatron_training.is_pairwise_dataset", "megatron_training.refer_model_iter"]
+
+
+def test_cli_help_shipped_config_and_bad_config_exit(capsys, assets, tmp_path):
+    from mindrl.cli.train_dpo import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "direct preference optimisation" in capsys.readouterr().out
+    cfg = load_dpo_config("dpo_tiny_cpu", check_paths=False)
+    mt = cfg.megatron_training
+    assert mt.stage == "dpo" and mt.dpo_loss_type == "sigmoid" and mt.dpo_beta == 0.1 and mt.split == "90,10,0"
+    assert cfg.ignored_keys == ["megatron_training.is_pairwise_dataset"]
+    path = write_config(tmp_path, assets)
+    assert main(["--config-name", "dpo_test", "--config-path", path, "megatron_training.dpo_beta=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "mindrl-train-dpo: error:" in err and "dpo_beta: must be > 0" in err, err
