@@ -42,6 +42,7 @@ setup(
             "mindrl-rollout-server=mindrl.cli.rollout_server:main",
             "mindrl-sft=mindrl.cli.sft:main",
             "mindrl-train-rm=mindrl.cli.train_rm:main",
+            "mindrl-train-dpo=mindrl.cli.train_dpo:main",
             "mindrl-train=mindrl.cli.train:main",
         ]
     },

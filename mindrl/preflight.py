@@ -55,6 +55,17 @@ def load_rm_config(
     return sft_config.load_sft_config(config_name, config_path, overrides, checks=checks, schema=RMTrainingConfig)
 
 
+def load_dpo_config(
+    config_name: str, config_path: str | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+) -> SFTConfig:
+    """The `stage: dpo` config of mindrl-train-dpo (`DPOTrainingConfig`), plus (unless check_paths is False) the
+    causal-LM checkpoint, tokenizer and preference-data checks of `check_dpo_paths`."""
+    from mindrl.config.dpo import DPOTrainingConfig
+
+    checks = (check_dpo_paths,) if check_paths else ()
+    return sft_config.load_sft_config(config_name, config_path, overrides, checks=checks, schema=DPOTrainingConfig)
+
+
 def config_from_args(args: argparse.Namespace) -> RLConfig:
     """Load and validate the config the parsed arguments (`mindrl.config.cli.add_config_args`) name, with the path
     checks unless --no-check-paths; raises ConfigError."""
@@ -197,6 +208,11 @@ def check_rm_paths(mt: SFTTrainingConfig, col: Collector) -> None:
     _check_training_paths(mt, col, pairwise_data_counts, value_head=True)
 
 
+def check_dpo_paths(mt: SFTTrainingConfig, col: Collector) -> None:
+    """The checkpoint (a causal LM), the tokenizer and the preference data with its labels, reported to col."""
+    _check_training_paths(mt, col, dpo_data_counts, value_head=False)
+
+
 def _check_training_paths(mt: SFTTrainingConfig, col: Collector, data_counts, value_head: bool) -> None:
     with col.scope(SFT_SECTION):
         try:
@@ -250,6 +266,19 @@ def pairwise_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
     if len(set(counts)) != 1:
         raise ValueError(f"{', '.join(PAIR_KEYS)} hold {counts} documents: the preference data is inconsistent")
     return split_counts(counts[0], split)
+
+
+def dpo_data_counts(data_path: str, split: str) -> tuple[int, int, int]:
+    """`pairwise_data_counts`, and the chosen / rejected labels (which pick the response tokens) are there too."""
+    counts = pairwise_data_counts(data_path, split)
+    prefix = dataset_output_prefix(data_path)
+    for side in ("chosen", "rejected"):
+        ids, labels = (dataset_prefix(prefix, f"{side}_{k}") for k in ("input_ids", "labels"))
+        if not (os.path.isfile(labels + ".bin") and os.path.isfile(labels + ".idx")):
+            raise ValueError(f"{labels}.{{bin,idx}} not found (DPO needs the pairwise handler's labels)")
+        if (IndexedDataset(ids).sequence_lengths != IndexedDataset(labels).sequence_lengths).any():
+            raise ValueError(f"{side}_labels are not per-token labels of {side}_input_ids (their lengths differ)")
+    return counts
 
 
 def sft_data_counts(data_path: str, split: str) -> tuple[int, int, int]:

@@ -1,0 +1,70 @@
+"""The `mindrl-train-dpo` config (`stage: dpo`): the SFT config's megatron training arguments plus MindSpeed-LLM's DPO
+keys; loaded with `load_sft_config(..., schema=DPOTrainingConfig)`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mindrl.algorithms.dpo import DPO_LOSS_TYPES
+from mindrl.config.errors import Collector
+from mindrl.config.sft import SFTTrainingConfig
+
+
+@dataclass
+class DPOTrainingConfig(SFTTrainingConfig):
+    """`megatron_training:` of a DPO config: every SFT key means the same, with these differences. A global batch
+    counts preference pairs (each pair is two sequences); seq_length cuts each sequence."""
+
+    STAGE: ClassVar[str] = "dpo"
+    TRAINS: ClassVar[str] = "mindrl-train-dpo trains a causal LM with direct preference optimisation"
+    IGNORED: ClassVar[Mapping[str, str]] = {
+        **SFTTrainingConfig.IGNORED,
+        "is_pairwise_dataset": "the data's keys say it (AlpacaStylePairwiseHandler writes chosen_* / rejected_*)",
+        "no_pad_to_seq_lengths": "variable_seq_lengths says it",
+        "model": "the checkpoint in `load` says which model it is",
+    }
+    UNSUPPORTED: ClassVar[Mapping[str, tuple[tuple[Any, ...], str]]] = {
+        **SFTTrainingConfig.UNSUPPORTED,
+        "refer_model_iter": ((1,), "refreshing the reference from the policy"),
+        "pref_ftx": ((0, 0.0), "an SFT term on the chosen responses"),
+    }
+
+    stage: str = "dpo"
+    """Training stage; only "dpo" (offline DPO against a frozen reference)."""
+    data_path: str = ""
+    """Prefix written by mindrl-preprocess with handler_name=AlpacaStylePairwiseHandler (its output_prefix):
+    chosen_/rejected_ input_ids and labels (-100 over the prompt)."""
+    load: str = ""
+    """Megatron causal-LM checkpoint to start the policy from (an SFT save, mindrl-convert hf2mcore)."""
+    ref_model: str = ""
+    """The frozen reference: empty or the same checkpoint as `load` (its log-probabilities are computed once,
+    before the first step)."""
+    save: str = ""
+    """Checkpoint directory to write: a causal LM (actor_config.load; mindrl-convert mcore2hf exports it)."""
+    run_dir: str = ""
+    """Where metrics.jsonl, tensorboard/ and dpo_config.json go (default: outputs/<config name>)."""
+    eval_interval: int = 0
+    """Validation loss, reward accuracy and margins every this many steps and at the end (0: never)."""
+    dpo_beta: float = 0.1
+    """beta: the strength of the implicit KL to the reference (the rewards are beta x log-ratio sums)."""
+    dpo_label_smoothing: float = 0.0
+    """cDPO: the probability that a pair's label is flipped, in [0, 0.5) (sigmoid loss only)."""
+    dpo_loss_type: str = "sigmoid"
+    """sigmoid (DPO), hinge (SLiC) or ipo (IPO, on the summed log-ratios)."""
+
+    def validate(self, col: Collector) -> None:
+        super().validate(col)
+        if not self.dpo_beta > 0:
+            col.add("dpo_beta", f"must be > 0, got {self.dpo_beta}")
+        if not 0 <= self.dpo_label_smoothing < 0.5:
+            col.add("dpo_label_smoothing", f"must be within [0, 0.5), got {self.dpo_label_smoothing}")
+        if self.dpo_loss_type not in DPO_LOSS_TYPES:
+            col.add("dpo_loss_type", f"{self.dpo_loss_type!r} is not one of {', '.join(DPO_LOSS_TYPES)}")
+        elif self.dpo_label_smoothing and self.dpo_loss_type != "sigmoid":
+            col.add("dpo_label_smoothing", f"applies to dpo_loss_type sigmoid only, not {self.dpo_loss_type!r}")
+        if self.ref_model and self.load and os.path.abspath(self.ref_model) != os.path.abspath(self.load):
+            col.add("ref_model", f"{self.ref_model!r} differs from load {self.load!r}; mindrl's DPO reference is the "
+                    "starting checkpoint (leave ref_model empty or equal to load)")  # fmt: skip

@@ -1,0 +1,261 @@
+"""mindrl-train-dpo on the shared 4-rank gloo pool: the DPO loss equals a per-pair loop (fp64), step 1's log-probs equal
+transformers', TP2 / PP2 match TP1, the tiny preference task is learnt (held-out reward accuracy and margin rise) and
+the save exports to transformers, and bad configs name the key."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from mindrl.algorithms.dpo import dpo_loss, dpo_stats
+from mindrl.config import ConfigError
+from mindrl.preflight import load_dpo_config
+from mindrl.trainer import dpo
+from tests.conftest import shared_pool
+
+WORLD = 4  # the shared pool's ranks (tests/conftest.py)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def assets(tiny_models, tmp_path_factory):
+    """The synthetic preference task (tools/make_preference_data.py) preprocessed with the pairwise handler, and the
+    tiny causal LM as a megatron checkpoint (the policy's start and the reference)."""
+    from mindrl.checkpoint import convert
+    from mindrl.data.preprocess import preprocess
+    from mindrl.data.preprocess_config import PreprocessConfig
+    from tools.make_preference_data import make_pairs
+
+    d = tmp_path_factory.mktemp("dpo_assets")
+    (d / "pref.json").write_text(json.dumps(make_pairs(rows=480, valid_fraction=0.2, seed=0)))
+    cfg = PreprocessConfig(input=str(d / "pref.json"), tokenizer_name_or_path=tiny_models["untied"],
+                           output_prefix=str(d / "data" / "pref"), handler_name="AlpacaStylePairwiseHandler",
+                           prompt_type="qwen")  # fmt: skip
+    preprocess(cfg, log=io.StringIO())
+    convert.hf2mcore(tiny_models["untied"], str(d / "base"), 1, 1, pool=shared_pool())
+    return d, tiny_models["untied"]
+
+
+def write_config(dir_path, assets, name: str = "dpo_test", **values) -> str:
+    """test_sft's config writer with DPO's stage and data."""
+    from tests.trainer.test_sft import write_config as sft_config
+
+    d, _ = assets
+    dpo_values = {"stage": "dpo", "data_path": str(d / "data" / "pref"), "lr": 1.0e-3, "split": "80,20,0",
+                  "dpo_beta": 0.1}  # fmt: skip
+    return sft_config(dir_path, assets, name, **(dpo_values | values))
+
+
+def run(pool, dir_path, assets, *overrides: str, **values):
+    cfg = load_dpo_config("dpo_test", write_config(dir_path, assets, **values), list(overrides))
+    return dpo.train_dpo(cfg, pool=pool, log=lambda line: None)
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+def _loop_loss(pc, pr, rc, rr, beta, ls, loss_type) -> float:
+    """One pair's loss written out with math (log sigmoid(z) = -log1p(exp(-z)), stable either side)."""
+
+    def log_sigmoid(z: float) -> float:
+        return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
+
+    h = (pc - pr) - (rc - rr)
+    if loss_type == "sigmoid":
+        return -(1 - ls) * log_sigmoid(beta * h) - ls * log_sigmoid(-beta * h)
+    if loss_type == "hinge":
+        return max(0.0, 1 - beta * h)
+    return (h - 1 / (2 * beta)) ** 2
+
+
+@pytest.mark.parametrize("loss_type,beta,ls", [("sigmoid", 0.1, 0.0), ("sigmoid", 0.5, 0.2), ("hinge", 0.3, 0.0),
+                                               ("ipo", 0.25, 0.0)])  # fmt: skip
+def test_dpo_loss_matches_a_loop_reference(loss_type, beta, ls):
+    """Vectorised losses, rewards and summed metrics against a per-pair loop (fp64, within 1e-6; measured ~1e-15)."""
+    gen = torch.Generator().manual_seed(0)
+    pc, pr, rc, rr = (-torch.rand(64, generator=gen, dtype=torch.float64) * 40 for _ in range(4))
+    pc[0], pr[0], rc[0], rr[0] = -5.0, -5.0, -7.0, -7.0  # a tie: zero margin counts as wrong
+    terms = dpo_loss(pc, pr, rc, rr, beta, ls, loss_type)
+    stats = dpo_stats(terms, pc, pr)
+    ref = [_loop_loss(*v, beta, ls, loss_type) for v in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())]
+    err = max(abs(a - b) for a, b in zip(terms["loss"].tolist(), ref))
+    print(f"{loss_type}: max |vectorised - loop| {err:.2e}")
+    assert err <= 1e-6 and abs(stats["loss_sum"].item() - sum(ref)) <= 1e-6
+    rewards = [
+        (beta * (a - c), beta * (b - d)) for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())
+    ]
+    assert stats["correct"].item() == sum(1.0 for c, r in rewards if c > r) and stats["pairs"].item() == 64
+    assert stats["margin_sum"].item() == pytest.approx(sum(c - r for c, r in rewards), abs=1e-9)
+    assert stats["chosen_logp_sum"].item() == pytest.approx(sum(pc.tolist()), abs=1e-9)
+    with pytest.raises(ValueError, match="unknown dpo_loss_type 'kto'"):
+        dpo_loss(pc, pr, rc, rr, beta, 0.0, "kto")
+
+
+def test_sequence_logps_sum_the_response_tokens_only():
+    """collate's loss mask covers exactly the response tokens (labels != -100), shifted to the predicting position."""
+    ids, labels = np.array([5, 6, 7, 8, 9]), np.array([-100, -100, 7, 8, 9])
+    mb = dpo.collate([(ids, labels)], width=6, pad_token_id=0)
+    assert mb["loss_mask"].tolist() == [[0, 1, 1, 1, 0, 0]] and mb["labels"][0, 1:4].tolist() == [7, 8, 9]
+    nll = torch.arange(6.0).view(1, 6)
+    assert dpo.sequence_logps(nll, mb["loss_mask"]).tolist() == [-(1.0 + 2.0 + 3.0)]
+
+
+def _hf_logps(hf_dir: str, seqs: list[tuple[np.ndarray, np.ndarray]], dtype: torch.dtype) -> np.ndarray:
+    """transformers' summed log-probabilities of each sequence's response tokens (labels != -100), one at a time."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    out = []
+    with torch.no_grad():
+        for ids, labels in seqs:
+            logits = model(torch.tensor(ids).view(1, -1)).logits[0, :-1]
+            lp = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(ids[1:]).view(-1, 1)).squeeze(1)
+            out.append(float(lp[torch.tensor(labels[1:] != -100)].sum()))
+    return np.array(out)
+
+
+def test_first_step_equals_a_transformers_reference(pool, assets, tmp_path):
+    """Step 1 (before any update: policy = reference): the mean chosen / rejected log-probs equal transformers' fp64
+    sums over the same pairs' response tokens within the fp32 gap measured alongside; the rewards are then ~0 and
+    the loss log 2 (sigmoid), accuracy 0 (ties count as wrong)."""
+    from mindrl.data.prompt_dataset import ResumableShuffleSampler
+
+    d, hf = assets
+    m = run(pool, tmp_path, assets, "megatron_training.train_iters=1").history[0]
+    data = dpo.DPODataset(str(d / "data" / "pref"), "80,20,0")
+    docs = [data.doc("train", i) for i in next(iter(ResumableShuffleSampler(data.num("train"), 8, seed=7)))]
+    seqs = [data.pair(i)[0] for i in docs] + [data.pair(i)[1] for i in docs]
+    ref64, ref32 = _hf_logps(hf, seqs, torch.float64), _hf_logps(hf, seqs, torch.float32)
+    gap = float(np.abs(ref32 - ref64).max())
+    chosen, rejected = ref64[:8].mean(), ref64[8:].mean()
+    print(f"logps chosen {m['dpo/logps/chosen']:.7f} vs HF fp64 {chosen:.7f}; rejected {m['dpo/logps/rejected']:.7f}"
+          f" vs {rejected:.7f}; HF fp32 gap {gap:.2e}; loss {m['dpo/loss']:.9f}, margin {m['dpo/rewards/margin']:.2e}")  # fmt: skip
+    tol = 4 * max(gap, 1e-6)
+    assert m["dpo/logps/chosen"] == pytest.approx(chosen, abs=tol)
+    assert m["dpo/logps/rejected"] == pytest.approx(rejected, abs=tol)
+    assert abs(m["dpo/rewards/chosen"]) <= 0.1 * tol and abs(m["dpo/rewards/margin"]) <= 0.2 * tol
+    assert m["dpo/loss"] == pytest.approx(math.log(2), abs=0.1 * tol)
+    assert abs(m["dpo/logps/chosen"] - m["dpo/logps/rejected"]) > 1e-3  # the pairs differ: the check means something
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
+    """The first two steps' loss and margin (step 2 after an update) at TP2 x DP2 and PP2 x DP2 equal TP1 x DP4's;
+    the bound is the gap between two TP1 runs that cut the batch differently (micro-batches of 1 and 2 pairs),
+    measured here, with fp32's rounding of the loss (1e-6) as its floor."""
+    ref = run(pool, tmp_path / "tp1", assets, micro_batch_size=1).history
+    ref2 = run(pool, tmp_path / "tp1mb2", assets, micro_batch_size=2).history
+    gap = max(abs(ref2[i][k] - ref[i][k]) for i in (0, 1) for k in ("dpo/loss", "dpo/rewards/margin"))
+    bound = 10 * max(gap, 1e-6)
+    got = run(pool, tmp_path / f"tp{tp}pp{pp}", assets, tensor_model_parallel_size=tp,
+              pipeline_model_parallel_size=pp, micro_batch_size=2).history  # fmt: skip
+    gaps = [abs(got[i]["dpo/loss"] - ref[i]["dpo/loss"]) for i in (0, 1)]
+    print(f"TP{tp} PP{pp}: loss gaps {gaps}, TP1 cut gap {gap:.2e}; step-2 loss {ref[1]['dpo/loss']:.6f}")
+    assert ref[1]["dpo/loss"] < ref[0]["dpo/loss"] - 10 * bound  # step 2 moved: the comparison means something
+    for i in (0, 1):
+        for k in ("dpo/loss", "dpo/rewards/margin", "dpo/logps/chosen"):
+            assert got[i][k] == pytest.approx(ref[i][k], abs=bound * (1 if k != "dpo/logps/chosen" else 100)), (i, k)
+    assert got[0]["dpo/grad_norm"] == pytest.approx(ref[0]["dpo/grad_norm"], rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def trained(assets, tmp_path_factory):
+    """The CLI, one rank, on the tiny task: 40 steps, validation every 10 (the held-out problems); ~25 s with the
+    preprocessing, so not marked slow."""
+    out = tmp_path_factory.mktemp("dpo_run")
+    path = write_config(out, assets, world_size=1, micro_batch_size=16, global_batch_size=16, train_iters=40,
+                        eval_interval=10, eval_iters=2, lr_warmup_iters=5, lr_decay_style="cosine", lr=1e-3,
+                        use_tensorboard=True)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "mindrl.cli.train_dpo", "--config-name", "dpo_test", "--config-path",
+                           path], capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+KEYS = ("dpo/loss", "dpo/rewards/accuracy", "dpo/rewards/margin", "dpo/rewards/chosen", "dpo/rewards/rejected",
+        "dpo/logps/chosen", "dpo/logps/rejected", "dpo/grad_norm", "dpo/lr")  # fmt: skip
+
+
+def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
+    out, stdout = trained
+    print(stdout)
+    assert stdout.splitlines()[-1] == f"run dir: {out / 'run'}"
+    rows = [json.loads(x) for x in open(out / "run" / "metrics.jsonl")]
+    assert [r["iteration"] for r in rows] == list(range(1, 41))
+    for key in KEYS:
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert os.listdir(out / "run" / "tensorboard")
+    val = [(r["dpo/val_rewards/accuracy"], r["dpo/val_rewards/margin"]) for r in rows if "dpo/val_loss" in r]
+    assert len(val) == 4 and val[-1][0] >= 0.8 and val[-1][0] > val[0][0] and val[-1][1] > val[0][1], val
+    acc = [r["dpo/rewards/accuracy"] for r in rows]
+    assert np.mean(acc[-5:]) > np.mean(acc[:5]) + 0.3, acc
+    assert np.mean([r["dpo/loss"] for r in rows[-5:]]) < np.mean([r["dpo/loss"] for r in rows[:5]])
+
+
+def test_checkpoint_exports_and_prefers_the_chosen_answers(pool, trained, assets, tmp_path):
+    """The save is an actor; mcore2hf writes a causal LM whose held-out chosen-minus-rejected log-prob margin (HF,
+    summed over the response tokens) is larger than the starting model's, and positive on most pairs."""
+    from mindrl.checkpoint import convert, mcore_ckpt
+
+    out, _ = trained
+    d, hf = assets
+    spec, meta = mcore_ckpt.read_model_meta(str(out / "ckpt"))
+    assert meta["role"] == "actor" and not spec.is_value_model
+    convert.mcore2hf(str(out / "ckpt"), str(tmp_path / "hf"), pool=pool)
+    data = dpo.DPODataset(str(d / "data" / "pref"), "80,20,0")
+    pairs = [data.pair(data.doc("valid", i)) for i in range(0, data.num("valid"), 3)]
+    seqs = [p[0] for p in pairs] + [p[1] for p in pairs]
+    n = len(pairs)
+    before, after = _hf_logps(hf, seqs, torch.float32), _hf_logps(str(tmp_path / "hf"), seqs, torch.float32)
+    m0, m1 = before[:n] - before[n:], after[:n] - after[n:]
+    print(f"held-out margin: start {m0.mean():.4f} -> trained {m1.mean():.4f}; positive {np.mean(m1 > 0):.3f}")
+    assert m1.mean() > m0.mean() + 1.0 and np.mean(m1 > 0) >= 0.8
+
+
+# ------------------------------------------------------------------------------------------------ config
+def test_bad_config_names_the_key(assets, tmp_path):
+    path = write_config(tmp_path, assets)
+    with pytest.raises(ConfigError, match=r"stage: must be 'dpo' \(mindrl-train-dpo trains"):
+        load_dpo_config("dpo_test", path, ["megatron_training.stage=orm"])
+    with pytest.raises(ConfigError, match=r"megatron_training\.dpo_beta: must be > 0, got 0.0"):
+        load_dpo_config("dpo_test", path, ["megatron_training.dpo_beta=0.0"])
+    with pytest.raises(ConfigError, match=r"dpo_loss_type: 'kto' is not one of sigmoid, hinge, ipo"):
+        load_dpo_config("dpo_test", path, ["megatron_training.dpo_loss_type=kto"])
+    with pytest.raises(ConfigError, match=r"dpo_label_smoothing: applies to dpo_loss_type sigmoid only"):
+        load_dpo_config("dpo_test", path, ["megatron_training.dpo_loss_type=ipo", "megatron_training.dpo_label_smoothing=0.1"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"ref_model: .* differs from load"):
+        load_dpo_config("dpo_test", path, [f"+megatron_training.ref_model={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"refer_model_iter: 5 is not supported"):
+        load_dpo_config("dpo_test", write_config(tmp_path / "iter", assets, refer_model_iter=5))
+    with pytest.raises(ConfigError, match=r"data_path: .*chosen_input_ids_document.*AlpacaStylePairwiseHandler"):
+        load_dpo_config("dpo_test", path, [f"megatron_training.data_path={tmp_path / 'nodata'}"])
+    with pytest.raises(ConfigError, match=r"dpo_test\.yaml"):  # the file is named
+        load_dpo_config("dpo_test", write_config(tmp_path / "typo", assets, dpo_betta=0.1))
+    ms = write_config(tmp_path / "ms", assets, is_pairwise_dataset=True, ref_model=str(assets[0] / "base"),
+                      refer_model_iter=1)  # fmt: skip
+    cfg = load_dpo_config("dpo_test", ms)
+    assert cfg.ignored_keys == ["megatron_training.is_pairwise_dataset", "megatron_training.refer_model_iter"]
+
+
+def test_cli_help_shipped_config_and_bad_config_exit(capsys, assets, tmp_path):
+    from mindrl.cli.train_dpo import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "direct preference optimisation" in capsys.readouterr().out
+    cfg = load_dpo_config("dpo_tiny_cpu", check_paths=False)
+    mt = cfg.megatron_training
+    assert mt.stage == "dpo" and mt.dpo_loss_type == "sigmoid" and mt.dpo_beta == 0.1 and mt.split == "90,10,0"
+    assert cfg.ignored_keys == ["megatron_training.is_pairwise_dataset"]
+    path = write_config(tmp_path, assets)
+    assert main(["--config-name", "dpo_test", "--config-path", path, "megatron_training.dpo_beta=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "mindrl-train-dpo: error:" in err and "dpo_beta: must be > 0" in err, err
