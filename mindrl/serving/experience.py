@@ -89,7 +89,9 @@ def _is_int(x: Any) -> bool:
 def _validate(e: Experience) -> None:
     n = e.response_len
     if e.behaviour_logprobs.shape[0] != n:
-        raise MalformedMessage(f"behaviour_logprobs has {e.behaviour_logprobs.shape[0]} entries for {n} response tokens")
+        raise MalformedMessage(
+            f"behaviour_logprobs has {e.behaviour_logprobs.shape[0]} entries for {n} response tokens"
+        )
     if e.ref_logprobs is not None and e.ref_logprobs.shape[0] != n:
         raise MalformedMessage(f"ref_logprobs has {e.ref_logprobs.shape[0]} entries for {n} response tokens")
     if e.prompt_ids.shape[0] == 0:
@@ -181,13 +183,17 @@ def decode(data: bytes, max_tokens: int = DEFAULT_MAX_TOKENS) -> list[Experience
     except msgpack.ExtraData:
         raise MalformedMessage("trailing bytes after the message") from None
     except (ValueError, msgpack.UnpackException) as e:
-        kind = "truncated" if "incomplete" in str(e).lower() or isinstance(e, msgpack.OutOfData) else "not valid msgpack"
+        kind = (
+            "truncated" if "incomplete" in str(e).lower() or isinstance(e, msgpack.OutOfData) else "not valid msgpack"
+        )
         raise MalformedMessage(f"message is {kind}: {e}") from None
     if not isinstance(msg, dict) or msg.get("schema") != SCHEMA:
         got = msg.get("schema") if isinstance(msg, dict) else type(msg).__name__
         raise MalformedMessage(f"not an experience message (schema {_short(got)}, expected {SCHEMA!r})")
     if msg.get("version") != SCHEMA_VERSION:
-        raise MalformedMessage(f"schema version {_short(msg.get('version'))}; this build reads version {SCHEMA_VERSION}")
+        raise MalformedMessage(
+            f"schema version {_short(msg.get('version'))}; this build reads version {SCHEMA_VERSION}"
+        )
     if set(msg) != {"schema", "version", "experiences"}:
         raise MalformedMessage(f"unexpected header fields {sorted(set(msg) - {'schema', 'version', 'experiences'})}")
     records = msg["experiences"]

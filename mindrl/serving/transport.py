@@ -52,7 +52,9 @@ def check_group(group: Sequence[Experience]) -> tuple[str, int, int]:
     """(sampler_id, prompt_index, epoch) shared by every experience of one message; MalformedMessage otherwise."""
     keys = {(e.sampler_id, e.prompt_index, e.epoch) for e in group}
     if len(keys) != 1:
-        raise MalformedMessage(f"one message must hold one prompt's responses, got (sampler, prompt, epoch) {sorted(keys)}")
+        raise MalformedMessage(
+            f"one message must hold one prompt's responses, got (sampler, prompt, epoch) {sorted(keys)}"
+        )
     return keys.pop()
 
 
