@@ -399,3 +399,164 @@ class ZmqSamplerEnd(SamplerEnd):
         self._push.close()  # lingers up to linger_s so queued experiences still reach the trainer
         self._req.close(linger=0)
         self._ctx.term()
+
+
+# ---- Ray ----------------------------------------------------------------------------------------------------------
+
+
+class _Hub:
+    """The Ray actor between samplers and the trainer (async: a blocked `put` does not stall the others): a
+    bounded queue of encoded experience messages, the newest weight buckets, and the prompt ledger. Only bytes,
+    ints, strings and lists cross it; the payloads are the same msgpack messages the ZeroMQ transport carries."""
+
+    def __init__(self, maxsize: int, ledger_args: dict[str, Any]):
+        import asyncio
+
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize)
+        self._weights: tuple[int, list[bytes]] | None = None
+        self._ledger = PromptLedger(**ledger_args)
+        self._seen: dict[str, float] = {}
+
+    async def put(self, data: bytes, timeout_s: float | None) -> bool:
+        import asyncio
+
+        try:
+            await asyncio.wait_for(self._queue.put(data), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def get_many(self, max_items: int, timeout_s: float) -> list[bytes]:
+        import asyncio
+
+        try:
+            out = [await asyncio.wait_for(self._queue.get(), timeout_s)]
+        except asyncio.TimeoutError:
+            return []
+        while len(out) < max_items and not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
+
+    async def depth(self) -> int:
+        return self._queue.qsize()
+
+    async def publish(self, version: int, buckets: list[bytes]) -> None:
+        if self._weights is not None and version <= self._weights[0]:
+            raise ValueError(f"weight version {version} is not newer than the published {self._weights[0]}")
+        self._weights = (version, buckets)
+
+    async def fetch(self, sampler_id: str, have: int | None) -> tuple[int | None, list[bytes]]:
+        self._seen[sampler_id] = time.monotonic()
+        if self._weights is None or (have is not None and self._weights[0] <= have):
+            return (None if self._weights is None else self._weights[0]), []
+        return self._weights
+
+    async def lease(self, sampler_id: str, count: int) -> list[list[int]]:
+        self._seen[sampler_id] = time.monotonic()
+        return [[x.prompt_index, x.epoch] for x in self._ledger.issue(sampler_id, count)]
+
+    async def ledger_call(self, name: str, args: list[Any]) -> Any:
+        value = getattr(self._ledger, name)
+        result = value(*args) if callable(value) else value
+        if isinstance(result, list) and result and isinstance(result[0], Lease):
+            return [[x.prompt_index, x.epoch] for x in result]
+        return result
+
+
+class _LedgerProxy:
+    """The hub's ledger as the trainer sees it (the methods TrainerEnd uses, plus the counters)."""
+
+    def __init__(self, hub: Any):
+        self._hub = hub
+
+    def _call(self, name: str, *args: Any) -> Any:
+        import ray
+
+        return ray.get(self._hub.ledger_call.remote(name, list(args)))
+
+    def complete(self, sampler_id: str, prompt_index: int, epoch: int) -> bool:
+        return self._call("complete", sampler_id, prompt_index, epoch)
+
+    def issue(self, sampler_id: str, count: int) -> list[Lease]:
+        return [Lease(p, e) for p, e in self._call("issue", sampler_id, count)]
+
+    def sampler_dead(self, sampler_id: str) -> list[Lease]:
+        return [Lease(p, e) for p, e in self._call("sampler_dead", sampler_id)]
+
+    def in_flight(self, sampler_id: str | None = None) -> list[Lease]:
+        return [Lease(p, e) for p, e in self._call("in_flight", sampler_id)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._call("state_dict")
+
+    def __getattr__(self, name: str) -> Any:  # counters: epochs_closed, duplicates, reissued, epoch
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._call(name)
+
+
+class RayTrainerEnd(TrainerEnd):
+    """Inside one Ray cluster: creates the hub actor (queue of at most `maxsize` messages: samplers block beyond
+    it) holding a PromptLedger(**ledger_args). Hand `hub` to the samplers (`RaySamplerEnd(sampler_id, hub)`)."""
+
+    def __init__(self, ledger_args: dict[str, Any], maxsize: int = 64, name: str | None = None):
+        import ray
+
+        self.hub = ray.remote(num_cpus=0, max_concurrency=64)(_Hub).options(name=name).remote(maxsize, ledger_args)
+        super().__init__(_LedgerProxy(self.hub))  # type: ignore[arg-type]
+
+    def receive(self, max_groups: int, timeout_s: float) -> list[list[Experience]]:
+        import ray
+
+        out: list[list[Experience]] = []
+        deadline = time.monotonic() + timeout_s
+        while not out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for data in ray.get(self.hub.get_many.remote(max_groups - len(out), left)):
+                group = self._accept(data)
+                if group is not None:
+                    out.append(group)
+        return out
+
+    def queue_depth(self) -> int:
+        import ray
+
+        return ray.get(self.hub.depth.remote())
+
+    def publish_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        ray.get(self.hub.publish.remote(version, weight_buckets(tensors)))
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.hub)
+
+
+class RaySamplerEnd(SamplerEnd):
+    def __init__(self, sampler_id: str, hub: Any):
+        super().__init__(sampler_id)
+        self.hub = hub
+
+    def send(self, group: Sequence[Experience], timeout_s: float | None = None) -> None:
+        import ray
+
+        if not ray.get(self.hub.put.remote(encode(group), timeout_s)):
+            raise TransportTimeout(f"Ray experience queue: no room after {timeout_s}s (the trainer is not reading)")
+
+    def lease(self, count: int, timeout_s: float = 30.0) -> list[Lease]:
+        import ray
+
+        return [Lease(p, e) for p, e in ray.get(self.hub.lease.remote(self.sampler_id, count), timeout=timeout_s)]
+
+    def fetch_weights(self, have_version: int | None, timeout_s: float = 60.0) -> WeightUpdate | None:
+        import ray
+
+        version, buckets = ray.get(self.hub.fetch.remote(self.sampler_id, have_version), timeout=timeout_s)
+        return None if not buckets else WeightUpdate(version, tensors_from_buckets(buckets))
+
+    def close(self) -> None:
+        pass

@@ -23,8 +23,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def group(lease, sampler_id="s0", n=2, length=4, version=0):
     return [
-        Experience([lease.prompt_index + 1], np.arange(length) + k, -np.full(length, 0.5), {"acc": 1.0}, "stop",
-                   lease.prompt_index, lease.epoch, sampler_id, version)  # fmt: skip
+        Experience(
+            [lease.prompt_index + 1],
+            np.arange(length) + k,
+            -np.full(length, 0.5),
+            {"acc": 1.0},
+            "stop",
+            lease.prompt_index,
+            lease.epoch,
+            sampler_id,
+            version,
+        )  # fmt: skip
         for k in range(n)
     ]
 
@@ -149,25 +158,35 @@ def test_sampler_reconnects_after_trainer_restart(ports):
         trainer.close()
 
 
-def start_sampler(sampler_id, ports, delay):
+def start_sampler(sampler_id, ports, delay, log):
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.serving.sampler_proc", "--id", sampler_id, "--data-port", str(ports[0]),
-         "--sync-port", str(ports[1]), "--delay", str(delay)],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.serving.sampler_proc",
+            "--id",
+            sampler_id,
+            "--data-port",
+            str(ports[0]),
+            "--sync-port",
+            str(ports[1]),
+            "--delay",
+            str(delay),
+        ],  # fmt: skip
         cwd=REPO,
         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO),
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
     )
 
 
-def test_two_samplers_one_killed_mid_run(ports):
-    torch.set_num_threads(1)
+def test_two_samplers_one_killed_mid_run(ports, tmp_path):
     num_prompts, epochs = 24, 2
     ledger = PromptLedger(num_prompts, seed=7, num_epochs=epochs)
     trainer = ZmqTrainerEnd(ledger, "127.0.0.1", *ports, hwm=4)
     trainer.publish_weights(1, {"w": torch.ones(4)})
-    procs = {"A": start_sampler("A", ports, 0.1), "B": start_sampler("B", ports, 0.1)}
+    logs = {k: open(tmp_path / f"sampler-{k}.log", "w") for k in "AB"}  # noqa: SIM115 (closed in finally)
+    procs = {k: start_sampler(k, ports, 0.1, logs[k]) for k in "AB"}  # one thread each: OMP_NUM_THREADS=1
     accepted, by_sampler, version = [], {"A": 0, "B": 0}, 1
     killed_in_flight = None
     try:
@@ -186,7 +205,7 @@ def test_two_samplers_one_killed_mid_run(ports):
                 trainer.publish_weights(version, {"w": torch.full((4,), float(version))})
             if killed_in_flight is not None and "A" in trainer.silent_samplers(2.0):
                 trainer.sampler_dead("A")
-        assert procs["B"].poll() is None, "the surviving sampler must keep running"
+        assert procs["B"].poll() is None, (tmp_path / "sampler-B.log").read_text()
         assert sorted(accepted) == [(e, i) for e in range(epochs) for i in range(num_prompts)]  # none lost, none twice
         assert killed_in_flight, "the killed sampler had prompts in flight"
         assert ledger.reissued >= 1 and trainer.stats.dropped_malformed == 0
@@ -201,4 +220,6 @@ def test_two_samplers_one_killed_mid_run(ports):
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+        for f in logs.values():
+            f.close()
         trainer.close()
