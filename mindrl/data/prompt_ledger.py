@@ -39,7 +39,7 @@ class PromptLedger:
         self.num_epochs = num_epochs
         self._epoch = 0  # the epoch the cursor reads from
         self._cursor = 0  # next position in that epoch's order
-        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._order_cache: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, position of each)
         self._in_flight: dict[str, dict[Lease, None]] = {}  # sampler -> its leases (dict: insertion-ordered set)
         self._reissue: deque[Lease] = deque()  # leases of dead samplers, handed out before new ones
         self._done: dict[int, set[int]] = {}  # open epoch -> prompt indices done
@@ -56,7 +56,9 @@ class PromptLedger:
                 perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_prompts)
             else:
                 perm = np.arange(self.num_prompts)
-            self._order_cache = (epoch, perm)
+            position = np.empty_like(perm)
+            position[perm] = np.arange(self.num_prompts)
+            self._order_cache = (epoch, perm, position)
         return self._order_cache[1]
 
     def _exhausted(self) -> bool:
@@ -129,8 +131,8 @@ class PromptLedger:
             return True
         if lease.epoch > self._epoch:
             return False
-        position = int(np.flatnonzero(self.order(lease.epoch) == lease.prompt_index)[0])
-        return position < self._cursor
+        self.order(lease.epoch)
+        return int(self._order_cache[2][lease.prompt_index]) < self._cursor
 
     def _is_done(self, lease: Lease) -> bool:
         return lease.epoch < self.epochs_closed or lease.prompt_index in self._done.get(lease.epoch, ())
