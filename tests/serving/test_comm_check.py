@@ -10,6 +10,14 @@ from mindrl.launch import free_port
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def two_ports():
+    dp = free_port()
+    sp = free_port()
+    while sp == dp:  # free_port may hand back the port it just released
+        sp = free_port()
+    return dp, sp
+
+
 def comm(*args, wait=True, timeout=60):
     p = subprocess.Popen(
         [sys.executable, "-m", "mindrl.cli.comm", *args],
@@ -33,19 +41,18 @@ def test_help():
 
 
 def test_both_directions_on_loopback():
-    dp, sp = free_port(), free_port()
+    dp, sp = two_ports()
     ports = ["--data-port", str(dp), "--sync-port", str(sp), "--timeout", "60"]
     trainer = comm("check", "--role", "trainer", "--host", "127.0.0.1", *ports, wait=False)
     rc, out = comm("check", "--role", "sampler", "--host", "127.0.0.1", *ports, "--blob-mb", "4")
     t_out, _ = trainer.communicate(timeout=60)
-    assert rc == 0, out
-    assert trainer.returncode == 0, t_out
+    assert rc == 0 and trainer.returncode == 0, f"sampler:\n{out}\ntrainer:\n{t_out}"
     assert "4194304 bytes" in out and "bit-exact" in out and "experience sent" in out
     assert "data channel sampler -> trainer OK" in t_out and "sync channel trainer -> sampler OK" in t_out
 
 
 def test_failure_names_direction_and_port():
-    dp, sp = free_port(), free_port()
+    dp, sp = two_ports()
     rc, out = comm("check", "--role", "sampler", "--host", "127.0.0.1", "--data-port", str(dp), "--sync-port",
                    str(sp), "--timeout", "1")  # fmt: skip
     assert rc == 1 and "sync channel (trainer -> sampler)" in out and f"port {sp}" in out and "no answer" in out
