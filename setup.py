@@ -35,6 +35,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
+            "mindrl-comm=mindrl.cli.comm:main",
             "mindrl-convert=mindrl.cli.convert:main",
             "mindrl-eval=mindrl.cli.eval:main",
             "mindrl-plan=mindrl.cli.plan:main",
