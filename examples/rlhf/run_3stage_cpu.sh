@@ -13,7 +13,7 @@
 #   6. plot the metrics, print both curves' first-5 / last-5 means; the last line is `run dir: PATH`
 # Environment (for a short form, e.g. in the tests): OUT (model, data, SFT; default ./outputs/rlhf3), RUN_DIR (PPO;
 # default ./outputs/ppo_tiny_cpu_rlhf3), SFT_ITERS, RM_ITERS, ITERS (SFT steps, reward-model steps, PPO iterations;
-# default: the configs' own, ITERS 30), MIN_RM_ACC (default 0.8).
+# default: the configs' own, ITERS 200), MIN_RM_ACC (default 0.8), PREF_ARGS (the preference data's flags).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -25,8 +25,9 @@ PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/rlhf3}"
 RUN_DIR="${RUN_DIR:-./outputs/ppo_tiny_cpu_rlhf3}"
-ITERS="${ITERS:-30}"
+ITERS="${ITERS:-200}"
 MIN_RM_ACC="${MIN_RM_ACC:-0.8}"
+PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.3 --format-fraction 0.4}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny qwen2 model + synthetic task"
@@ -52,7 +53,7 @@ SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenize
 "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
 
 echo "== 4/6 reward model from the SFT save"
-OUT="$OUT" RLHF="$OUT/rlhf" LOAD="$OUT/ckpt/actor_sft" RUN_DIR="$OUT/rm_run" \
+OUT="$OUT" RLHF="$OUT/rlhf" LOAD="$OUT/ckpt/actor_sft" RUN_DIR="$OUT/rm_run" PREF_ARGS="$PREF_ARGS" \
     bash examples/rlhf/train_rm_cpu.sh | tee "$OUT/rm.log"
 RM_ACC=$(sed -n 's/^reward model held-out accuracy: //p' "$OUT/rm.log" | tail -1)
 if [[ -z "$RM_ACC" ]] || ! awk -v a="$RM_ACC" -v m="$MIN_RM_ACC" 'BEGIN { exit !(a >= m) }'; then
