@@ -65,7 +65,10 @@ def make_pairs(
         p, a, b = rng.choice(train_set if i < rows - n_valid else valid_set)
         wrong = min(a, b)
         if rng.random() < distractor_fraction:
-            wrong = rng.choice([x for x in range(10) if x not in (a, b)])
+            others = [x for x in range(10) if x not in (a, b)]
+            bigger = [x for x in others if x > max(a, b)]
+            # half of them larger than both: "the biggest digit wins" must not pay either
+            wrong = rng.choice(bigger if bigger and rng.random() < 0.5 else others)
         chosen, rejected = answer(max(a, b)), answer(wrong)
         if rng.random() < format_fraction:
             rejected = broken(max(a, b), wrong, rng)

@@ -13,7 +13,7 @@
 #   6. plot the metrics, print both curves' first-5 / last-5 means; the last line is `run dir: PATH`
 # Environment (for a short form, e.g. in the tests): OUT (model, data, SFT; default ./outputs/rlhf3), RUN_DIR (PPO;
 # default ./outputs/ppo_tiny_cpu_rlhf3), SFT_ITERS, RM_ITERS, ITERS (SFT steps, reward-model steps, PPO iterations;
-# default: the configs' own, ITERS 200), MIN_RM_ACC (default 0.8), PREF_ARGS (the preference data's flags).
+# default: the configs' own, ITERS 60), MIN_RM_ACC (default 0.8), PREF_ARGS (the preference data's flags).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -25,9 +25,9 @@ PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/rlhf3}"
 RUN_DIR="${RUN_DIR:-./outputs/ppo_tiny_cpu_rlhf3}"
-ITERS="${ITERS:-200}"
+ITERS="${ITERS:-60}"
 MIN_RM_ACC="${MIN_RM_ACC:-0.8}"
-PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.3 --format-fraction 0.4}"
+PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.5 --format-fraction 0.3}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny qwen2 model + synthetic task"
