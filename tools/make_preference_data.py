@@ -48,6 +48,7 @@ def make_pairs(
     seed: int = 0,
     distractor_fraction: float = 0.25,
     format_fraction: float = 0.0,
+    bigger_fraction: float = 0.0,
 ) -> list[dict]:
     """`rows` pairs: the first (1 - valid_fraction) from one set of problems, the rest from a disjoint set."""
     from tools.make_quickstart_data import problems
@@ -67,8 +68,8 @@ def make_pairs(
         if rng.random() < distractor_fraction:
             others = [x for x in range(10) if x not in (a, b)]
             bigger = [x for x in others if x > max(a, b)]
-            # half of them larger than both: "the biggest digit wins" must not pay either
-            wrong = rng.choice(bigger if bigger and rng.random() < 0.5 else others)
+            # larger than both (bigger_fraction): "the biggest digit wins" must not pay either
+            wrong = rng.choice(bigger if bigger and rng.random() < bigger_fraction else others)
         chosen, rejected = answer(max(a, b)), answer(wrong)
         if rng.random() < format_fraction:
             rejected = broken(max(a, b), wrong, rng)
@@ -86,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distractor-fraction", type=float, default=0.25, help="share rejected with a digit not asked")
     p.add_argument("--format-fraction", type=float, default=0.0,
                    help="share rejected with the right number in a broken form (unclosed, cut, repeated, no box)")
+    p.add_argument("--bigger-fraction", type=float, default=0.0,
+                   help="share of the distractors drawn from the digits larger than both numbers")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    pairs = make_pairs(a.rows, a.valid_fraction, a.seed, a.distractor_fraction, a.format_fraction)
+    pairs = make_pairs(a.rows, a.valid_fraction, a.seed, a.distractor_fraction, a.format_fraction, a.bigger_fraction)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "pref.json")
     with open(path, "w") as f:

@@ -27,7 +27,7 @@ OUT="${OUT:-./outputs/rlhf3}"
 RUN_DIR="${RUN_DIR:-./outputs/ppo_tiny_cpu_rlhf3}"
 ITERS="${ITERS:-60}"
 MIN_RM_ACC="${MIN_RM_ACC:-0.8}"
-PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.5 --format-fraction 0.3}"
+PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.5 --bigger-fraction 0.5 --format-fraction 0.3}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny qwen2 model + synthetic task"
