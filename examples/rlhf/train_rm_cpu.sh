@@ -9,7 +9,8 @@
 #   4. mindrl-train-rm (configs/rm_tiny_cpu.yaml): prints `reward model held-out accuracy: X`
 #   5. export: mindrl-convert mcore2hf --orm -> OUT/hf_reward (transformers' Qwen2ForSequenceClassification)
 # Environment: OUT (default ./outputs/quickstart: the model and SFT save), RLHF (default ./outputs/rlhf: data and
-# the reward checkpoint), LOAD, RM_ITERS (default: the config's). The last line is `run dir: PATH`.
+# the reward checkpoint), LOAD, RM_ITERS (default: the config's), PREF_ARGS (more tools/make_preference_data.py flags,
+# e.g. "--format-fraction 0.3"). The last line is `run dir: PATH`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -23,7 +24,7 @@ mkdir -p "$OUT" "$RLHF"
 
 echo "== 1/4 tiny model + preference pairs"
 [[ -f "$OUT/hf/config.json" ]] || "$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
-"$PY" tools/make_preference_data.py --out "$RLHF/raw" --rows 2000 --valid-fraction 0.1
+"$PY" tools/make_preference_data.py --out "$RLHF/raw" --rows 2000 --valid-fraction 0.1 ${PREF_ARGS:-}
 
 echo "== 2/4 preprocess (pairwise)"
 bash examples/data/preprocess_data.sh pairwise input="$RLHF/raw/pref.json" tokenizer_name_or_path="$OUT/hf" \

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The 3-stage RLHF pipeline on a CPU-only machine: SFT, a reward model, PPO against that reward model.
+#   bash examples/rlhf/run_3stage_cpu.sh
+# Steps:
+#   1. a tiny Qwen2 + tokenizer and the quickstart task ("which number is larger", tools/make_quickstart_data.py)
+#   2. preprocess it (RL prompts with their labels; SFT split as instruction data)
+#   3. SFT warm start (the \boxed{} answer format, not the task); a critic from the SFT trunk (--orm)
+#   4. reward model (examples/rlhf/train_rm_cpu.sh): preference pairs chosen = larger, rejected = smaller or a digit
+#      not in the question; prints `reward model held-out accuracy: X` and stops when X < MIN_RM_ACC (0.8)
+#   5. PPO (Ray, vLLM-CPU, integrated workers, TP2) on configs/ppo_tiny_cpu_rm.yaml with the reward model as the
+#      ONLY reward (reward_model_weight 1, normalised); the rule check acc_for_ppo runs with weight 0, a held-out
+#      guard against reward hacking: both `reward_model/score/mean` and `acc_for_ppo_rewards/mean` should rise
+#   6. plot the metrics, print both curves' first-5 / last-5 means; the last line is `run dir: PATH`
+# Environment (for a short form, e.g. in the tests): OUT (model, data, SFT; default ./outputs/rlhf3), RUN_DIR (PPO;
+# default ./outputs/ppo_tiny_cpu_rlhf3), SFT_ITERS, RM_ITERS, ITERS (SFT steps, reward-model steps, PPO iterations;
+# default: the configs' own, ITERS 60), MIN_RM_ACC (default 0.8), PREF_ARGS (the preference data's flags).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+case "${1:-}" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; "") ;;
+    *) echo "usage: bash examples/rlhf/run_3stage_cpu.sh [--help]" >&2; exit 2;; esac
+START=$(date +%s)
+bash tools/setup_env.sh
+PY="$ROOT/.venv/bin/python"
+export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+OUT="${OUT:-./outputs/rlhf3}"
+RUN_DIR="${RUN_DIR:-./outputs/ppo_tiny_cpu_rlhf3}"
+ITERS="${ITERS:-60}"
+MIN_RM_ACC="${MIN_RM_ACC:-0.8}"
+PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.5 --bigger-fraction 0.5 --format-fraction 0.3}"
+mkdir -p "$OUT"
+
+echo "== 1/6 tiny qwen2 model + synthetic task"
+"$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
+"$PY" tools/make_quickstart_data.py --out "$OUT/raw"
+
+echo "== 2/6 preprocess (RL split: DeepScaleR format; SFT split: instruction data)"
+bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/rl.json" tokenizer_name_or_path="$OUT/hf" \
+    output_prefix="$OUT/data/train" prompt_type=qwen workers=1
+bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/sft.json" tokenizer_name_or_path="$OUT/hf" \
+    output_prefix="$OUT/data/sft" prompt_type=qwen handler_name=AlpacaStyleInstructionHandler \
+    'map_keys={prompt: problem, response: solution}' workers=1
+
+echo "== 3/6 SFT warm start; critic from the SFT trunk"
+"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$OUT/ckpt/base" --tp 1 --pp 1 --overwrite
+SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenizer_name_or_path="$OUT/hf"
+    megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/actor_sft"
+    megatron_training.run_dir="$OUT/sft_run")
+[[ -n "${SFT_ITERS:-}" ]] && SFT_ARGS+=(megatron_training.train_iters="$SFT_ITERS")
+"$PY" -m mindrl.cli.sft --config-name sft_tiny_cpu "${SFT_ARGS[@]}"
+"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/actor_sft" --save-dir "$OUT/hf_sft" --overwrite
+"$PY" tools/make_critic_from_lm.py --hf-dir "$OUT/hf_sft" --out "$OUT/hf_critic" >/dev/null
+"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
+
+echo "== 4/6 reward model from the SFT save"
+OUT="$OUT" RLHF="$OUT/rlhf" LOAD="$OUT/ckpt/actor_sft" RUN_DIR="$OUT/rm_run" PREF_ARGS="$PREF_ARGS" \
+    bash examples/rlhf/train_rm_cpu.sh | tee "$OUT/rm.log"
+RM_ACC=$(sed -n 's/^reward model held-out accuracy: //p' "$OUT/rm.log" | tail -1)
+if [[ -z "$RM_ACC" ]] || ! awk -v a="$RM_ACC" -v m="$MIN_RM_ACC" 'BEGIN { exit !(a >= m) }'; then
+    echo "reward model held-out accuracy ${RM_ACC:-missing} < $MIN_RM_ACC: raise RM_ITERS" >&2; exit 1
+fi
+
+echo "== 5/6 PPO against the reward model (Ray, vLLM-CPU, integrated workers, TP2); acc_for_ppo logged, weight 0"
+rm -rf "$RUN_DIR" "$OUT/ckpt/ppo_actor" "$OUT/ckpt/ppo_critic"
+"$PY" -m mindrl.cli.train --config-name ppo_tiny_cpu_rm \
+    actor_config.load="$OUT/ckpt/actor_sft" actor_config.save="$OUT/ckpt/ppo_actor" \
+    critic_config.load="$OUT/ckpt/critic" critic_config.save="$OUT/ckpt/ppo_critic" \
+    reward_config.load="$OUT/rlhf/ckpt/reward" \
+    rl_config.integrated_mode_config.ref_model_load_path="$OUT/ckpt/actor_sft" \
+    'rl_config.verifier_weight=[0.0]' rl_config.reward_model_weight=1.0 \
+    megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$OUT/hf_sft" \
+    megatron_training.train_iters="$ITERS" rl_config.run_dir="$RUN_DIR" | tee "$OUT/train.log"
+
+echo "== 6/6 plot; the reward model's score and the rule check"
+"$PY" tools/plot_metrics.py "$RUN_DIR"
+"$PY" - "$RUN_DIR/metrics.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for key in ("reward_model/score/mean", "acc_for_ppo_rewards/mean"):
+    v = [r[key] for r in rows]
+    first, last = sum(v[:5]) / len(v[:5]), sum(v[-5:]) / len(v[-5:])
+    print(f"{key}: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({'rising' if last > first else 'NOT rising'}, "
+          f"{len(rows)} iterations)")
+PYEOF
+echo "reward model held-out accuracy: $RM_ACC"
+echo "3-stage pipeline done in $(( $(date +%s) - START )) s: checkpoints in $OUT/ckpt, reward model in $OUT/rlhf"
+echo "run dir: $RUN_DIR"
