@@ -85,10 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=2000, help="pairs in all (training + held-out)")
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of the pairs from held-out problems")
     p.add_argument("--distractor-fraction", type=float, default=0.25, help="share rejected with a digit not asked")
-    p.add_argument("--format-fraction", type=float, default=0.0,
-                   help="share rejected with the right number in a broken form (unclosed, cut, repeated, no box)")
-    p.add_argument("--bigger-fraction", type=float, default=0.0,
-                   help="share of the distractors drawn from the digits larger than both numbers")
+    p.add_argument(
+        "--format-fraction",
+        type=float,
+        default=0.0,
+        help="share rejected with the right number in a broken form (unclosed, cut, repeated, no box)",
+    )
+    p.add_argument(
+        "--bigger-fraction",
+        type=float,
+        default=0.0,
+        help="share of the distractors drawn from the digits larger than both numbers",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     pairs = make_pairs(a.rows, a.valid_fraction, a.seed, a.distractor_fraction, a.format_fraction, a.bigger_fraction)

@@ -238,14 +238,16 @@ class AlpacaStylePairwiseHandler(Handler):
                 f"chosen and rejected are the same text (keys '{self.map_keys['chosen']}', "
                 f"'{self.map_keys['rejected']}'): the pair carries no preference"
             )
-        return tuple(self._end_at_stop(self.template.render_response(r, self.bos, self.eos)) for r in (chosen, rejected))
+        return tuple(
+            self._end_at_stop(self.template.render_response(r, self.bos, self.eos)) for r in (chosen, rejected)
+        )
 
     def _end_at_stop(self, text: str) -> str:
         """The response up to its end-of-turn stop word, without the template's separator after it: a reward model
         scores the last token, and in the RL loop that is the stop word the policy's generation ends with."""
         for word in self.template.stop_words:
             i = text.rfind(word)
-            if i >= 0 and not text[i + len(word):].strip():
+            if i >= 0 and not text[i + len(word) :].strip():
                 return text[: i + len(word)]
         return text
 

@@ -112,8 +112,9 @@ def _set(path, value):
         (mutated(_set(["experiences", 0, "response_ids", "len"], 1 << 40)), "response_ids: len must be an integer"),
         (mutated(_set(["experiences", 0, "behaviour_logprobs", "data"], b"\0" * 8)), "needs 20 bytes, got 8"),
         (
-            mutated(lambda m: m["experiences"][0].update(
-                behaviour_logprobs={"dtype": "<f4", "len": 3, "data": b"\0" * 12})),
+            mutated(
+                lambda m: m["experiences"][0].update(behaviour_logprobs={"dtype": "<f4", "len": 3, "data": b"\0" * 12})
+            ),
             "experiences\\[0\\]: behaviour_logprobs has 3 entries for 5 response tokens",
         ),
         (encode([make()]) + b"\x00", "trailing bytes"),
@@ -121,7 +122,10 @@ def _set(path, value):
         (b"\xc1", "not valid msgpack|truncated"),
         (msgpack.packb([1, 2, 3]), "not an experience message"),
         (msgpack.packb(msgpack.ExtType(1, b"x")), "extension type 1"),
-        (pickle.dumps({"schema": "mindrl.experience"}), "msgpack|experience message|trailing bytes"),  # a pickle is just bytes that fail
+        (
+            pickle.dumps({"schema": "mindrl.experience"}),
+            "msgpack|experience message|trailing bytes",
+        ),  # a pickle is just bytes that fail
     ],
 )
 def test_malformed_rejected_with_reason(data, reason):
