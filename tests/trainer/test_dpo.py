@@ -171,7 +171,7 @@ def trained(assets, tmp_path_factory):
     preprocessing, so not marked slow."""
     out = tmp_path_factory.mktemp("dpo_run")
     path = write_config(out, assets, world_size=1, micro_batch_size=16, global_batch_size=16, train_iters=40,
-                        eval_interval=10, eval_iters=2, lr_warmup_iters=5, lr_decay_style="cosine", lr=1e-3,
+                        eval_interval=10, eval_iters=6, lr_warmup_iters=5, lr_decay_style="cosine", lr=1e-3,
                         use_tensorboard=True)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-m", "mindrl.cli.train_dpo", "--config-name", "dpo_test", "--config-path",
@@ -194,7 +194,9 @@ def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
         assert all(np.isfinite(r[key]) for r in rows), key
     assert os.listdir(out / "run" / "tensorboard")
     val = [(r["dpo/val_rewards/accuracy"], r["dpo/val_rewards/margin"]) for r in rows if "dpo/val_loss" in r]
-    assert len(val) == 4 and val[-1][0] >= 0.8 and val[-1][0] > val[0][0] and val[-1][1] > val[0][1], val
+    # all 96 held-out pairs: chance is 0.5 and this run gives 0.82-0.87 (one pair is 0.01, so the floor leaves room for
+    # another CPU's rounding); the first evaluation comes after 10 steps, when much is learnt already
+    assert len(val) == 4 and min(a for a, _ in val) >= 0.75 and val[-1][1] > val[0][1], val
     acc = [r["dpo/rewards/accuracy"] for r in rows]
     assert np.mean(acc[-5:]) > np.mean(acc[:5]) + 0.3, acc
     assert np.mean([r["dpo/loss"] for r in rows[-5:]]) < np.mean([r["dpo/loss"] for r in rows[:5]])
