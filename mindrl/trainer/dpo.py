@@ -146,19 +146,9 @@ def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
     return info
 
 
-def _summary(stats: list[float], prefix: str) -> dict[str, float]:
-    loss_sum, correct, margin, chosen_r, rejected_r, chosen_lp, rejected_lp, pairs = stats
-    n = max(pairs, 1.0)
-    return {
-        f"{prefix}loss": loss_sum / n,
-        f"{prefix}rewards/accuracy": correct / n,
-        f"{prefix}rewards/margin": margin / n,
-        f"{prefix}rewards/chosen": chosen_r / n,
-        f"{prefix}rewards/rejected": rejected_r / n,
-        f"{prefix}logps/chosen": chosen_lp / n,
-        f"{prefix}logps/rejected": rejected_lp / n,
-        f"{prefix}pairs": pairs,
-    }
+SUMMARY_NAMES = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected", "logps/chosen",
+                 "logps/rejected")  # fmt: skip
+"""Names of STAT_KEYS' per-pair means (the last key is the pair count)."""
 
 
 def _rank_train_step(docs: list[int]) -> dict[str, float]:
@@ -171,26 +161,19 @@ def _rank_train_step(docs: list[int]) -> dict[str, float]:
 
     def run() -> float:
         step = partial(_forward_step, loss_func=partial(_loss_func, scale, st.mt))
-        out.update(_summary(loop.run_schedule(st, micro, step, False, STAT_KEYS), "dpo/"))
+        out.update(loop.per_pair(loop.run_schedule(st, micro, step, False, STAT_KEYS), SUMMARY_NAMES, "dpo/"))
         return out["dpo/loss"]
 
     grad_norm, skipped = loop.train_step(st, run)
     return {**out, "dpo/lr": lr, "dpo/grad_norm": grad_norm, "dpo/skipped": skipped}
 
 
-@torch.no_grad()
 def _rank_evaluate(batches: list[list[int]]) -> dict[str, float]:
     """The metrics over all `batches` (pair ids), forward only."""
     st = loop.state()
-    total = np.zeros(len(STAT_KEYS))
     step = partial(_forward_step, loss_func=partial(_loss_func, 1.0, st.mt))
-    st.ddp.eval()
-    try:
-        for docs in batches:
-            total += loop.run_schedule(st, _local_micro_batches(st, docs, st.ref_logps), step, True, STAT_KEYS)
-    finally:
-        st.ddp.train()
-    return _summary(total.tolist(), "dpo/val_")
+    sums = loop.evaluate_sums(st, batches, lambda docs: _local_micro_batches(st, docs, st.ref_logps), step, STAT_KEYS)
+    return loop.per_pair(sums, SUMMARY_NAMES, "dpo/val_")
 
 
 # ------------------------------------------------------------------------------------------------ driver

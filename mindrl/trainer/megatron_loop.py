@@ -1,4 +1,4 @@
-"""The machinery shared by mindrl's offline trainers (SFT, reward model): `RankPool` ranks hold a megatron model,
+"""The machinery shared by mindrl's offline trainers (SFT, reward model, DPO): `RankPool` ranks hold a megatron model,
 optimizer and LR schedule; the driver draws batches, evaluates, saves and logs (console, JSONL, TensorBoard)."""
 
 from __future__ import annotations
@@ -133,6 +133,27 @@ def run_schedule(st: RankState, micro: list[dict], forward_step, forward_only: b
         local += torch.stack([o[k].double() for k in keys])
     torch.distributed.all_reduce(local, group=ps.get_pipeline_model_parallel_group())
     return global_sum(local.tolist())
+
+
+@torch.no_grad()
+def evaluate_sums(st: RankState, batches: list[list[int]], micro_batches: Callable[[list[int]], list[dict]],
+                  forward_step, keys: tuple[str, ...]) -> list[float]:  # fmt: skip
+    """`run_schedule`'s sums of `keys` over all `batches` (document ids), forward only, the model in eval mode."""
+    total = np.zeros(len(keys))
+    st.ddp.eval()
+    try:
+        for docs in batches:
+            total += run_schedule(st, micro_batches(docs), forward_step, True, keys)
+    finally:
+        st.ddp.train()
+    return total.tolist()
+
+
+def per_pair(stats: list[float], names: tuple[str, ...], prefix: str) -> dict[str, float]:
+    """Sums (the last one the pair count) as per-pair means named `prefix + name`, and `prefix + "pairs"`."""
+    *sums, pairs = stats
+    n = max(pairs, 1.0)
+    return {**{f"{prefix}{name}": x / n for name, x in zip(names, sums, strict=True)}, f"{prefix}pairs": pairs}
 
 
 def train_step(st: RankState, run: Callable[[], float]) -> tuple[float, float]:

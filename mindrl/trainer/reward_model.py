@@ -120,16 +120,8 @@ def _local_micro_batches(st: loop.RankState, docs: list[int]) -> list[dict[str, 
     ]
 
 
-def _summary(stats: list[float], prefix: str) -> dict[str, float]:
-    loss_sum, correct, chosen_sum, rejected_sum, pairs = stats
-    n = max(pairs, 1.0)
-    return {
-        f"{prefix}loss": loss_sum / n,
-        f"{prefix}accuracy": correct / n,
-        f"{prefix}chosen_score": chosen_sum / n,
-        f"{prefix}rejected_score": rejected_sum / n,
-        f"{prefix}pairs": pairs,
-    }
+SUMMARY_NAMES = ("loss", "accuracy", "chosen_score", "rejected_score")
+"""Names of STAT_KEYS' per-pair means (the last key is the pair count)."""
 
 
 def _rank_train_step(docs: list[int]) -> dict[str, float]:
@@ -142,26 +134,19 @@ def _rank_train_step(docs: list[int]) -> dict[str, float]:
 
     def run() -> float:
         stats = loop.run_schedule(st, micro, partial(_forward_step, scale=scale), False, STAT_KEYS)
-        out.update(_summary(stats, "rm/"))
+        out.update(loop.per_pair(stats, SUMMARY_NAMES, "rm/"))
         return out["rm/loss"]
 
     grad_norm, skipped = loop.train_step(st, run)
     return {**out, "rm/lr": lr, "rm/grad_norm": grad_norm, "rm/skipped": skipped}
 
 
-@torch.no_grad()
 def _rank_evaluate(batches: list[list[int]]) -> dict[str, float]:
     """Loss, pairwise accuracy and mean scores over all `batches` (pair ids), forward only."""
     st = loop.state()
-    total = np.zeros(len(STAT_KEYS))
-    st.ddp.eval()
-    try:
-        for docs in batches:
-            micro = _local_micro_batches(st, docs)
-            total += loop.run_schedule(st, micro, partial(_forward_step, scale=1.0), True, STAT_KEYS)
-    finally:
-        st.ddp.train()
-    return _summary(total.tolist(), "rm/val_")
+    step = partial(_forward_step, scale=1.0)
+    sums = loop.evaluate_sums(st, batches, lambda docs: _local_micro_batches(st, docs), step, STAT_KEYS)
+    return loop.per_pair(sums, SUMMARY_NAMES, "rm/val_")
 
 
 # ------------------------------------------------------------------------------------------------ driver
