@@ -1,4 +1,4 @@
-"""Process checks shared by the tests that look for leftovers."""
+"""Process checks shared by the tests that look for leftovers, and the project view the example scripts run in."""
 
 from __future__ import annotations
 
@@ -29,3 +29,14 @@ def check_in_fresh_process(module: str, check: str, **extra_env: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout[-2000:]
+
+
+def project_view(tmp_path) -> str:
+    """The project's entries linked into a temp dir, so the script runs with its own defaults (OUT, RUN_DIR under
+    ./outputs) without writing into the checkout."""
+    view = tmp_path / "project"
+    view.mkdir()
+    for name in os.listdir(ROOT):
+        if name not in ("outputs", ".git"):
+            os.symlink(os.path.join(ROOT, name), view / name)
+    return str(view)

@@ -9,18 +9,9 @@ import subprocess
 
 import pytest
 
+from tests.procs import project_view
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _project_view(tmp_path) -> str:
-    """The project's entries linked into a temp dir, so the script runs with its own defaults (OUT, RUN_DIR under
-    ./outputs) without writing into the checkout."""
-    view = tmp_path / "project"
-    view.mkdir()
-    for name in os.listdir(ROOT):
-        if name not in ("outputs", ".git"):
-            os.symlink(os.path.join(ROOT, name), view / name)
-    return str(view)
 
 
 def test_quickstart_help():
@@ -30,7 +21,7 @@ def test_quickstart_help():
 
 @pytest.mark.slow
 def test_quickstart_short_form(tmp_path):
-    view = _project_view(tmp_path)
+    view = project_view(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "RUN_DIR")}
     env.update(SFT_ITERS="20", ITERS="3")
     r = subprocess.run(

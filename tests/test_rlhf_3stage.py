@@ -10,19 +10,10 @@ import subprocess
 
 import pytest
 
+from tests.procs import project_view
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = "examples/rlhf/run_3stage_cpu.sh"
-
-
-def _project_view(tmp_path) -> str:
-    """The project's entries linked into a temp dir, so the script runs with its own defaults (OUT, RUN_DIR under
-    ./outputs) without writing into the checkout."""
-    view = tmp_path / "project"
-    view.mkdir()
-    for name in os.listdir(ROOT):
-        if name not in ("outputs", ".git"):
-            os.symlink(os.path.join(ROOT, name), view / name)
-    return str(view)
 
 
 def test_rlhf_3stage_help():
@@ -34,7 +25,7 @@ def test_rlhf_3stage_help():
 
 @pytest.mark.slow
 def test_rlhf_3stage_short_form(tmp_path):
-    view = _project_view(tmp_path)
+    view = project_view(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "RUN_DIR")}
     # a few steps: the reward model is not yet accurate, so the accuracy floor is off
     env.update(SFT_ITERS="20", RM_ITERS="10", ITERS="2", MIN_RM_ACC="0")
