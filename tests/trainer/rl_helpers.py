@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +22,20 @@ def _run(*cmd: str) -> None:
 
 
 def build_assets(d: Path, arch: str = "qwen2") -> Path:
-    """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed, in `d`."""
-    py = sys.executable
-    _run(py, "tools/make_tiny_model.py", "--out", str(d / "hf"), "--arch", arch)
+    """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed, in `d`. The
+    tools and conversions run in this process, on the session's rank pool (each as a CLI costs a fresh interpreter
+    and, for a conversion, a rank of its own: ~20 s of start-up per build; the CLIs are test_convert's and the
+    example scripts')."""
+    from mindrl.checkpoint import convert
+    from tests.conftest import shared_pool
+    from tools.make_critic_from_lm import make_critic
+    from tools.make_tiny_model import make_tiny_model
+
+    make_tiny_model(str(d / "hf"), arch=arch)
     # A random (not zero) value head: advantages then carry signal, not whitened rounding noise.
-    _run(py, "tools/make_critic_from_lm.py", "--hf-dir", str(d / "hf"), "--out", str(d / "hf_critic"),
-         "--head-std", "0.05")  # fmt: skip
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf"), "--save-dir", str(d / "actor"))
-    _run(py, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", str(d / "hf_critic"), "--save-dir", str(d / "critic"),
-         "--orm")  # fmt: skip
+    make_critic(str(d / "hf"), str(d / "hf_critic"), head_std=0.05)
+    convert.hf2mcore(str(d / "hf"), str(d / "actor"), pool=shared_pool())
+    convert.hf2mcore(str(d / "hf_critic"), str(d / "critic"), orm=True, pool=shared_pool())
     rows = [{"problem": f"Which is larger: {a} or {b}?", "answer": str(max(a, b))} for a in range(1, 9) for b in (3, 7)]
     (d / "task.json").write_text(json.dumps(rows))
     _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
@@ -174,6 +178,23 @@ def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
         _, results, lines, rollouts = _train(cfg)
         _STRAIGHT[algo] = SharedRun(cfg, results, lines, rollouts, run_dir)
     return _STRAIGHT[algo]
+
+
+# The PPO half run: the straight PPO run's config stopped as a finished run of 2 iterations (saved at 2). test_resume
+# extends a copy of it to 4; test_residency_e2e reads it as its "all offloaded" run (the config's own switches).
+HALF_EXTRA = ["megatron_training.train_iters=2", "megatron_training.save_interval=2", "rl_config.use_tensorboard=false",
+              *STRAIGHT_EXTRA["ppo"]]  # fmt: skip
+_HALF: dict[str, SharedRun] = {}
+
+
+def half_run(assets, tmp_path_factory) -> SharedRun:
+    """`ppo_tiny_cpu` with HALF_EXTRA, once per session. Read-only: copy its dir to resume from it."""
+    if "ppo" not in _HALF:
+        run_dir = tmp_path_factory.mktemp("resume_ppo") / "half"
+        cfg = _config("ppo_tiny_cpu", assets, run_dir, *HALF_EXTRA)
+        _, results, lines, rollouts = _train(cfg)
+        _HALF["ppo"] = SharedRun(cfg, results, lines, rollouts, run_dir)
+    return _HALF["ppo"]
 
 
 # One PPO iteration at each training layout (tensor x pipeline parallel; inference at TP1): test_ppo_e2e compares

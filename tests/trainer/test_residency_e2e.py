@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl.resharding.residency import PHASES
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import HALF_EXTRA, _config, _train, half_run
 
 pytestmark = pytest.mark.slow  # each run starts Ray, 4 worker processes and the reward worker
 
@@ -23,18 +23,23 @@ _RUNS: dict[str, tuple] = {}
 
 
 def _run(assets, tmp_path_factory, name: str) -> tuple:
-    """(config, metrics of iterations 1 and 2) of two iterations of ppo_tiny_cpu with the switches `name` (a key of
-    SWITCHES; "+off-policy": with OFF_POLICY too)."""
+    """(config, metrics of iterations 1 and 2) of rl_helpers.half_run's two PPO iterations with the switches `name` (a
+    key of SWITCHES; "+off-policy": with OFF_POLICY too). "all" (the config's own switches) is the half run itself."""
     if name not in _RUNS:
         opt, grad, param = SWITCHES[name.removesuffix("+off-policy")]
         extra = OFF_POLICY if name.endswith("+off-policy") else []
-        run_dir = tmp_path_factory.mktemp(f"residency_{name.replace('+', '_')}")
-        cfg = _config(
-            "ppo_tiny_cpu", assets, run_dir, "megatron_training.train_iters=2", "rl_config.use_tensorboard=false",
-            f"generate_config.offload_train_optimizer={opt}", f"generate_config.offload_train_grad={grad}",
-            f"generate_config.offload_train_param={param}", *extra,
-        )  # fmt: skip
-        _, _, lines, _ = _train(cfg)
+        if name == "all":
+            run = half_run(assets, tmp_path_factory)
+            cfg, lines = run.cfg, run.lines
+        else:
+            run_dir = tmp_path_factory.mktemp(f"residency_{name.replace('+', '_')}")
+            cfg = _config(
+                "ppo_tiny_cpu", assets, run_dir, *HALF_EXTRA, f"generate_config.offload_train_optimizer={opt}",
+                f"generate_config.offload_train_grad={grad}", f"generate_config.offload_train_param={param}", *extra,
+            )  # fmt: skip
+            _, _, lines, _ = _train(cfg)
+        g = cfg.generate_config
+        assert (g.offload_train_optimizer, g.offload_train_grad, g.offload_train_param) == (opt, grad, param), name
         _RUNS[name] = (cfg, lines)
     return _RUNS[name]
 

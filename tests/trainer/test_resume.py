@@ -13,7 +13,14 @@ import shutil
 
 import pytest
 
-from tests.trainer.rl_helpers import STRAIGHT_EXTRA, _config, _train, assert_same_checkpoints, straight_run
+from tests.trainer.rl_helpers import (
+    STRAIGHT_EXTRA,
+    _config,
+    _train,
+    assert_same_checkpoints,
+    half_run,
+    straight_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -23,23 +30,15 @@ EVERY2 = ["megatron_training.save_interval=2", "rl_config.use_tensorboard=false"
 RESUME_ARGS = [f"{role}_config.{k}" for role in ("actor", "critic") for k in RESUME]
 
 
-_RUNS: dict = {}
-
-
 def _straight_and_half(algo, assets, tmp_path_factory, tmp_path):
     """(straight run's metrics, its dir, a fresh copy of the half run's dir): computed once per algorithm (the
-    straight run is rl_helpers.straight_run, shared with test_ppo_e2e). PPO's half run is a run of train_iters=2 (a
-    finished run to extend); GRPO's is the straight run as it stood after iteration 2's save (iteration 4 not
+    straight run is rl_helpers.straight_run, shared with test_ppo_e2e). PPO's half run is rl_helpers.half_run (a
+    finished run of train_iters=2 to extend, shared with test_residency_e2e); GRPO's is the straight run as it stood after iteration 2's save (iteration 4 not
     written yet; the resume cuts metrics.jsonl back to iteration 2)."""
-    name, extra = f"{algo}_tiny_cpu", EXTRA[algo]
     straight = straight_run(algo, assets, tmp_path_factory)
-    if algo == "ppo" and algo not in _RUNS:
-        half = tmp_path_factory.mktemp(f"resume_{algo}") / "half"
-        _train(_config(name, assets, half, "megatron_training.train_iters=2", *EVERY2, *extra))
-        _RUNS[algo] = half
     split_dir = tmp_path / "split"
     if algo == "ppo":
-        shutil.copytree(_RUNS[algo], split_dir)
+        shutil.copytree(half_run(assets, tmp_path_factory).run_dir, split_dir)
     else:
         from mindrl.checkpoint import mcore_ckpt
 
