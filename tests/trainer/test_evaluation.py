@@ -286,28 +286,24 @@ def _same_evaluation(cli: tuple[dict, list[dict]], metrics: dict, rows: list[dic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["hf", "mcore"])
-def test_mindrl_eval_reproduces_the_trainers_evaluation(eval_run, assets, tmp_path, source):
-    """The starting weights (HF dir, on the raw DeepScaleR JSON) are evaluated as iteration 0 was; the final checkpoint
-    (megatron, on the preprocessed set) as iteration 2."""
+def test_mindrl_eval_reproduces_the_trainers_evaluation(eval_run, assets, tmp_path):
+    """The starting weights (HF dir, on the raw DeepScaleR JSON, every setting a flag) are evaluated as iteration 0
+    was. (A megatron checkpoint on the preprocessed set: the next test's.)"""
     run_dir, lines = eval_run
-    it = 0 if source == "hf" else 2
-    data = str(assets / "task.json") if source == "hf" else str(assets / "data" / "train")
-    ckpt = ["--hf-dir", str(assets / "hf")] if source == "hf" else ["--load-dir", str(run_dir / "ckpt_actor"),
-                                                                     "--tokenizer", str(assets / "hf")]  # fmt: skip
     cli = _mindrl_eval(
-        *ckpt, "--data", data, "--prompt-type", "qwen", "--max-prompts", str(VAL_PROMPTS), "--max-prompt-length", "64",
-        "--max-tokens", "24", "--verifier", VERIFIER, "--n-samples", str(VAL_SAMPLES), "--temperature", "1.0",
-        "--seed", "1234", "--out", str(tmp_path / "responses.jsonl"),
+        "--hf-dir", str(assets / "hf"), "--data", str(assets / "task.json"), "--prompt-type", "qwen", "--max-prompts",
+        str(VAL_PROMPTS), "--max-prompt-length", "64", "--max-tokens", "24", "--verifier", VERIFIER, "--n-samples",
+        str(VAL_SAMPLES), "--temperature", "1.0", "--seed", "1234", "--out", str(tmp_path / "responses.jsonl"),
     )  # fmt: skip
-    rows = [json.loads(x) for x in open(run_dir / "eval" / f"iter_{it:07d}.jsonl")]
-    _same_evaluation(cli, lines[it], rows)
+    rows = [json.loads(x) for x in open(run_dir / "eval" / "iter_0000000.jsonl")]
+    _same_evaluation(cli, lines[0], rows)
 
 
 @pytest.mark.slow
 def test_mindrl_eval_with_the_training_config_reproduces_the_last_evaluation(eval_run, assets, tmp_path):
-    """`mindrl-eval -cn CONFIG` with the run's overrides and no other flag: the final checkpoint (actor_config.save)
-    on rl_config.val_data_path with the config's sampling and verifiers, as the trainer's iteration 2."""
+    """`mindrl-eval -cn CONFIG` with the run's overrides and no other flag: the final checkpoint (megatron, from
+    actor_config.save) on rl_config.val_data_path (the preprocessed set) with the config's sampling and verifiers, as
+    the trainer's iteration 2."""
     run_dir, lines = eval_run
     overrides = [f"actor_config.save={run_dir / 'ckpt_actor'}", f"actor_config.load={assets / 'actor'}",
                  f"megatron_training.tokenizer_name_or_path={assets / 'hf'}", *BASE, *_val(assets)]  # fmt: skip
