@@ -83,11 +83,14 @@ def test_missing_file_is_named(tmp_path):
         build_runtime_env(environ={ENV_VAR: str(tmp_path / "nope.yaml")})
 
 
-def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
+def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch, capfd):
     """start_ray hands the merged variables to Ray: a task on a worker process reads them, and the platform's
     defaults are in the environment the worker was started with (glibc's MALLOC_* are read at process start only).
     The private cluster keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands
-    of iterations) and prestarts no idle worker processes."""
+    of iterations) and prestarts no idle worker processes; its dashboard agent runs in minimal mode and its log
+    monitor as a thread of the driver, which still prints what a worker prints."""
+    import time
+
     import ray
 
     from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
@@ -97,8 +100,10 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
     for k in current_kernels().worker_env:
         monkeypatch.delenv(k, raising=False)
     had_arrow = "pyarrow" in sys.modules
+    python_path = os.environ.get("PYTHONPATH")
     assert start_ray(None, 1)
     try:
+        assert os.environ.get("PYTHONPATH") == python_path and "ray.dashboard.optional_deps" not in sys.modules
         # Ray's serializers for Arrow tables were made without pyarrow, which is importable again (parquet data)
         ray.get(ray.put([1]))
         assert had_arrow or "pyarrow" not in sys.modules
@@ -109,6 +114,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
             kept = ray._config.task_events_max_num_task_in_gcs()
             with open("/proc/self/environ", "rb") as f:  # the environment at exec, not os.environ's later edits
                 start = dict(v.decode().split("=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            print("MINDRL-PROBE-PRINTED", flush=True)
             return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B"), kept, start
 
         pid, a, b, kept, start = ray.get(probe.remote(), timeout=120)
@@ -118,8 +124,28 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
         # Ray was told to prestart no idle Python workers (mindrl runs actors, each in a process of its own)
         config = _system_config()
         assert config["enable_worker_prestart"] is False and config["prestart_worker_first_driver"] is False
+        daemons = _ray_python_daemons()
+        assert "--minimal" in daemons["dashboard/agent.py"] and "log_monitor.py" not in daemons, daemons
+        deadline, seen = time.monotonic() + 30, ""
+        while "MINDRL-PROBE-PRINTED" not in seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen += "".join(capfd.readouterr())
+        assert "MINDRL-PROBE-PRINTED" in seen
     finally:
         stop_ray()
+
+
+def _ray_python_daemons() -> dict[str, list[str]]:
+    """The command lines of the Python daemons under this driver, by their script's path below ray/."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process().children(recursive=True):
+        cmd = p.cmdline()
+        script = next((a for a in cmd if a.endswith(".py") and "/ray/" in a), None)
+        if script:
+            found[script.split("/ray/", 1)[1].removeprefix("_private/")] = cmd
+    return found
 
 
 def _system_config() -> dict:
