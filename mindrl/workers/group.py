@@ -16,7 +16,7 @@ from mindrl.batch import shard_rows
 from mindrl.launch import is_peer_failure
 from mindrl.platform import current_platform
 from mindrl.workers.dispatch import Dispatch, dispatch_mode
-from mindrl.workers.ray_daemons import DriverLogMonitor, minimal_dashboard_agent
+from mindrl.workers.ray_daemons import DriverLogMonitor
 
 logger = logging.getLogger("mindrl.workers")
 
@@ -72,7 +72,7 @@ def start_ray(
         if f"RAY_{key}" not in os.environ:
             system_config[key] = False
     handlers = _python_signal_handlers()  # ray.init replaces them with its own (SIGTERM: log and abort)
-    with _without_arrow(), minimal_dashboard_agent():
+    with _without_arrow():
         ray.init(
             address="local",
             num_cpus=num_cpus,

@@ -1,44 +1,14 @@
-"""Smaller daemons for the private single-node Ray cluster `group.start_ray` starts: the dashboard agent in Ray's
-minimal mode and the log monitor as a thread of the driver (docs/performance.md, footprint)."""
+"""Ray's log monitor as a thread of the driver, for the private single-node cluster `group.start_ray` starts (one
+Python process fewer: docs/performance.md, footprint)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
 import threading
 
 logger = logging.getLogger("mindrl.workers")
 
-SHADOW_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_shadow")
-_OPTIONAL_DEPS = "ray.dashboard.optional_deps"
 _POLL_S = 0.1  # Ray's log monitor process waits as long when no file has new lines
-
-
-@contextlib.contextmanager
-def minimal_dashboard_agent():
-    """Around `ray.init` of a private cluster. Ray starts its dashboard agent in minimal mode (no metrics and HTTP
-    servers, no per-node reporter: nothing a cluster without a dashboard reads) when the dashboard's optional packages
-    do not import, as on a `pip install ray` without extras. Two processes decide: the driver, which passes
-    `--minimal` (hidden here: `ray.dashboard.optional_deps` in sys.modules), and the agent, which loads its modules by
-    the same check (hidden there by the stub aiohttp_cors in `ray_shadow`, first on the PYTHONPATH the processes Ray
-    starts inherit; only the dashboard's HTTP servers import aiohttp_cors). Both are undone on exit."""
-    saved_module = sys.modules.get(_OPTIONAL_DEPS, "absent")
-    saved_path = os.environ.get("PYTHONPATH")
-    sys.modules[_OPTIONAL_DEPS] = None  # type: ignore[assignment]  # `import` raises ModuleNotFoundError
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SHADOW_DIR, saved_path]))
-    try:
-        yield
-    finally:
-        if saved_module == "absent":
-            sys.modules.pop(_OPTIONAL_DEPS, None)
-        else:
-            sys.modules[_OPTIONAL_DEPS] = saved_module
-        if saved_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved_path
 
 
 class DriverLogMonitor:
