@@ -54,6 +54,10 @@ class DriverLogMonitor:
                     self._stop.wait(_POLL_S)
             monitor.check_log_files_and_publish_updates()  # the last lines written before the stop
         except Exception:  # never take the driver down: the workers' output still goes to their files
+            import ray
+
+            if self._stop.is_set() or not ray.is_initialized():  # Ray shut down under it (ray.shutdown, not stop_ray)
+                return
             logger.warning(
                 "the driver's Ray log monitor stopped; workers' output stays in Ray's log files", exc_info=True
             )
