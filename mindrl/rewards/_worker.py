@@ -4,7 +4,6 @@ Also the forkserver preload (with math-verify beside it only where a math verifi
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -59,12 +58,4 @@ def worker_main(conn: Connection, math_verifiers: bool = False) -> None:
             continue
         _, fns, items = message
         for idx, response, label in items:
-            try:
-                scores = tuple(float(fn(response, label)) for fn in fns)
-                bad = [fn.__name__ for fn, s in zip(fns, scores) if not math.isfinite(s)]
-                if bad:
-                    conn.send((idx, None, f"non-finite score from {', '.join(bad)}"))
-                else:
-                    conn.send((idx, scores, None))
-            except Exception as exc:  # a verifier bug must cost one sample, not the batch
-                conn.send((idx, None, f"{type(exc).__name__}: {str(exc)[:200]}"))
+            conn.send((idx, *_verifiers.score_sample(fns, response, label)))

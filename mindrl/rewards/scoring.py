@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrl.rewards.pool import get_shared_pool
-from mindrl.rewards.verifiers import get_verifier, uses_math
+from mindrl.rewards.verifiers import get_verifier, score_sample, scored_inline, uses_math
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -72,7 +72,8 @@ def score_rule_rewards(
 
     responses: decoded response texts; labels: gold answers (None where a row has none), same length.
     timeout (`rl_config.verifier_timeout`): wall-clock seconds per sample, all verifiers together,
-    enforced from outside the worker; a sample that times out or crashes its worker scores 0.
+    enforced from outside the worker; a sample that times out or crashes its worker scores 0. Verifiers that are
+    all linear-time scans (`scored_inline`) score in this process instead, and need no timeout.
     num_workers: pool size (default: usable CPUs, at most 8); the pool persists across calls.
 
     metrics: reward/mean, reward/<verifier>/mean (over samples that finished), reward/timeouts,
@@ -101,7 +102,10 @@ def score_rule_rewards(
     label_texts = [None if label is None else label if isinstance(label, str) else str(label) for label in labels]
 
     start = time.perf_counter()
-    if responses:
+    if responses and scored_inline(names):  # linear-time scans: here, without the pool's processes
+        done = [score_sample(fns, r, label) for r, label in zip(responses, label_texts)]
+        scores, status, restarts = [s for s, _ in done], ["ok" if s is not None else "error" for s, _ in done], 0
+    elif responses:
         warm = uses_math(names)
         pool = get_shared_pool(num_workers, math_verifiers=warm)
         outcome = pool.score(list(responses), label_texts, fns, timeout, math_verifiers=warm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -30,12 +31,17 @@ MiB) and warms their parsers (`warm_up_math`) before it scores with one of them,
 MATH_MODULE = "mindrl.rewards.equivalence"
 """What the math verifiers import (math-verify, sympy): the pool's forkserver preloads it when they are used."""
 
+INLINE_VERIFIERS: set[str] = set()
+"""The verifiers that are a few linear-time scans of the text (extract.py), which no response can make slow: a run
+that uses these alone scores in its own process, without the pool's processes (~45 MiB) or their timeout."""
 
-def register_verifier(name: str, uses_math: bool = False) -> Callable[[Verifier], Verifier]:
+
+def register_verifier(name: str, uses_math: bool = False, inline: bool = False) -> Callable[[Verifier], Verifier]:
     """Decorator: make a module-level function selectable in `rl_config.verifier_function`.
 
     It runs in pool worker processes, so it must be importable by module and name (no lambdas). uses_math: it calls
-    `math_equal` or math-verify (the pool then warms them up before it scores)."""
+    `math_equal` or math-verify (the pool then warms them up before it scores). inline: its cost is linear in the
+    text's length, whatever the text (no math, no backtracking regex), so it needs no timeout (INLINE_VERIFIERS)."""
 
     def decorator(fn: Verifier) -> Verifier:
         if name in VERIFIERS and VERIFIERS[name] is not fn:
@@ -43,6 +49,8 @@ def register_verifier(name: str, uses_math: bool = False) -> Callable[[Verifier]
         VERIFIERS[name] = fn
         if uses_math:
             MATH_VERIFIERS.add(name)
+        if inline and not uses_math:
+            INLINE_VERIFIERS.add(name)
         return fn
 
     return decorator
@@ -51,6 +59,23 @@ def register_verifier(name: str, uses_math: bool = False) -> Callable[[Verifier]
 def uses_math(names: Sequence[str]) -> bool:
     """Whether any of these verifiers compares answers with math-verify."""
     return any(name in MATH_VERIFIERS for name in names)
+
+
+def scored_inline(names: Sequence[str]) -> bool:
+    """Whether these verifiers score in the calling process (all of them INLINE_VERIFIERS) instead of the pool."""
+    return bool(names) and all(name in INLINE_VERIFIERS for name in names)
+
+
+def score_sample(
+    fns: Sequence[Verifier], response: str, label: str | None
+) -> tuple[tuple[float, ...] | None, str | None]:
+    """(one score per verifier, None) or (None, the error) when a verifier raised or gave a non-finite score."""
+    try:
+        scores = tuple(float(fn(response, label)) for fn in fns)
+    except Exception as exc:  # a verifier bug must cost one sample, not the batch
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    bad = [fn.__name__ for fn, s in zip(fns, scores) if not math.isfinite(s)]
+    return (None, f"non-finite score from {', '.join(bad)}") if bad else (scores, None)
 
 
 def _math():
@@ -90,13 +115,13 @@ def acc_reward(response: str, label: str | None) -> float:
     return 1.0 if _math().math_equal(answer, label) else -0.5
 
 
-@register_verifier("format")
+@register_verifier("format", inline=True)
 def format_reward(response: str, label: str | None = None) -> float:
     """1.0 for `<think>…</think> <answer>…</answer>` spanning the whole response, else 0.0."""
     return 1.0 if matches_think_answer_format(response) else 0.0
 
 
-@register_verifier("strict_format")
+@register_verifier("strict_format", inline=True)
 def strict_format_reward(response: str, label: str | None = None) -> float:
     """1.0 for exactly one of each tag and one \\boxed{}, in order think, answer, boxed; else -0.5."""
     return 1.0 if has_strict_structure(response) else -0.5

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from mindrl.rewards import RewardSettings, get_shared_pool, score_rule_rewards, shutdown_shared_pool
-from mindrl.rewards.verifiers import uses_math
+from mindrl.rewards.verifiers import scored_inline, uses_math
 from mindrl.trainer import leftovers
 from mindrl.workers.results import Scores
 
@@ -71,6 +71,8 @@ class RewardClient:
         self._starting.start()
 
     def _start_pool(self) -> None:
+        if scored_inline(self.settings.verifier_function):
+            return  # scored in this process: no pool (`score_rule_rewards`)
         try:
             get_shared_pool(self.settings.num_workers, math_verifiers=uses_math(self.settings.verifier_function))
         except Exception as e:  # the first `score` meets it again, and `collect` raises it

@@ -16,6 +16,7 @@ from mindrl.batch import shard_rows
 from mindrl.launch import is_peer_failure
 from mindrl.platform import current_platform
 from mindrl.workers.dispatch import Dispatch, dispatch_mode
+from mindrl.workers.ray_daemons import DriverLogMonitor
 
 logger = logging.getLogger("mindrl.workers")
 
@@ -26,6 +27,7 @@ class WorkerError(RuntimeError):
 
 TASK_EVENTS_KEPT = 10_000  # finished tasks whose events a private Ray cluster's GCS keeps (Ray's default: 100,000)
 _ENV_BEFORE_RAY: dict[str, str] | None = None
+_LOG_MONITOR: DriverLogMonitor | None = None
 
 
 def start_ray(
@@ -38,7 +40,7 @@ def start_ray(
     Ray (False: the caller already had, with its own runtime_env); `stop_ray` undoes it, environment variables
     included. Workers get configs/envs/runtime_env.yaml (or $MINDRL_RUNTIME_ENV) merged with this process's
     environment and `runtime_env` (see `mindrl.workers.runtime_env`)."""
-    global _ENV_BEFORE_RAY
+    global _ENV_BEFORE_RAY, _LOG_MONITOR
     import ray
 
     from mindrl.workers.runtime_env import build_runtime_env
@@ -84,6 +86,8 @@ def start_ray(
         )
     _restore_signal_handlers(handlers)
     _stop_idle_daemons()
+    _LOG_MONITOR = DriverLogMonitor()
+    _LOG_MONITOR.start(ray._private.worker._global_node)
     return True
 
 
@@ -145,9 +149,12 @@ def _restore_signal_handlers(handlers: dict) -> None:
 
 def stop_ray() -> None:
     """Disconnect from (and, if we started it, stop) Ray; restore the environment variables ray.init changed."""
-    global _ENV_BEFORE_RAY
+    global _ENV_BEFORE_RAY, _LOG_MONITOR
     import ray
 
+    if _LOG_MONITOR is not None:
+        _LOG_MONITOR.stop()
+        _LOG_MONITOR = None
     ray.shutdown()
     if _ENV_BEFORE_RAY is not None:
         for key in set(os.environ) - set(_ENV_BEFORE_RAY):

@@ -31,6 +31,9 @@ def raise_if_marked(response, label):
     return 1.0
 
 
+register_verifier("_test_inline_raise_if_marked", inline=True)(raise_if_marked)
+
+
 @register_verifier("_test_pid")
 def worker_pid(response, label):
     return float(os.getpid())

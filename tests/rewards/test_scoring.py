@@ -110,6 +110,27 @@ def test_raising_or_nan_verifier_scores_zero_and_counts_as_error():
     assert metrics["reward/errors"] == 2.0 and metrics["reward/worker_restarts"] == 0.0
 
 
+def test_linear_verifiers_alone_score_in_this_process_as_the_pool_does():
+    """`format` and `strict_format` (linear-time scans) alone score in the calling process, with no pool made, to the
+    pool's scores; a raising or non-finite one counts as an error there too; with any other verifier the pool scores."""
+    from mindrl.rewards import pool as pool_module
+    from mindrl.rewards import shutdown_shared_pool
+
+    responses = [GOOD, "<think>x</think> <answer>5</answer>", "", "no tags", "<answer>\\boxed{1}</answer>"]
+    names = ["format", "strict_format"]
+    fns = [VERIFIERS[n] for n in names]
+    expected = get_shared_pool(WORKERS).score(responses, [None] * 5, fns, timeout=HANG_S).scores
+    shutdown_shared_pool()
+    scored = score_rule_rewards(responses, [None] * 5, names, [1.0, 0.5], num_workers=WORKERS)
+    assert pool_module._shared_pool is None
+    assert [tuple(s) for s in scored.per_verifier] == expected
+    assert scored.rewards == [a + 0.5 * b for a, b in expected]
+    rewards, metrics = score(["ok", "RAISE", "NAN"], [None] * 3, ["_test_inline_raise_if_marked", "format"], [1, 1])
+    assert rewards == [1.0, 0.0, 0.0] and metrics["reward/errors"] == 2.0 and pool_module._shared_pool is None
+    score([GOOD], ["4"], ["format", "_test_pid"], [1.0, 0.0])
+    assert pool_module._shared_pool is not None
+
+
 ALL = ["acc", "format", "strict_format", "base_acc", "acc_for_ppo", "math_17k_acc", "math_verify", "gsm8k"]
 # name -> (response, label, the score each verifier in ALL owes it). A None score: the sample may time
 # out instead (a power tower makes sympy evaluate 9^387420489; the pool kills it at the deadline).

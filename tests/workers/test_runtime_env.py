@@ -83,11 +83,15 @@ def test_missing_file_is_named(tmp_path):
         build_runtime_env(environ={ENV_VAR: str(tmp_path / "nope.yaml")})
 
 
-def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
+def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch, capfd):
     """start_ray hands the merged variables to Ray: a task on a worker process reads them, and the platform's
     defaults are in the environment the worker was started with (glibc's MALLOC_* are read at process start only).
     The private cluster keeps TASK_EVENTS_KEPT task events in its GCS (Ray's default 100,000 grows it for thousands
-    of iterations) and prestarts no idle worker processes."""
+    of iterations) and prestarts no idle worker processes; its log monitor runs as a thread of the driver, which
+    still prints what a worker prints."""
+    import time
+
+    import psutil
     import ray
 
     from mindrl.workers.group import TASK_EVENTS_KEPT, start_ray, stop_ray
@@ -109,6 +113,7 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
             kept = ray._config.task_events_max_num_task_in_gcs()
             with open("/proc/self/environ", "rb") as f:  # the environment at exec, not os.environ's later edits
                 start = dict(v.decode().split("=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            print("MINDRL-PROBE-PRINTED", flush=True)
             return os.getpid(), os.environ.get("MINDRL_PROBE_A"), os.environ.get("MINDRL_PROBE_B"), kept, start
 
         pid, a, b, kept, start = ray.get(probe.remote(), timeout=120)
@@ -118,6 +123,12 @@ def test_a_ray_worker_sees_the_file(tmp_path, monkeypatch):
         # Ray was told to prestart no idle Python workers (mindrl runs actors, each in a process of its own)
         config = _system_config()
         assert config["enable_worker_prestart"] is False and config["prestart_worker_first_driver"] is False
+        assert not any("log_monitor.py" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+        deadline, seen = time.monotonic() + 30, ""
+        while "MINDRL-PROBE-PRINTED" not in seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen += "".join(capfd.readouterr())
+        assert "MINDRL-PROBE-PRINTED" in seen
     finally:
         stop_ray()
 
