@@ -209,8 +209,32 @@ def check_rm_paths(mt: SFTTrainingConfig, col: Collector) -> None:
 
 
 def check_dpo_paths(mt: SFTTrainingConfig, col: Collector) -> None:
-    """The checkpoint (a causal LM), the tokenizer and the preference data with its labels, reported to col."""
+    """The checkpoint (a causal LM), the tokenizer and the preference data with its labels, reported to col; and a
+    separate reference (ref_model): a causal LM with the policy's vocabulary that the layout fits."""
     _check_training_paths(mt, col, dpo_data_counts, value_head=False)
+    if not getattr(mt, "separate_reference", False):
+        return
+    with col.scope(SFT_SECTION):
+        try:
+            spec, meta = read_model_meta(mt.ref_model)
+        except (CheckpointError, OSError, ValueError, KeyError) as e:
+            col.add("ref_model", f"{e} (the reference: a megatron causal LM, e.g. from mindrl-convert hf2mcore)")
+            return
+        if meta.get("role") != "actor":
+            col.add("ref_model", f"{mt.ref_model!r} holds a {spec.architecture} (value head); the DPO reference is a "
+                    "causal LM")  # fmt: skip
+        try:
+            spec.validate_layout(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size)
+        except ModelConfigError as e:
+            col.add("ref_model", f"TP x PP = {mt.tensor_model_parallel_size} x {mt.pipeline_model_parallel_size} "
+                    f"(the policy's layout, which the reference runs at) does not fit it: {e}")  # fmt: skip
+        try:
+            policy, _ = read_model_meta(mt.load)
+        except (CheckpointError, OSError, ValueError, KeyError):
+            return  # reported for load
+        if policy.vocab_size != spec.vocab_size:
+            col.add("ref_model", f"its vocabulary ({spec.vocab_size}) differs from the policy's in load "
+                    f"({policy.vocab_size}): the two must score the same token ids")  # fmt: skip
 
 
 def _check_training_paths(mt: SFTTrainingConfig, col: Collector, data_counts, value_head: bool) -> None:

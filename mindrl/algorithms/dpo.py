@@ -16,9 +16,13 @@ def dpo_loss(
     beta: float,
     label_smoothing: float = 0.0,
     loss_type: str = "sigmoid",
+    pref_ftx: float = 0.0,
+    chosen_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-pair terms, all (b,): `loss`, the implicit rewards `chosen_rewards` = beta (policy_chosen - ref_chosen)
-    and `rejected_rewards`. Inputs are each sequence's summed response-token log-probabilities (b,)."""
+    """Per-pair terms, all (b,): `loss` (the preference loss plus pref_ftx x `sft_loss`), `sft_loss` = -policy_chosen
+    / chosen_tokens (the chosen response's per-token mean NLL; 0 without chosen_tokens), the implicit rewards
+    `chosen_rewards` = beta (policy_chosen - ref_chosen) and `rejected_rewards`. Inputs are each sequence's summed
+    response-token log-probabilities (b,); chosen_tokens (b,): the chosen responses' token counts (with pref_ftx)."""
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"unknown dpo_loss_type {loss_type!r}; one of {', '.join(DPO_LOSS_TYPES)}")
     h = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
@@ -28,8 +32,16 @@ def dpo_loss(
         loss = torch.relu(1.0 - beta * h)
     else:
         loss = (h - 1.0 / (2.0 * beta)) ** 2
+    if chosen_tokens is None and pref_ftx:
+        raise ValueError("pref_ftx needs chosen_tokens, the chosen responses' token counts")
+    sft = torch.zeros_like(loss)
+    if chosen_tokens is not None:  # the chosen response's per-token mean NLL: logged, and weighted in by pref_ftx
+        sft = -policy_chosen / chosen_tokens.to(policy_chosen.dtype).clamp(min=1)
+    if pref_ftx:  # MindSpeed-LLM's pref_ftx (LLaMA-Factory's ftx_gamma)
+        loss = loss + pref_ftx * sft
     return {
         "loss": loss,
+        "sft_loss": sft.detach(),
         "chosen_rewards": beta * (policy_chosen - ref_chosen).detach(),
         "rejected_rewards": beta * (policy_rejected - ref_rejected).detach(),
     }
@@ -48,5 +60,6 @@ def dpo_stats(terms: dict[str, torch.Tensor], policy_chosen: torch.Tensor, polic
         "rejected_reward_sum": r.sum().to(loss.dtype),
         "chosen_logp_sum": policy_chosen.detach().sum().to(loss.dtype),
         "rejected_logp_sum": policy_rejected.detach().sum().to(loss.dtype),
+        "sft_loss_sum": terms["sft_loss"].sum().to(loss.dtype),
         "pairs": torch.tensor(float(loss.numel()), dtype=loss.dtype, device=loss.device),
     }

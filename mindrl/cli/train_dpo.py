@@ -1,5 +1,5 @@
-"""mindrl-train-dpo: offline DPO of a causal LM on preference pairs against the frozen starting checkpoint
-(`stage: dpo`), e.g. `mindrl-train-dpo --config-name dpo_tiny_cpu [megatron_training.dpo_beta=0.2 ...]`."""
+"""mindrl-train-dpo: offline DPO of a causal LM on preference pairs against a frozen reference (`stage: dpo`),
+e.g. `mindrl-train-dpo --config-name dpo_tiny_cpu [megatron_training.dpo_beta=0.2 ...]`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ def build_parser() -> argparse.ArgumentParser:
     return config_parser(
         "mindrl-train-dpo",
         "Train a causal LM with direct preference optimisation (DPO; sigmoid, cDPO label smoothing, hinge or IPO) "
-        "on preference pairs (mindrl-preprocess with handler_name=AlpacaStylePairwiseHandler). The reference is the "
-        "starting checkpoint, frozen: its log-probabilities are computed once before the first step. The YAML holds "
-        "megatron arguments under 'megatron_training:' with stage: dpo and MindSpeed's dpo_beta, "
-        "dpo_label_smoothing, dpo_loss_type (docs/dpo.md). Saves a causal-LM checkpoint to megatron_training.save "
+        "on preference pairs (mindrl-preprocess with handler_name=AlpacaStylePairwiseHandler). The reference is frozen: "
+        "the starting checkpoint, or ref_model; its log-probabilities are computed once before the first step. The "
+        "YAML holds megatron arguments under 'megatron_training:' with stage: dpo and MindSpeed's dpo_beta, "
+        "dpo_label_smoothing, dpo_loss_type, pref_ftx (an SFT term on the chosen responses) (docs/dpo.md). Saves a causal-LM checkpoint to megatron_training.save "
         "(actor_config.load, mindrl-convert mcore2hf) and ends with a line 'run dir: PATH' (metrics.jsonl, "
         "tensorboard/).",
         epilog="example: mindrl-train-dpo --config-name dpo_tiny_cpu megatron_training.train_iters=50 "

@@ -3,6 +3,7 @@ keys; loaded with `load_sft_config(..., schema=DPOTrainingConfig)`."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ class DPOTrainingConfig(SFTTrainingConfig):
     UNSUPPORTED: ClassVar[Mapping[str, tuple[tuple[Any, ...], str]]] = {
         **SFTTrainingConfig.UNSUPPORTED,
         "refer_model_iter": ((1,), "refreshing the reference from the policy"),
-        "pref_ftx": ((0, 0.0), "an SFT term on the chosen responses"),
     }
 
     stage: str = "dpo"
@@ -40,8 +40,8 @@ class DPOTrainingConfig(SFTTrainingConfig):
     load: str = ""
     """Megatron causal-LM checkpoint to start the policy from (an SFT save, mindrl-convert hf2mcore)."""
     ref_model: str = ""
-    """The frozen reference: empty or the same checkpoint as `load` (its log-probabilities are computed once,
-    before the first step)."""
+    """The frozen reference, a megatron causal-LM checkpoint (MindSpeed-LLM's key); empty: `load`, the policy's start.
+    Its log-probabilities are computed once, before the first step."""
     save: str = ""
     """Checkpoint directory to write: a causal LM (actor_config.load; mindrl-convert mcore2hf exports it)."""
     run_dir: str = ""
@@ -54,6 +54,9 @@ class DPOTrainingConfig(SFTTrainingConfig):
     """cDPO: the probability that a pair's label is flipped, in [0, 0.5) (sigmoid loss only)."""
     dpo_loss_type: str = "sigmoid"
     """sigmoid (DPO), hinge (SLiC) or ipo (IPO, on the summed log-ratios)."""
+    pref_ftx: float = 0.0
+    """MindSpeed-LLM's SFT coefficient: pref_ftx x the chosen response's per-token mean NLL is added to each pair's
+    loss (0: pure DPO)."""
 
     def validate(self, col: Collector) -> None:
         super().validate(col)
@@ -65,6 +68,10 @@ class DPOTrainingConfig(SFTTrainingConfig):
             col.add("dpo_loss_type", f"{self.dpo_loss_type!r} is not one of {', '.join(DPO_LOSS_TYPES)}")
         elif self.dpo_label_smoothing and self.dpo_loss_type != "sigmoid":
             col.add("dpo_label_smoothing", f"applies to dpo_loss_type sigmoid only, not {self.dpo_loss_type!r}")
-        if self.ref_model and self.load and os.path.abspath(self.ref_model) != os.path.abspath(self.load):
-            col.add("ref_model", f"{self.ref_model!r} differs from load {self.load!r}; mindrl's DPO reference is the "
-                    "starting checkpoint (leave ref_model empty or equal to load)")  # fmt: skip
+        if not (isinstance(self.pref_ftx, (int, float)) and math.isfinite(self.pref_ftx) and self.pref_ftx >= 0):
+            col.add("pref_ftx", f"must be a finite number >= 0, got {self.pref_ftx!r}")
+
+    @property
+    def separate_reference(self) -> bool:
+        """Whether the reference is another checkpoint than the policy's start (`ref_model` set, not `load`)."""
+        return bool(self.ref_model) and os.path.abspath(self.ref_model) != os.path.abspath(self.load)

@@ -237,7 +237,8 @@ class RLSectionConfig(Section):
     sample more prompts (global_batch_size at a time) until filter_groups_train_batch_size prompts are kept."""
     filter_groups_metric: str = "acc"
     """What the filter compares: a name in verifier_function (that verifier's own score, before weights and the
-    overlong penalty, as MindSpeed-RL), or 'seq_reward' (the response's whole reward)."""
+    overlong penalty, as MindSpeed-RL), or 'seq_reward' (the response's whole reward: the reward model's score mixed in
+    where there is one)."""
     filter_groups_max_batches: int = 1
     """Generation batches per iteration at most; the run stops with an error when they keep fewer prompts than
     needed (MindSpeed-RL's rule). <= 0: no limit."""
@@ -249,7 +250,8 @@ class RLSectionConfig(Section):
     they apply whenever set."""
     # -- rewards -------------------------------------------------------------------------------------
     rule_reward: bool = True
-    """Score responses with rule verifiers; must be true (a reward model, reward_config, adds to the rule rewards)."""
+    """Score responses with the rule verifiers (verifier_function). False (MindSpeed-RL's meaning): no verifier runs
+    and the reward model (reward_config, required then) alone gives the reward."""
     verifier_function: list[str] = field(default_factory=lambda: ["base_acc"])
     """Verifier names (mindrl.rewards.list_verifiers()); a single name is accepted. MindSpeed-RL's
     'math_verify_reward' is read as mindrl's 'math_verify'."""
@@ -443,10 +445,11 @@ class RLSectionConfig(Section):
                 if getattr(self, key):
                     col.ignore(key, "has no effect without overlong_buffer_enable")
         if self.filter_groups_enable:
-            allowed = [*self.verifier_function, SEQ_REWARD_METRIC]
-            if self.filter_groups_metric not in allowed:
-                col.add("filter_groups_metric", f"{self.filter_groups_metric!r} is neither one of verifier_function "
-                        f"({', '.join(self.verifier_function)}) nor {SEQ_REWARD_METRIC!r}")  # fmt: skip
+            if self.filter_groups_metric not in [*self.verifiers, SEQ_REWARD_METRIC]:
+                named = f"one of verifier_function ({', '.join(self.verifiers)})" if self.verifiers else (
+                    "a verifier (rule_reward is false: none runs)")  # fmt: skip
+                col.add("filter_groups_metric", f"{self.filter_groups_metric!r} is neither {named} nor "
+                        f"{SEQ_REWARD_METRIC!r}")  # fmt: skip
             if self.n_samples_per_prompt < 2:
                 col.add("filter_groups_enable", "compares the samples of a prompt and needs n_samples_per_prompt >= 2")
             b = self.filter_groups_train_batch_size
@@ -517,8 +520,12 @@ class RLSectionConfig(Section):
             col.add("clip_ratio_c", f"the dual-clip constant must be > 1, got {self.clip_ratio_c}")
 
     def _validate_rewards(self, col: Collector) -> None:
-        if not self.rule_reward:
-            col.add("rule_reward", "must be true: mindrl scores with rule verifiers only (no reward model)")
+        if not self.rule_reward:  # the reward model alone (config/root.py checks there is one)
+            for key, default in (("verifier_function", ["base_acc"]), ("verifier_weight", [1.0]),
+                                 ("verifier_parallel", 1), ("verifier_timeout", 30.0)):  # fmt: skip
+                if getattr(self, key) != default:
+                    col.ignore(key, "rule_reward is false: no rule verifier runs")
+            return
         known = list_verifiers()
         if not self.verifier_function:
             col.add("verifier_function", "needs at least one verifier name")
@@ -535,6 +542,18 @@ class RLSectionConfig(Section):
             col.add("verifier_timeout", f"must be > 0 seconds, got {self.verifier_timeout}")
 
     # -- derived (what the trainer reads) --------------------------------------------------------------
+    @property
+    def verifiers(self) -> tuple[str, ...]:
+        """The rule verifiers that run: verifier_function, or none with rule_reward false."""
+        names = [self.verifier_function] if isinstance(self.verifier_function, str) else self.verifier_function
+        return tuple(names) if self.rule_reward else ()
+
+    @property
+    def verifier_weights(self) -> tuple[float, ...]:
+        """One weight per name in `verifiers`."""
+        w = self.verifier_weight if isinstance(self.verifier_weight, (list, tuple)) else [self.verifier_weight]
+        return tuple(float(x) for x in w) if self.rule_reward else ()
+
     def bind(self, global_batch_size: int, actor_tp_pp: int, critic_tp_pp: int | None, infer_tp: int) -> None:
         """Called by the loader: fixes the layout-dependent values below and resolves mini_batch_size."""
         if self.filter_groups_enable and self.filter_groups_train_batch_size is None:

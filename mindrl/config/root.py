@@ -192,6 +192,12 @@ class RLConfig(Section):
         integrated mode; mindrl runs it there, offloaded outside scoring)."""
         rl, rm = self.rl_config, self.reward_config
         res = rl.reward_resource.num_npus if rl.reward_resource is not None else None
+        if not rl.rule_reward and rm is None:
+            col.add("rl_config.rule_reward", "is false and there is no reward model, so nothing gives a reward: add "
+                    "a reward_config section (load: a value-head checkpoint) or set rule_reward: true")  # fmt: skip
+        elif not rl.rule_reward and rl.reward_model_weight == 0:
+            col.add("rl_config.reward_model_weight", "is 0 and rule_reward is false, so every reward is 0: the "
+                    "reward model alone gives the reward; give it a non-zero weight")  # fmt: skip
         if rm is None:
             if rl.reward_resource is not None:
                 col.add("rl_config.reward_resource", "is set but there is no reward model: add a reward_config "
@@ -205,9 +211,6 @@ class RLConfig(Section):
             col.add("rl_config.reward_resource.num_npus", f"{res} differs from actor_resource.num_npus={world}: the "
                     "reward model runs on the actor's devices (co-located, offloaded outside scoring); its own "
                     "devices (separate placement) are not supported yet; remove reward_resource or make them equal")  # fmt: skip
-        if rl.filter_groups_enable:
-            col.add("rl_config.filter_groups_enable", "with a reward model (reward_config) is not supported yet: "
-                    "dynamic sampling filters on the rule rewards before the scoring phase")  # fmt: skip
 
     def _check_inference(self, col: Collector, world: int | None, gbs: int | None) -> None:
         itp = self.generate_config.infer_tensor_parallel_size

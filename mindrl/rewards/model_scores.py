@@ -51,12 +51,16 @@ class RunningMoments:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
-def shaped_model_scores(scores: Sequence[float], mix: RewardModelMix, moments: RunningMoments) -> list[float]:
+def shaped_model_scores(
+    scores: Sequence[float], mix: RewardModelMix, moments: RunningMoments, update: bool = True
+) -> list[float]:
     """Each score as it enters the reward, before its weight: normalised with `moments` updated by this batch first
-    (when mix.normalize; a std below 1e-8 leaves the centred scores unscaled), then clipped."""
+    (when mix.normalize; a std below 1e-8 leaves the centred scores unscaled), then clipped. update=False: the
+    moments as they stand (the held-out evaluation, which must not change training)."""
     out = [float(s) for s in scores]
     if mix.normalize:
-        moments.update(out)
+        if update:
+            moments.update(out)
         std = moments.std
         out = [(s - moments.mean) / (std if std > 1e-8 else 1.0) for s in out]
     if mix.clip_range is not None:

@@ -3,6 +3,7 @@ checkpoint, whose log-probabilities are precomputed once before the first step; 
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import numpy as np
@@ -18,7 +19,7 @@ from mindrl.trainer.sft import batch_width, collate
 
 LABEL_KEYS = ("chosen_labels", "rejected_labels")
 STAT_KEYS = ("loss_sum", "correct", "margin_sum", "chosen_reward_sum", "rejected_reward_sum", "chosen_logp_sum",
-             "rejected_logp_sum", "pairs")  # fmt: skip
+             "rejected_logp_sum", "sft_loss_sum", "pairs")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -67,7 +68,7 @@ def _loss_func(scale: float, mt: DPOTrainingConfig, mb: dict, output: torch.Tens
     b = mb["docs"].shape[0]
     pc, pr = logps[:b], logps[b:]
     terms = dpo_loss(pc, pr, mb["ref_chosen"].to(pc.dtype), mb["ref_rejected"].to(pc.dtype), mt.dpo_beta,
-                     mt.dpo_label_smoothing, mt.dpo_loss_type)  # fmt: skip
+                     mt.dpo_label_smoothing, mt.dpo_loss_type, mt.pref_ftx, mb["loss_mask"][:b].sum(1))  # fmt: skip
     stats = dpo_stats(terms, pc, pr)
     return stats["loss_sum"] * scale, {k: v.detach().clone() for k, v in stats.items()}
 
@@ -107,7 +108,7 @@ def _local_micro_batches(st: loop.RankState, docs: list[int], ref: torch.Tensor 
 
 @torch.no_grad()
 def _reference_table(st: loop.RankState) -> torch.Tensor:
-    """(N, 2) float64: every pair's (chosen, rejected) summed response log-probabilities under the starting weights,
+    """(N, 2) float64: every pair's (chosen, rejected) summed response log-probabilities under `st.ddp`'s weights,
     forward only, in global batches of the training layout; the same on every rank (summed over PP and DP)."""
     from megatron.core import parallel_state as ps
 
@@ -137,17 +138,34 @@ def _reference_table(st: loop.RankState) -> torch.Tensor:
 
 
 def _rank_setup(mt_dict: dict, pad_token_id: int) -> dict:
-    """Build the policy from mt.load, then compute the reference table with its (not yet updated) weights; the
-    table rides on the rank state (dropped with it at the end)."""
+    """Build the policy from mt.load, then compute the reference table with its (not yet updated) weights, or with
+    those of mt.ref_model (built at the same layout, dropped after the pass); the table rides on the rank state."""
     mt = DPOTrainingConfig(**mt_dict)
     info = loop.setup_rank(mt, DPODataset(mt.data_path, mt.split), pad_token_id)
     st = loop.state()
-    st.ref_logps = _reference_table(st)
+    if mt.separate_reference:
+        st.ref_logps = _reference_table(dataclasses.replace(st, ddp=_reference_model(mt)))
+        from mindrl.launch import init_model_parallel
+
+        init_model_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, seed=mt.seed)  # reseed
+    else:
+        st.ref_logps = _reference_table(st)
     return info
 
 
+def _reference_model(mt: DPOTrainingConfig):
+    """mt.ref_model built at the policy's TP x PP, forward only. Collective."""
+    from mindrl.checkpoint.loading import build_and_load
+
+    tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
+    _, _, model = build_and_load(mt.ref_model, tp, pp, mt.dtype, sequence_parallel=mt.sequence_parallel)
+    if getattr(model, "mindrl_role", None) == "critic":
+        raise ValueError(f"megatron_training.ref_model {mt.ref_model!r} holds a value-head model, not a causal LM")
+    return model
+
+
 SUMMARY_NAMES = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected", "logps/chosen",
-                 "logps/rejected")  # fmt: skip
+                 "logps/rejected", "sft_loss")  # fmt: skip
 """Names of STAT_KEYS' per-pair means (the last key is the pair count)."""
 
 

@@ -17,7 +17,8 @@ _COUNTS = ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_
 
 def filter_metric(scored: Scores, shaped: torch.Tensor, metric: str, verifier_names: Sequence[str]) -> torch.Tensor:
     """(rows,) what the filter compares: the verifier `metric`'s own score (0 where the sample was not scored, as
-    its reward), or with 'seq_reward' the shaped reward (`shaped`: weighted verifiers + overlong penalty)."""
+    its reward), or with 'seq_reward' the shaped reward (`shaped`: weighted verifiers, the reward model's weighted
+    score where there is one, and the overlong penalty)."""
     if metric == SEQ_REWARD_METRIC:
         return shaped.double()
     k = list(verifier_names).index(metric)
@@ -109,7 +110,8 @@ def _subset(scored: Scores, rows: list[int], names: Sequence[str]) -> Scores:
         metrics[f"reward/{name}/mean"] = sum(done) / len(done) if done else 0.0
     rewards = [scored.rewards[r] for r in rows]
     metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
-    return Scores(rewards, per, [scored.texts[r] for r in rows], [scored.labels[r] for r in rows], metrics)
+    model = None if scored.model_scores is None else [scored.model_scores[r] for r in rows]
+    return Scores(rewards, per, [scored.texts[r] for r in rows], [scored.labels[r] for r in rows], metrics, model)
 
 
 def _concat(parts: Sequence[Scores]) -> Scores:
@@ -124,4 +126,5 @@ def _concat(parts: Sequence[Scores]) -> Scores:
         [t for p in parts for t in p.texts],
         [lab for p in parts for lab in p.labels],
         metrics,
+        None if any(p.model_scores is None for p in parts) else [m for p in parts for m in p.model_scores],
     )

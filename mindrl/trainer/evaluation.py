@@ -22,6 +22,9 @@ GenerateFn = Callable[[list[list[int]], SamplingConfig, list[int]], list[list[Ro
 """(prompts, sampling, one seed per prompt) -> per prompt, sampling.n samples."""
 ScoreFn = Callable[[list[list[int]], list[list[int]]], Scores]
 """(response ids, label ids), one pair per row -> their Scores (decoded texts, rewards, per-verifier scores)."""
+ModelScoreFn = Callable[[list[list[int]], list[list[int]], Scores], Scores]
+"""(prompt ids, response ids, their rule Scores), one per row -> the Scores with the reward model's scores mixed into
+the rewards and kept in `Scores.model_scores`."""
 
 
 @dataclass
@@ -89,8 +92,9 @@ def is_correct(score: float | None) -> bool:
 
 def eval_metrics(rows: Sequence[Mapping], verifier_names: Sequence[str], n_samples: int) -> dict[str, float]:
     """val/* from the response rows (as written to the eval JSONL): over the greedy rows, val/<verifier>/mean (a
-    response whose scoring did not finish counts 0), val/reward/mean (the weighted reward) and
-    val/response_length/mean; over the sampled rows, val/<verifier>/pass@k per prompt, averaged."""
+    response whose scoring did not finish counts 0), val/reward/mean (the weighted reward), with a reward model
+    val/reward_model/score/mean (its raw score), and val/response_length/mean; over the sampled rows,
+    val/<verifier>/pass@k per prompt, averaged (and val/reward_model/sampled_score/mean)."""
     greedy = [r for r in rows if r["sample"] < 0]
     out: dict[str, float] = {"val/num_prompts": float(len(greedy))}
     if not greedy:
@@ -98,6 +102,9 @@ def eval_metrics(rows: Sequence[Mapping], verifier_names: Sequence[str], n_sampl
     for name in verifier_names:
         out[f"val/{name}/mean"] = sum(r[name] or 0.0 for r in greedy) / len(greedy)
     out["val/reward/mean"] = sum(r["reward"] for r in greedy) / len(greedy)
+    with_model = "reward_model_score" in greedy[0]
+    if with_model:
+        out["val/reward_model/score/mean"] = sum(r["reward_model_score"] for r in greedy) / len(greedy)
     out["val/response_length/mean"] = sum(r["response_length"] for r in greedy) / len(greedy)
     if n_samples:
         by_prompt: dict[int, list[Mapping]] = {}
@@ -109,6 +116,8 @@ def eval_metrics(rows: Sequence[Mapping], verifier_names: Sequence[str], n_sampl
                 values = [pass_at_k(len(s), sum(is_correct(r[name]) for r in s), k) for s in by_prompt.values()]
                 out[f"val/{name}/pass@{k}"] = sum(values) / len(values)
         sampled = [r for s in by_prompt.values() for r in s]
+        if with_model:
+            out["val/reward_model/sampled_score/mean"] = sum(r["reward_model_score"] for r in sampled) / len(sampled)
         out["val/sampled_response_length/mean"] = sum(r["response_length"] for r in sampled) / len(sampled)
     return out
 
@@ -122,7 +131,8 @@ def response_rows(
     sample_ids: Sequence[int],
 ) -> list[dict]:
     """The JSONL rows of one generate call: prompts[i]'s responses, flattened in order; `sample_ids` says which
-    sample each response of a prompt is (-1: greedy)."""
+    sample each response of a prompt is (-1: greedy). With a reward model also its raw score and the scored tokens
+    (`prompt_ids`, `response_ids`), as rollouts.jsonl has them."""
     rows, flat = [], 0
     for i, group in enumerate(samples):
         for j, s in enumerate(group):
@@ -138,6 +148,9 @@ def response_rows(
                 "response_length": len(s.token_ids),
                 "finish_reason": s.finish_reason,
             }
+            if scores.model_scores is not None:
+                row["reward_model_score"] = scores.model_scores[flat]
+                row["prompt_ids"], row["response_ids"] = list(eval_set.prompts[i]), list(s.token_ids)
             rows.append(row)
             flat += 1
     return rows
@@ -150,9 +163,11 @@ def evaluate(
     generate: GenerateFn,
     score: ScoreFn,
     tokenizer,
+    model_score: ModelScoreFn | None = None,
 ) -> EvalResult:
     """Greedy responses (temperature 0, one per prompt) and, with settings.n_samples, that many sampled ones, scored
-    with `score`. `sampling`: the rollout's (max_tokens, stop tokens, top_p ...); its temperature and n are replaced."""
+    with `score` (and the reward model, `model_score`, where given). `sampling`: the rollout's (max_tokens, stop
+    tokens, top_p ...); its temperature and n are replaced."""
     t0 = time.perf_counter()
     seeds = [(settings.seed * 1_000_003 + 2 * i + 1) % (2**31) for i in eval_set.indices]  # odd: not training's
     prompt_texts = tokenizer.batch_decode(eval_set.prompts, skip_special_tokens=False)
@@ -166,6 +181,10 @@ def evaluate(
         responses = [list(s.token_ids) for group in samples for s in group]
         labels = [eval_set.labels[i] for i, group in enumerate(samples) for _ in group]
         scores = score(responses, labels)
+        if model_score is not None:
+            scores = model_score(
+                [eval_set.prompts[i] for i, group in enumerate(samples) for _ in group], responses, scores
+            )
         rows += response_rows(eval_set, samples, scores, settings.verifier_names, prompt_texts, sample_ids)
     metrics = eval_metrics(rows, settings.verifier_names, settings.n_samples)
     metrics["timing/eval"] = time.perf_counter() - t0
@@ -211,8 +230,7 @@ class Evaluator:
         eval_set = load_eval_set(
             rl.val_data_path, rl.max_prompt_length, rl.val_max_prompts, mt.dataset_additional_keys or ("labels",)
         )
-        names = [rl.verifier_function] if isinstance(rl.verifier_function, str) else list(rl.verifier_function)
-        settings = EvalSettings(tuple(names), rl.val_n_samples, rl.val_temperature, mt.seed)
+        settings = EvalSettings(rl.verifiers, rl.val_n_samples, rl.val_temperature, mt.seed)
         return cls(eval_set, settings, run_dir, mt.eval_interval, rl.val_before_train, mt.train_iters)
 
     def forget_after(self, iteration: int) -> None:
@@ -230,7 +248,15 @@ class Evaluator:
             return self.before_train
         return iteration == self.last or (self.interval > 0 and iteration % self.interval == 0)
 
-    def run(self, iteration: int, sampling: SamplingConfig, generate: GenerateFn, score: ScoreFn, tokenizer) -> dict:
-        result = evaluate(self.eval_set, sampling, self.settings, generate, score, tokenizer)
+    def run(
+        self,
+        iteration: int,
+        sampling: SamplingConfig,
+        generate: GenerateFn,
+        score: ScoreFn,
+        tokenizer,
+        model_score: ModelScoreFn | None = None,
+    ) -> dict:
+        result = evaluate(self.eval_set, sampling, self.settings, generate, score, tokenizer, model_score)
         write_rows(eval_file(self.run_dir, iteration), result.rows, iteration=iteration)
         return result.metrics

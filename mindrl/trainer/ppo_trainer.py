@@ -31,6 +31,7 @@ from mindrl.trainer import experience, leftovers
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
+from mindrl.trainer.model_rewards import RewardModelScorer
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 from mindrl.workers import from_config
@@ -122,8 +123,11 @@ class PPOTrainer:
             leftovers.record_shm(self.run_dir, self.shm_idents)  # for the next run if this one is killed
             if self.critic is not None:
                 self.critic.setup(from_config.critic_settings(cfg, self.resume))
+            self.rm_scorer = None  # the reward model on rows outside the scoring phase
             if self.reward_model is not None:
                 self.reward_model.setup(rm_settings)
+                micro = rm_settings.micro_batching.rows
+                self.rm_scorer = RewardModelScorer(self.reward_model, micro, self.tokenizer.pad_token_id)
             self.rollout: RolloutSource = (
                 self.remote.attach(self.actor)
                 if self.remote is not None
@@ -208,7 +212,12 @@ class PPOTrainer:
         def score(responses, labels):
             return self.reward.collect(self.reward.score(responses, labels), self.iteration)
 
-        metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer)
+        def model_score(prompts, responses, scored):  # the statistics of normalize_reward as they stand
+            self._enter_phase("score", {})
+            return self._mix_model_scores(scored, self.rm_scorer.score_rows(prompts, responses)[0], update=False)
+
+        with_model = model_score if self.rm_scorer is not None else None
+        metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer, with_model)
         self._enter_phase("train", {})
         self._memory_ledger()  # the evaluation's phases are not the next iteration's
         return metrics
@@ -332,6 +341,12 @@ class PPOTrainer:
             timing["timing/non_overlap_rule_reward"] = (
                 timing.get("timing/non_overlap_rule_reward", 0.0) + time.perf_counter() - t0
             )
+            if self.rm_scorer is not None:  # the filter sees the whole reward, the reward model's score mixed in
+                self._enter_phase("score", timing)
+                rows_prompts = [prompt_ids[r // self.n] for r in range(len(responses))]
+                raw, seconds = self.rm_scorer.score_rows(rows_prompts, [s.token_ids for g in samples for s in g])
+                timing["timing/reward_model"] = timing.get("timing/reward_model", 0.0) + seconds
+                scored = self._mix_model_scores(scored, raw)
             lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
             shaped, _ = self._shaped_scores(scored, lengths)
             metric = filter_metric(scored, shaped, rl.filter_groups_metric, self.verifier_names)
@@ -368,7 +383,11 @@ class PPOTrainer:
         reward_ref = self.reward.score(responses, labels) if scored is None else None
         fwd = batch.select(experience.FORWARD_KEYS)
         values = self.critic.compute_values.start(fwd) if self.critic is not None else None
-        rm = self.reward_model.compute_scores.start(batch.select(SCORE_KEYS)) if self.reward_model is not None else None
+        rm = None
+        if self.reward_model is not None and scored is None:
+            rm = self.reward_model.compute_scores.start(batch.select(SCORE_KEYS))
+        elif self.reward_model is not None:  # dynamic sampling scored and mixed them already
+            batch["rm_scores"] = torch.tensor(scored.model_scores, dtype=torch.float32)
         if not self.cfg.rl_config.on_policy:
             with _timed(timing, "timing/old_log_p"):
                 batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
@@ -395,10 +414,11 @@ class PPOTrainer:
         timing["timing/scoring"] = time.perf_counter() - t_score
         return scored
 
-    def _mix_model_scores(self, scored: Scores, model_scores: list[float]) -> Scores:
+    def _mix_model_scores(self, scored: Scores, model_scores: list[float], update: bool = True) -> Scores:
         """The rule rewards with the reward model's scores mixed in (normalised and clipped as configured, weighted;
-        `mindrl.rewards.model_scores`); the raw scores kept in `Scores.model_scores`."""
-        shaped = shaped_model_scores(model_scores, self.rm_mix, self.rm_moments)
+        `mindrl.rewards.model_scores`; update=False leaves the running statistics as they are); the raw scores kept
+        in `Scores.model_scores`."""
+        shaped = shaped_model_scores(model_scores, self.rm_mix, self.rm_moments, update)
         return dataclasses.replace(
             scored, rewards=mix_rewards(scored.rewards, shaped, self.rm_mix), model_scores=model_scores
         )

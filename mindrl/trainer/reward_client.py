@@ -31,6 +31,11 @@ class PendingScores:
 
     def _run(self) -> None:
         s = self._settings
+        if not s.verifier_function:  # rule_reward false: the reward model alone gives the reward, mixed in later
+            metrics = {k: 0.0 for k in ("reward/timeouts", "reward/errors", "reward/crashes", "timing/rule_reward")}
+            zeros = [0.0] * len(self.texts)
+            self._result = Scores(zeros, [[] for _ in self.texts], self.texts, self.label_texts, metrics)
+            return
         try:
             scores = score_rule_rewards(
                 self.texts,
@@ -71,6 +76,8 @@ class RewardClient:
         self._starting.start()
 
     def _start_pool(self) -> None:
+        if not self.settings.verifier_function:  # rule_reward false: no verifier runs
+            return
         if scored_inline(self.settings.verifier_function):
             return  # scored in this process: no pool (`score_rule_rewards`)
         try:

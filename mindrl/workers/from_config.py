@@ -217,11 +217,9 @@ def residency(cfg) -> ResidencySchedule:
 
 def reward_settings(cfg) -> RewardSettings:
     rl = cfg.rl_config
-    names = [rl.verifier_function] if isinstance(rl.verifier_function, str) else list(rl.verifier_function)
-    weights = rl.verifier_weight if isinstance(rl.verifier_weight, (list, tuple)) else [rl.verifier_weight]
     return RewardSettings(
-        verifier_function=tuple(names),
-        verifier_weight=tuple(float(w) for w in weights),
+        verifier_function=rl.verifiers,  # none with rule_reward false: the reward model alone
+        verifier_weight=rl.verifier_weights,
         timeout=float(rl.verifier_timeout),
         num_workers=max(1, int(rl.verifier_parallel or 1)),
     )

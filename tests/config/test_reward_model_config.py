@@ -33,9 +33,9 @@ def test_reward_config_errors_name_their_keys():
     issue(err, "rl_config.reward_model_weight", "finite")
 
 
-def test_reward_model_with_dynamic_sampling_or_separate_placement_is_refused():
-    err = errors("dapo_tiny_cpu", *RM)
-    issue(err, "rl_config.filter_groups_enable", "reward model", "not supported yet")
+def test_reward_model_with_dynamic_sampling_loads_and_separate_placement_is_refused():
+    cfg = load_config("dapo_tiny_cpu", overrides=[*RM, "rl_config.filter_groups_metric=seq_reward"])
+    assert cfg.rl_config.filter_groups_enable and cfg.reward_config is not None
     err = errors("grpo_tiny_cpu", *RM, "rl_config.use_integrated_worker=false")
     issue(err, "rl_config.use_integrated_worker", "integrated mode")
 
@@ -60,3 +60,24 @@ def test_reward_model_checkpoint_is_checked_at_load(assets):
     cfg = load_checked("grpo_tiny_cpu", overrides=[*asset_overrides(assets, critic=False),
                                                    f"+reward_config.load={assets['critic']}"])  # fmt: skip
     assert cfg.reward_config.load == assets["critic"]
+
+
+def test_rule_reward_false_leaves_the_reward_model_alone():
+    """MindSpeed-RL's rule_reward: false: no verifier runs (their keys are listed as ignored); the reward model must
+    be there and weigh something, and dynamic sampling can only filter on the whole reward."""
+    cfg = load_config("grpo_tiny_cpu", overrides=[*RM, "rl_config.rule_reward=false"])
+    rl = cfg.rl_config
+    assert rl.verifiers == () and rl.verifier_weights == ()
+    assert "rl_config.verifier_function" in cfg.ignored_keys  # grpo_tiny_cpu names acc_for_ppo
+    from mindrl.workers.from_config import reward_settings
+
+    assert reward_settings(cfg).verifier_function == ()
+    err = errors("grpo_tiny_cpu", "rl_config.rule_reward=false")
+    issue(err, "rl_config.rule_reward", "no reward model", "nothing gives a reward", "reward_config")
+    err = errors("grpo_tiny_cpu", *RM, "rl_config.rule_reward=false", "+rl_config.reward_model_weight=0")
+    issue(err, "rl_config.reward_model_weight", "every reward is 0")
+    err = errors("dapo_tiny_cpu", *RM, "rl_config.rule_reward=false")  # its filter_groups_metric: acc_for_ppo
+    issue(err, "rl_config.filter_groups_metric", "'acc_for_ppo'", "rule_reward is false", "seq_reward")
+    cfg = load_config("dapo_tiny_cpu", overrides=[*RM, "rl_config.rule_reward=false",
+                                                   "rl_config.filter_groups_metric=seq_reward"])  # fmt: skip
+    assert cfg.rl_config.verifiers == ()

@@ -39,3 +39,11 @@ def test_shaped_scores_normalise_then_clip_then_weigh():
     assert constant == [0.0, 0.0]  # no spread: centred, not divided by 0
     with pytest.raises(ValueError, match="2 rule rewards but 1 reward-model scores"):
         mix_rewards([0.0, 1.0], [0.0], mix)
+    # update=False (the held-out evaluation): the statistics as they stand, left unchanged
+    moments = RunningMoments()
+    shaped_model_scores(scores, mix, moments)
+    before = moments.state_dict()
+    frozen = shaped_model_scores([5.0, -4.0], mix, moments, update=False)
+    assert moments.state_dict() == before
+    assert frozen == pytest.approx([min(max((x - t.mean().item()) / t.std(unbiased=False).item(), -1), 1)
+                                    for x in (5.0, -4.0)], abs=1e-12)  # fmt: skip

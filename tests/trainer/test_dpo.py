@@ -74,16 +74,20 @@ def _loop_loss(pc, pr, rc, rr, beta, ls, loss_type) -> float:
     return (h - 1 / (2 * beta)) ** 2
 
 
-@pytest.mark.parametrize("loss_type,beta,ls", [("sigmoid", 0.1, 0.0), ("sigmoid", 0.5, 0.2), ("hinge", 0.3, 0.0),
-                                               ("ipo", 0.25, 0.0)])  # fmt: skip
-def test_dpo_loss_matches_a_loop_reference(loss_type, beta, ls):
-    """Vectorised losses, rewards and summed metrics against a per-pair loop (fp64, within 1e-6; measured ~1e-15)."""
+@pytest.mark.parametrize("loss_type,beta,ls,ftx", [("sigmoid", 0.1, 0.0, 0.0), ("sigmoid", 0.5, 0.2, 0.0),
+                                                   ("hinge", 0.3, 0.0, 0.0), ("ipo", 0.25, 0.0, 0.0),
+                                                   ("sigmoid", 0.1, 0.0, 0.5), ("ipo", 0.25, 0.0, 2.0)])  # fmt: skip
+def test_dpo_loss_matches_a_loop_reference(loss_type, beta, ls, ftx):
+    """Vectorised losses, rewards and summed metrics against a per-pair loop (fp64, within 1e-6; measured ~1e-15);
+    with pref_ftx the loop adds ftx x the chosen response's per-token NLL (MindSpeed-LLM's sft_loss)."""
     gen = torch.Generator().manual_seed(0)
     pc, pr, rc, rr = (-torch.rand(64, generator=gen, dtype=torch.float64) * 40 for _ in range(4))
     pc[0], pr[0], rc[0], rr[0] = -5.0, -5.0, -7.0, -7.0  # a tie: zero margin counts as wrong
-    terms = dpo_loss(pc, pr, rc, rr, beta, ls, loss_type)
+    tokens = torch.randint(1, 30, (64,), generator=gen)
+    terms = dpo_loss(pc, pr, rc, rr, beta, ls, loss_type, ftx, tokens)
     stats = dpo_stats(terms, pc, pr)
-    ref = [_loop_loss(*v, beta, ls, loss_type) for v in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())]
+    ref = [_loop_loss(a, b, c, d, beta, ls, loss_type) + ftx * (-a / n)
+           for a, b, c, d, n in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist(), tokens.tolist())]  # fmt: skip
     err = max(abs(a - b) for a, b in zip(terms["loss"].tolist(), ref))
     print(f"{loss_type}: max |vectorised - loop| {err:.2e}")
     assert err <= 1e-6 and abs(stats["loss_sum"].item() - sum(ref)) <= 1e-6
@@ -93,8 +97,12 @@ def test_dpo_loss_matches_a_loop_reference(loss_type, beta, ls):
     assert stats["correct"].item() == sum(1.0 for c, r in rewards if c > r) and stats["pairs"].item() == 64
     assert stats["margin_sum"].item() == pytest.approx(sum(c - r for c, r in rewards), abs=1e-9)
     assert stats["chosen_logp_sum"].item() == pytest.approx(sum(pc.tolist()), abs=1e-9)
+    nll = sum(-a / n for a, n in zip(pc.tolist(), tokens.tolist()))
+    assert stats["sft_loss_sum"].item() == pytest.approx(nll, abs=1e-9)  # logged whatever pref_ftx
     with pytest.raises(ValueError, match="unknown dpo_loss_type 'kto'"):
         dpo_loss(pc, pr, rc, rr, beta, 0.0, "kto")
+    with pytest.raises(ValueError, match="pref_ftx needs chosen_tokens"):
+        dpo_loss(pc, pr, rc, rr, beta, 0.0, loss_type, 0.5)
 
 
 def test_sequence_logps_sum_the_response_tokens_only():
@@ -144,6 +152,47 @@ def test_first_step_equals_a_transformers_reference(pool, assets, tmp_path):
     assert abs(m["dpo/logps/chosen"] - m["dpo/logps/rejected"]) > 1e-3  # the pairs differ: the check means something
 
 
+def test_separate_reference_and_pref_ftx_equal_a_transformers_reference(pool, assets, tiny_models, tmp_path):
+    """ref_model: another checkpoint (the tiny 'tied' variant, other weights) as the frozen reference, with
+    pref_ftx 0.5: step 1's loss, rewards and SFT term equal those computed from transformers' fp64 log-probs of the
+    policy and of the reference on the same pairs, within 4x the fp32-vs-fp64 gap of transformers measured alongside
+    (dloss / dlogp <= beta + pref_ftx per log-prob); then a step at PP2 x DP2 (the reference built per stage) gives
+    the same step-1 numbers within the same bound."""
+    from mindrl.checkpoint import convert
+    from mindrl.data.prompt_dataset import ResumableShuffleSampler
+
+    d, hf = assets
+    ref_hf = tiny_models["tied"]
+    convert.hf2mcore(ref_hf, str(tmp_path / "ref"), 1, 1, pool=pool)
+    beta, ftx = 0.1, 0.5
+    over = [f"+megatron_training.ref_model={tmp_path / 'ref'}", f"+megatron_training.pref_ftx={ftx}",
+            "megatron_training.train_iters=1"]  # fmt: skip
+    m = run(pool, tmp_path / "tp1", assets, *over).history[0]
+    data = dpo.DPODataset(str(d / "data" / "pref"), "80,20,0")
+    docs = [data.doc("train", i) for i in next(iter(ResumableShuffleSampler(data.num("train"), 8, seed=7)))]
+    seqs = [data.pair(i)[0] for i in docs] + [data.pair(i)[1] for i in docs]
+    pol64, ref64 = _hf_logps(hf, seqs, torch.float64), _hf_logps(ref_hf, seqs, torch.float64)
+    gap = max(float(np.abs(_hf_logps(h, seqs, torch.float32) - x).max()) for h, x in ((hf, pol64), (ref_hf, ref64)))
+    tokens = np.array([float((labels[1:] != -100).sum()) for _, labels in seqs[:8]])
+    pc, pr, rc, rr = (torch.tensor(x, dtype=torch.float64) for x in (pol64[:8], pol64[8:], ref64[:8], ref64[8:]))
+    want = dpo_loss(pc, pr, rc, rr, beta, 0.0, "sigmoid", ftx, torch.tensor(tokens))
+    loop = [_loop_loss(a, b, c, e, beta, 0.0, "sigmoid") + ftx * (-a / n)
+            for a, b, c, e, n in zip(*(t.tolist() for t in (pc, pr, rc, rr)), tokens.tolist())]  # fmt: skip
+    assert want["loss"].mean().item() == pytest.approx(sum(loop) / 8, abs=1e-12)  # the formula, independently
+    tol = 4 * max(gap, 1e-6)
+    print(f"loss {m['dpo/loss']:.9f} vs HF fp64 {sum(loop) / 8:.9f}; sft {m['dpo/sft_loss']:.7f}; chosen reward "
+          f"{m['dpo/rewards/chosen']:.6f}; HF fp32 gap {gap:.2e}")  # fmt: skip
+    assert m["dpo/loss"] == pytest.approx(sum(loop) / 8, abs=tol)
+    assert m["dpo/sft_loss"] == pytest.approx(want["sft_loss"].mean().item(), abs=tol)
+    assert m["dpo/rewards/chosen"] == pytest.approx(want["chosen_rewards"].mean().item(), abs=tol)
+    assert m["dpo/rewards/margin"] == pytest.approx((want["chosen_rewards"] - want["rejected_rewards"]).mean().item(),
+                                                    abs=tol)  # fmt: skip
+    assert abs(m["dpo/rewards/chosen"]) > 100 * tol  # the reference differs from the policy: the check means something
+    got = run(pool, tmp_path / "pp2", assets, *over, pipeline_model_parallel_size=2, micro_batch_size=2).history[0]
+    for k in ("dpo/loss", "dpo/sft_loss", "dpo/rewards/margin"):
+        assert got[k] == pytest.approx(m[k], abs=tol), k
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
 def test_tp2_and_pp2_match_tp1(pool, assets, tmp_path, tp, pp):
     """The first two steps' loss and margin (step 2 after an update) at TP2 x DP2 and PP2 x DP2 equal TP1 x DP4's;
@@ -181,7 +230,7 @@ def trained(assets, tmp_path_factory):
 
 
 KEYS = ("dpo/loss", "dpo/rewards/accuracy", "dpo/rewards/margin", "dpo/rewards/chosen", "dpo/rewards/rejected",
-        "dpo/logps/chosen", "dpo/logps/rejected", "dpo/grad_norm", "dpo/lr")  # fmt: skip
+        "dpo/logps/chosen", "dpo/logps/rejected", "dpo/sft_loss", "dpo/grad_norm", "dpo/lr")  # fmt: skip
 
 
 def test_tiny_task_is_learnt_and_metrics_are_logged(trained):
@@ -233,8 +282,10 @@ def test_bad_config_names_the_key(assets, tmp_path):
         load_dpo_config("dpo_test", path, ["megatron_training.dpo_loss_type=kto"])
     with pytest.raises(ConfigError, match=r"dpo_label_smoothing: applies to dpo_loss_type sigmoid only"):
         load_dpo_config("dpo_test", path, ["megatron_training.dpo_loss_type=ipo", "megatron_training.dpo_label_smoothing=0.1"])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"ref_model: .* differs from load"):
+    with pytest.raises(ConfigError, match=r"ref_model: .*the reference: a megatron causal LM"):
         load_dpo_config("dpo_test", path, [f"+megatron_training.ref_model={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"megatron_training\.pref_ftx: must be a finite number >= 0, got -1"):
+        load_dpo_config("dpo_test", path, ["+megatron_training.pref_ftx=-1"])
     with pytest.raises(ConfigError, match=r"refer_model_iter: 5 is not supported"):
         load_dpo_config("dpo_test", write_config(tmp_path / "iter", assets, refer_model_iter=5))
     with pytest.raises(ConfigError, match=r"data_path: .*chosen_input_ids_document.*AlpacaStylePairwiseHandler"):

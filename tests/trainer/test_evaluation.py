@@ -9,10 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace as NS
 
 import pytest
 
-from mindrl.trainer.evaluation import EvalSet, EvalSettings, Evaluator, eval_metrics, pass_at_k, pass_ks
+from mindrl.trainer.evaluation import EvalSet, EvalSettings, Evaluator, eval_metrics, evaluate, pass_at_k, pass_ks
 from tests.trainer.rl_helpers import ROOT, _config, _train
 
 VAL_PROMPTS = 5  # odd: the trainer pads them over its 2 engine replicas
@@ -73,6 +74,43 @@ def test_eval_metrics_of_rows():
     assert m["val/acc/mean"] == 0.5 and m["val/reward/mean"] == 0.5 and m["val/response_length/mean"] == 5
     assert m["val/acc/pass@1"] == 0.25 and m["val/acc/pass@2"] == 0.5 and m["val/num_prompts"] == 2
     assert m["val/sampled_response_length/mean"] == 5
+
+
+def test_evaluate_with_a_reward_model_scores_every_response():
+    """`model_score` gets each response's prompt and tokens (an empty response too) and its rule Scores; its mixed
+    rewards and raw scores land in the rows and in val/reward/mean, val/reward_model/*."""
+    from mindrl.config.settings import SamplingConfig
+    from mindrl.rollout.base import RolloutSample
+    from mindrl.workers.results import Scores
+
+    eval_set = EvalSet([[5, 6], [7]], [[1], [2]], [3, 4])
+
+    def generate(prompts, sampling, seeds):
+        return [[RolloutSample([p[-1] + j] * j, [0.0] * j, "stop") for j in range(sampling.n)] for p in prompts]
+
+    def score(responses, labels):
+        return Scores([1.0] * len(responses), [[1.0]] * len(responses), [str(r) for r in responses],
+                      [str(x) for x in labels], {})  # fmt: skip
+
+    seen = []
+
+    def model_score(prompts, responses, scored):
+        seen.append((prompts, responses))
+        raw = [float(len(p) + len(r)) for p, r in zip(prompts, responses)]
+        return Scores([a + 2 * b for a, b in zip(scored.rewards, raw)], scored.per_verifier, scored.texts,
+                      scored.labels, scored.metrics, raw)  # fmt: skip
+
+    tok = NS(batch_decode=lambda ids, **kw: [str(x) for x in ids])
+    result = evaluate(eval_set, SamplingConfig(max_tokens=4), EvalSettings(("acc",), n_samples=2), generate, score,
+                      tok, model_score)  # fmt: skip
+    assert seen[0] == ([[5, 6], [7]], [[], []])  # greedy: n=1, j=0, empty responses
+    assert seen[1] == ([[5, 6], [5, 6], [7], [7]], [[], [7], [], [8]])
+    greedy = [r for r in result.rows if r["sample"] < 0]
+    assert [r["reward_model_score"] for r in greedy] == [2.0, 1.0] and [r["reward"] for r in greedy] == [5.0, 3.0]
+    assert greedy[0]["prompt_ids"] == [5, 6] and result.rows[3]["response_ids"] == [7]
+    m = result.metrics
+    assert m["val/reward_model/score/mean"] == 1.5 and m["val/reward/mean"] == 4.0
+    assert m["val/reward_model/sampled_score/mean"] == (2 + 3 + 1 + 2) / 4
 
 
 def test_a_fresh_run_forgets_an_earlier_runs_evaluations(tmp_path):

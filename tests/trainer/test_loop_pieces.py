@@ -209,6 +209,7 @@ def _sampling_trainer(rewards, train_batch: int, max_batches: int):
     t.tokenizer = NS(pad_token_id=0, batch_decode=lambda ids, **kw: [str(x) for x in ids])
     t.rollout = _FakeRollout(rewards)
     t.reward = _FakeReward(t.rollout)
+    t.rm_scorer = None
     t._enter_phase = lambda phase, timing: None
     return t
 
@@ -258,3 +259,35 @@ def test_dynamic_sampling_stops_after_filter_groups_max_batches():
                        "rl_config.filter_groups_max_batches=3 generation batches"):  # fmt: skip
         t._sample_filtered(_prompt_batches(0, 4), {})
     assert len(t.rollout.calls) == 3
+
+
+class _FakeRewardModel:
+    """Scores a prompt's sample j 0.5 * j for the prompts in `varied`, else 0 (the rule rewards tie everywhere)."""
+
+    def __init__(self, varied: set[int]):
+        self.varied, self.calls = varied, []
+
+    def score_rows(self, prompts, responses):
+        self.calls.append(len(responses))
+        return [0.5 * (r[1] - 1) if p[0] in self.varied else 0.0 for p, r in zip(prompts, responses)], 0.25
+
+
+def test_dynamic_sampling_filters_on_the_reward_with_the_reward_models_score():
+    """With a reward model, seq_reward compares the mixed reward: groups whose rule rewards tie but whose reward-model
+    scores differ are kept, and the Scores carry the raw scores (the scoring phase does not run the model again)."""
+    from mindrl.rewards.model_scores import RewardModelMix, RunningMoments
+
+    t = _sampling_trainer({p: [1.0, 1.0] for p in range(100)}, train_batch=2, max_batches=0)
+    t.cfg.rl_config.filter_groups_metric = "seq_reward"
+    t.rm_scorer, t.rm_mix, t.rm_moments = _FakeRewardModel({2, 5, 6}), RewardModelMix(weight=2.0), RunningMoments()
+    phases = []
+    t._enter_phase = lambda phase, timing: phases.append(phase)
+    timing: dict[str, float] = {}
+    batch, _, scored, metrics, dropped = t._sample_filtered(_prompt_batches(0, 4), timing)
+    assert t.rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7]] and t.rm_scorer.calls == [8, 8]
+    assert phases == ["rollout", "score"] * 2  # the reward model runs in its scoring phase
+    assert [batch["responses"][2 * g, 0].item() for g in range(2)] == [2, 5]
+    assert scored.model_scores == [0.0, 0.5, 0.0, 0.5] and scored.rewards == [1.0, 2.0, 1.0, 2.0]
+    assert metrics["train/filtered_groups"] == 5 and metrics["train/surplus_groups"] == 1
+    assert timing["timing/reward_model"] == 0.5
+    assert [r["reward_model_score"] for r in dropped if r["dynamic_sampling"] == "surplus"] == [0.0, 0.5]

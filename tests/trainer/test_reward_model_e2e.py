@@ -29,25 +29,31 @@ def _direct_rewards(rows: list[dict], hf_dir: str, weight: float, normalize: boo
         shaped = (shaped - shaped.mean()) / shaped.std(unbiased=False)
     if clip is not None:
         shaped = shaped.clamp(*clip)
-    rewards = [r["acc_for_ppo"] + weight * s for r, s in zip(rows, shaped.tolist())]
+    rewards = [r.get("acc_for_ppo", 0.0) + weight * s for r, s in zip(rows, shaped.tolist())]  # none: rule_reward false
     return truth, gap, rewards
 
 
 def _check_run(lines, rollouts, hf_dir, weight, normalize, clip):
-    first = lines[0]
+    first = next(line for line in lines if line["iteration"] == 1)
     for key in ("timing/reward_model", "reward_model/score/mean", "reward_model/score/max", "reward_model/score/min"):
         assert key in first and math.isfinite(first[key]), key
     # the reward model's weights: on the device while scoring, off it while the engine runs
     assert first["memory/device_bytes/score/reward.weights"] > 0
     assert first["memory/device_bytes/rollout/reward.weights"] == 0
-    rows = [r for r in rollouts if r["iteration"] == 1]
+    rows = [r for r in rollouts if r["iteration"] == 1 and r.get("dynamic_sampling", "trained") == "trained"]
+    _check_scores(rows, hf_dir, weight, normalize, clip)
+    ours = torch.tensor([r["reward_model_score"] for r in rows], dtype=torch.float64)
+    assert first["reward_model/score/mean"] == pytest.approx(ours.mean().item(), abs=1e-6)
+
+
+def _check_scores(rows, hf_dir, weight, normalize, clip):
+    """The rows' raw scores against transformers' fp64 scores of their tokens, and their rewards against the mix."""
     truth, gap, rewards = _direct_rewards(rows, hf_dir, weight, normalize, clip)
     ours = torch.tensor([r["reward_model_score"] for r in rows], dtype=torch.float64)
     # two fp32 forwards (HF's, mindrl's) each land within about HF's own fp32-vs-fp64 gap of the fp64 truth
     err = (ours - truth).abs().max().item()
     print(f"|mindrl fp32 - HF fp64| max {err:.3g}; HF fp32-vs-fp64 gap {gap:.3g}")
     assert err <= 2 * gap + truth.abs().max().item() * torch.finfo(torch.float32).eps
-    assert first["reward_model/score/mean"] == pytest.approx(ours.mean().item(), abs=1e-6)
     # the mix: the scores' rounding error scaled by the normalisation (1 / std) and the weight
     scale = abs(weight) / (truth.std(unbiased=False).item() if normalize else 1.0)
     tol = 3 * scale * (2 * gap + truth.abs().max().item() * torch.finfo(torch.float32).eps) + 1e-6
@@ -101,3 +107,34 @@ def test_resume_continues_the_running_normalisation(assets, tmp_path):
     assert [r.iteration for r in results] == [2]
     for key in ("reward/mean", "reward_model/score/mean", "critic/advantages/max", "actor/pg_loss"):
         assert math.isclose(straight[1][key], split[1][key], rel_tol=1e-6, abs_tol=1e-6), key
+
+
+def test_reward_model_alone_with_dynamic_sampling_and_evaluation(assets, tmp_path):
+    """rule_reward: false (the reward model alone: reward = 2 x score), DAPO's filter on the whole reward, and the
+    held-out evaluation with the reward model's scores: every trained, dropped and evaluated row against
+    transformers' fp64 score of its tokens."""
+    import json
+
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1", "rl_config.rule_reward=false",
+                  f"+reward_config.load={assets / 'critic'}", "+reward_config.micro_batch_size=4",
+                  "+rl_config.reward_model_weight=2.0", "+rl_config.filter_groups_enable=true",
+                  "+rl_config.filter_groups_metric=seq_reward", "+rl_config.filter_groups_max_batches=4",
+                  f"rl_config.val_data_path={assets / 'data' / 'train'}", "rl_config.val_max_prompts=5",
+                  "rl_config.use_tensorboard=false")  # fmt: skip
+    assert cfg.rl_config.verifiers == ()
+    run_dir, _, lines, rollouts = _train(cfg)
+    hf_dir = str(assets / "hf_critic")
+    _check_run(lines, rollouts, hf_dir, 2.0, False, None)
+    first = lines[1]
+    assert first["train/num_gen_batches"] >= 1 and "acc_for_ppo_rewards/mean" not in first
+    assert first["timing/reward_model"] > 0 and first["timing/rule_reward"] == 0
+    dropped = [r for r in rollouts if r.get("dynamic_sampling", "trained") != "trained"]
+    if dropped:  # the filtered and surplus rows were scored the same way
+        _check_scores(dropped, hf_dir, 2.0, False, None)
+    for it, line in zip((0, 1), lines):  # before training and after iteration 1
+        evaluated = [json.loads(x) for x in open(tmp_path / "eval" / f"iter_{it:07d}.jsonl")]
+        assert line["iteration"] == it and line["val/num_prompts"] == 5 == len(evaluated)
+        _check_scores(evaluated, hf_dir, 2.0, False, None)
+        mean = sum(r["reward_model_score"] for r in evaluated) / 5
+        assert line["val/reward_model/score/mean"] == pytest.approx(mean, abs=1e-9)
+        assert line["val/reward/mean"] == pytest.approx(2 * mean, abs=1e-6)
