@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mindrl.config.errors import ConfigError, Issue
+
 ROLES = ("actor", "reference", "critic", "reward", "rollout")
 RESOURCE_KEY = {
     "actor": "actor_resource",
@@ -118,3 +120,11 @@ def _own(rl, col, role: str, present: bool, why: str) -> tuple[int | None, str]:
         col.add(f"{key}.num_npus", f"is required with use_integrated_worker: false: {why}")
         return None, f"{key}.num_npus"
     return res.num_npus, f"{key}.num_npus"
+
+
+def require_integrated(cfg) -> None:
+    """Refuse to run separate placement: mindrl-plan plans it, the workers do not run it yet (docs/placement.md)."""
+    if not cfg.rl_config.use_integrated_worker:
+        raise ConfigError([Issue("rl_config.use_integrated_worker", "false (separate placement) is planned by "
+                                 "mindrl-plan but not run yet: set it to true to train (docs/placement.md)",
+                                 cfg.source)], cfg.config_name)  # fmt: skip

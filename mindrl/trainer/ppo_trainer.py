@@ -24,6 +24,7 @@ from mindrl.batch import Batch
 from mindrl.checkpoint.iterations import TrainerState
 from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
+from mindrl.config import placement
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
@@ -566,6 +567,7 @@ def _timed(timing: dict[str, float], key: str):
 
 def train(cfg) -> tuple[str, list[IterationResult]]:
     """Run `cfg` to the end; returns (run dir, per-iteration results)."""
+    placement.require_integrated(cfg)
     trainer = PPOTrainer(cfg)
     try:
         results = trainer.fit()
