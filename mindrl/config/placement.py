@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mindrl.config.errors import ConfigError, Issue
-
 ROLES = ("actor", "reference", "critic", "reward", "rollout")
 RESOURCE_KEY = {
     "actor": "actor_resource",
@@ -80,6 +78,9 @@ def check(cfg, col) -> dict[str, tuple[int | None, str]]:
     else:
         out["reference"] = _own(rl, col, "reference", has_ref, "a KL term needs a reference model; or set "
                                 "colocate_actor_ref: true to run it on the actor's devices")  # fmt: skip
+    if rl.sync_ref_model and has_ref and not rl.colocate_actor_ref:
+        col.add("rl_config.sync_ref_model", "mixes the actor into the reference in place, so the reference must sit "
+                "with the actor: set colocate_actor_ref: true (separate placement)")  # fmt: skip
     out["critic"] = _own(rl, col, "critic", has_critic, "the critic (adv_estimator gae) needs its own devices")
     if rl.colocate_critic_reward and has_reward:
         if not has_critic:
@@ -120,11 +121,3 @@ def _own(rl, col, role: str, present: bool, why: str) -> tuple[int | None, str]:
         col.add(f"{key}.num_npus", f"is required with use_integrated_worker: false: {why}")
         return None, f"{key}.num_npus"
     return res.num_npus, f"{key}.num_npus"
-
-
-def require_integrated(cfg) -> None:
-    """Refuse to run separate placement: mindrl-plan plans it, the workers do not run it yet (docs/placement.md)."""
-    if not cfg.rl_config.use_integrated_worker:
-        raise ConfigError([Issue("rl_config.use_integrated_worker", "false (separate placement) is planned by "
-                                 "mindrl-plan but not run yet: set it to true to train (docs/placement.md)",
-                                 cfg.source)], cfg.config_name)  # fmt: skip

@@ -115,7 +115,7 @@ class RLSectionConfig(Section):
     # -- placement -----------------------------------------------------------------------------------
     use_integrated_worker: bool = True
     """true: actor, reference, critic, reward model and rollout engine share every device (MindSpeed-RL's integrated
-    mode). false: separate placement, each on its own *_resource devices (docs/placement.md; mindrl-plan only yet)."""
+    mode). false: separate placement, each on its own *_resource devices (docs/placement.md)."""
     actor_resource: ResourceConfig = field(default_factory=ResourceConfig)
     """num_npus (required): integrated mode: the devices of the job; separate placement: the actor's."""
     critic_resource: ResourceConfig | None = None
@@ -129,8 +129,8 @@ class RLSectionConfig(Section):
     with a KL term unless colocate_actor_ref."""
     rollout_resource: ResourceConfig | None = None
     """Separate placement only (mindrl addition): the rollout engines' own devices (OpenRLHF's vLLM engines; replicas
-    = num_npus / infer TP), fed the actor's weights over a collective each iteration; absent: the engines run in the
-    actor's processes (MindSpeed-RL's ActorHybridWorker)."""
+    = num_npus / infer TP); planned by mindrl-plan, not run yet. Absent: the engines run in the actor's processes
+    (MindSpeed-RL's ActorHybridWorker)."""
     colocate_actor_ref: bool = False
     """Separate placement only (OpenRLHF's switch): the reference on the actor's devices instead of its own."""
     colocate_critic_reward: bool = False

@@ -230,7 +230,7 @@ def _local(shape: tuple[int, int], cp: int) -> tuple[int, int]:
     return -(-shape[0] // cp), shape[1]
 
 
-def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool, sched=None) -> dict:
+def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -> dict:
     rl, gen = cfg.rl_config, cfg.generate_config
     seq, dev = plan.train_seq_len, plan.device
     a, c = plan.layouts["actor"], plan.layouts.get("critic")
@@ -259,7 +259,7 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool, s
     engine = {"weights_bytes": eng_w, "activations_bytes": eng_act, "kv_cache_bytes": max(0, kv)}
     asleep = engine if not dev.sleep_mode else dict.fromkeys(engine, 0)  # outside the rollout
 
-    sched = sched or from_config.residency(cfg)
+    sched = from_config.residency(cfg)
 
     def held(model: str, phase: str, state: dict[str, int]) -> dict[str, int]:
         on = sched.on_device(model, phase)

@@ -10,8 +10,7 @@ from mindrl.config.root import RLConfig
 from mindrl.plan import planner
 from mindrl.plan.devices import pick_device
 from mindrl.plan.params import stage_params
-from mindrl.resharding.offload import OffloadConfig
-from mindrl.resharding.residency import PHASES, ResidencySchedule
+from mindrl.resharding.residency import PHASES
 from mindrl.workers import from_config
 
 
@@ -77,22 +76,6 @@ def make_plan(
     return plan
 
 
-def _schedule(cfg: RLConfig, g: DeviceGroup) -> ResidencySchedule:
-    """What stays on the group's devices: the actor offloads for an engine in its own processes (its offload_train_*
-    switches); a merged reference / reward model leaves outside scoring with ref_reward_offload; a model alone on
-    its devices stays."""
-    rl = cfg.rl_config
-    hybrid = "actor" in g.roles and "rollout" in g.roles
-    offload = OffloadConfig.from_generate_config(cfg.generate_config) if hybrid else OffloadConfig()
-    return ResidencySchedule(
-        offload,
-        actor_forward=not rl.on_policy,
-        critic_offload=False,
-        reward_offload=rl.ref_reward_offload and g.roles[0] != "reward",
-        reference_offload=rl.ref_reward_offload and g.roles[0] != "reference",
-    )
-
-
 def _group_plan(plan: planner.Plan, cfg: RLConfig, g: DeviceGroup, has_ref: bool) -> GroupPlan:
     """Memory of every device of `g` with only its roles counted; the most loaded one is kept."""
     lays = plan.layouts
@@ -101,7 +84,7 @@ def _group_plan(plan: planner.Plan, cfg: RLConfig, g: DeviceGroup, has_ref: bool
     # An engine on devices of its own never has to sleep: nothing else needs its memory.
     dev = plan.device if "actor" in g.roles else replace(plan.device, sleep_mode=False)
     gp = replace(plan, world=g.size, layouts=local_layouts, device=dev)
-    sched = _schedule(cfg, g)
+    sched = from_config.residency(cfg)
     best, best_j = None, 0
     for j in range(g.size):
         c = local_layouts.get("critic")
@@ -111,7 +94,7 @@ def _group_plan(plan: planner.Plan, cfg: RLConfig, g: DeviceGroup, has_ref: bool
             critic=None if c is None else planner.rank_coords(j, c.tp, c.pp, g.size, c.cp),
             engine=(j // plan.rollout.infer_tp, j % plan.rollout.infer_tp),
         )  # fmt: skip
-        full = planner._device_memory(gp, cfg, slot, has_ref and "reference" in g.roles, sched)
+        full = planner._device_memory(gp, cfg, slot, has_ref and "reference" in g.roles)
         memory = {role: full[role] for role in g.roles if role in full}
         phases = [p for p in PHASES if any(p in v for v in memory.values())]
         memory["total"] = {f"{p}_bytes": planner._phase_total(memory, p) for p in phases}

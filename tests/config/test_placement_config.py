@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mindrl.config import ConfigError, load_config
-from mindrl.config.placement import device_groups, require_integrated
+from mindrl.config.placement import device_groups
+from mindrl.trainer.worker_groups import require_runnable
 from tests.config.test_errors import errors, issue
 
 SEP = ["rl_config.use_integrated_worker=false"]
@@ -24,8 +25,8 @@ def test_each_role_on_its_own_devices():
     cfg = load_config("ppo_tiny_cpu_rm", overrides=OWN)
     assert _groups(cfg) == [(("actor",), 0, 2), (("reference",), 2, 2), (("critic",), 4, 2), (("reward",), 6, 1),
                             (("rollout",), 7, 2)]  # fmt: skip
-    with pytest.raises(ConfigError, match="rl_config.use_integrated_worker: false .separate placement. is planned"):
-        require_integrated(cfg)
+    with pytest.raises(ConfigError, match="rl_config.rollout_resource: rollout engines on devices of their own"):
+        require_runnable(cfg)
 
 
 def test_merges_and_mindspeed_names():
