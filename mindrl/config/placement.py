@@ -57,9 +57,11 @@ def device_groups(rl, has_reference: bool, has_critic: bool, has_reward: bool) -
     return groups
 
 
-def devices_of(groups: list[DeviceGroup], role: str) -> DeviceGroup | None:
-    """The group `role` runs in, or None when the job has no such role."""
-    return next((g for g in groups if role in g.roles), None)
+def job_devices(cfg) -> int:
+    """Devices of the whole job (a validated RLConfig): actor_resource.num_npus, or the sum of separate placement's
+    groups."""
+    rl = cfg.rl_config
+    return sum(g.size for g in device_groups(rl, rl.needs_reference, rl.needs_critic, cfg.reward_config is not None))
 
 
 def check(cfg, col) -> dict[str, tuple[int | None, str]]:

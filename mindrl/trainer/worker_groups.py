@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindrl.config.errors import ConfigError, Issue
-from mindrl.config.placement import device_groups
+from mindrl.config.placement import device_groups, job_devices
 from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerGroup, device_placement_group, worker_threads
 from mindrl.workers.integrated_worker import IntegratedWorker
@@ -40,8 +40,7 @@ class ModelGroups:
 
 def total_devices(cfg) -> int:
     """Bundles the run reserves: actor_resource.num_npus, or the sum of separate placement's device groups."""
-    rl = cfg.rl_config
-    return sum(g.size for g in device_groups(rl, rl.needs_reference, rl.needs_critic, cfg.reward_config is not None))
+    return job_devices(cfg)
 
 
 def require_runnable(cfg) -> None:
