@@ -71,6 +71,17 @@ def make_plan(
         "sequences_at_max_len": planner.mem.sequences_in_cache(budget, gen.max_model_len, per_token),
         "max_num_seqs": gen.max_num_seqs,
     }
+    if dev.kv_by_utilization and gen.kv_cache_memory_gib is None and budget == 0:
+        plan.verdict["fits"] = False
+        plan.notes.append(
+            "the engine's weights and step activations exceed generate_config.gpu_memory_utilization x device "
+            "memory: no room for a KV cache (raise gpu_memory_utilization or infer_tensor_parallel_size)"
+        )
+    if 0 < plan.kv_cache["sequences_at_max_len"] < gen.max_num_seqs:
+        plan.notes.append(
+            f"the KV cache holds {plan.kv_cache['sequences_at_max_len']} sequences of max_model_len at once, fewer "
+            f"than max_num_seqs={gen.max_num_seqs}: vLLM queues (or preempts) the rest"
+        )
     if not has_ref:
         plan.notes.append("no reference model: the config has no KL term (init_kl_coef 0)")
     return plan

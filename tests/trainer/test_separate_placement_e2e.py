@@ -36,9 +36,9 @@ def test_separate_placement_equals_integrated(assets, tmp_path):
     assert [(g.roles, g.devices) for g in plan.groups] == [
         (("actor", "rollout"), [0]), (("reference",), [1]), (("critic",), [2]), (("reward",), [3])
     ]  # fmt: skip
-    # Each model on its own bundle, its state resident throughout: the ledger sees the reference's weights while
-    # the engine runs (integrated mode offloads them then).
-    assert raw["memory/device_bytes/rollout/reference.weights"] > 0
+    # Each model alone on its bundle keeps its state there: the critic's weights stay while the engine runs (integrated
+    # mode offloads them then), and that device holds the most in the rollout phase.
+    assert raw["memory/device_bytes/rollout/critic.weights"] > 0
     # Same layouts, same seeds, the same forward passes on other processes: equal to the bit.
     for key in ("reward/mean", "reward_model/score/mean", "actor/reward_kl_penalty", "actor/pg_loss",
                 "critic/vf_loss"):  # fmt: skip
