@@ -66,3 +66,10 @@ def test_contradictions_and_missing_devices_name_their_keys():
     err = errors("ppo_tiny_cpu_rm", "+rl_config.colocate_actor_ref=true", "+rl_config.rollout_resource.num_npus=2")
     issue(err, "rl_config.colocate_actor_ref", "switch of separate placement")
     issue(err, "rl_config.rollout_resource", "must not be set", "use_integrated_worker: false")
+
+
+def test_reference_sync_needs_the_reference_beside_the_actor():
+    err = errors("ppo_tiny_cpu_rm", *OWN, "+rl_config.sync_ref_model=true")
+    issue(err, "rl_config.sync_ref_model", "colocate_actor_ref: true")
+    over = [*SEP, "+rl_config.colocate_actor_ref=true", "+rl_config.sync_ref_model=true"]
+    assert load_config("ppo_tiny_cpu_rm", overrides=over).rl_config.sync_ref_model
