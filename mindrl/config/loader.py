@@ -227,7 +227,8 @@ def _build(raw: dict, col: Collector, config_dir: str, name: str, source: str) -
             col.ignore(key, IGNORED_SECTIONS[key])
         elif key in FORBIDDEN_SECTIONS:
             col.add(key, "must not be set: in integrated mode the reference shares actor_config "
-                    "(MindSpeed-RL's rule too)")  # fmt: skip
+                    "(MindSpeed-RL's rule too); with use_integrated_worker: false mindrl's reference still takes "
+                    "actor_config's layout, on rl_config.reference_resource")  # fmt: skip
         elif key not in TOP_LEVEL:
             col.add(key, "unknown section" + did_you_mean(str(key), TOP_LEVEL))
         elif key != "model" and value is not None and not isinstance(value, Mapping):

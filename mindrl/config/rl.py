@@ -28,7 +28,7 @@ VERIFIER_ALIASES = {"math_verify_reward": "math_verify"}
 # filter_groups_metric besides a verifier name: the response's whole reward (weighted verifiers + overlong penalty).
 SEQ_REWARD_METRIC = "seq_reward"
 # Keys of older MindSpeed-RL recipes read under today's name.
-RENAMED_KEYS = {"shuffle_minibatch": "shuffle_mini_batch"}
+RENAMED_KEYS = {"shuffle_minibatch": "shuffle_mini_batch", "ref_resource": "reference_resource"}
 
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
 
@@ -114,16 +114,30 @@ class RLSectionConfig(Section):
 
     # -- placement -----------------------------------------------------------------------------------
     use_integrated_worker: bool = True
-    """Actor, reference and rollout engine share every device (MindSpeed-RL's integrated mode); the only mode."""
+    """true: actor, reference, critic, reward model and rollout engine share every device (MindSpeed-RL's integrated
+    mode). false: separate placement, each on its own *_resource devices (docs/placement.md)."""
     actor_resource: ResourceConfig = field(default_factory=ResourceConfig)
-    """num_npus: the devices of the job (required). Actor, reference, rollout and critic all run on them."""
+    """num_npus (required): integrated mode: the devices of the job; separate placement: the actor's."""
     critic_resource: ResourceConfig | None = None
-    """The critic's devices: absent or the same num_npus as the actor (it shares the actor's devices)."""
+    """The critic's devices: integrated mode: absent or the actor's num_npus; separate placement: required with a
+    critic."""
     reward_resource: ResourceConfig | None = None
-    """The reward model's devices (reward_config): absent or the actor's num_npus (mindrl co-locates it on the actor's
-    devices, offloaded outside scoring); its own devices (separate placement) are not supported yet."""
+    """The reward model's devices (reward_config): integrated mode: absent or the actor's num_npus (co-located,
+    offloaded outside scoring); separate placement: required unless colocate_critic_reward."""
     reference_resource: ResourceConfig | None = None
-    """Must stay unset: in integrated mode the reference uses the actor's devices."""
+    """The reference's devices (also read as `ref_resource`): integrated mode: unset; separate placement: required
+    with a KL term unless colocate_actor_ref."""
+    rollout_resource: ResourceConfig | None = None
+    """Separate placement only (mindrl addition): the rollout engines' own devices (OpenRLHF's vLLM engines; replicas
+    = num_npus / infer TP); planned by mindrl-plan, not run yet. Absent: the engines run in the actor's processes
+    (MindSpeed-RL's ActorHybridWorker)."""
+    colocate_actor_ref: bool = False
+    """Separate placement only (OpenRLHF's switch): the reference on the actor's devices instead of its own."""
+    colocate_critic_reward: bool = False
+    """Separate placement only (OpenRLHF's switch): the reward model on the critic's devices instead of its own."""
+    ref_reward_offload: bool = False
+    """Separate placement only (OpenRLHF's switch): a merged reference / reward model leaves the device outside
+    scoring (its weights to host memory)."""
     integrated_mode_config: IntegratedModeConfig = field(default_factory=IntegratedModeConfig)
     """ref_model_load_path: the reference checkpoint (default: actor_config.load)."""
     # -- algorithm -----------------------------------------------------------------------------------
@@ -356,14 +370,9 @@ class RLSectionConfig(Section):
         super().__post_init__()
 
     def validate(self, col: Collector) -> None:
-        if not self.use_integrated_worker:
-            col.add("use_integrated_worker", "must be true: mindrl runs actor, reference and rollout on the same "
-                    "devices (integrated mode) only")  # fmt: skip
         if self.actor_resource.num_npus is None:
             col.add("actor_resource.num_npus", "is required (the number of devices)")
-        if self.reference_resource is not None:
-            col.add("reference_resource", "must not be set: in integrated mode the reference shares the actor's "
-                    "devices")  # fmt: skip
+        self._validate_placement(col)
         if self.reward_clip_range is not None:
             r = self.reward_clip_range
             if len(r) != 2 or not all(math.isfinite(x) for x in r) or r[0] >= r[1]:
@@ -415,6 +424,34 @@ class RLSectionConfig(Section):
         if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
             col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
                     f"actor_resource.num_npus={n}")  # fmt: skip
+
+    def _validate_placement(self, col: Collector) -> None:
+        """The switches against the mode and each other; the roles' presence is checked in RLConfig."""
+        switches = ("colocate_actor_ref", "colocate_critic_reward", "ref_reward_offload")
+        if self.use_integrated_worker:
+            if self.reference_resource is not None:
+                col.add("reference_resource", "must not be set: in integrated mode the reference shares the actor's "
+                        "devices (use_integrated_worker: false gives it its own)")  # fmt: skip
+            if self.rollout_resource is not None:
+                col.add("rollout_resource", "must not be set: in integrated mode the rollout engines run in the "
+                        "actor's processes (use_integrated_worker: false gives them their own devices)")  # fmt: skip
+            for key in switches:
+                if getattr(self, key):
+                    col.add(key, "is a switch of separate placement (use_integrated_worker: false); in integrated "
+                            "mode every model already shares the actor's devices")  # fmt: skip
+            return
+        if self.colocate_actor_ref and self.reference_resource is not None:
+            a, r = self.actor_resource.num_npus, self.reference_resource.num_npus
+            if r != a:
+                col.add("reference_resource.num_npus", f"{r} contradicts colocate_actor_ref: true (the reference "
+                        f"runs on the actor's {a} devices); remove reference_resource or the switch")  # fmt: skip
+            else:
+                col.ignore(
+                    "rl_config.reference_resource", "colocate_actor_ref puts the reference on the actor's devices"
+                )
+        if self.ref_reward_offload and not (self.colocate_actor_ref or self.colocate_critic_reward):
+            col.add("ref_reward_offload", "offloads a merged reference or reward model; set colocate_actor_ref or "
+                    "colocate_critic_reward, or remove it (models on their own devices stay loaded)")  # fmt: skip
 
     def _validate_loss(self, col: Collector) -> None:
         if self.policy_loss_mode not in POLICY_LOSS_MODES:

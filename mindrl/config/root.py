@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from mindrl.config import placement
 from mindrl.config.errors import Collector
 from mindrl.config.generate import GenerateConfig
 from mindrl.config.megatron import MegatronTrainingConfig, RoleConfig
@@ -71,7 +72,7 @@ class RLConfig(Section):
         world = rl.actor_resource.num_npus
         gbs, n = mt.global_batch_size, rl.n_samples_per_prompt
         crit = rl.critic_resource.num_npus if rl.critic_resource is not None else None
-        if self.critic_config is not None and crit is not None and world is not None and crit != world:
+        if rl.use_integrated_worker and self.critic_config and crit is not None and world is not None and crit != world:
             col.add("rl_config.critic_resource.num_npus", f"{crit} differs from actor_resource.num_npus={world}: "
                     "the critic runs on the actor's devices; remove critic_resource or make them equal")  # fmt: skip
         train_key = (
@@ -87,12 +88,15 @@ class RLConfig(Section):
         roles = [("actor_config", self.actor_config, self.model)]
         if self.critic_config is not None and self.critic_model is not None:
             roles.append(("critic_config", self.critic_config, self.critic_model))
+        devices = placement.check(self, col)  # role -> (its devices, the key that sets them)
         for role, rc, arch in roles:
-            self._check_role(col, role, rc, arch, world, train, n)
+            self._check_role(col, role, rc, arch, *devices[role.removesuffix("_config")], train, n)
+        if rl.needs_reference and not rl.use_integrated_worker:  # forward only, the actor's layout
+            self._check_role(col, "actor_config", self.actor_config, self.model, *devices["reference"], None, n)
         if self.reward_config is not None and self.reward_model is not None:
-            self._check_role(col, "reward_config", self.reward_config, self.reward_model, world, None, n)
+            self._check_role(col, "reward_config", self.reward_config, self.reward_model, *devices["reward"], None, n)
         self._check_reward_model(col, world)
-        self._check_inference(col, world, gbs)
+        self._check_inference(col, *devices["rollout"], gbs)
         self._check_lengths(col)
         if gen.dtype != mt.dtype:
             col.note(f"generate_config.dtype={gen.dtype} differs from the training dtype {mt.dtype}: rollout "
@@ -139,6 +143,7 @@ class RLConfig(Section):
         rc: RoleConfig,
         arch: ModelArchConfig,
         world: int | None,
+        world_key: str,
         gbs: int | None,
         n: int,
     ) -> None:
@@ -164,7 +169,7 @@ class RLConfig(Section):
             for key, message in rc.recompute_problems(arch.num_layers // pp):
                 if (key, message) not in general:
                     col.add(f"{role}.{key}", f"{message} ({where}.num_layers={arch.num_layers}, PP={pp})")
-        if world is None or col.is_bad("rl_config.actor_resource.num_npus"):
+        if world is None or col.is_bad(world_key):
             return
         cp, cp_key = rc.cp, f"{role}.context_parallel_size"
         if cp < 1 or col.is_bad(cp_key):
@@ -172,7 +177,7 @@ class RLConfig(Section):
         if world % (tp * pp * cp):
             names, sizes = ("TP x PP x CP", f"{tp} x {pp} x {cp}") if cp > 1 else ("TP x PP", f"{tp} x {pp}")
             col.add(cp_key if cp > 1 else tp_key, f"{names} = {sizes} = {tp * pp * cp} does not divide the {world} "
-                    "devices (rl_config.actor_resource.num_npus)")  # fmt: skip
+                    f"devices ({world_key})")  # fmt: skip
             return
         dp, mbs = world // (tp * pp * cp), rc.micro_batch_size
         if gbs is None or col.is_bad(f"{role}.micro_batch_size", "megatron_training.global_batch_size"):
@@ -207,12 +212,12 @@ class RLConfig(Section):
                 if getattr(rl, key) != default:
                     col.ignore(f"rl_config.{key}", "has no effect without a reward model (reward_config)")
             return
-        if res is not None and world is not None and res != world:
+        if rl.use_integrated_worker and res is not None and world is not None and res != world:
             col.add("rl_config.reward_resource.num_npus", f"{res} differs from actor_resource.num_npus={world}: the "
-                    "reward model runs on the actor's devices (co-located, offloaded outside scoring); its own "
-                    "devices (separate placement) are not supported yet; remove reward_resource or make them equal")  # fmt: skip
+                    "reward model runs on the actor's devices (co-located, offloaded outside scoring); remove "
+                    "reward_resource, make them equal, or give it its own devices with use_integrated_worker: false")  # fmt: skip
 
-    def _check_inference(self, col: Collector, world: int | None, gbs: int | None) -> None:
+    def _check_inference(self, col: Collector, world: int | None, world_key: str, gbs: int | None) -> None:
         itp = self.generate_config.infer_tensor_parallel_size
         key = "generate_config.infer_tensor_parallel_size"
         if itp < 1 or col.is_bad(key):
@@ -225,7 +230,7 @@ class RLConfig(Section):
         if world is None:
             return
         if world % itp:
-            col.add(key, f"infer TP={itp} does not divide the {world} devices (rl_config.actor_resource.num_npus)")
+            col.add(key, f"infer TP={itp} does not divide the {world} devices ({world_key})")
         elif gbs is not None and gbs % (world // itp):
             col.add(key, f"global_batch_size={gbs} prompts must split evenly over the {world // itp} engine replicas "
                     f"(num_npus / infer TP = {world} / {itp})")  # fmt: skip

@@ -3,8 +3,9 @@ model's layout and the memory of every phase per device, with a verdict (docs/pl
 
 from mindrl.plan.devices import CHOICES, Device, pick_device
 from mindrl.plan.params import PlanError, StageParams, stage_params, total_params
-from mindrl.plan.planner import PHASES, Plan, make_plan, rank_coords
+from mindrl.plan.planner import PHASES, Plan, rank_coords
 from mindrl.plan.report import to_json, to_text
+from mindrl.plan.separate import make_plan
 
 __all__ = [
     "CHOICES",

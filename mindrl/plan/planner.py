@@ -10,7 +10,7 @@ from mindrl.config.rl import PACKING_USES
 from mindrl.config.root import RLConfig
 from mindrl.config.settings import RecomputeSettings
 from mindrl.plan.devices import Device, pick_device
-from mindrl.plan.params import stage_params, total_params
+from mindrl.plan.params import PlanError, stage_params, total_params
 from mindrl.resharding.offload import OffloadConfig
 from mindrl.resharding.residency import MODELS, PHASES
 from mindrl.workers import from_config
@@ -87,6 +87,9 @@ class Plan:
     residency: dict[str, dict[str, str]]
     verdict: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    groups: list = field(default_factory=list)
+    """Separate placement (mindrl.plan.separate.GroupPlan per device group); empty in integrated mode, where
+    `placement` lists every device."""
 
 
 def rank_coords(rank: int, tp: int, pp: int, world: int, cp: int = 1) -> tuple[int, ...]:
@@ -157,6 +160,8 @@ def make_plan(
     """The plan of `cfg` (from mindrl.config.load_config) on `device` (a key of mindrl.plan.devices.CHOICES;
     None: named by the config name, else the current platform's)."""
     rl, gen = cfg.rl_config, cfg.generate_config
+    if not rl.use_integrated_worker:
+        raise PlanError("use_integrated_worker: false is planned by mindrl.plan.make_plan (mindrl.plan.separate)")
     world = rl.world_size
     dev, why = pick_device(world, cfg.config_name, device, device_memory_gib, devices_per_node)
     layouts = {"actor": _layout(cfg, "actor", world)}

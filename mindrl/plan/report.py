@@ -27,6 +27,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "residency": plan.residency,
         "verdict": plan.verdict,
         "notes": plan.notes,
+        **({"groups": [asdict(g) for g in plan.groups]} if plan.groups else {}),
     }
 
 
@@ -93,7 +94,7 @@ def to_text(plan: Plan) -> str:
     for role, lay in plan.layouts.items():
         opt = "distributed" if lay.distributed_optimizer else "replicated"
         lines.append(
-            f"  {role + ('+reference' if role == 'actor' else ''):<16} TP {lay.tp} PP {lay.pp} "
+            f"  {role + ('+reference' if role == 'actor' and 'reference' not in plan.layouts else ''):<16} TP {lay.tp} PP {lay.pp} "
             f"{f'CP {lay.cp} ' if lay.cp > 1 else ''}DP {lay.dp} VPP {lay.vpp} "
             f"SP {'on' if lay.sequence_parallel else 'off'}  {lay.dtype}  {_micro(lay)}  optimizer {opt}  "
             f"{lay.params_total / 1e9:.3f} B params, {max(lay.params_per_stage) / 1e9:.3f} B per rank"
@@ -104,11 +105,60 @@ def to_text(plan: Plan) -> str:
         f"  {'rollout engine':<16} infer TP {r.infer_tp} x {r.replicas} replicas  {r.dtype}  max_model_len "
         f"{r.max_model_len}  max_num_seqs {r.max_num_seqs}  {r.params_per_rank / 1e9:.3f} B params per rank"
     )
-    lines += ["", "placement (Ray fills a node's devices before the next)", *_placement_lines(plan), ""]
-    mem = plan.memory
+    if plan.groups:
+        lines += ["", *_group_lines(plan)]
+    else:
+        lines += ["", "placement (Ray fills a node's devices before the next)", *_placement_lines(plan), ""]
+        lines += _memory_lines(plan.memory, f"device {plan.peak_device}, the highest peak")
+        res = "; ".join(
+            f"{role}: " + ", ".join(f"{p} {s}" for p, s in v_.items()) for role, v_ in plan.residency.items()
+        )
+        lines.append(f"  residency: {res}")
+    kv = plan.kv_cache
+    lines += [
+        "",
+        f"KV cache: {_size(kv['budget_bytes'])} per device, {_size(kv['bytes_per_token'])} per token "
+        f"-> {kv['sequences_at_max_len']} concurrent sequences of {r.max_model_len} tokens per engine "
+        f"(max_num_seqs {kv['max_num_seqs']})",
+        "",
+    ]
+    verdict = "FITS" if v["fits"] else "DOES NOT FIT"
+    where = f" (tightest group: {v['group']})" if plan.groups else ""
+    lines.append(
+        f"verdict: {verdict}{where}: peak {_size(v['peak_bytes'])} in phase '{v['peak_phase']}' of "
+        f"{_size(v['device_memory_bytes'])} (headroom {_size(v['headroom_bytes'])})"
+    )
+    lines.append(f"  largest term: {v['largest_term']} = {_size(v['largest_term_bytes'])}; to shrink it: {v['fix']}")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _group_lines(plan: Plan) -> list[str]:
+    """Separate placement: each device group's devices, roles and memory (its most loaded device)."""
+    lines = [f"separate placement (use_integrated_worker: false): {len(plan.groups)} device groups"]
+    for g in plan.groups:
+        merged = f" + {', '.join(g.roles[1:])} (merged)" if len(g.roles) > 1 else ""
+        lines.append(
+            f"  devices {_ranges(g.devices)} (node {_ranges(g.nodes)}): {g.roles[0]}{merged}  [{g.resource_key}]"
+        )
+    for g in plan.groups:
+        fits = "fits" if g.verdict["fits"] else "DOES NOT FIT"
+        lines += ["", f"group {'+'.join(g.roles)}: {fits}, peak {_size(g.verdict['peak_bytes'])} in "
+                  f"'{g.verdict['peak_phase']}' (largest term {g.verdict['largest_term']})"]  # fmt: skip
+        lines += _memory_lines(g.memory, f"device {g.peak_device}, the group's highest peak")
+        if g.residency:
+            res = "; ".join(
+                f"{role}: " + ", ".join(f"{p} {s}" for p, s in v_.items()) for role, v_ in g.residency.items()
+            )
+            lines.append(f"  residency: {res}")
+    return lines
+
+
+def _memory_lines(mem: dict, which: str) -> list[str]:
+    lines = []
     phases = [p.removesuffix("_bytes") for p in mem["total"]]
     unit, scale = ("GiB", GIB) if max(mem["total"].values()) >= 8 * GIB else ("MiB", 2.0**20)
-    lines.append(f"memory per device in {unit} (device {plan.peak_device}, the highest peak)")
+    lines.append(f"memory per device in {unit} ({which})")
     lines.append(f"  {'role.term':<36}" + "".join(f"{p:>13}" for p in phases))
     for role, by_phase in mem.items():
         if role == "total":
@@ -123,24 +173,7 @@ def to_text(plan: Plan) -> str:
             label = f"{role}.{t.removesuffix('_bytes')}" + (" (alt.)" if "recompute" in t else "")
             lines.append(f"  {label:<36}{cells}")
     lines.append(f"  {'total':<36}" + "".join(f"{mem['total'][p + '_bytes'] / scale:>13.2f}" for p in phases))
-    res = "; ".join(f"{role}: " + ", ".join(f"{p} {s}" for p, s in v_.items()) for role, v_ in plan.residency.items())
-    lines.append(f"  residency: {res}")
-    kv = plan.kv_cache
-    lines += [
-        "",
-        f"KV cache: {_size(kv['budget_bytes'])} per device, {_size(kv['bytes_per_token'])} per token "
-        f"-> {kv['sequences_at_max_len']} concurrent sequences of {r.max_model_len} tokens per engine "
-        f"(max_num_seqs {kv['max_num_seqs']})",
-        "",
-    ]
-    verdict = "FITS" if v["fits"] else "DOES NOT FIT"
-    lines.append(
-        f"verdict: {verdict}: peak {_size(v['peak_bytes'])} in phase '{v['peak_phase']}' of "
-        f"{_size(v['device_memory_bytes'])} (headroom {_size(v['headroom_bytes'])})"
-    )
-    lines.append(f"  largest term: {v['largest_term']} = {_size(v['largest_term_bytes'])}; to shrink it: {v['fix']}")
-    lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)
+    return lines
 
 
 def _recompute_text(rc) -> str:

@@ -37,6 +37,8 @@ class ResidencySchedule:
     """The critic leaves the device outside its own phases (MindSpeed-RL always offloads it)."""
     reward_offload: bool = True
     """The reward model leaves the device outside scoring."""
+    reference_offload: bool = True
+    """The reference leaves the device outside scoring (False: on devices of its own, separate placement)."""
 
     def on_device(self, model: str, phase: str) -> frozenset[str]:
         """The kinds (`mindrl.resharding.offload.KINDS`) of `model`'s state on the device during `phase`."""
@@ -50,7 +52,7 @@ class ResidencySchedule:
                 return kept | {"param"}
             return kept
         if model == "reference":
-            return frozenset({"param"}) if phase == "score" else frozenset()
+            return frozenset({"param"}) if phase == "score" or not self.reference_offload else frozenset()
         if model == "reward":
             return frozenset({"param"}) if phase == "score" or not self.reward_offload else frozenset()
         if not self.critic_offload:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from mindrl.config.placement import job_devices
 from mindrl.workers.results import DeviceLedger
 
 logger = logging.getLogger("mindrl.trainer")
@@ -352,7 +353,7 @@ def iteration_throughput(cfg, metrics: Mapping[str, float]) -> dict[str, float]:
         prompt_length_mean=metrics["prompt_length/mean"],
         global_batch_size=cfg.rl_config.train_batch_size,  # the prompts trained on (dynamic sampling: kept ones)
         n_samples_per_prompt=cfg.rl_config.n_samples_per_prompt,
-        world_size=cfg.rl_config.world_size,
+        world_size=job_devices(cfg),  # every device of the job (separate placement: all groups')
         timing=metrics,
     )
 

@@ -27,7 +27,7 @@ from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAbor
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import experience, leftovers
+from mindrl.trainer import experience, leftovers, worker_groups
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
@@ -35,12 +35,10 @@ from mindrl.trainer.model_rewards import RewardModelScorer
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
 from mindrl.workers import from_config
-from mindrl.workers.critic_worker import CriticWorker
-from mindrl.workers.group import WorkerError, WorkerGroup, device_placement_group, start_ray, stop_ray, worker_threads
-from mindrl.workers.integrated_worker import IntegratedWorker
+from mindrl.workers.group import WorkerError, WorkerGroup, start_ray, stop_ray
 from mindrl.workers.profiling import announce_iteration
-from mindrl.workers.results import DeviceLedger, Scores, UpdateResult, logprob_diff_summary
-from mindrl.workers.reward_worker import SCORE_KEYS, RewardWorker
+from mindrl.workers.results import Scores, UpdateResult, logprob_diff_summary
+from mindrl.workers.reward_worker import SCORE_KEYS
 
 logger = logging.getLogger("mindrl.trainer")
 
@@ -96,29 +94,24 @@ class PPOTrainer:
         self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
         if cfg.generate_config.rollout_mode == "server":
             self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
-        self.started_ray = start_ray(rl.ray_address, self.world, runtime_env_path=rl.runtime_env_path)
+        self.started_ray = start_ray(
+            rl.ray_address, worker_groups.total_devices(cfg), runtime_env_path=rl.runtime_env_path
+        )
         self.groups: list = []
         try:
-            self.pg = device_placement_group(self.world)
             integrated = from_config.integrated_settings(cfg, self.resume)
             self.profile = integrated.profile
-            # The critic and the reward model share the actor's bundles (half a device for the actor, the other half
-            # split between them), each in its own megatron world. All get their node's cores shared among the ranks
-            # there (they run in turn), not one thread each.
-            threads = worker_threads(self.pg, self.world)
             rm_settings = from_config.reward_model_settings(cfg)
-            share = 0.5 / max(1, int(rl.needs_critic) + int(rm_settings is not None))
-            self.actor = WorkerGroup(IntegratedWorker, "actor", self.pg, self.world, fraction=0.5, threads=threads)
-            self.groups.append(self.actor)
-            self.critic = self.reward_model = None
-            if rl.needs_critic:
-                self.critic = WorkerGroup(CriticWorker, "critic", self.pg, self.world, fraction=share, threads=threads)
-                self.groups.append(self.critic)
-            if rm_settings is not None:
-                self.reward_model = WorkerGroup(RewardWorker, "reward", self.pg, self.world, share, threads)
-                self.groups.append(self.reward_model)
+            # Integrated mode: every model on every bundle; separate placement: each on its own (worker_groups).
+            self.pg = worker_groups.reserve(cfg)
+            self.placed = worker_groups.build_groups(cfg, self.pg, rm_settings is not None, self.groups)
+            self.actor, self.critic = self.placed.actor, self.placed.critic
+            self.reward_model, self.reference = self.placed.reward_model, self.placed.reference
             self.reward = RewardClient(from_config.reward_settings(cfg), self.run_dir, self.tokenizer)
-            self.actor.setup(integrated)  # collective: builds actor, reference and the engine
+            # collective: builds actor, reference (unless on its own bundles) and the engine
+            self.actor.setup(integrated if self.reference is None else dataclasses.replace(integrated, ref_load=None))
+            if self.reference is not None:
+                self.reference.setup(integrated)
             self.shm_idents = {i for names in self.actor.shm_names() for i in names}
             leftovers.record_shm(self.run_dir, self.shm_idents)  # for the next run if this one is killed
             if self.critic is not None:
@@ -285,13 +278,12 @@ class PPOTrainer:
 
     def _model_groups(self) -> list[WorkerGroup]:
         """The groups holding models on the devices: the actor's, and the critic's and reward model's where present."""
-        return [group for group in (self.actor, self.critic, self.reward_model) if group is not None]
+        return [group for group in (self.actor, self.critic, self.reward_model, self.reference) if group is not None]
 
     def _memory_ledger(self) -> dict[str, float]:
         """`memory/device_bytes/*` of this iteration: each device's actor (+ reference), critic and reward-model ranks
         together."""
-        groups = [group.memory_ledger() for group in self._model_groups()]
-        return memory_metrics([DeviceLedger.merge(parts) for parts in zip(*groups)])
+        return memory_metrics(self.placed.device_ledgers({g.name: g.memory_ledger() for g in self._model_groups()}))
 
     def _rollout(self, prompts, timing: dict[str, float], gen_batch: int = 0) -> Batch:
         """Samples of the current policy; per-prompt seeds from (seed, iteration, generation batch, dataset row) keep
@@ -393,7 +385,7 @@ class PPOTrainer:
                 batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
         if self.needs_ref:
             with _timed(timing, "timing/reference_model"):
-                batch["ref_log_prob"] = self.actor.compute_log_prob(fwd, reference=True).tensor
+                batch["ref_log_prob"] = (self.reference or self.actor).compute_log_prob(fwd, reference=True).tensor
             timing["timing/non_overlap_reference_model"] = timing["timing/reference_model"]
         if values is not None:
             with _timed(timing, "timing/non_overlap_critic_model"):
@@ -586,6 +578,7 @@ def _timed(timing: dict[str, float], key: str):
 
 def train(cfg) -> tuple[str, list[IterationResult]]:
     """Run `cfg` to the end; returns (run dir, per-iteration results)."""
+    worker_groups.require_runnable(cfg)
     trainer = PPOTrainer(cfg)
     try:
         results = trainer.fit()

@@ -210,9 +210,20 @@ def reward_model_mix(cfg) -> RewardModelMix | None:
 
 def residency(cfg) -> ResidencySchedule:
     """Which state of each model is on the device in each phase: the actor's generate_config.offload_train_*
-    switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute)."""
+    switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute).
+    Separate placement: a model alone on its devices stays there; a merged reference / reward model leaves outside
+    scoring with ref_reward_offload; the actor offloads only for engines in its own processes."""
+    rl = cfg.rl_config
     offload = OffloadConfig.from_generate_config(cfg.generate_config)
-    return ResidencySchedule(offload, actor_forward=not cfg.rl_config.on_policy)
+    if rl.use_integrated_worker:
+        return ResidencySchedule(offload, actor_forward=not rl.on_policy)
+    return ResidencySchedule(
+        offload if rl.rollout_resource is None else OffloadConfig(),
+        actor_forward=not rl.on_policy,
+        critic_offload=False,
+        reward_offload=rl.colocate_critic_reward and rl.ref_reward_offload,
+        reference_offload=rl.colocate_actor_ref and rl.ref_reward_offload,
+    )
 
 
 def reward_settings(cfg) -> RewardSettings:

@@ -288,10 +288,20 @@ def worker_threads(pg, world_size: int) -> list[int]:
 
 
 class WorkerGroup:
-    """`world_size` ranks of one model, one per bundle of `pg`, each claiming `fraction` of its device, with
-    `threads` torch threads (one count for all ranks, or one per rank)."""
+    """`world_size` ranks of one model, one per bundle of `pg` from bundle `first_bundle` on (separate placement: a
+    role's own devices), each claiming `fraction` of its device, with `threads` torch threads (one count for all
+    ranks, or one per rank)."""
 
-    def __init__(self, cls: type, name: str, pg, world_size: int, fraction: float, threads: int | list[int] = 1):
+    def __init__(
+        self,
+        cls: type,
+        name: str,
+        pg,
+        world_size: int,
+        fraction: float,
+        threads: int | list[int] = 1,
+        first_bundle: int = 0,
+    ):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -301,7 +311,7 @@ class WorkerGroup:
         remote = ray.remote(**options)(cls)
         self.actors = [
             remote.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=first_bundle + i),
                 name=None,
             ).remote()
             for i in range(world_size)

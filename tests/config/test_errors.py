@@ -99,7 +99,7 @@ def test_forbidden_and_unsupported_keys():
                  "+generate_config.enable_expert_parallel=true", "+rl_config.reward_resource.num_npus=2")  # fmt: skip
     issue(err, "rl_config.multi_turn_enable", "not supported", "multi-turn tool-use rollouts")
     issue(err, "megatron_training.expert_model_parallel_size", "not supported", "expert parallelism", "set it to 1")
-    issue(err, "rl_config.use_integrated_worker", "integrated mode")
+    issue(err, "rl_config.reference_resource.num_npus", "is required with use_integrated_worker: false")
     issue(err, "generate_config.server_urls", "rollout_mode 'server' needs at least one rollout server URL")
     issue(err, "generate_config.enable_expert_parallel", "not supported")
     issue(err, "rl_config.reward_resource", "no reward model", "reward_config")

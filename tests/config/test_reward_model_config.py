@@ -28,16 +28,16 @@ def test_reward_config_errors_name_their_keys():
     issue(err, "reward_config.load", "is required")
     issue(err, "reward_config.tensor_model_parallel_size", "TP=3 does not divide")
     issue(err, "reward_config.seq_length", "differs from megatron_training.seq_length", "reward_config shares")
-    issue(err, "rl_config.reward_resource.num_npus", "differs from actor_resource.num_npus=2", "not supported yet")
+    issue(err, "rl_config.reward_resource.num_npus", "differs from actor_resource.num_npus=2", "use_integrated_worker")
     issue(err, "rl_config.reward_clip_range", "low < high")
     issue(err, "rl_config.reward_model_weight", "finite")
 
 
-def test_reward_model_with_dynamic_sampling_loads_and_separate_placement_is_refused():
+def test_reward_model_with_dynamic_sampling_loads_and_separate_placement_needs_devices():
     cfg = load_config("dapo_tiny_cpu", overrides=[*RM, "rl_config.filter_groups_metric=seq_reward"])
     assert cfg.rl_config.filter_groups_enable and cfg.reward_config is not None
     err = errors("grpo_tiny_cpu", *RM, "rl_config.use_integrated_worker=false")
-    issue(err, "rl_config.use_integrated_worker", "integrated mode")
+    issue(err, "rl_config.reward_resource.num_npus", "is required with use_integrated_worker: false")
 
 
 def test_reward_knobs_without_a_reward_model_are_noted(caplog):
