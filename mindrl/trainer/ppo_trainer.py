@@ -237,9 +237,8 @@ class PPOTrainer:
             batch, labels, scored, sampled, dropped = self._sample_filtered(batches, timing)
             self._enter_phase("score", timing)
             self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
-        elif self.partial is not None:  # pieces of responses, continued across iterations
-            self._enter_phase("rollout", timing)
-            taken = self.partial.step(self.iteration, batches, lambda p, s, seeds: self._sample(p, s, seeds, timing))
+        elif self.partial is not None:  # pieces of responses, continued across iterations; a rollout call per round
+            taken = self.partial.step(self.iteration, batches, lambda *args: self._sample(*args, timing, phase=True))
             batch, labels, sampled = taken.batch(self.tokenizer.pad_token_id), taken.labels, taken.metrics
             self._enter_phase("score", timing)
             scored = self._score(batch, labels, timing)
@@ -305,9 +304,12 @@ class PPOTrainer:
         seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
         return self._sample(prompt_ids, self.sampling, seeds, timing)
 
-    def _sample(self, prompt_ids, sampling, seeds, timing: dict[str, float]) -> list:
+    def _sample(self, prompt_ids, sampling, seeds, timing: dict[str, float], phase: bool = False) -> list:
         """The rollout's samples of `prompt_ids` (padded to split over the engine replicas), its timings added to
-        `timing` (summed over calls)."""
+        `timing` (summed over calls). phase: enter the rollout phase first (a rollout leaves the weights where
+        scoring wants them)."""
+        if phase:
+            self._enter_phase("rollout", timing)
         pad = -len(prompt_ids) % self.cfg.rl_config.infer_dp
         t0 = time.perf_counter()
         result = self.rollout.generate(prompt_ids + prompt_ids[-1:] * pad, sampling, seeds + seeds[-1:] * pad)

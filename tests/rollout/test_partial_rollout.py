@@ -44,10 +44,13 @@ def _pool(sampling=None) -> PartialRollout:
 def test_pieces_carry_the_logprobs_of_the_weights_that_sampled_them(vllm_engine, hf_models, weights):
     pool = _pool()
     taken = _run(vllm_engine, weights, pool, _batches())
-    # the measured reference: the engine's own gap to an HF forward on whole responses under one set of weights
-    vllm_engine.load_weights(weights["a"].items())
+    # the measured reference: the engine's own gap to an HF forward on whole responses, under each set of weights
     prompts = [g.prompt for t in taken for g in t.groups]
-    base = helpers.max_logprob_diff(hf_models["a"], prompts, vllm_engine.generate(prompts, _sampling()), _sampling())
+    base = 0.0
+    for k in ("a", "b"):
+        vllm_engine.load_weights(weights[k].items())
+        whole = vllm_engine.generate(prompts, _sampling())
+        base = max(base, helpers.max_logprob_diff(hf_models[k], prompts, whole, _sampling()))
     right = wrong = 0.0
     stale = 0
     for it, t in enumerate(taken, start=1):
@@ -56,9 +59,9 @@ def test_pieces_carry_the_logprobs_of_the_weights_that_sampled_them(vllm_engine,
                 assert len(s.token_ids) == len(s.logprobs) == len(vers) > 0
                 assert s.finish_reason == "stop" or len(s.token_ids) == MAX_TOKENS
                 assert all(v <= it for v in vers) and it - vers[0] < SPLIT  # finished within max_split iterations
+                ref = {k: helpers.recompute_logprobs(m, g.prompt, s, _sampling()) for k, m in hf_models.items()}
                 for start, end, v in pieces_of(vers):
                     stale += v < it
-                    ref = {k: helpers.recompute_logprobs(m, g.prompt, s, _sampling()) for k, m in hf_models.items()}
                     mine, other = ("a", "b") if v % 2 else ("b", "a")
                     got = torch.tensor(s.logprobs[start:end])
                     right = max(right, (ref[mine][start:end] - got).abs().max().item())
