@@ -96,15 +96,19 @@ def test_every_prompt_is_trained_once_and_greedy_pieces_concatenate_to_the_whole
 
 def test_state_round_trip_continues_the_same_responses(vllm_engine, weights):
     straight = _run(vllm_engine, weights, _pool(), _batches())
-    first = _pool()
-    batches = _batches()
-    head = _run(vllm_engine, weights, first, batches, last=2)
-    state = json.loads(json.dumps(first.state_dict()))  # what trainer_state.json holds
-    assert state["pool"], "nothing in flight at the save: the test proves nothing"
-    assert any(r["token_ids"] and r["finish_reason"] is None for g in state["pool"] for r in g["responses"])
+    first, batches = _pool(), _batches()
+    head: list = []
+    for it in range(1, ITERS):  # save after the first iteration that leaves a response cut short in flight
+        head += _run(vllm_engine, weights, first, batches, first=it, last=it)
+        state = json.loads(json.dumps(first.state_dict()))  # what trainer_state.json holds
+        if any(r["token_ids"] and r["finish_reason"] is None for g in state["pool"] for r in g["responses"]):
+            break
+    else:
+        raise AssertionError("no response was ever in flight cut short: the test proves nothing")
     resumed = _pool()
-    resumed.load_state_dict(state, 2)
-    tail = _run(vllm_engine, weights, resumed, _batches(state["drawn_batches"]), first=3)
+    resumed.load_state_dict(state, len(head))
+    tail = _run(vllm_engine, weights, resumed, _batches(state["drawn_batches"]), first=len(head) + 1)
+    assert len(head + tail) == ITERS
     for a, b in zip(straight, head + tail):
         assert [g.index for g in a.groups] == [g.index for g in b.groups]
         assert a.samples == b.samples and a.versions == b.versions and a.metrics == b.metrics
