@@ -24,9 +24,9 @@ def _batches(start: int = 0):
         yield PromptBatch([rows[i] for i in idx], torch.tensor(idx), {"labels": [torch.tensor([i]) for i in idx]})
 
 
-def _sampling(**kw) -> SamplingConfig:
-    # stop tokens on ~1/16 of the vocabulary: lengths vary, some responses end in the first piece, some need all
-    return SamplingConfig(max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(range(0, 1024, 16)), **kw)
+def _sampling(every: int = 16, **kw) -> SamplingConfig:
+    # stop tokens on ~1/every of the vocabulary: lengths vary, some responses end in the first piece, some need all
+    return SamplingConfig(max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(range(0, 1024, every)), **kw)
 
 
 def _run(engine, weights, pool: PartialRollout, batches, first: int = 1, last: int = ITERS) -> list:
@@ -37,8 +37,8 @@ def _run(engine, weights, pool: PartialRollout, batches, first: int = 1, last: i
     return taken
 
 
-def _pool(sampling=None) -> PartialRollout:
-    return PartialRollout(N, sampling or _sampling(), SPLIT, BATCH, ITERS, seed=3)
+def _pool(sampling=None, split: int = SPLIT) -> PartialRollout:
+    return PartialRollout(N, sampling or _sampling(), split, BATCH, ITERS, seed=3)
 
 
 def test_pieces_carry_the_logprobs_of_the_weights_that_sampled_them(vllm_engine, hf_models, weights):
@@ -95,8 +95,12 @@ def test_every_prompt_is_trained_once_and_greedy_pieces_concatenate_to_the_whole
 
 
 def test_state_round_trip_continues_the_same_responses(vllm_engine, weights):
-    straight = _run(vllm_engine, weights, _pool(), _batches())
-    first, batches = _pool(), _batches()
+    # short pieces (4 tokens) and responses of ~8: groups finish in different rounds, so cut responses stay in flight
+    def pool():
+        return _pool(_sampling(every=8), split=6)
+
+    straight = _run(vllm_engine, weights, pool(), _batches())
+    first, batches = pool(), _batches()
     head: list = []
     for it in range(1, ITERS):  # save after the first iteration that leaves a response cut short in flight
         head += _run(vllm_engine, weights, first, batches, first=it, last=it)
@@ -104,8 +108,9 @@ def test_state_round_trip_continues_the_same_responses(vllm_engine, weights):
         if any(r["token_ids"] and r["finish_reason"] is None for g in state["pool"] for r in g["responses"]):
             break
     else:
-        raise AssertionError("no response was ever in flight cut short: the test proves nothing")
-    resumed = _pool()
+        lengths = [[len(s.token_ids) for s in group] for t in straight for group in t.samples]
+        raise AssertionError(f"no response was ever in flight cut short: the test proves nothing ({lengths})")
+    resumed = pool()
     resumed.load_state_dict(state, len(head))
     tail = _run(vllm_engine, weights, resumed, _batches(state["drawn_batches"]), first=len(head) + 1)
     assert len(head + tail) == ITERS
