@@ -26,7 +26,8 @@ def _batches(start: int = 0):
 
 def _sampling(every: int = 16, **kw) -> SamplingConfig:
     # stop tokens on ~1/every of the vocabulary: lengths vary, some responses end in the first piece, some need all
-    return SamplingConfig(max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(range(0, 1024, every)), **kw)
+    kw = {"temperature": 1.0, **kw}
+    return SamplingConfig(max_tokens=MAX_TOKENS, stop_token_ids=list(range(0, 1024, every)), **kw)
 
 
 def _run(engine, weights, pool: PartialRollout, batches, first: int = 1, last: int = ITERS) -> list:
