@@ -36,6 +36,8 @@ class TrainerState:
     config_name: str | None = None
     reward_moments: dict | None = None
     """rl_config.normalize_reward's running statistics of the reward model's scores (None: no reward model)."""
+    partial_rollout: dict | None = None
+    """The prompts and responses in flight with partial_rollout_max_split > 1 (`PartialRollout.state_dict`)."""
 
     def write(self, it_dir: str) -> None:
         with open(os.path.join(it_dir, TRAINER_STATE), "w") as f:
@@ -55,6 +57,7 @@ class TrainerState:
             reference_saved=bool(state.get("reference_saved", False)),
             config_name=state.get("config_name"),
             reward_moments=state.get("reward_moments"),
+            partial_rollout=state.get("partial_rollout"),
         )
 
 

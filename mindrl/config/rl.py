@@ -93,7 +93,8 @@ class RLSectionConfig(Section):
         **dict.fromkeys(
             ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
         ),
-        "require_max_age_all_finished": "a partial-rollout option; partial rollout is not supported",
+        "require_max_age_all_finished": "mindrl always finishes a response within partial_rollout_max_split "
+        "iterations (MindSpeed-RL's true)",
         **dict.fromkeys(
             [
                 "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
@@ -105,7 +106,6 @@ class RLSectionConfig(Section):
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
         "use_swanlab": ((False,), "SwanLab logging; use use_tensorboard or use_wandb"),
         "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
-        "partial_rollout_max_split": ((1,), "partial rollout"),
         "share_backbone": ((False,), "a LoRA actor sharing the reference backbone"),
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
@@ -259,6 +259,10 @@ class RLSectionConfig(Section):
     filter_groups_train_batch_size: int | None = None
     """Prompts trained on per iteration with dynamic sampling (kept groups beyond it are dropped); None:
     global_batch_size."""
+    partial_rollout_max_split: int = 1
+    """Partial rollout: > 1 generates responses in pieces of ceil(max_tokens / partial_rollout_max_split) tokens; a
+    response not finished when the iteration has global_batch_size finished prompts continues in the next iteration
+    with the newer weights (docs/rollout.md). 1: off."""
     clip_higher_enable: bool | None = None
     """MindSpeed-RL's DAPO switch for clip_ratio_low/high: true requires both; false ignores them; None (mindrl):
     they apply whenever set."""
@@ -412,6 +416,13 @@ class RLSectionConfig(Section):
                     + did_you_mean(self.loss_agg_mode, LOSS_AGG_MODES))  # fmt: skip
         self._validate_loss(col)
         self._validate_dapo(col)
+        if not isinstance(self.partial_rollout_max_split, int) or self.partial_rollout_max_split < 1:
+            col.add(
+                "partial_rollout_max_split", f"must be an integer >= 1 (1: off), got {self.partial_rollout_max_split}"
+            )
+        elif self.partial_rollout_max_split > 1 and self.filter_groups_enable:
+            col.add("partial_rollout_max_split", "partial rollout with dynamic sampling (filter_groups_enable) is not "
+                    "supported; set one of them off")  # fmt: skip
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
         for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):

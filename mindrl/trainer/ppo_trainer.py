@@ -27,7 +27,7 @@ from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAbor
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import experience, leftovers, worker_groups
+from mindrl.trainer import experience, leftovers, partial_rollout, worker_groups
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
@@ -76,6 +76,7 @@ class PPOTrainer:
         self.rm_mix = from_config.reward_model_mix(cfg)  # None without a reward model
         self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
+        self.partial = partial_rollout.from_config(cfg, self.sampling)  # None unless partial_rollout_max_split > 1
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -238,6 +239,11 @@ class PPOTrainer:
             batch, labels, scored, sampled, dropped = self._sample_filtered(batches, timing)
             self._enter_phase("score", timing)
             self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
+        elif self.partial is not None:  # pieces of responses, continued across iterations; a rollout call per round
+            taken = self.partial.step(self.iteration, batches, lambda *args: self._sample(*args, timing, phase=True))
+            batch, labels, sampled = taken.batch(self.tokenizer.pad_token_id), taken.labels, taken.metrics
+            self._enter_phase("score", timing)
+            scored = self._score(batch, labels, timing)
         else:
             prompts = next(batches)
             self._enter_phase("rollout", timing)
@@ -297,12 +303,21 @@ class PPOTrainer:
         mt = self.cfg.megatron_training
         base = mt.seed * 1_000_003 + self.iteration * 7919 + gen_batch * 104_729
         seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
+        return self._sample(prompt_ids, self.sampling, seeds, timing)
+
+    def _sample(self, prompt_ids, sampling, seeds, timing: dict[str, float], phase: bool = False) -> list:
+        """The rollout's samples of `prompt_ids` (padded to split over the engine replicas), its timings added to
+        `timing` (summed over calls). phase: enter the rollout phase first (a rollout leaves the weights where
+        scoring wants them)."""
+        if phase:
+            self._enter_phase("rollout", timing)
+        pad = -len(prompt_ids) % self.cfg.rl_config.infer_dp
         t0 = time.perf_counter()
-        result = self.rollout.generate(prompt_ids, self.sampling, seeds)
+        result = self.rollout.generate(prompt_ids + prompt_ids[-1:] * pad, sampling, seeds + seeds[-1:] * pad)
         timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
         for k, v in result.timing.items():
             timing[k] = timing.get(k, 0.0) + v if k.startswith("timing/") else v
-        return result.samples
+        return result.samples[: len(prompt_ids)]
 
     def _sample_filtered(self, batches, timing: dict[str, float]):
         """DAPO's dynamic sampling: generation batches of global_batch_size prompts, each scored, its groups whose
@@ -531,6 +546,7 @@ class PPOTrainer:
             reference_saved=self.sync_ref,
             config_name=self.cfg.config_name,
             reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
+            partial_rollout=self.partial.state_dict() if self.partial is not None else None,
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -545,6 +561,8 @@ class PPOTrainer:
         self.save_failures = state.save_failures
         if state.reward_moments is not None:
             self.rm_moments.load_state_dict(state.reward_moments)
+        if self.partial is not None:
+            self.partial.load_state_dict(state.partial_rollout, self.iteration)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:

@@ -1,0 +1,214 @@
+"""Partial rollout (`rl_config.partial_rollout_max_split` > 1): responses are generated in pieces of a share of
+max_tokens, and one cut short continues in a later iteration with the newer weights (docs/rollout.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mindrl.batch import Batch
+from mindrl.rollout.base import RolloutSample, SamplingConfig
+from mindrl.trainer import experience
+
+GenerateFn = Callable[[list[list[int]], SamplingConfig, list[int]], list[list[RolloutSample]]]
+"""generate(prompts, sampling, seeds): `sampling.n` samples per prompt with the current weights."""
+
+
+@dataclass
+class Response:
+    """One response so far: its tokens, the behaviour logprob of each and the iteration whose weights sampled it."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    """None while unfinished; then the finish reason of its last piece."""
+    pieces: int = 0
+
+
+@dataclass
+class Group:
+    """A prompt in flight: its n responses."""
+
+    index: int
+    """The prompt's dataset row."""
+    prompt: list[int]
+    labels: list[int]
+    drawn: int
+    """The iteration that drew it."""
+    responses: list[Response]
+
+    @property
+    def done(self) -> bool:
+        return all(r.finish_reason is not None for r in self.responses)
+
+
+@dataclass
+class Taken:
+    """The groups an iteration trains on, oldest first, and the partial_rollout/* metrics of the iteration."""
+
+    groups: list[Group]
+    metrics: dict[str, float]
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:
+        return [g.prompt for g in self.groups]
+
+    @property
+    def samples(self) -> list[list[RolloutSample]]:
+        return [[RolloutSample(r.token_ids, r.logprobs, r.finish_reason or "length") for r in g.responses]
+                for g in self.groups]  # fmt: skip
+
+    @property
+    def labels(self) -> list[list[int]]:
+        return [g.labels for g in self.groups for _ in g.responses]
+
+    @property
+    def versions(self) -> list[list[int]]:
+        """Per row, the iteration whose weights sampled each response token."""
+        return [r.versions for g in self.groups for r in g.responses]
+
+    def batch(self, pad_token_id: int | None) -> Batch:
+        """The RL batch (`experience.make_batch`), with rows_meta "rollout_versions": `versions`."""
+        out = experience.make_batch(self.prompt_ids, self.samples, len(self.groups[0].responses), pad_token_id)
+        out.rows_meta["rollout_versions"] = self.versions
+        return out
+
+
+class PartialRollout:
+    """The pool of prompts in flight, MindSpeed-RL's scheme: it holds up to two batches; each iteration draws one
+    (two at the first, none once the run's train_iters batches are drawn), then generates a piece of at most
+    ceil(max_tokens / max_split) tokens of every unfinished response (all with the current weights) until
+    `batch_size` prompts have all n responses finished; it trains on those, oldest first. The rest stays in flight
+    and continues next iteration, so a response is finished within max_split iterations and every drawn prompt is
+    trained on exactly once."""
+
+    def __init__(self, n: int, sampling: SamplingConfig, max_split: int, batch_size: int, train_iters: int, seed: int):
+        if max_split < 2:
+            raise ValueError(f"PartialRollout needs partial_rollout_max_split >= 2, got {max_split}")
+        self.n = n
+        self.sampling = sampling
+        self.max_split = max_split
+        self.piece = math.ceil(sampling.max_tokens / max_split)
+        self.batch_size = batch_size
+        self.train_iters = train_iters
+        self.seed = seed
+        self.pool: list[Group] = []
+        self.drawn_batches = 0
+
+    # ------------------------------------------------------------------------------------------------ step
+    def step(self, iteration: int, batches, generate: GenerateFn) -> Taken:
+        """Iteration `iteration`'s groups: draws its batch(es) from `batches` (PromptBatch iterator), generates pieces
+        with `generate` until batch_size groups are finished, takes them out of the pool."""
+        while self.drawn_batches < min(iteration + 1, self.train_iters):
+            self._add(next(batches), iteration)
+        rounds = pieces = continued = 0
+        while sum(g.done for g in self.pool) < self.batch_size:
+            todo = [(g, j, r) for g in self.pool for j, r in enumerate(g.responses) if r.finish_reason is None]
+            if not todo:
+                raise RuntimeError(
+                    f"partial rollout: {len(self.pool)} prompts in flight, fewer than the {self.batch_size} an "
+                    "iteration trains on (the run drew fewer batches than it trains)"
+                )
+            self._generate_round(todo, iteration, rounds, generate)
+            rounds += 1
+            pieces += len(todo)
+            continued += sum(r.pieces > 1 for _, _, r in todo)
+        done = [g for g in self.pool if g.done][: self.batch_size]  # the pool is in drawing order: oldest first
+        taken_ids = {id(g) for g in done}
+        self.pool = [g for g in self.pool if id(g) not in taken_ids]
+        return Taken(done, self._metrics(done, iteration, rounds, pieces, continued))
+
+    def _add(self, prompts, iteration: int) -> None:
+        labels = [lab.tolist() for lab in prompts.extras.get("labels", [])]
+        for k, (p, idx) in enumerate(zip(prompts.prompts, prompts.indices.tolist())):
+            responses = [Response() for _ in range(self.n)]
+            self.pool.append(Group(int(idx), p.tolist(), labels[k] if labels else [], iteration, responses))
+        self.drawn_batches += 1
+
+    def _generate_round(self, todo, iteration: int, round_: int, generate: GenerateFn) -> None:
+        """One piece of every response in `todo` [(group, sample index, response)], one request each (n=1), grouped
+        by their token budget (the last piece may be shorter)."""
+        base = self.seed * 1_000_003 + iteration * 7919 + round_ * 104_729
+        by_budget: dict[int, list] = {}
+        for item in todo:
+            left = self.sampling.max_tokens - len(item[2].token_ids)
+            by_budget.setdefault(min(self.piece, left), []).append(item)
+        for budget, items in sorted(by_budget.items()):
+            sampling = dataclasses.replace(self.sampling, n=1, max_tokens=budget)
+            prompts = [g.prompt + r.token_ids for g, _, r in items]
+            seeds = [(base + g.index * self.n + j) % (2**31) for g, j, _ in items]
+            out = generate(prompts, sampling, seeds)
+            if len(out) != len(items):
+                raise RuntimeError(f"partial rollout: {len(items)} requests, {len(out)} answers")
+            for (_, _, r), got in zip(items, out):
+                s = got[0]
+                r.token_ids += list(s.token_ids)
+                r.logprobs += list(s.logprobs)
+                r.versions += [iteration] * len(s.token_ids)
+                r.pieces += 1
+                if s.finish_reason != "length" or len(r.token_ids) >= self.sampling.max_tokens:
+                    r.finish_reason = s.finish_reason
+                elif not s.token_ids:  # cannot happen with budget >= 1; never loop on it
+                    r.finish_reason = "length"
+
+    def _metrics(self, done: list[Group], iteration: int, rounds: int, pieces: int, continued: int) -> dict[str, float]:
+        responses = [r for g in done for r in g.responses]
+        ages = [iteration - v for r in responses for v in r.versions]
+        unfinished = sum(r.finish_reason is None for g in self.pool for r in g.responses)
+        return {
+            "partial_rollout/rounds": float(rounds),
+            "partial_rollout/pieces": float(pieces),
+            "partial_rollout/continued": float(continued),
+            "partial_rollout/split_responses": float(sum(r.pieces > 1 for r in responses)),
+            "partial_rollout/pieces_per_response": sum(r.pieces for r in responses) / max(len(responses), 1),
+            "partial_rollout/staleness/mean": sum(ages) / max(len(ages), 1),
+            "partial_rollout/staleness/max": float(max(ages, default=0)),
+            "partial_rollout/stale_token_fraction": sum(a > 0 for a in ages) / max(len(ages), 1),
+            "partial_rollout/prompt_age/max": float(max((iteration - g.drawn for g in done), default=0)),
+            "partial_rollout/in_flight_prompts": float(len(self.pool)),
+            "partial_rollout/in_flight_unfinished": float(unfinished),
+        }
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Everything in flight (JSON): part of the trainer's checkpoint, so a resume continues the same responses."""
+        return {
+            "drawn_batches": self.drawn_batches,
+            "pool": [dataclasses.asdict(g) for g in self.pool],
+        }
+
+    def load_state_dict(self, state: dict | None, iteration: int) -> None:
+        """`state_dict`'s state; None (a checkpoint saved without partial rollout): nothing in flight, the
+        `iteration` batches drawn so far all trained on."""
+        if state is None:
+            self.drawn_batches, self.pool = iteration, []
+            return
+        self.drawn_batches = int(state["drawn_batches"])
+        self.pool = [
+            Group(g["index"], g["prompt"], g["labels"], g["drawn"], [Response(**r) for r in g["responses"]])
+            for g in state["pool"]
+        ]
+
+
+def from_config(cfg, sampling: SamplingConfig) -> PartialRollout | None:
+    """The pool of a validated config with partial_rollout_max_split > 1; None otherwise."""
+    rl, mt = cfg.rl_config, cfg.megatron_training
+    if rl.partial_rollout_max_split <= 1:
+        return None
+    return PartialRollout(
+        rl.n_samples_per_prompt, sampling, rl.partial_rollout_max_split, mt.global_batch_size, mt.train_iters, mt.seed
+    )
+
+
+def pieces_of(versions: Sequence[int]) -> list[tuple[int, int, int]]:
+    """[(start, end, version)]: the runs of equal versions in a response's per-token versions."""
+    out: list[tuple[int, int, int]] = []
+    for i, v in enumerate(versions):
+        if out and out[-1][2] == v:
+            out[-1] = (out[-1][0], i + 1, v)
+        else:
+            out.append((i, i + 1, v))
+    return out
