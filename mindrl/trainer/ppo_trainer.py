@@ -27,7 +27,7 @@ from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAbor
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import experience, leftovers
+from mindrl.trainer import async_rollout, experience, leftovers
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
@@ -77,6 +77,7 @@ class PPOTrainer:
         self.rm_mix = from_config.reward_model_mix(cfg)  # None without a reward model
         self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
+        self.ahead = async_rollout.one_step_off(cfg)  # None in the synchronous mode
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -237,9 +238,8 @@ class PPOTrainer:
             self._enter_phase("score", timing)
             self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
         else:
-            prompts = next(batches)
             self._enter_phase("rollout", timing)
-            batch = self._rollout(prompts, timing)
+            prompts, batch = self._rollout_next(batches, timing, sampled)
             labels = experience.row_labels(prompts.extras, self.n, len(batch))
             self._enter_phase("score", timing)
             scored = self._score(batch, labels, timing)  # reference, values, rewards
@@ -284,17 +284,35 @@ class PPOTrainer:
         groups = [group.memory_ledger() for group in self._model_groups()]
         return memory_metrics([DeviceLedger.merge(parts) for parts in zip(*groups)])
 
-    def _rollout(self, prompts, timing: dict[str, float], gen_batch: int = 0) -> Batch:
-        """Samples of the current policy; per-prompt seeds from (seed, iteration, generation batch, dataset row) keep
-        sampling independent of the layout."""
-        prompt_ids = [p.tolist() for p in prompts.prompts]
-        samples = self._generate(prompt_ids, prompts.indices, timing, gen_batch)
-        return experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
+    def _rollout_next(self, batches, timing: dict[str, float], metrics: dict[str, float]):
+        """(prompts, the batch of their samples) this iteration trains: drawn and sampled now with the current policy,
+        or with async_mode one_step_off generated one iteration earlier (`async_rollout`; its async/* metrics into
+        `metrics`). Per-prompt seeds from (seed, iteration, generation batch, dataset row) keep sampling independent
+        of the layout and of the mode."""
+        if self.ahead is None:
+            prompts = next(batches)
+            samples = self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0)
+            version = self.iteration - 1
+        else:
 
-    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int) -> list:
-        """`n` samples per prompt; the rollout's timings added to `timing` (summed over generation batches)."""
+            def generate(prompts, iteration, timing):
+                return self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0, iteration)
+
+            got, async_metrics = self.ahead.take(batches, generate, self.iteration, timing)
+            prompts, samples, version = got.prompts, got.samples, got.version
+            metrics.update(async_metrics)
+        batch = experience.make_batch(
+            [p.tolist() for p in prompts.prompts], samples, self.n, self.tokenizer.pad_token_id
+        )
+        batch.rows_meta["weight_version"] = [version] * len(batch)
+        return prompts, batch
+
+    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int, iteration=None) -> list:
+        """`n` samples per prompt, with the seeds of `iteration` (None: this one); the rollout's timings added to
+        `timing` (summed over generation batches)."""
         mt = self.cfg.megatron_training
-        base = mt.seed * 1_000_003 + self.iteration * 7919 + gen_batch * 104_729
+        it = self.iteration if iteration is None else iteration
+        base = mt.seed * 1_000_003 + it * 7919 + gen_batch * 104_729
         seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
         t0 = time.perf_counter()
         result = self.rollout.generate(prompt_ids, self.sampling, seeds)
@@ -519,6 +537,7 @@ class PPOTrainer:
             reference_saved=self.sync_ref,
             config_name=self.cfg.config_name,
             reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
+            **async_rollout.trainer_state(self.ahead),
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -533,6 +552,7 @@ class PPOTrainer:
         self.save_failures = state.save_failures
         if state.reward_moments is not None:
             self.rm_moments.load_state_dict(state.reward_moments)
+        async_rollout.restore(self.ahead, state)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
