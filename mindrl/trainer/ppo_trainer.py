@@ -238,7 +238,6 @@ class PPOTrainer:
             self._enter_phase("score", timing)
             self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
         else:
-            self._enter_phase("rollout", timing)
             prompts, batch = self._rollout_next(batches, timing, sampled)
             labels = experience.row_labels(prompts.extras, self.n, len(batch))
             self._enter_phase("score", timing)
@@ -291,11 +290,13 @@ class PPOTrainer:
         of the layout and of the mode."""
         if self.ahead is None:
             prompts = next(batches)
+            self._enter_phase("rollout", timing)
             samples = self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0)
             version = self.iteration - 1
         else:
 
             def generate(prompts, iteration, timing):
+                self._enter_phase("rollout", timing)  # each rollout leaves the models where scoring wants them
                 return self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0, iteration)
 
             got, async_metrics = self.ahead.take(batches, generate, self.iteration, timing)
