@@ -13,12 +13,11 @@ import torch
 from mindrl.algorithms.staleness import staleness
 from mindrl.batch import Batch
 from mindrl.rollout.base import RolloutSample
-from mindrl.serving.experience import Experience
+from mindrl.serving.experience import GEN_SECONDS, Experience
 from mindrl.serving.transport import TrainerEnd, TransportTimeout
 from mindrl.trainer import experience
 
-GEN_SECONDS = "gen_s"
-"""The `meta` key where a sampler puts the seconds it spent generating a group (for async/sampler_tps/*)."""
+__all__ = ["GEN_SECONDS", "Intake", "make_batch", "sampler_tps"]
 
 
 @dataclass
