@@ -77,7 +77,10 @@ def test_two_sampler_processes_one_killed(assets, tmp_path):
                 procs["B"] = start("B", assets, ports, logs["B"])
         assert procs["B"].poll() is None, (tmp_path / "sampler-B.log").read_text()
         assert sorted(trained) == [(0, i) for i in range(num_prompts)]  # none lost, none twice
-        assert by_sampler["A"] >= 4 and by_sampler["B"] > 0 and ledger.reissued >= len(killed_in_flight)
+        assert by_sampler["A"] >= 4 and by_sampler["B"] > 0
+        # each prompt A held when it died was re-issued, or A's group for it (sent before the kill) came first
+        late = by_sampler["A"] - 4
+        assert ledger.reissued + late >= len(killed_in_flight)
         assert trainer.stats.dropped_malformed == 0
         print(
             f"A delivered {by_sampler['A']}, B {by_sampler['B']}; A's prompts in flight when killed "
