@@ -335,7 +335,7 @@ class RLSectionConfig(Section):
     async_mode: str = "sync"
     """sync: each batch is generated with the weights it trains. one_step_off: the batch of iteration t is generated
     with the weights before iteration t-1's update (one version old), while iteration t-1's batch waits to train.
-    bounded: samplers run freely, experiences up to max_staleness versions old are trained (not available yet)."""
+    bounded: samplers run freely, experiences up to max_staleness versions old are trained (not in mindrl-train yet)."""
     max_staleness: int = 1
     """Experiences older than this many weight versions are dropped (bounded); one_step_off: 1, or 0 for the
     synchronous order (the degenerate case: each batch generated just before it trains)."""
@@ -441,8 +441,8 @@ class RLSectionConfig(Section):
         if self.weight_sync_interval < 1:
             col.add("weight_sync_interval", f"must be >= 1, got {self.weight_sync_interval}")
         if self.async_mode == "bounded":
-            col.add("async_mode", "bounded needs sampler actors, which are not built yet (issue 48); use "
-                    "one_step_off")  # fmt: skip
+            col.add("async_mode", "bounded is not in mindrl-train yet (its samplers and intake are: docs/async.md); "
+                    "use one_step_off")  # fmt: skip
         elif self.async_mode == "one_step_off":
             if self.max_staleness > 1:
                 col.add("max_staleness", f"one_step_off trains experiences at most one version old: 1 (or 0, the "

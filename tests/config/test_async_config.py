@@ -31,7 +31,7 @@ def test_one_step_off_truncates_the_importance_ratio():
     "overrides, key, fragments",
     [
         (["rl_config.async_mode=one_step"], "rl_config.async_mode", ["'one_step' is not one of", "one_step_off"]),
-        (["rl_config.async_mode=bounded"], "rl_config.async_mode", ["bounded needs sampler actors"]),
+        (["rl_config.async_mode=bounded"], "rl_config.async_mode", ["bounded is not in mindrl-train yet"]),
         (["rl_config.async_mode=one_step_off", "rl_config.max_staleness=2"], "rl_config.max_staleness",
          ["at most one version old", "got 2"]),
         (["rl_config.async_mode=one_step_off", "rl_config.weight_sync_interval=2"], "rl_config.weight_sync_interval",
