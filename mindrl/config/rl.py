@@ -335,12 +335,21 @@ class RLSectionConfig(Section):
     async_mode: str = "sync"
     """sync: each batch is generated with the weights it trains. one_step_off: the batch of iteration t is generated
     with the weights before iteration t-1's update (one version old), while iteration t-1's batch waits to train.
-    bounded: samplers run freely, experiences up to max_staleness versions old are trained (not in mindrl-train yet)."""
+    bounded: `mindrl-sampler` processes generate freely over ZeroMQ; experiences up to max_staleness versions old are
+    trained."""
     max_staleness: int = 1
     """Experiences older than this many weight versions are dropped (bounded); one_step_off: 1, or 0 for the
     synchronous order (the degenerate case: each batch generated just before it trains)."""
     weight_sync_interval: int = 1
     """The rollout gets the trainer's weights every this many updates (one_step_off: 1)."""
+    async_host: str = "0.0.0.0"
+    """bounded: the address the trainer binds its ZeroMQ data and sync ports on (samplers connect to it)."""
+    async_data_port: int = 5555
+    """bounded: the port samplers push experiences to."""
+    async_sync_port: int = 5556
+    """bounded: the port samplers lease prompts and fetch weights on."""
+    async_timeout_s: float = 600.0
+    """bounded: the run stops when a batch does not fill within this many seconds (no sampler delivering)."""
 
     @classmethod
     def from_dict(cls, data, prefix: str, col: Collector) -> Any:
@@ -441,8 +450,23 @@ class RLSectionConfig(Section):
         if self.weight_sync_interval < 1:
             col.add("weight_sync_interval", f"must be >= 1, got {self.weight_sync_interval}")
         if self.async_mode == "bounded":
-            col.add("async_mode", "bounded is not in mindrl-train yet (its samplers and intake are: docs/async.md); "
-                    "use one_step_off")  # fmt: skip
+            if self.max_staleness < self.weight_sync_interval:
+                col.add("max_staleness", f"bounded publishes weights every weight_sync_interval="
+                        f"{self.weight_sync_interval} updates, so experiences are up to that many versions old: "
+                        f"max_staleness must be >= it, got {self.max_staleness}")  # fmt: skip
+            for key, bad, why in (
+                ("filter_groups_enable", self.filter_groups_enable, "dynamic sampling"),
+                ("val_data_path", self.val_data_path, "evaluation (the trainer holds no rollout engine)"),
+            ):
+                if bad:
+                    col.add(key, f"async_mode bounded does not combine with {why} yet")
+            for key in ("async_data_port", "async_sync_port"):
+                if not 0 < getattr(self, key) < 65536:
+                    col.add(key, f"must be a TCP port (1-65535), got {getattr(self, key)}")
+            if self.async_data_port == self.async_sync_port:
+                col.add("async_sync_port", f"must differ from async_data_port ({self.async_data_port})")
+            if not self.async_timeout_s > 0:
+                col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
         elif self.async_mode == "one_step_off":
             if self.max_staleness > 1:
                 col.add("max_staleness", f"one_step_off trains experiences at most one version old: 1 (or 0, the "

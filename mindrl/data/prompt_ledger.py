@@ -121,6 +121,10 @@ class PromptLedger:
         self._reissue.appendleft(lease)
         return True
 
+    def holders(self) -> list[str]:
+        """The samplers holding leases (a resumed trainer declares them dead: their prompts are re-issued)."""
+        return [s for s, held in self._in_flight.items() if held]
+
     def in_flight(self, sampler_id: str | None = None) -> list[Lease]:
         if sampler_id is not None:
             return list(self._in_flight.get(sampler_id, {}))

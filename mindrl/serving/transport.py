@@ -94,6 +94,8 @@ class TrainerEnd(ABC):
         self.stats = TransportStats()
         self._lock = threading.Lock()  # ledger and stats: the sync thread serves leases concurrently
         self._oldest_version: int | None = None  # groups sampled with older weights are refused (set_freshness)
+        self.max_in_flight: int | None = None
+        """At most this many prompts leased and not yet received (None: no bound): how far samplers run ahead."""
 
     def set_freshness(self, version: int, max_staleness: int) -> None:
         """From now on refuse groups with an experience older than `version - max_staleness`: counted in
@@ -120,6 +122,21 @@ class TrainerEnd(ABC):
         logger.warning("sampler %s declared dead; %d in-flight prompts re-issued", sampler_id, len(back))
         return back
 
+    def ledger_state(self) -> dict:
+        """The ledger's `state_dict`, taken while no lease is being served."""
+        with self._lock:
+            return self.ledger.state_dict()
+
+    def restore_ledger(self, state: dict) -> list[str]:
+        """Load a checkpoint's ledger state; the samplers holding leases in it (the previous run's) are declared dead,
+        so their prompts are re-issued (returned: those samplers)."""
+        with self._lock:
+            self.ledger.load_state_dict(state)
+            holders = self.ledger.holders()
+        for s in holders:
+            self.sampler_dead(s)
+        return holders
+
     def silent_samplers(self, timeout_s: float) -> list[str]:
         """Samplers not heard from on either channel for `timeout_s`."""
         now = time.monotonic()
@@ -132,7 +149,9 @@ class TrainerEnd(ABC):
     def _lease(self, sampler_id: str, count: int) -> list[Lease]:
         with self._lock:
             self._seen(sampler_id)
-            return self.ledger.issue(sampler_id, count)
+            if self.max_in_flight is not None:
+                count = max(0, min(count, self.max_in_flight - len(self.ledger.in_flight())))
+            return self.ledger.issue(sampler_id, count) if count else []
 
     def _accept(self, data: bytes) -> list[Experience] | None:
         """The group in `data` if it decodes and the ledger accepts it; None (logged, counted) otherwise."""

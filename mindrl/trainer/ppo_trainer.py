@@ -27,7 +27,7 @@ from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAbor
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import async_rollout, experience, leftovers
+from mindrl.trainer import async_bounded, async_rollout, experience, leftovers
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
@@ -78,6 +78,7 @@ class PPOTrainer:
         self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
         self.ahead = async_rollout.one_step_off(cfg)  # None in the synchronous mode
+        self.bounded = None  # async_mode bounded's end of the samplers (bound once the workers are up)
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -132,7 +133,9 @@ class PPOTrainer:
             )
             self.iteration = 0
             self.skipped_in_a_row = 0
+            self.bounded = async_bounded.bounded(cfg, len(self.dataset))
             self._restore(self.resume)
+            self._publish_weights({})  # bounded: samplers start from the current weights
         except BaseException:
             self.shutdown()
             raise
@@ -253,6 +256,7 @@ class PPOTrainer:
         with _timed(timing, "timing/update"):
             actor = self.actor.update_actor(batch.select(experience.actor_keys(batch)), self.num_mini, self.epochs)
         metrics.update(self._actor_metrics(batch, actor))
+        self._publish_weights(timing)
         metrics.update(self._memory_ledger())
         self._check_skipped(metrics)
         self._maybe_sync_reference(metrics, timing)
@@ -288,6 +292,12 @@ class PPOTrainer:
         or with async_mode one_step_off generated one iteration earlier (`async_rollout`; its async/* metrics into
         `metrics`). Per-prompt seeds from (seed, iteration, generation batch, dataset row) keep sampling independent
         of the layout and of the mode."""
+        if self.bounded is not None:  # the samplers' groups, no older than max_staleness versions
+            prompts, batch, async_metrics = self.bounded.take(
+                self.iteration - 1, self.dataset, self.n, self.tokenizer.pad_token_id
+            )
+            metrics.update(async_metrics)
+            return prompts, batch
         if self.ahead is None:
             prompts = next(batches)
             self._enter_phase("rollout", timing)
@@ -307,6 +317,14 @@ class PPOTrainer:
         )
         batch.rows_meta["weight_version"] = [version] * len(batch)
         return prompts, batch
+
+    def _publish_weights(self, timing: dict[str, float]) -> None:
+        """bounded: publish the actor's weights (version = updates done) to the samplers, every weight_sync_interval
+        updates."""
+        if self.bounded is None or not self.bounded.due(self.iteration):
+            return
+        with _timed(timing, "timing/publish_weights"):
+            self.bounded.publish(self.iteration, self.actor.export_weights()[0])
 
     def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int, iteration=None) -> list:
         """`n` samples per prompt, with the seeds of `iteration` (None: this one); the rollout's timings added to
@@ -538,7 +556,7 @@ class PPOTrainer:
             reference_saved=self.sync_ref,
             config_name=self.cfg.config_name,
             reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
-            **async_rollout.trainer_state(self.ahead),
+            **(async_bounded.trainer_state(self.bounded) or async_rollout.trainer_state(self.ahead)),
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -554,6 +572,7 @@ class PPOTrainer:
         if state.reward_moments is not None:
             self.rm_moments.load_state_dict(state.reward_moments)
         async_rollout.restore(self.ahead, state)
+        async_bounded.restore(self.bounded, state)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
@@ -570,6 +589,9 @@ class PPOTrainer:
 
             remove_placement_group(self.pg)
             self.pg = None
+        if getattr(self, "bounded", None) is not None:  # the samplers' ZeroMQ ports
+            self.bounded.close()
+            self.bounded = None
         if getattr(self, "remote", None) is not None:  # the rollout servers' HTTP connections
             self.remote.close()
         if getattr(self, "started_ray", False):

@@ -166,7 +166,8 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         ref_max_rows=ref_max_rows,
         residency=residency(cfg),
         bucket_size_mb=gen.bucket_size_mb,
-        remote_rollout=gen.rollout_mode == "server",
+        # bounded: samplers generate; the actor only exports its weights (no engine of its own)
+        remote_rollout=gen.rollout_mode == "server" or rl.async_mode == "bounded",
         profile=profile_settings(cfg),
     )
 
