@@ -16,6 +16,7 @@ OPTIM_DIR = "optim"
 RANK_STATE_DIR = "rank_state"
 REF_DIR = "ref"
 TRAINER_STATE = "trainer_state.json"
+ASYNC_PENDING = "async_pending.msgpack"
 
 
 @dataclass
@@ -38,10 +39,19 @@ class TrainerState:
     """rl_config.normalize_reward's running statistics of the reward model's scores (None: no reward model)."""
     partial_rollout: dict | None = None
     """The prompts and responses in flight with partial_rollout_max_split > 1 (`PartialRollout.state_dict`)."""
+    async_rollout: dict | None = None
+    """rl_config.async_mode's batches generated ahead of the update (None: synchronous)."""
+    async_pending: bytes | None = None
+    """Their responses, one experience message (ASYNC_PENDING next to trainer_state.json); None: none pending."""
 
     def write(self, it_dir: str) -> None:
+        state = dataclasses.asdict(self)
+        pending = state.pop("async_pending")
+        if pending is not None:
+            with open(os.path.join(it_dir, ASYNC_PENDING), "wb") as f:
+                f.write(pending)
         with open(os.path.join(it_dir, TRAINER_STATE), "w") as f:
-            json.dump(dataclasses.asdict(self), f, indent=2)
+            json.dump(state, f, indent=2)
 
     @classmethod
     def read(cls, it_dir: str) -> TrainerState:
@@ -58,7 +68,16 @@ class TrainerState:
             config_name=state.get("config_name"),
             reward_moments=state.get("reward_moments"),
             partial_rollout=state.get("partial_rollout"),
+            async_rollout=state.get("async_rollout"),
+            async_pending=_read_bytes(os.path.join(it_dir, ASYNC_PENDING)),
         )
+
+
+def _read_bytes(path: str) -> bytes | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def critic_dir(cfg, which: str) -> str:

@@ -30,6 +30,11 @@ SEQ_REWARD_METRIC = "seq_reward"
 # Keys of older MindSpeed-RL recipes read under today's name.
 RENAMED_KEYS = {"shuffle_minibatch": "shuffle_mini_batch", "ref_resource": "reference_resource"}
 
+# rl_config.async_mode (docs/async.md): when rollout and training may run on different weight versions.
+ASYNC_MODES = ("sync", "one_step_off", "bounded")
+ASYNC_IS_THRESHOLD = 2.0
+"""The importance-ratio truncation of an asynchronous mode when rollout_is_threshold is unset."""
+
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
 
 
@@ -313,7 +318,8 @@ class RLSectionConfig(Section):
     """KL estimator in the actor loss; None: kl_penalty."""
     rollout_is_threshold: float | None = None
     """Truncated importance sampling: weight each token by min(pi_train / pi_rollout, threshold) to correct the
-    rollout engine's numerics; None: off."""
+    rollout engine's numerics (and, with async_mode, the rollout's older weights); None: off (2.0 with async_mode
+    one_step_off and max_staleness 1)."""
     log_rollouts_interval: int = 10
     """Write sampled rollouts to run_dir/rollouts.jsonl every this many iterations; 0: never."""
     max_consecutive_skipped_updates: int = 3
@@ -345,6 +351,25 @@ class RLSectionConfig(Section):
     0: greedy only."""
     val_temperature: float = 1.0
     """Temperature of the val_n_samples samples (top_p / top_k / min_p as sampling_config)."""
+    # -- asynchronous RL (mindrl additions; docs/async.md) -------------------------------------------------
+    async_mode: str = "sync"
+    """sync: each batch is generated with the weights it trains. one_step_off: the batch of iteration t is generated
+    with the weights before iteration t-1's update (one version old), while iteration t-1's batch waits to train.
+    bounded: `mindrl-sampler` processes generate freely over ZeroMQ; experiences up to max_staleness versions old are
+    trained."""
+    max_staleness: int = 1
+    """Experiences older than this many weight versions are dropped (bounded); one_step_off: 1, or 0 for the
+    synchronous order (the degenerate case: each batch generated just before it trains)."""
+    weight_sync_interval: int = 1
+    """The rollout gets the trainer's weights every this many updates (one_step_off: 1)."""
+    async_host: str = "0.0.0.0"
+    """bounded: the address the trainer binds its ZeroMQ data and sync ports on (samplers connect to it)."""
+    async_data_port: int = 5555
+    """bounded: the port samplers push experiences to."""
+    async_sync_port: int = 5556
+    """bounded: the port samplers lease prompts and fetch weights on."""
+    async_timeout_s: float = 600.0
+    """bounded: the run stops when a batch does not fill within this many seconds (no sampler delivering)."""
 
     @classmethod
     def from_dict(cls, data, prefix: str, col: Collector) -> Any:
@@ -423,6 +448,9 @@ class RLSectionConfig(Section):
         elif self.partial_rollout_max_split > 1 and self.filter_groups_enable:
             col.add("partial_rollout_max_split", "partial rollout with dynamic sampling (filter_groups_enable) is not "
                     "supported; set one of them off")  # fmt: skip
+        elif self.partial_rollout_max_split > 1 and self.async_mode != "sync":
+            col.add("partial_rollout_max_split", f"partial rollout with async_mode {self.async_mode} is not supported "
+                    "yet; set partial_rollout_max_split: 1 or async_mode: sync")  # fmt: skip
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
         for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):
@@ -431,6 +459,7 @@ class RLSectionConfig(Section):
         if self.logprob_diff_warn <= 0:
             col.add("logprob_diff_warn", f"must be > 0, got {self.logprob_diff_warn}")
         self._validate_val(col)
+        self._validate_async(col)
         n = self.actor_resource.num_npus
         if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
             col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
@@ -463,6 +492,43 @@ class RLSectionConfig(Section):
         if self.ref_reward_offload and not (self.colocate_actor_ref or self.colocate_critic_reward):
             col.add("ref_reward_offload", "offloads a merged reference or reward model; set colocate_actor_ref or "
                     "colocate_critic_reward, or remove it (models on their own devices stay loaded)")  # fmt: skip
+
+    def _validate_async(self, col: Collector) -> None:
+        if self.async_mode not in ASYNC_MODES:
+            col.add("async_mode", f"{self.async_mode!r} is not one of {', '.join(ASYNC_MODES)}"
+                    + did_you_mean(self.async_mode, ASYNC_MODES))  # fmt: skip
+            return
+        if self.max_staleness < 0:
+            col.add("max_staleness", f"must be >= 0, got {self.max_staleness}")
+        if self.weight_sync_interval < 1:
+            col.add("weight_sync_interval", f"must be >= 1, got {self.weight_sync_interval}")
+        if self.async_mode == "bounded":
+            if self.max_staleness < self.weight_sync_interval:
+                col.add("max_staleness", f"bounded publishes weights every weight_sync_interval="
+                        f"{self.weight_sync_interval} updates, so experiences are up to that many versions old: "
+                        f"max_staleness must be >= it, got {self.max_staleness}")  # fmt: skip
+            for key, bad, why in (
+                ("filter_groups_enable", self.filter_groups_enable, "dynamic sampling"),
+                ("val_data_path", self.val_data_path, "evaluation (the trainer holds no rollout engine)"),
+            ):
+                if bad:
+                    col.add(key, f"async_mode bounded does not combine with {why} yet")
+            for key in ("async_data_port", "async_sync_port"):
+                if not 0 < getattr(self, key) < 65536:
+                    col.add(key, f"must be a TCP port (1-65535), got {getattr(self, key)}")
+            if self.async_data_port == self.async_sync_port:
+                col.add("async_sync_port", f"must differ from async_data_port ({self.async_data_port})")
+            if not self.async_timeout_s > 0:
+                col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
+        elif self.async_mode == "one_step_off":
+            if self.max_staleness > 1:
+                col.add("max_staleness", f"one_step_off trains experiences at most one version old: 1 (or 0, the "
+                        f"synchronous order), got {self.max_staleness}")  # fmt: skip
+            if self.weight_sync_interval != 1:
+                col.add("weight_sync_interval", "one_step_off syncs the rollout's weights after every update: 1, "
+                        f"got {self.weight_sync_interval}")  # fmt: skip
+            if self.filter_groups_enable:
+                col.add("async_mode", "one_step_off does not combine with dynamic sampling (filter_groups_enable)")
 
     def _validate_loss(self, col: Collector) -> None:
         if self.policy_loss_mode not in POLICY_LOSS_MODES:
@@ -700,6 +766,14 @@ class RLSectionConfig(Section):
         cap = key.replace("max_packing_token_size", "dynamic_max_batch_size")
         tokens = getattr(self, key) or self.max_packing_token_size
         return tokens, getattr(self, cap) or self.dynamic_max_batch_size
+
+    @property
+    def importance_threshold(self) -> float | None:
+        """The truncation of the importance ratio pi_train / pi_rollout in the actor loss: rollout_is_threshold, or in
+        an asynchronous mode that trains stale experiences (max_staleness > 0) ASYNC_IS_THRESHOLD when unset."""
+        if self.rollout_is_threshold is None and self.async_mode != "sync" and self.max_staleness > 0:
+            return ASYNC_IS_THRESHOLD
+        return self.rollout_is_threshold
 
     @property
     def on_policy(self) -> bool:

@@ -109,6 +109,22 @@ class PromptLedger:
         self._reissue.extend(back)
         return back
 
+    def give_back(self, sampler_id: str, prompt_index: int, epoch: int) -> bool:
+        """`sampler_id` delivered the prompt's experiences but the trainer refuses them (too stale): the prompt is
+        not done, and is re-issued first. False (nothing changes) for a prompt done already or never issued."""
+        lease = Lease(int(prompt_index), int(epoch))
+        self._in_flight.get(sampler_id, {}).pop(lease, None)
+        if not self._was_issued(lease) or self._is_done(lease) or lease in self._reissue:
+            return False
+        if any(lease in held for held in self._in_flight.values()):  # a re-issued copy is out already
+            return False
+        self._reissue.appendleft(lease)
+        return True
+
+    def holders(self) -> list[str]:
+        """The samplers holding leases (a resumed trainer declares them dead: their prompts are re-issued)."""
+        return [s for s, held in self._in_flight.items() if held]
+
     def in_flight(self, sampler_id: str | None = None) -> list[Lease]:
         if sampler_id is not None:
             return list(self._in_flight.get(sampler_id, {}))

@@ -16,6 +16,8 @@ SCHEMA_VERSION = 1
 """Bumped on any incompatible change; a receiver rejects other versions with a MalformedMessage naming both."""
 
 FINISH_REASONS = ("stop", "length", "abort")
+GEN_SECONDS = "gen_s"
+"""The `meta` key where a sampler puts the seconds it spent generating a group (the trainer's sampler_tps)."""
 ID_DTYPES = ("<i4", "<i8")
 LOGPROB_DTYPES = ("<f4", "<f8")
 DEFAULT_MAX_TOKENS = 1 << 22

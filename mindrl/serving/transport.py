@@ -43,6 +43,8 @@ class TransportStats:
     """Experience groups accepted (handed to the trainer)."""
     dropped_malformed: int = 0
     dropped_duplicate: int = 0
+    dropped_stale: int = 0
+    """Experiences (responses) refused as older than the trainer's freshness bound; their prompts are re-issued."""
     last_reason: str = ""
     last_seen: dict[str, float] = field(default_factory=dict)
     """sampler_id -> time.monotonic() of its last message on either channel."""
@@ -91,6 +93,14 @@ class TrainerEnd(ABC):
         self.ledger = ledger
         self.stats = TransportStats()
         self._lock = threading.Lock()  # ledger and stats: the sync thread serves leases concurrently
+        self._oldest_version: int | None = None  # groups sampled with older weights are refused (set_freshness)
+        self.max_in_flight: int | None = None
+        """At most this many prompts leased and not yet received (None: no bound): how far samplers run ahead."""
+
+    def set_freshness(self, version: int, max_staleness: int) -> None:
+        """From now on refuse groups with an experience older than `version - max_staleness`: counted in
+        `stats.dropped_stale`, their prompt given back to the ledger (re-issued first)."""
+        self._oldest_version = version - max_staleness
 
     @abstractmethod
     def receive(self, max_groups: int, timeout_s: float) -> list[list[Experience]]:
@@ -112,6 +122,21 @@ class TrainerEnd(ABC):
         logger.warning("sampler %s declared dead; %d in-flight prompts re-issued", sampler_id, len(back))
         return back
 
+    def ledger_state(self) -> dict:
+        """The ledger's `state_dict`, taken while no lease is being served."""
+        with self._lock:
+            return self.ledger.state_dict()
+
+    def restore_ledger(self, state: dict) -> list[str]:
+        """Load a checkpoint's ledger state; the samplers holding leases in it (the previous run's) are declared dead,
+        so their prompts are re-issued (returned: those samplers)."""
+        with self._lock:
+            self.ledger.load_state_dict(state)
+            holders = self.ledger.holders()
+        for s in holders:
+            self.sampler_dead(s)
+        return holders
+
     def silent_samplers(self, timeout_s: float) -> list[str]:
         """Samplers not heard from on either channel for `timeout_s`."""
         now = time.monotonic()
@@ -124,7 +149,9 @@ class TrainerEnd(ABC):
     def _lease(self, sampler_id: str, count: int) -> list[Lease]:
         with self._lock:
             self._seen(sampler_id)
-            return self.ledger.issue(sampler_id, count)
+            if self.max_in_flight is not None:
+                count = max(0, min(count, self.max_in_flight - len(self.ledger.in_flight())))
+            return self.ledger.issue(sampler_id, count) if count else []
 
     def _accept(self, data: bytes) -> list[Experience] | None:
         """The group in `data` if it decodes and the ledger accepts it; None (logged, counted) otherwise."""
@@ -139,6 +166,14 @@ class TrainerEnd(ABC):
             return None
         with self._lock:
             self._seen(sampler_id)
+            oldest = min(e.weight_version for e in group)
+            if self._oldest_version is not None and oldest < self._oldest_version:
+                self.stats.dropped_stale += len(group)
+                self.stats.last_reason = (f"stale prompt {prompt_index} epoch {epoch} from {sampler_id}: weight version "
+                                          f"{oldest} < {self._oldest_version}")  # fmt: skip
+                self.ledger.give_back(sampler_id, prompt_index, epoch)
+                logger.info("dropped %s", self.stats.last_reason)
+                return None
             if not self.ledger.complete(sampler_id, prompt_index, epoch):
                 self.stats.dropped_duplicate += 1
                 self.stats.last_reason = f"duplicate prompt {prompt_index} epoch {epoch} from {sampler_id}"
@@ -479,6 +514,9 @@ class _LedgerProxy:
 
     def issue(self, sampler_id: str, count: int) -> list[Lease]:
         return [Lease(p, e) for p, e in self._call("issue", sampler_id, count)]
+
+    def give_back(self, sampler_id: str, prompt_index: int, epoch: int) -> bool:
+        return self._call("give_back", sampler_id, prompt_index, epoch)
 
     def sampler_dead(self, sampler_id: str) -> list[Lease]:
         return [Lease(p, e) for p, e in self._call("sampler_dead", sampler_id)]

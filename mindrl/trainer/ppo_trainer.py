@@ -27,7 +27,7 @@ from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAbor
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import experience, leftovers, partial_rollout, worker_groups
+from mindrl.trainer import async_bounded, async_rollout, experience, leftovers, partial_rollout, worker_groups
 from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
 from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
@@ -77,6 +77,8 @@ class PPOTrainer:
         self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
         self.partial = partial_rollout.from_config(cfg, self.sampling)  # None unless partial_rollout_max_split > 1
+        self.ahead = async_rollout.one_step_off(cfg)  # None in the synchronous mode
+        self.bounded = None  # async_mode bounded's end of the samplers (bound once the workers are up)
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -129,7 +131,9 @@ class PPOTrainer:
             )
             self.iteration = 0
             self.skipped_in_a_row = 0
+            self.bounded = async_bounded.bounded(cfg, len(self.dataset))
             self._restore(self.resume)
+            self._publish_weights({})  # bounded: samplers start from the current weights
         except BaseException:
             self.shutdown()
             raise
@@ -245,9 +249,7 @@ class PPOTrainer:
             self._enter_phase("score", timing)
             scored = self._score(batch, labels, timing)
         else:
-            prompts = next(batches)
-            self._enter_phase("rollout", timing)
-            batch = self._rollout(prompts, timing)
+            prompts, batch = self._rollout_next(batches, timing, sampled)
             labels = experience.row_labels(prompts.extras, self.n, len(batch))
             self._enter_phase("score", timing)
             scored = self._score(batch, labels, timing)  # reference, values, rewards
@@ -262,6 +264,7 @@ class PPOTrainer:
         with _timed(timing, "timing/update"):
             actor = self.actor.update_actor(batch.select(experience.actor_keys(batch)), self.num_mini, self.epochs)
         metrics.update(self._actor_metrics(batch, actor))
+        self._publish_weights(timing)
         metrics.update(self._memory_ledger())
         self._check_skipped(metrics)
         self._maybe_sync_reference(metrics, timing)
@@ -291,17 +294,51 @@ class PPOTrainer:
         together."""
         return memory_metrics(self.placed.device_ledgers({g.name: g.memory_ledger() for g in self._model_groups()}))
 
-    def _rollout(self, prompts, timing: dict[str, float], gen_batch: int = 0) -> Batch:
-        """Samples of the current policy; per-prompt seeds from (seed, iteration, generation batch, dataset row) keep
-        sampling independent of the layout."""
-        prompt_ids = [p.tolist() for p in prompts.prompts]
-        samples = self._generate(prompt_ids, prompts.indices, timing, gen_batch)
-        return experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
+    def _rollout_next(self, batches, timing: dict[str, float], metrics: dict[str, float]):
+        """(prompts, the batch of their samples) this iteration trains: drawn and sampled now with the current policy,
+        or with async_mode one_step_off generated one iteration earlier (`async_rollout`; its async/* metrics into
+        `metrics`). Per-prompt seeds from (seed, iteration, generation batch, dataset row) keep sampling independent
+        of the layout and of the mode."""
+        if self.bounded is not None:  # the samplers' groups, no older than max_staleness versions
+            prompts, batch, async_metrics = self.bounded.take(
+                self.iteration - 1, self.dataset, self.n, self.tokenizer.pad_token_id
+            )
+            metrics.update(async_metrics)
+            return prompts, batch
+        if self.ahead is None:
+            prompts = next(batches)
+            self._enter_phase("rollout", timing)
+            samples = self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0)
+            version = self.iteration - 1
+        else:
 
-    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int) -> list:
-        """`n` samples per prompt; the rollout's timings added to `timing` (summed over generation batches)."""
+            def generate(prompts, iteration, timing):
+                self._enter_phase("rollout", timing)  # each rollout leaves the models where scoring wants them
+                return self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0, iteration)
+
+            got, async_metrics = self.ahead.take(batches, generate, self.iteration, timing)
+            prompts, samples, version = got.prompts, got.samples, got.version
+            metrics.update(async_metrics)
+        batch = experience.make_batch(
+            [p.tolist() for p in prompts.prompts], samples, self.n, self.tokenizer.pad_token_id
+        )
+        batch.rows_meta["weight_version"] = [version] * len(batch)
+        return prompts, batch
+
+    def _publish_weights(self, timing: dict[str, float]) -> None:
+        """bounded: publish the actor's weights (version = updates done) to the samplers, every weight_sync_interval
+        updates."""
+        if self.bounded is None or not self.bounded.due(self.iteration):
+            return
+        with _timed(timing, "timing/publish_weights"):
+            self.bounded.publish(self.iteration, self.actor.export_weights()[0])
+
+    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int, iteration=None) -> list:
+        """`n` samples per prompt, with the seeds of `iteration` (None: this one); the rollout's timings added to
+        `timing` (summed over generation batches)."""
         mt = self.cfg.megatron_training
-        base = mt.seed * 1_000_003 + self.iteration * 7919 + gen_batch * 104_729
+        it = self.iteration if iteration is None else iteration
+        base = mt.seed * 1_000_003 + it * 7919 + gen_batch * 104_729
         seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
         return self._sample(prompt_ids, self.sampling, seeds, timing)
 
@@ -547,6 +584,7 @@ class PPOTrainer:
             config_name=self.cfg.config_name,
             reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
             partial_rollout=self.partial.state_dict() if self.partial is not None else None,
+            **(async_bounded.trainer_state(self.bounded) or async_rollout.trainer_state(self.ahead)),
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -563,6 +601,8 @@ class PPOTrainer:
             self.rm_moments.load_state_dict(state.reward_moments)
         if self.partial is not None:
             self.partial.load_state_dict(state.partial_rollout, self.iteration)
+        async_rollout.restore(self.ahead, state)
+        async_bounded.restore(self.bounded, state)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
@@ -579,6 +619,9 @@ class PPOTrainer:
 
             remove_placement_group(self.pg)
             self.pg = None
+        if getattr(self, "bounded", None) is not None:  # the samplers' ZeroMQ ports
+            self.bounded.close()
+            self.bounded = None
         if getattr(self, "remote", None) is not None:  # the rollout servers' HTTP connections
             self.remote.close()
         if getattr(self, "started_ray", False):

@@ -97,7 +97,7 @@ def loss_settings(cfg) -> PPOLossSettings:
         kl_loss_type=rl.kl_loss_type or rl.kl_penalty,
         loss_agg_mode=rl.loss_agg_mode,
         cliprange_value=rl.cliprange_value,
-        rollout_is_threshold=rl.rollout_is_threshold,
+        rollout_is_threshold=rl.importance_threshold,
         temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
         policy_loss_mode=rl.policy_loss_mode,
         loss_scale_factor=float(rl.loss_scale_factor or sampling.max_tokens),
@@ -166,7 +166,8 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         ref_max_rows=ref_max_rows,
         residency=residency(cfg),
         bucket_size_mb=gen.bucket_size_mb,
-        remote_rollout=gen.rollout_mode == "server",
+        # bounded: samplers generate; the actor only exports its weights (no engine of its own)
+        remote_rollout=gen.rollout_mode == "server" or rl.async_mode == "bounded",
         profile=profile_settings(cfg),
     )
 

@@ -101,6 +101,13 @@ class IntegratedWorker(MegatronRank):
             for c in clients:
                 c.close()
 
+    @register(Dispatch.ALL)
+    def export_weights(self) -> dict | None:
+        """async_mode bounded, collective over all ranks: the actor's full weights in HF layout, copied, on rank 0
+        (the others None), for the driver to publish to the samplers."""
+        full = {name: t.detach().to("cpu", copy=True) for name, t in self.streamer.stream()}
+        return full if self.rank == 0 else None
+
     @register(Dispatch.DP_ROWS)
     def compute_log_prob(self, shard: Batch | None, reference: bool = False) -> LogProbs | None:
         """This DP shard's response logprobs under the actor (old_log_prob) or the reference model."""

@@ -21,6 +21,7 @@ from mindrl.algorithms import (
     policy_loss,
     value_loss,
 )
+from mindrl.algorithms.staleness import truncated_importance_ratio
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.context_parallel import CPSplit, cp_size
@@ -472,7 +473,8 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
     old = mb["old_log_prob"] if "old_log_prob" in mb else log_prob.detach()
     is_weights = None
     if s.rollout_is_threshold is not None:
-        is_weights = torch.exp(old - mb["rollout_log_prob"]).clamp(max=s.rollout_is_threshold) * mask
+        # against the behaviour logprobs: the engine's numerics, and with async_mode its older weights
+        is_weights, _ = truncated_importance_ratio(old, mb["rollout_log_prob"], mask, s.rollout_is_threshold)
     if s.policy_loss_mode == "gspo":
         pg_loss, m = gspo_policy_loss(
             old, log_prob, mb["advantages"], mask, s.clip_ratio_low, s.clip_ratio_high, is_weights=is_weights, **agg

@@ -25,3 +25,8 @@ def test_bad_values_and_dynamic_sampling_are_refused():
     err = errors("grpo_tiny_cpu", f"{KEY}=2", "rl_config.filter_groups_enable=true",
                  "rl_config.filter_groups_metric=seq_reward")  # fmt: skip
     issue(err, KEY, "dynamic sampling", "filter_groups_enable")
+
+
+def test_partial_rollout_with_an_async_mode_is_refused():
+    err = errors("grpo_tiny_cpu", "rl_config.partial_rollout_max_split=2", "rl_config.async_mode=one_step_off")
+    issue(err, "rl_config.partial_rollout_max_split", "async_mode one_step_off", "not supported")

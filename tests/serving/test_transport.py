@@ -223,3 +223,36 @@ def test_two_samplers_one_killed_mid_run(ports, tmp_path):
         for f in logs.values():
             f.close()
         trainer.close()
+
+
+def test_restored_ledger_reissues_the_previous_runs_leases(ports):
+    """A resumed trainer loads the checkpoint's ledger: the samplers holding leases in it are declared dead, their
+    unfinished prompts go first to the next lease, and a late group from the old run still counts once."""
+    old = PromptLedger(8, seed=3)
+    held = old.issue("A", 3) + old.issue("B", 2)
+    assert old.complete("A", held[0].prompt_index, held[0].epoch)
+    trainer = ZmqTrainerEnd(PromptLedger(8, seed=3), "127.0.0.1", *ports)
+    try:
+        assert sorted(trainer.restore_ledger(old.state_dict())) == ["A", "B"]
+        assert trainer.ledger.in_flight() == []
+        assert trainer.ledger.issue("C", 4) == held[1:]  # the 4 unfinished, in their order
+        assert trainer.ledger_state()["in_flight"] == {"C": [[x.prompt_index, x.epoch] for x in held[1:]]}
+    finally:
+        trainer.close()
+
+
+def test_max_in_flight_bounds_the_leases(ports):
+    trainer = ZmqTrainerEnd(PromptLedger(8, seed=3), "127.0.0.1", *ports)
+    trainer.max_in_flight = 3
+    sampler = ZmqSamplerEnd("s0", "127.0.0.1", *ports)
+    try:
+        first = sampler.lease(2, timeout_s=10)
+        assert len(first) == 2 and len(sampler.lease(5, timeout_s=10)) == 1 and sampler.lease(1, timeout_s=10) == []
+        sampler.send(group(first[0]), timeout_s=10)
+        got = []
+        while not got:
+            got += trainer.receive(1, timeout_s=10)
+        assert len(sampler.lease(5, timeout_s=10)) == 1  # the received prompt freed one
+    finally:
+        sampler.close()
+        trainer.close()

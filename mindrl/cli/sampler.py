@@ -1,0 +1,107 @@
+"""`mindrl-sampler`: an asynchronous sampler process (docs/async.md) that leases prompts from a trainer over ZeroMQ,
+generates with the newest weights the trainer published, scores with the rule verifiers and sends experiences."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from mindrl.serving.transport import DATA_PORT, SYNC_PORT
+
+logger = logging.getLogger("mindrl.sampler")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mindrl-sampler",
+        description="Sample for an asynchronous trainer over ZeroMQ: lease prompts (sync port), fetch the newest "
+        "weights (sync port), generate n responses per prompt, score them with the rule verifiers, and push each "
+        "prompt's group of experiences (data port). Runs until the trainer has no prompts left and --idle-exit "
+        "seconds pass, or until SIGTERM / Ctrl-C.",
+    )
+    p.add_argument("--sampler-id", required=True, help="this sampler's name, unique among the trainer's samplers")
+    p.add_argument("--host", required=True, help="the trainer's address")
+    p.add_argument("--data-port", type=int, default=DATA_PORT)
+    p.add_argument("--sync-port", type=int, default=SYNC_PORT)
+    p.add_argument("--model", required=True, help="HF model dir: architecture, tokenizer and the starting weights")
+    p.add_argument("--data-path", required=True, help="the prompts: a mindrl-preprocess output_prefix with labels")
+    p.add_argument("--max-prompt-length", type=int, default=1024, help="as rl_config.max_prompt_length")
+    p.add_argument("--verifier", action="append", default=None, help="a rule verifier (repeat); default acc_for_ppo")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the rollout engine (default: hf)")
+    p.add_argument("--n", type=int, default=4, help="responses per prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="prompt i of epoch e is sampled with seeds from (seed, e, i)")
+    p.add_argument("--lease-size", type=int, default=1, help="prompts leased per round")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a request or a blocked send may take")
+    p.add_argument("--idle-exit", type=float, default=None, help="exit after this many seconds with no prompt")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    from mindrl.data.prompt_dataset import PromptDataset
+    from mindrl.data.tokenizer import load_tokenizer
+    from mindrl.rewards.verifiers import get_verifier
+    from mindrl.rollout import RolloutConfig, SamplingConfig
+    from mindrl.serving.sampler import Sampler
+    from mindrl.serving.transport import ZmqSamplerEnd
+
+    names = args.verifier or ["acc_for_ppo"]
+    try:
+        verifiers = {name: get_verifier(name) for name in names}
+        dataset = PromptDataset(args.data_path, args.max_prompt_length, ("labels",))
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        print(f"mindrl-sampler: {e}", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(args.model)
+
+    def prompt(i: int):
+        row = dataset[i]
+        return row["input_ids"].tolist(), tokenizer.decode(row["labels"].tolist(), skip_special_tokens=True)
+
+    def score(samples, label):
+        texts = [tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
+        return [{name: float(v(text, label)) for name, v in verifiers.items()} for text in texts]
+
+    config = RolloutConfig(model=args.model, dtype="float32", max_model_len=args.max_prompt_length + args.max_tokens)
+    if args.engine == "hf":
+        from mindrl.rollout.hf_engine import HFEngine as Engine
+    else:
+        from mindrl.rollout.vllm_engine import VllmEngine as Engine
+    engine = Engine(config)
+    sampling = SamplingConfig(n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    end = ZmqSamplerEnd(args.sampler_id, args.host, args.data_port, args.sync_port)
+    sampler = Sampler(args.sampler_id, end, engine, prompt, sampling, score, args.seed, args.lease_size, args.timeout)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    logger.info("sampler %s: %d prompts, trainer %s (data %d, sync %d)", args.sampler_id, len(dataset), args.host,
+                args.data_port, args.sync_port)  # fmt: skip
+    sent = idle = 0
+    try:
+        while not stop.is_set():
+            k = sampler.step()
+            sent += k
+            idle = 0 if k else idle + 1
+            if k:
+                logger.info("sampler %s: %d groups sent (weights v%s)", args.sampler_id, sent, sampler.version)
+            elif args.idle_exit is not None and idle * 0.1 >= args.idle_exit:
+                break
+            else:
+                stop.wait(0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        end.close()
+        engine.shutdown()
+    logger.info("sampler %s: done, %d groups sent", args.sampler_id, sent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""An asynchronous sampler: leases prompts from the trainer, generates with the newest weights it has, scores the
+responses and sends each prompt's group as experiences, over a transport's `SamplerEnd`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mindrl.data.prompt_ledger import Lease
+from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
+from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, Experience
+from mindrl.serving.transport import SamplerEnd
+
+PromptSource = Callable[[int], tuple[Sequence[int], Any]]
+"""dataset index -> (prompt token ids, label)."""
+Scorer = Callable[[Sequence[RolloutSample], Any], list[dict[str, float]]]
+"""(one prompt's samples, its label) -> per sample, the score of each verifier."""
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    end: SamplerEnd
+    engine: RolloutEngine
+    prompts: PromptSource
+    sampling: SamplingConfig
+    score: Scorer
+    seed: int = 0
+    lease_size: int = 1
+    timeout_s: float = 60.0
+    version: int | None = None
+    """The weight version the engine holds (None: none fetched yet; nothing is generated before)."""
+
+    def sync_weights(self) -> bool:
+        """Load the trainer's newest weights if they are newer than the engine's; True if it did."""
+        update = self.end.fetch_weights(self.version, timeout_s=self.timeout_s)
+        if update is None:
+            return False
+        self.engine.load_weights(update.tensors.items())
+        self.version = update.version
+        return True
+
+    def seed_of(self, lease: Lease) -> int:
+        """The prompt's sampling seed: from (seed, epoch, prompt) only, so it does not depend on which sampler got
+        the lease or when."""
+        return (self.seed * 1_000_003 + lease.epoch * 7919 + lease.prompt_index * self.sampling.n) % (2**31)
+
+    def step(self) -> int:
+        """One round: newest weights, up to lease_size prompts, each generated, scored and sent (blocking while the
+        trainer's queue is full). Returns the groups sent (0: nothing published or nothing to lease)."""
+        self.sync_weights()
+        if self.version is None:
+            return 0
+        leases = self.end.lease(self.lease_size, timeout_s=self.timeout_s)
+        for lease in leases:
+            self.end.send(self.sample(lease), timeout_s=self.timeout_s)
+        return len(leases)
+
+    def sample(self, lease: Lease) -> list[Experience]:
+        """The experiences of one leased prompt, with the engine's current weights."""
+        ids, label = self.prompts(lease.prompt_index)
+        t0 = time.perf_counter()
+        samples = self.engine.generate([list(ids)], self.sampling, seeds=[self.seed_of(lease)])[0]
+        gen_s = time.perf_counter() - t0
+        rewards = self.score(samples, label)
+        return [
+            Experience(
+                prompt_ids=list(ids),
+                response_ids=list(s.token_ids),
+                behaviour_logprobs=np.asarray(s.logprobs, dtype=np.float64),
+                rewards=r,
+                finish_reason=s.finish_reason if s.finish_reason in FINISH_REASONS else "abort",
+                prompt_index=lease.prompt_index,
+                epoch=lease.epoch,
+                sampler_id=self.sampler_id,
+                weight_version=self.version,
+                meta={GEN_SECONDS: gen_s},
+            )
+            for s, r in zip(samples, rewards)
+        ]
+
+    def run(self, stop: threading.Event, idle_s: float = 0.05) -> None:
+        """step() until `stop` is set; idles `idle_s` between empty rounds."""
+        while not stop.is_set():
+            if self.step() == 0:
+                stop.wait(idle_s)

@@ -1,0 +1,96 @@
+"""rl_config.async_mode bounded, the trainer's side: batches of experience groups from a transport (no older than
+max_staleness versions, each prompt once per epoch), their async/* metrics, and the RL batch they make."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.algorithms.staleness import staleness
+from mindrl.batch import Batch
+from mindrl.rollout.base import RolloutSample
+from mindrl.serving.experience import GEN_SECONDS, Experience
+from mindrl.serving.transport import TrainerEnd, TransportTimeout
+from mindrl.trainer import experience
+
+__all__ = ["GEN_SECONDS", "Intake", "make_batch", "sampler_tps"]
+
+
+@dataclass
+class Intake:
+    """Takes `groups` prompts' experience groups per batch from `end`, refusing (and re-issuing) those sampled with
+    weights more than `max_staleness` versions older than the trainer's."""
+
+    end: TrainerEnd
+    groups: int
+    max_staleness: int
+    timeout_s: float = 600.0
+    """How long a batch may take to fill before the run stops (no sampler delivering)."""
+    poll_s: float = 1.0
+
+    def take(self, version: int) -> tuple[list[list[Experience]], dict[str, float]]:
+        """`groups` accepted groups for the update of weight version `version`, and this batch's async/* metrics."""
+        self.end.set_freshness(version, self.max_staleness)
+        stale_before = self.end.stats.dropped_stale
+        got: list[list[Experience]] = []
+        t0 = time.monotonic()
+        while len(got) < self.groups:
+            left = t0 + self.timeout_s - time.monotonic()
+            if left <= 0:
+                raise TransportTimeout(
+                    f"the experience queue gave {len(got)} of {self.groups} prompts' groups in {self.timeout_s:g}s "
+                    f"(samplers silent for {self.poll_s:g}s+: {self.end.silent_samplers(self.poll_s) or 'none'})"
+                )
+            got += self.end.receive(self.groups - len(got), min(left, self.poll_s))
+        waited = time.monotonic() - t0
+        lag = staleness(version, torch.tensor([e.weight_version for g in got for e in g])).double()
+        metrics = {
+            "async/staleness/mean": lag.mean().item(),
+            "async/staleness/max": lag.max().item(),
+            "async/dropped_stale": float(self.end.stats.dropped_stale - stale_before),
+            "async/trainer_idle_s": waited,
+        }
+        depth = getattr(self.end, "queue_depth", None)
+        if depth is not None:  # the Ray hub's queue; ZeroMQ's buffers cannot be counted
+            metrics["async/queue_depth"] = float(depth())
+        metrics.update(sampler_tps(got))
+        return got, metrics
+
+
+def sampler_tps(groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
+    """async/sampler_tps/{sampler_id}: response tokens per second of generation, of the groups each sampler
+    delivered (those whose meta carries GEN_SECONDS)."""
+    tokens: dict[str, float] = defaultdict(float)
+    seconds: dict[str, float] = defaultdict(float)
+    for g in groups:
+        if GEN_SECONDS in g[0].meta:
+            sid = g[0].sampler_id
+            tokens[sid] += sum(e.response_len for e in g)
+            seconds[sid] += float(g[0].meta[GEN_SECONDS])
+    return {f"async/sampler_tps/{s}": tokens[s] / seconds[s] for s in sorted(tokens) if seconds[s] > 0}
+
+
+def make_batch(groups: Sequence[Sequence[Experience]], n: int, pad_token_id: int | None) -> Batch:
+    """The RL batch of `groups` (`experience.make_batch`: rollout_log_prob = the behaviour logprobs), with
+    ref_log_prob where every experience carries reference logprobs, and rows_meta "weight_version" and
+    "prompt_index"."""
+    prompts = [g[0].prompt_ids.astype("int64").tolist() for g in groups]
+    samples = [
+        [RolloutSample(e.response_ids.tolist(), e.behaviour_logprobs.astype("float64").tolist(), e.finish_reason)
+         for e in g]
+        for g in groups
+    ]  # fmt: skip
+    batch = experience.make_batch(prompts, samples, n, pad_token_id)
+    rows = [e for g in groups for e in g]
+    batch.rows_meta["weight_version"] = [e.weight_version for e in rows]
+    batch.rows_meta["prompt_index"] = [e.prompt_index for e in rows]
+    if all(e.ref_logprobs is not None for e in rows):
+        ref = torch.zeros_like(batch["rollout_log_prob"])
+        for i, e in enumerate(rows):
+            ref[i, : e.response_len] = torch.from_numpy(e.ref_logprobs.astype("float32"))
+        batch["ref_log_prob"] = ref * batch["response_mask"]
+    return batch

@@ -1,0 +1,171 @@
+"""rl_config.async_mode one_step_off: the rollout runs one batch ahead of the update, so each batch trains one
+weight version after the one that sampled it; its staleness metrics, and its pending batch in the checkpoint."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from mindrl.algorithms.staleness import staleness
+from mindrl.data.prompt_dataset import PromptBatch
+from mindrl.rollout.base import RolloutSample
+from mindrl.serving import experience as wire
+
+GenerateFn = Callable[[PromptBatch, int, dict], list]
+"""generate(prompts, iteration, timing) -> per prompt its n RolloutSamples, sampled with the rollout's current
+weights and the seeds of `iteration` (the one that will train them); the rollout's timings added to `timing`."""
+
+SAMPLER_ID = "integrated"
+"""The sampler named in a checkpointed experience: the engines inside the actor's workers."""
+
+
+@dataclass
+class Generated:
+    """A generated batch waiting for its update."""
+
+    prompts: PromptBatch
+    samples: list[list[RolloutSample]]
+    version: int
+    """Weight version that sampled it: the number of updates applied before the rollout."""
+    iteration: int
+    """The iteration that trains it (its sampling seeds are that iteration's)."""
+
+
+@dataclass
+class OneStepOff:
+    """Keeps `depth` generated batches ahead of the update (1; 0 is the synchronous order). At iteration t (version
+    t-1: t-1 updates done) it generates the batch of iteration t+depth with the current weights, then hands over the
+    batch of iteration t, generated at version t-1-depth (t-1 at the start, before anything could be ahead)."""
+
+    depth: int
+    last_iteration: int
+    """No batch is generated for an iteration after this one (train_iters): none is wasted at the end."""
+    pending: deque = field(default_factory=deque)
+
+    def take(
+        self, batches: Iterator[PromptBatch], generate: GenerateFn, iteration: int, timing: dict[str, float]
+    ) -> tuple[Generated, dict[str, float]]:
+        """The batch iteration `iteration` trains (the prompts drawn from `batches` in order), after generating what
+        the pipeline keeps ahead; returns it with the async/* metrics of this iteration."""
+        version = iteration - 1
+        waited, tokens = 0.0, 0
+        while self._next_iteration(iteration) <= min(iteration + self.depth, self.last_iteration):
+            it = self._next_iteration(iteration)
+            prompts = next(batches)
+            t0 = time.perf_counter()
+            samples = generate(prompts, it, timing)
+            waited += time.perf_counter() - t0
+            tokens += sum(len(s.token_ids) for group in samples for s in group)
+            self.pending.append(Generated(prompts, samples, version, it))
+        got = self.pending.popleft()
+        if got.iteration != iteration:
+            raise RuntimeError(f"iteration {iteration} got the batch generated for iteration {got.iteration}")
+        lag = float(staleness(version, torch.tensor([got.version]))[0])
+        metrics = {
+            "async/staleness/mean": lag,  # one version per batch here; per experience with samplers
+            "async/staleness/max": lag,
+            "async/queue_depth": float(len(self.pending)),
+            "async/dropped_stale": 0.0,  # nothing is older than max_staleness
+            # the same devices generate and train: the update waits for the whole rollout
+            "async/trainer_idle_s": waited,
+            "async/sampler_tps": tokens / waited if waited > 0 else 0.0,
+        }
+        return got, metrics
+
+    def _next_iteration(self, iteration: int) -> int:
+        return self.pending[-1].iteration + 1 if self.pending else iteration
+
+    # ------------------------------------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> tuple[dict, bytes | None]:
+        """(JSON-able state, the pending responses as one experience message or None): with the data loader's state
+        (which has drawn the pending prompts) a resume continues exactly."""
+        meta = {"depth": self.depth, "batches": []}
+        records = []
+        for g in self.pending:
+            meta["batches"].append(
+                {
+                    "version": g.version,
+                    "iteration": g.iteration,
+                    "indices": g.prompts.indices.tolist(),
+                    "extras": {k: [t.tolist() for t in v] for k, v in g.prompts.extras.items()},
+                    "group_sizes": [len(group) for group in g.samples],
+                }
+            )
+            for i, (prompt, group) in enumerate(zip(g.prompts.prompts, g.samples)):
+                for s in group:
+                    records.append(
+                        wire.Experience(
+                            prompt_ids=prompt.numpy().astype("<i8"),
+                            response_ids=torch.tensor(s.token_ids, dtype=torch.int64).numpy(),
+                            behaviour_logprobs=torch.tensor(s.logprobs, dtype=torch.float64).numpy(),
+                            rewards={},
+                            finish_reason=s.finish_reason if s.finish_reason in wire.FINISH_REASONS else "abort",
+                            prompt_index=int(g.prompts.indices[i]),
+                            epoch=0,
+                            sampler_id=SAMPLER_ID,
+                            weight_version=g.version,
+                        )
+                    )
+        return meta, (wire.encode(records) if records else None)
+
+    def load_state_dict(self, meta: dict, blob: bytes | None) -> None:
+        if meta.get("depth") != self.depth:
+            raise ValueError(
+                f"the checkpoint was written with {meta.get('depth')} batch(es) generated ahead (rl_config.async_mode"
+                f" / max_staleness), this run keeps {self.depth}: resume with the same async settings"
+            )
+        records = wire.decode(blob) if blob is not None else []
+        self.pending.clear()
+        pos = 0
+        for b in meta["batches"]:
+            prompts, samples = [], []
+            for size in b["group_sizes"]:
+                group = records[pos : pos + size]
+                pos += size
+                prompts.append(torch.from_numpy(group[0].prompt_ids.astype("int64")))
+                samples.append(
+                    [
+                        RolloutSample(e.response_ids.tolist(), e.behaviour_logprobs.tolist(), e.finish_reason)
+                        for e in group
+                    ]
+                )
+            extras = {k: [torch.tensor(x, dtype=torch.long) for x in v] for k, v in b["extras"].items()}
+            batch = PromptBatch(prompts, torch.tensor(b["indices"], dtype=torch.long), extras)
+            self.pending.append(Generated(batch, samples, int(b["version"]), int(b["iteration"])))
+        if pos != len(records):
+            raise ValueError(f"the checkpoint's pending experiences hold {len(records)} responses, its state {pos}")
+
+
+def one_step_off(cfg) -> OneStepOff | None:
+    """The pipeline of `cfg` (validated), or None in the synchronous mode."""
+    rl = cfg.rl_config
+    if rl.async_mode != "one_step_off":
+        return None
+    return OneStepOff(depth=rl.max_staleness, last_iteration=cfg.megatron_training.train_iters)
+
+
+def trainer_state(ahead: OneStepOff | None) -> dict:
+    """TrainerState's async fields for the pipeline `ahead` (None: synchronous, nothing pending)."""
+    if ahead is None:
+        return {}
+    meta, blob = ahead.state_dict()
+    return {"async_rollout": meta, "async_pending": blob}
+
+
+def restore(ahead: OneStepOff | None, state) -> None:
+    """The pending batches of a checkpoint's TrainerState `state` back into `ahead`."""
+    meta = state.async_rollout
+    if ahead is None:
+        if meta and meta.get("batches"):
+            raise ValueError(
+                f"the checkpoint holds {len(meta['batches'])} batch(es) generated ahead by rl_config.async_mode "
+                "one_step_off, whose prompts its data loader has drawn: resume with async_mode one_step_off (a "
+                "synchronous resume would skip them)"
+            )
+        return
+    if meta is not None:
+        ahead.load_state_dict(meta, state.async_pending)

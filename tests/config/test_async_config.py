@@ -1,0 +1,64 @@
+"""Config checks of asynchronous RL (rl_config.async_mode, max_staleness, weight_sync_interval): defaults, the
+importance threshold an asynchronous mode implies, and clear errors at load."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.config import load_config
+from tests.config.test_errors import errors, issue
+
+
+def test_defaults_are_synchronous():
+    rl = load_config("grpo_tiny_cpu").rl_config
+    assert (rl.async_mode, rl.max_staleness, rl.weight_sync_interval) == ("sync", 1, 1)
+    assert rl.importance_threshold is None  # rollout_is_threshold: off
+
+
+def test_one_step_off_truncates_the_importance_ratio():
+    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=one_step_off"]).rl_config
+    assert rl.async_mode == "one_step_off" and rl.importance_threshold == 2.0
+    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=one_step_off",
+                                                 "rl_config.rollout_is_threshold=5.0"]).rl_config  # fmt: skip
+    assert rl.importance_threshold == 5.0
+    # max_staleness 0: the synchronous order, nothing stale to correct
+    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=one_step_off",
+                                                 "rl_config.max_staleness=0"]).rl_config  # fmt: skip
+    assert rl.importance_threshold is None
+
+
+@pytest.mark.parametrize(
+    "overrides, key, fragments",
+    [
+        (["rl_config.async_mode=one_step"], "rl_config.async_mode", ["'one_step' is not one of", "one_step_off"]),
+        (["rl_config.async_mode=bounded", "rl_config.weight_sync_interval=2"], "rl_config.max_staleness",
+         ["weight_sync_interval=2", "got 1"]),
+        (["rl_config.async_mode=bounded", "rl_config.val_data_path=x"], "rl_config.val_data_path", ["evaluation"]),
+        (["rl_config.async_mode=bounded", "rl_config.async_sync_port=5555"], "rl_config.async_sync_port",
+         ["must differ"]),
+        (["rl_config.async_mode=bounded", "rl_config.async_data_port=0"], "rl_config.async_data_port",
+         ["TCP port"]),
+        (["rl_config.async_mode=one_step_off", "rl_config.max_staleness=2"], "rl_config.max_staleness",
+         ["at most one version old", "got 2"]),
+        (["rl_config.async_mode=one_step_off", "rl_config.weight_sync_interval=2"], "rl_config.weight_sync_interval",
+         ["after every update", "got 2"]),
+        (["rl_config.max_staleness=-1"], "rl_config.max_staleness", ["must be >= 0"]),
+        (["rl_config.weight_sync_interval=0"], "rl_config.weight_sync_interval", ["must be >= 1"]),
+    ],
+)  # fmt: skip
+def test_errors(overrides, key, fragments):
+    issue(errors("grpo_tiny_cpu", *overrides), key, *fragments)
+
+
+def test_bounded_loads():
+    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.max_staleness=2"]).rl_config
+    assert (rl.async_mode, rl.async_data_port, rl.async_sync_port) == ("bounded", 5555, 5556)
+    assert rl.importance_threshold == 2.0
+
+
+def test_bounded_refuses_dynamic_sampling():
+    issue(errors("dapo_tiny_cpu", "rl_config.async_mode=bounded"), "rl_config.filter_groups_enable", "dynamic sampling")
+
+
+def test_one_step_off_refuses_dynamic_sampling():
+    issue(errors("dapo_tiny_cpu", "rl_config.async_mode=one_step_off"), "rl_config.async_mode", "dynamic sampling")
