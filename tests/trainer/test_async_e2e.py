@@ -62,9 +62,7 @@ def test_one_step_off_trains_one_version_old_experiences(assets, tmp_path_factor
     sync = straight_run("grpo", assets, tmp_path_factory).lines
     assert not _same(sync[0], lines[0]), _same(sync[0], lines[0])
     key = "rollout/logprob_diff_mean"
-    assert all(a[key] > b[key] for a, b in zip(lines[1:], sync[1:])), [
-        (a[key], b[key]) for a, b in zip(lines, sync)
-    ]
+    assert all(a[key] > b[key] for a, b in zip(lines[1:], sync[1:])), [(a[key], b[key]) for a, b in zip(lines, sync)]
 
 
 def test_one_step_off_resume_is_exact(assets, tmp_path_factory, tmp_path):
