@@ -135,7 +135,8 @@ def _rank_main() -> None:
     try:
         port, timeout_s = int(os.environ["MASTER_PORT"]), float(os.environ["MINDRL_PG_TIMEOUT"])
         threads = int(os.environ.get("MINDRL_RANK_THREADS", "1"))
-        join_world(rank, world_size, "127.0.0.1", port, timeout_s, threads)
+        megatron = os.environ.get("MINDRL_RANK_MEGATRON", "1") == "1"
+        join_world(rank, world_size, "127.0.0.1", port, timeout_s, threads, megatron=megatron)
         _send(conn, ("ready", None))
     except BaseException as e:  # report start-up failures instead of dying silently
         _send(conn, ("err", _pack_error(rank, e)))
@@ -251,10 +252,18 @@ def sweep_stale_stacks_dirs(root: str | None = None) -> list[str]:
 class RankPool:
     """`world_size` local ranks with torch.distributed initialised; `run(fn, ...)` runs fn on all of them.
 
-    fn must be importable (module-level). Results come back as a list indexed by rank.
+    fn must be importable (module-level). Results come back as a list indexed by rank. megatron=False: ranks for
+    torch.distributed alone skip megatron-core's import and the platform's adaptation of it (seconds per rank).
     """
 
-    def __init__(self, world_size: int, threads: int = 1, timeout_s: float | None = None, pg_timeout_s: float = 1800):
+    def __init__(
+        self,
+        world_size: int,
+        threads: int = 1,
+        timeout_s: float | None = None,
+        pg_timeout_s: float = 1800,
+        megatron: bool = True,
+    ):
         self.world_size = world_size
         self.timeout_s = timeout_s
         sweep_stale_stacks_dirs()
@@ -270,6 +279,7 @@ class RankPool:
             MINDRL_RANK_THREADS=str(threads),
             MINDRL_PG_TIMEOUT=str(pg_timeout_s),
             MINDRL_STACKS_DIR=self._stacks_dir,
+            MINDRL_RANK_MEGATRON="1" if megatron else "0",
             # Ranks import what the caller can import (e.g. test helpers on the caller's sys.path).
             PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
         )

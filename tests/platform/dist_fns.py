@@ -9,6 +9,12 @@ def allreduce_rank(x):
     return t.item()
 
 
+def megatron_imported():
+    import sys
+
+    return "megatron.core" in sys.modules
+
+
 def fail_on_rank(bad_rank):
     if torch.distributed.get_rank() == bad_rank:
         raise ValueError(f"boom on {bad_rank}")

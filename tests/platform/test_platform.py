@@ -63,10 +63,12 @@ def test_no_device_branching_outside_platform():
 
 def test_rank_pool_runs_collectives(pool):
     assert pool.run(dist_fns.allreduce_rank, 1) == [10.0] * 4  # sum(1 + rank) over 4 ranks
+    assert pool.run(dist_fns.megatron_imported) == [True] * 4  # the default pool's ranks are megatron ranks
 
 
 def test_rank_pool_surfaces_a_failing_rank_without_hanging():
-    with RankPool(2, timeout_s=120) as own:  # not the shared pool: this test tears its pool down
+    with RankPool(2, timeout_s=120, megatron=False) as own:  # not the shared pool: this test tears its pool down
+        assert own.run(dist_fns.megatron_imported) == [False, False]  # torch.distributed alone: no megatron import
         with pytest.raises(ValueError, match="boom on 1") as info:
             own.run(dist_fns.fail_on_rank, 1)
         assert isinstance(info.value.__cause__, RankError) and "rank 1 failed" in str(info.value.__cause__)
@@ -74,13 +76,13 @@ def test_rank_pool_surfaces_a_failing_rank_without_hanging():
 
 
 def test_rank_pool_reports_a_dead_rank():
-    with RankPool(2, timeout_s=120) as p:
+    with RankPool(2, timeout_s=120, megatron=False) as p:
         with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)"):
             p.run(dist_fns.exit_on_rank, 1, 3)
 
 
 def test_rank_pool_that_times_out_reports_where_each_rank_and_its_children_were():
-    with RankPool(2, timeout_s=5) as p:
+    with RankPool(2, timeout_s=5, megatron=False) as p:
         t0 = time.monotonic()
         with pytest.raises(RankError, match=r"ranks \[0, 1\] did not answer within 5 s") as info:
             p.run(dist_fns.hang_in_a_forked_child, 1)
@@ -139,7 +141,7 @@ def test_ranks_exit_when_the_pool_process_is_killed(tmp_path):
     script = (
         "from mindrl.launch import RankPool\n"
         "from tests.platform import dist_fns\n"
-        f"RankPool(2).run(dist_fns.report_pid_then_block, {str(tmp_path / 'pid')!r})\n"
+        f"RankPool(2, megatron=False).run(dist_fns.report_pid_then_block, {str(tmp_path / 'pid')!r})\n"
     )
     driver = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
     try:
@@ -174,7 +176,7 @@ def test_stale_stack_dump_folders_of_dead_pools_are_swept(tmp_path):
         (d / "rank0.txt").write_text("stack")
     assert sweep_stale_stacks_dirs(str(tmp_path)) == [str(dead)]
     assert not dead.exists() and live.exists() and old_style.exists() and other.exists()
-    with RankPool(1) as p:
+    with RankPool(1, megatron=False) as p:
         assert os.path.basename(p._stacks_dir).startswith(f"{STACKS_PREFIX}{os.getpid()}-")
 
 

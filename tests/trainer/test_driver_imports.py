@@ -1,6 +1,6 @@
-"""What the driver's process imports: mindrl-train's driver, preflight, the config and the planner, and the driver's
-tokenizer once loaded and used, load neither megatron-core nor torch._dynamo (which megatron-core and transformers' auto
-model classes pull in: ~0.2 GiB) nor math-verify / sympy (the verifiers' processes do)."""
+"""What the driver's process imports: mindrl-train's driver, preflight, the config, the planner, the worker classes and
+the driver's tokenizer once loaded and used, load neither vLLM nor megatron-core nor torch._dynamo (which megatron-core
+and transformers' auto model classes pull in: ~0.2 GiB) nor math-verify / sympy (the verifiers' processes do)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from tests.trainer.rl_helpers import ROOT
 _PROBE = """
 import json, sys
 import mindrl.cli.train, mindrl.cli.plan, mindrl.preflight, mindrl.trainer.ppo_trainer, mindrl.plan
+import mindrl.trainer.leftovers, mindrl.workers.integrated_worker, mindrl.workers.critic_worker
 from mindrl.trainer.reward_client import RewardClient
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.workers.from_config import end_token_ids
 tok = load_tokenizer(sys.argv[1])
 assert end_token_ids(tok) and tok.batch_decode([tok("1 + 1 = 2")["input_ids"]]) == ["1 + 1 = 2"]
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "math_verify", "sympy")
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "math_verify", "sympy", "vllm")
                         or m == "torch._dynamo")))
 """
 
