@@ -17,27 +17,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 case "${1:-}" in -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; "") ;;
     *) echo "usage: bash examples/rlhf/train_dpo_cpu.sh [--help]" >&2; exit 2;; esac
-PY="python"
-[[ -x "$ROOT/.venv/bin/python" ]] && PY="$ROOT/.venv/bin/python"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-OUT="${OUT:-./outputs/quickstart}"
-RLHF="${RLHF:-./outputs/rlhf}"
 RUN_DIR="${RUN_DIR:-./outputs/dpo_tiny_cpu}"
-mkdir -p "$OUT" "$RLHF"
-
-echo "== 1/3 tiny model + preference pairs"
-[[ -f "$OUT/hf/config.json" ]] || "$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
-"$PY" tools/make_preference_data.py --out "$RLHF/raw" --rows 2000 --valid-fraction 0.1 ${PREF_ARGS:-}
-
-echo "== 2/3 preprocess (pairwise)"
-bash examples/data/preprocess_data.sh pairwise input="$RLHF/raw/pref.json" tokenizer_name_or_path="$OUT/hf" \
-    output_prefix="$RLHF/data/pref" prompt_type=qwen workers=1
-
-LOAD="${LOAD:-$OUT/ckpt/actor_sft}"
-if [[ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]]; then
-    LOAD="$OUT/ckpt/base"
-    "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$LOAD" --tp 1 --pp 1 --overwrite
-fi
+source examples/rlhf/prepare_pairs.sh
+prepare_pairs 3
 
 echo "== 3/3 DPO from $LOAD (reference: ${REF_MODEL:-the same checkpoint})"
 DPO_ARGS=(megatron_training.data_path="$RLHF/data/pref" megatron_training.tokenizer_name_or_path="$OUT/hf"

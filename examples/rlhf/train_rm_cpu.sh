@@ -14,27 +14,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-PY="python"
-[[ -x "$ROOT/.venv/bin/python" ]] && PY="$ROOT/.venv/bin/python"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-OUT="${OUT:-./outputs/quickstart}"
-RLHF="${RLHF:-./outputs/rlhf}"
 RUN_DIR="${RUN_DIR:-./outputs/rm_tiny_cpu}"
-mkdir -p "$OUT" "$RLHF"
-
-echo "== 1/4 tiny model + preference pairs"
-[[ -f "$OUT/hf/config.json" ]] || "$PY" tools/make_tiny_model.py --out "$OUT/hf" >/dev/null
-"$PY" tools/make_preference_data.py --out "$RLHF/raw" --rows 2000 --valid-fraction 0.1 ${PREF_ARGS:-}
-
-echo "== 2/4 preprocess (pairwise)"
-bash examples/data/preprocess_data.sh pairwise input="$RLHF/raw/pref.json" tokenizer_name_or_path="$OUT/hf" \
-    output_prefix="$RLHF/data/pref" prompt_type=qwen workers=1
-
-LOAD="${LOAD:-$OUT/ckpt/actor_sft}"
-if [[ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]]; then
-    LOAD="$OUT/ckpt/base"
-    "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf" --save-dir "$LOAD" --tp 1 --pp 1 --overwrite
-fi
+source examples/rlhf/prepare_pairs.sh
+prepare_pairs 4
 
 echo "== 3/4 reward model from $LOAD"
 RM_ARGS=(megatron_training.data_path="$RLHF/data/pref" megatron_training.tokenizer_name_or_path="$OUT/hf"

@@ -409,16 +409,18 @@ def fix_key(
     return f"{section}.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"
 
 
-def _judge(plan: Plan, cfg: RLConfig) -> None:
-    totals = plan.memory["total"]
+def verdict(cfg: RLConfig, plan: Plan, memory: dict, layouts: dict) -> dict[str, object]:
+    """Fits or not: the peak phase of `memory` (one device's per-role, per-phase bytes) against the device, its
+    largest term and the key that would shrink it (also each device group's verdict under separate placement)."""
+    totals = memory["total"]
     phase = max(totals, key=totals.get).removesuffix("_bytes")
     peak, limit = totals[f"{phase}_bytes"], plan.device.memory_bytes
     terms = [
-        (v, role, k) for role, phases in plan.memory.items() if role != "total"
+        (v, role, k) for role, phases in memory.items() if role != "total"
         for k, v in phases.get(phase, {}).items() if k != "activations_recompute_bytes"
     ]  # fmt: skip
     v, role, term = max(terms)
-    plan.verdict = {
+    return {
         "fits": peak <= limit,
         "peak_phase": phase,
         "peak_bytes": peak,
@@ -426,8 +428,12 @@ def _judge(plan: Plan, cfg: RLConfig) -> None:
         "headroom_bytes": limit - peak,
         "largest_term": f"{role}.{phase}.{term}",
         "largest_term_bytes": v,
-        "fix": fix_key(cfg, role, phase, term, plan.layouts, plan.device.kv_by_utilization),
+        "fix": fix_key(cfg, role, phase, term, layouts, plan.device.kv_by_utilization),
     }
+
+
+def _judge(plan: Plan, cfg: RLConfig) -> None:
+    plan.verdict = verdict(cfg, plan, plan.memory, plan.layouts)
     eng = plan.memory["rollout"]["rollout"]
     if plan.device.kv_by_utilization and cfg.generate_config.kv_cache_memory_gib is None and eng["kv_cache_bytes"] == 0:
         plan.verdict["fits"] = False

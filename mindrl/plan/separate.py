@@ -129,22 +129,5 @@ def _group_plan(plan: planner.Plan, cfg: RLConfig, g: DeviceGroup, has_ref: bool
 
 
 def _verdict(cfg: RLConfig, plan: planner.Plan, memory: dict) -> dict[str, object]:
-    totals = memory["total"]
-    phase = max(totals, key=totals.get).removesuffix("_bytes")
-    peak, limit = totals[f"{phase}_bytes"], plan.device.memory_bytes
-    terms = [
-        (v, role, k) for role, phases in memory.items() if role != "total"
-        for k, v in phases.get(phase, {}).items() if k != "activations_recompute_bytes"
-    ]  # fmt: skip
-    v, role, term = max(terms)
     lays = {"actor": plan.layouts["actor"], **({"critic": plan.layouts["critic"]} if "critic" in plan.layouts else {})}
-    return {
-        "fits": peak <= limit,
-        "peak_phase": phase,
-        "peak_bytes": peak,
-        "device_memory_bytes": limit,
-        "headroom_bytes": limit - peak,
-        "largest_term": f"{role}.{phase}.{term}",
-        "largest_term_bytes": v,
-        "fix": planner.fix_key(cfg, role, phase, term, lays, plan.device.kv_by_utilization),
-    }
+    return planner.verdict(cfg, plan, memory, lays)
