@@ -203,7 +203,7 @@ class _FakeReward:
 def _sampling_trainer(rewards, train_batch: int, max_batches: int):
     t = _bare_trainer(n=2)
     rl = NS(train_batch_size=train_batch, filter_groups_max_batches=max_batches, filter_groups_metric="acc_for_ppo",
-            overlong_buffer_enable=False)  # fmt: skip
+            overlong_buffer_enable=False, infer_dp=1)  # fmt: skip
     t.cfg = NS(rl_config=rl, megatron_training=NS(seed=1))
     t.iteration, t.verifier_names, t.sampling = 1, ["acc_for_ppo"], None
     t.tokenizer = NS(pad_token_id=0, batch_decode=lambda ids, **kw: [str(x) for x in ids])
