@@ -737,8 +737,10 @@ class RLSectionConfig(Section):
 
     @property
     def infer_dp(self) -> int:
-        """Rollout engine replicas: world_size / infer_tensor_parallel_size."""
-        return self.world_size // self._need_bound().infer_tp
+        """Rollout engine replicas: world_size / infer_tensor_parallel_size, or rollout_resource's devices / it where
+        the engines have devices of their own (separate placement)."""
+        own = not self.use_integrated_worker and self.rollout_resource is not None
+        return (self.rollout_resource.num_npus if own else self.world_size) // self._need_bound().infer_tp
 
     @property
     def train_batch_size(self) -> int:
