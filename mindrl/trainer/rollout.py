@@ -93,10 +93,10 @@ class EngineGroupRollout(RolloutSource):
         """Stream the actor's current weights to the engines as the next version; its metrics."""
         version = self.version + 1
         t0 = time.perf_counter()
-        sent, _ = _wait_both([self.actor.send_weights.start(version),
+        actor, _ = _wait_both([self.actor.send_weights.start(version),
                               self.engines.receive_weights.start(version, self.keep)], self.actor, self.engines)  # fmt: skip
         self.version = version
-        return {"timing/weight_sync": time.perf_counter() - t0, "rollout/weight_sync_bytes": float(sent[0][1]),
+        return {"timing/weight_sync": time.perf_counter() - t0, "rollout/weight_sync_bytes": float(actor[0][1]),
                 "rollout/weight_version": float(version)}  # fmt: skip
 
     def generate(
