@@ -134,8 +134,8 @@ class RLSectionConfig(Section):
     with a KL term unless colocate_actor_ref."""
     rollout_resource: ResourceConfig | None = None
     """Separate placement only (mindrl addition): the rollout engines' own devices (OpenRLHF's vLLM engines; replicas
-    = num_npus / infer TP); fed the actor's weights over a process group each iteration. Absent: the engines run in the actor's processes
-    (MindSpeed-RL's ActorHybridWorker)."""
+    = num_npus / infer TP), fed the actor's weights over a process group each iteration. Absent: the engines run in
+    the actor's processes (MindSpeed-RL's ActorHybridWorker)."""
     colocate_actor_ref: bool = False
     """Separate placement only (OpenRLHF's switch): the reference on the actor's devices instead of its own."""
     colocate_critic_reward: bool = False
