@@ -56,8 +56,8 @@ def require_runnable(cfg) -> None:
     why = ("generate_config.rollout_mode: server" if gen.rollout_mode == "server"
            else "rl_config.async_mode: bounded" if rl.async_mode == "bounded" else None)  # fmt: skip
     if why:
-        raise ConfigError([Issue("rl_config.rollout_resource", f"engines on devices of their own cannot serve a run "
-                                 f"whose rollouts come from elsewhere ({why}): remove one of them")], cfg.config_name)  # fmt: skip
+        why = f"engines on devices of their own cannot serve a run whose rollouts come from elsewhere ({why}): remove one"
+        raise ConfigError([Issue("rl_config.rollout_resource", why, cfg.source)], cfg.config_name)
 
 
 def reserve(cfg):
