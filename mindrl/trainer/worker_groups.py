@@ -56,7 +56,7 @@ def require_runnable(cfg) -> None:
     why = ("generate_config.rollout_mode: server" if gen.rollout_mode == "server"
            else "rl_config.async_mode: bounded" if rl.async_mode == "bounded" else None)  # fmt: skip
     if why:
-        why = f"engines on devices of their own cannot serve a run whose rollouts come from elsewhere ({why}): remove one"
+        why = f"engines on devices of their own cannot serve a run whose rollouts come from elsewhere ({why})"
         raise ConfigError([Issue("rl_config.rollout_resource", why, cfg.source)], cfg.config_name)
 
 
