@@ -134,8 +134,8 @@ class RLSectionConfig(Section):
     with a KL term unless colocate_actor_ref."""
     rollout_resource: ResourceConfig | None = None
     """Separate placement only (mindrl addition): the rollout engines' own devices (OpenRLHF's vLLM engines; replicas
-    = num_npus / infer TP); planned by mindrl-plan, not run yet. Absent: the engines run in the actor's processes
-    (MindSpeed-RL's ActorHybridWorker)."""
+    = num_npus / infer TP), fed the actor's weights over a process group each iteration. Absent: the engines run in
+    the actor's processes (MindSpeed-RL's ActorHybridWorker)."""
     colocate_actor_ref: bool = False
     """Separate placement only (OpenRLHF's switch): the reference on the actor's devices instead of its own."""
     colocate_critic_reward: bool = False
@@ -737,8 +737,10 @@ class RLSectionConfig(Section):
 
     @property
     def infer_dp(self) -> int:
-        """Rollout engine replicas: world_size / infer_tensor_parallel_size."""
-        return self.world_size // self._need_bound().infer_tp
+        """Rollout engine replicas: world_size / infer_tensor_parallel_size, or rollout_resource's devices / it where
+        the engines have devices of their own (separate placement)."""
+        own = not self.use_integrated_worker and self.rollout_resource is not None
+        return (self.rollout_resource.num_npus if own else self.world_size) // self._need_bound().infer_tp
 
     @property
     def train_batch_size(self) -> int:

@@ -33,7 +33,13 @@ from mindrl.trainer.evaluation import Evaluator
 from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
 from mindrl.trainer.model_rewards import RewardModelScorer
 from mindrl.trainer.reward_client import RewardClient
-from mindrl.trainer.rollout import IntegratedRollout, RemoteRolloutError, RolloutSource, connect_servers
+from mindrl.trainer.rollout import (
+    EngineGroupRollout,
+    IntegratedRollout,
+    RemoteRolloutError,
+    RolloutSource,
+    connect_servers,
+)
 from mindrl.workers import from_config
 from mindrl.workers.group import WorkerError, WorkerGroup, start_ray, stop_ray
 from mindrl.workers.profiling import announce_iteration
@@ -115,7 +121,11 @@ class PPOTrainer:
             self.actor.setup(integrated if self.reference is None else dataclasses.replace(integrated, ref_load=None))
             if self.reference is not None:
                 self.reference.setup(integrated)
-            self.shm_idents = {i for names in self.actor.shm_names() for i in names}
+            self.engines = self.placed.rollout  # engines on devices of their own (rollout_resource), or None
+            if self.engines is not None:
+                self.engines.setup(integrated.rollout)
+            engine_groups = [g for g in (self.actor, self.engines) if g is not None]
+            self.shm_idents = {i for g in engine_groups for names in g.shm_names() for i in names}
             leftovers.record_shm(self.run_dir, self.shm_idents)  # for the next run if this one is killed
             if self.critic is not None:
                 self.critic.setup(from_config.critic_settings(cfg, self.resume))
@@ -124,10 +134,13 @@ class PPOTrainer:
                 self.reward_model.setup(rm_settings)
                 micro = rm_settings.micro_batching.rows
                 self.rm_scorer = RewardModelScorer(self.reward_model, micro, self.tokenizer.pad_token_id)
+            itp = integrated.rollout.infer_tensor_parallel_size
             self.rollout: RolloutSource = (
                 self.remote.attach(self.actor)
                 if self.remote is not None
-                else IntegratedRollout(self.actor, integrated.rollout.infer_tensor_parallel_size)
+                else EngineGroupRollout(self.actor, self.engines, itp)
+                if self.engines is not None
+                else IntegratedRollout(self.actor, itp)
             )
             self.iteration = 0
             self.skipped_in_a_row = 0
@@ -608,7 +621,7 @@ class PPOTrainer:
     def shutdown(self) -> None:
 
         for group in getattr(self, "groups", []):  # the actor's engines remove their shared-memory segments first
-            group.shutdown(graceful_s=60.0 if group.name == "actor" else None)
+            group.shutdown(graceful_s=60.0 if group.name in ("actor", "rollout") else None)
         if getattr(self, "shm_idents", None) is not None:  # those of engines whose process was killed
             leftovers.remove_shm(self.run_dir, self.shm_idents)
         if getattr(self, "reward", None) is not None:

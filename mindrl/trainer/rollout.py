@@ -71,6 +71,67 @@ class IntegratedRollout(RolloutSource):
         return RolloutResult(samples, timing)
 
 
+class EngineGroupRollout(RolloutSource):
+    """Separate placement's engines on devices of their own (`rl_config.rollout_resource`): every call streams the
+    actor's weights to them as version V = previous + 1 over the weight group (`mindrl.workers.weight_sync`), then
+    each engine replica samples a contiguous slice of the prompts with V."""
+
+    def __init__(self, actor, engines, infer_tp: int, timeout_s: float = 1800.0):
+        self.actor, self.engines, self.infer_tp = actor, engines, infer_tp
+        self.version = 0
+        """The weight version the engines hold (0: their dummy weights, before the first call)."""
+        self.keep = False
+        """Keep a copy of what the engines received (`engines.received_weights()`; tests)."""
+        addr, port = actor.call_one(0, "node_address")
+        size = actor.world_size + engines.world_size
+        joins = [actor.join_weights.start([(addr, port, r, size, timeout_s) for r in range(actor.world_size)]),
+                 engines.join_weights.start([(addr, port, actor.world_size + r, size, timeout_s)
+                                             for r in range(engines.world_size)])]  # fmt: skip
+        _wait_both(joins, actor, engines)
+
+    def sync(self) -> dict[str, float]:
+        """Stream the actor's current weights to the engines as the next version; its metrics."""
+        version = self.version + 1
+        t0 = time.perf_counter()
+        actor, _ = _wait_both([self.actor.send_weights.start(version),
+                              self.engines.receive_weights.start(version, self.keep)], self.actor, self.engines)  # fmt: skip
+        self.version = version
+        return {"timing/weight_sync": time.perf_counter() - t0, "rollout/weight_sync_bytes": float(actor[0][1]),
+                "rollout/weight_version": float(version)}  # fmt: skip
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
+    ) -> RolloutResult:
+        timing = self.sync()
+        replicas = self.engines.world_size // self.infer_tp
+        if len(prompts) % replicas:
+            raise ValueError(f"{len(prompts)} prompts do not split over {replicas} engine replicas")
+        size = len(prompts) // replicas
+        args = []
+        for rank in range(self.engines.world_size):
+            r = rank // self.infer_tp
+            part = (list(prompts[r * size : (r + 1) * size]), list(seeds[r * size : (r + 1) * size]))
+            args.append((*(part if rank % self.infer_tp == 0 else (None, None)), sampling, self.version))
+        results = self.engines.generate(args)
+        samples = [group for s, _ in results if s is not None for group in s]
+        for _, t in results:
+            for k, v in t.items():
+                timing[k] = max(timing.get(k, 0.0), v)
+        return RolloutResult(samples, timing)
+
+
+def _wait_both(pending: list, actor, engines) -> list:
+    """Collect two groups' calls (ALL / PER_RANK) that form one collective, in completion order: a failure in either
+    kills both groups (the other side would wait in the collective until its timeout) and names the rank."""
+    from mindrl.workers.group import collect
+
+    refs = [ref for p in pending for ref in p.calls]
+    labels = [f"{p.what} {label}" for p in pending for label in p.group.labels()]
+    out = collect(refs, " + ".join(p.what for p in pending), [*actor.actors, *engines.actors], labels)
+    n = len(pending[0].calls)
+    return [out[:n], out[n:]]
+
+
 class RemoteRolloutError(RuntimeError):
     """Rollout servers could not serve the current policy (a server gone past `server_timeout`, a refused request,
     or a version that is not the trainer's); the message names the server's URL."""

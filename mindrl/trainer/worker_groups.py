@@ -14,8 +14,10 @@ from mindrl.workers.integrated_worker import IntegratedWorker
 from mindrl.workers.reference_worker import ReferenceWorker
 from mindrl.workers.results import DeviceLedger
 from mindrl.workers.reward_worker import RewardWorker
+from mindrl.workers.rollout_worker import RolloutWorker
 
-WORKER = {"actor": IntegratedWorker, "reference": ReferenceWorker, "critic": CriticWorker, "reward": RewardWorker}
+WORKER = {"actor": IntegratedWorker, "reference": ReferenceWorker, "critic": CriticWorker, "reward": RewardWorker,
+          "rollout": RolloutWorker}  # fmt: skip
 
 
 @dataclass
@@ -27,6 +29,8 @@ class ModelGroups:
     critic: WorkerGroup | None = None
     reward_model: WorkerGroup | None = None
     reference: WorkerGroup | None = None
+    rollout: WorkerGroup | None = None
+    """The engines on devices of their own (rollout_resource); None when they run in the actor's processes."""
     first_device: dict[str, int] = field(default_factory=dict)
 
     def device_ledgers(self, ledgers: dict[str, list[DeviceLedger]]) -> list[DeviceLedger]:
@@ -44,11 +48,16 @@ def total_devices(cfg) -> int:
 
 
 def require_runnable(cfg) -> None:
-    """What separate placement does not run yet: rollout engines on devices of their own (mindrl-plan plans them)."""
-    if not cfg.rl_config.use_integrated_worker and cfg.rl_config.rollout_resource is not None:
-        raise ConfigError([Issue("rl_config.rollout_resource", "rollout engines on devices of their own are planned "
-                                 "by mindrl-plan but not run yet: remove it (the engines then run in the actor's "
-                                 "processes, MindSpeed-RL's layout)", cfg.source)], cfg.config_name)  # fmt: skip
+    """Engines on devices of their own (rollout_resource) serve the trainer's own rollouts only: not together with
+    rollout servers or async_mode bounded's samplers, which generate elsewhere."""
+    rl, gen = cfg.rl_config, cfg.generate_config
+    if rl.use_integrated_worker or rl.rollout_resource is None:
+        return
+    why = ("generate_config.rollout_mode: server" if gen.rollout_mode == "server"
+           else "rl_config.async_mode: bounded" if rl.async_mode == "bounded" else None)  # fmt: skip
+    if why:
+        why = f"engines on devices of their own cannot serve a run whose rollouts come from elsewhere ({why})"
+        raise ConfigError([Issue("rl_config.rollout_resource", why, cfg.source)], cfg.config_name)
 
 
 def reserve(cfg):
@@ -65,8 +74,10 @@ def build_groups(cfg, pg, has_reward: bool, created: list) -> ModelGroups:
     threads = worker_threads(pg, sum(g.size for g in groups))  # a node's cores shared among the job's ranks on it
     out = ModelGroups(pg, None)  # type: ignore[arg-type]
     for g in groups:
-        # The engines run in the actor's processes; so does a reference merged onto the actor's devices.
-        roles = [r for r in g.roles if r != "rollout" and not (r == "reference" and "actor" in g.roles)]
+        # The engines run in the actor's processes unless they have devices of their own; so does a reference
+        # merged onto the actor's devices.
+        merged = ("rollout", "reference") if "actor" in g.roles else ()
+        roles = [r for r in g.roles if r not in merged or r == g.roles[0]]
         share = 1.0 / len(roles) if not rl.use_integrated_worker else None
         for role in roles:
             fraction = share or (0.5 if role == "actor" else 0.5 / (len(roles) - 1))

@@ -167,9 +167,16 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         residency=residency(cfg),
         bucket_size_mb=gen.bucket_size_mb,
         # bounded: samplers generate; the actor only exports its weights (no engine of its own)
-        remote_rollout=gen.rollout_mode == "server" or rl.async_mode == "bounded",
+        # engines on devices of their own (separate placement's rollout_resource): sent over the weight group
+        remote_rollout=gen.rollout_mode == "server" or rl.async_mode == "bounded" or own_engines(cfg),
         profile=profile_settings(cfg),
     )
+
+
+def own_engines(cfg) -> bool:
+    """Separate placement with rl_config.rollout_resource: the engines have devices of their own."""
+    rl = cfg.rl_config
+    return not rl.use_integrated_worker and rl.rollout_resource is not None
 
 
 def critic_settings(cfg, resume: ResumePoint | None = None) -> CriticSettings:

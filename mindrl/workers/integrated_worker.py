@@ -101,6 +101,24 @@ class IntegratedWorker(MegatronRank):
             for c in clients:
                 c.close()
 
+    @register(Dispatch.PER_RANK)
+    def join_weights(self, addr: str, port: int, group_rank: int, group_size: int, timeout_s: float) -> None:
+        """Separate placement with rollout_resource: join the actor-to-engines weight group (`weight_sync`)."""
+        from mindrl.workers.weight_sync import join
+
+        self.weights = join(addr, port, group_rank, group_size, timeout_s)
+
+    @register(Dispatch.ALL)
+    def send_weights(self, version: int) -> tuple[float, int]:
+        """Collective over the actor's ranks and the engines' (their `receive_weights`): stream the actor's weights
+        in the inference layout (full HF tensors) over the weight group as `version`, in buckets of
+        bucket_size_mb. Returns (seconds, bytes sent)."""
+        t0 = time.perf_counter()
+        with self.actor_offloader.holding(["param"]):
+            bucket = int(self.settings.bucket_size_mb * 1024 * 1024)
+            _, nbytes = self.weights.send(version, self.streamer.stream(), bucket)
+        return time.perf_counter() - t0, nbytes
+
     @register(Dispatch.ALL)
     def export_weights(self) -> dict | None:
         """async_mode bounded, collective over all ranks: the actor's full weights in HF layout, copied, on rank 0

@@ -119,7 +119,8 @@ class IntegratedSettings:
     """What the actor and the reference keep on the device in each phase (the offload_train_* switches)."""
     bucket_size_mb: float = 512
     remote_rollout: bool = False
-    """Rollout runs on rollout servers: no engine is built here; `push_weights` streams the weights to them."""
+    """Rollout runs elsewhere (rollout servers, samplers, or separate placement's engine group): no engine is built
+    here; `push_weights` / `export_weights` / `send_weights` stream the weights to it."""
     profile: ProfileSettings | None = None
     """Stages to profile (profiler_config); None: none."""
 

@@ -25,8 +25,12 @@ def test_each_role_on_its_own_devices():
     cfg = load_config("ppo_tiny_cpu_rm", overrides=OWN)
     assert _groups(cfg) == [(("actor",), 0, 2), (("reference",), 2, 2), (("critic",), 4, 2), (("reward",), 6, 1),
                             (("rollout",), 7, 2)]  # fmt: skip
-    with pytest.raises(ConfigError, match="rl_config.rollout_resource: rollout engines on devices of their own"):
-        require_runnable(cfg)
+    require_runnable(cfg)  # the engines run on their own devices, fed over the weight group
+    assert cfg.rl_config.infer_dp == 2 // cfg.generate_config.infer_tensor_parallel_size  # rollout_resource's devices
+    bounded = load_config("ppo_tiny_cpu_rm", overrides=[*OWN, "rl_config.async_mode=bounded"])
+    with pytest.raises(ConfigError, match="rl_config.rollout_resource: engines on devices of their own cannot serve .*"
+                       r"\(rl_config.async_mode: bounded\)"):  # fmt: skip
+        require_runnable(bounded)
 
 
 def test_merges_and_mindspeed_names():
