@@ -40,3 +40,15 @@ def project_view(tmp_path) -> str:
         if name not in ("outputs", ".git"):
             os.symlink(os.path.join(ROOT, name), view / name)
     return str(view)
+
+
+def stop_all(procs, timeout_s: float = 30.0) -> None:
+    """Terminate each subprocess.Popen still running, then kill any that outlive `timeout_s`; reap them all."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

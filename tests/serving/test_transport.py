@@ -17,6 +17,7 @@ from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
 from mindrl.serving.experience import Experience, encode
 from mindrl.serving.transport import TransportTimeout, ZmqSamplerEnd, ZmqTrainerEnd
+from tests.procs import stop_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -212,14 +213,7 @@ def test_two_samplers_one_killed_mid_run(ports, tmp_path):
         print(f"A delivered {by_sampler['A']}, B {by_sampler['B']}; re-issued {ledger.reissued}, "
               f"duplicates dropped {trainer.stats.dropped_duplicate}")  # fmt: skip
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs.values(), 10)
         for f in logs.values():
             f.close()
         trainer.close()

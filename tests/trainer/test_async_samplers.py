@@ -18,6 +18,7 @@ from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
 from mindrl.serving.transport import ZmqTrainerEnd
 from mindrl.trainer.async_intake import Intake, make_batch
+from tests.procs import stop_all
 from tests.trainer.rl_helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -87,14 +88,7 @@ def test_two_sampler_processes_one_killed(assets, tmp_path):
             f"{len(killed_in_flight)}, re-issued {ledger.reissued}, stale dropped {trainer.stats.dropped_stale}"
         )
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs.values(), 30)
         for f in logs.values():
             f.close()
         trainer.close()
