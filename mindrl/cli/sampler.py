@@ -8,8 +8,9 @@ import logging
 import signal
 import sys
 import threading
+import time
 
-from mindrl.serving.transport import DATA_PORT, SYNC_PORT
+from mindrl.serving.transport import DATA_PORT, SYNC_PORT, TransportTimeout
 
 logger = logging.getLogger("mindrl.sampler")
 
@@ -82,15 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     logger.info("sampler %s: %d prompts, trainer %s (data %d, sync %d)", args.sampler_id, len(dataset), args.host,
                 args.data_port, args.sync_port)  # fmt: skip
-    sent = idle = 0
+    sent, idle_since = 0, time.monotonic()
     try:
         while not stop.is_set():
-            k = sampler.step()
+            try:
+                k = sampler.step()
+            except TransportTimeout as e:  # the trainer is away (restarting, resuming): keep asking
+                logger.warning("sampler %s: %s; retrying", args.sampler_id, e)
+                k = 0
             sent += k
-            idle = 0 if k else idle + 1
             if k:
+                idle_since = time.monotonic()
                 logger.info("sampler %s: %d groups sent (weights v%s)", args.sampler_id, sent, sampler.version)
-            elif args.idle_exit is not None and idle * 0.1 >= args.idle_exit:
+            elif args.idle_exit is not None and time.monotonic() - idle_since >= args.idle_exit:
                 break
             else:
                 stop.wait(0.1)

@@ -37,7 +37,8 @@ class Sampler:
     """The weight version the engine holds (None: none fetched yet; nothing is generated before)."""
 
     def sync_weights(self) -> bool:
-        """Load the trainer's newest weights if they are newer than the engine's; True if it did."""
+        """Load the trainer's newest weights if they are not the engine's version (older ones too: a trainer resumed
+        from a checkpoint replaces the weights of the run before); True if it did."""
         update = self.end.fetch_weights(self.version, timeout_s=self.timeout_s)
         if update is None:
             return False

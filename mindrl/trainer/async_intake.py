@@ -35,7 +35,7 @@ class Intake:
     def take(self, version: int) -> tuple[list[list[Experience]], dict[str, float]]:
         """`groups` accepted groups for the update of weight version `version`, and this batch's async/* metrics."""
         self.end.set_freshness(version, self.max_staleness)
-        stale_before = self.end.stats.dropped_stale
+        stale_before, foreign_before = self.end.stats.dropped_stale, self.end.stats.dropped_foreign
         got: list[list[Experience]] = []
         t0 = time.monotonic()
         while len(got) < self.groups:
@@ -52,6 +52,7 @@ class Intake:
             "async/staleness/mean": lag.mean().item(),
             "async/staleness/max": lag.max().item(),
             "async/dropped_stale": float(self.end.stats.dropped_stale - stale_before),
+            "async/dropped_foreign": float(self.end.stats.dropped_foreign - foreign_before),
             "async/trainer_idle_s": waited,
         }
         depth = getattr(self.end, "queue_depth", None)
