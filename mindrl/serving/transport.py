@@ -101,6 +101,10 @@ class TrainerEnd(ABC):
         self.max_in_flight: int | None = None
         """At most this many prompts leased and not yet received (None: no bound): how far samplers run ahead."""
 
+    def set_max_in_flight(self, count: int | None) -> None:
+        """Lease at most `count` prompts beyond those received (None: no bound): how far samplers run ahead."""
+        self.max_in_flight = count
+
     def set_freshness(self, version: int, max_staleness: int) -> None:
         """From now on refuse groups with an experience older than `version - max_staleness`: counted in
         `stats.dropped_stale`, their prompt given back to the ledger (re-issued first)."""
@@ -468,6 +472,10 @@ class _Hub:
         self._weights: tuple[int, list[bytes]] | None = None
         self._ledger = PromptLedger(**ledger_args)
         self._seen: dict[str, float] = {}
+        self._max_in_flight: int | None = None
+
+    async def set_max_in_flight(self, count: int | None) -> None:
+        self._max_in_flight = count
 
     async def put(self, data: bytes, timeout_s: float | None) -> bool:
         import asyncio
@@ -505,7 +513,9 @@ class _Hub:
 
     async def lease(self, sampler_id: str, count: int) -> list[list[int]]:
         self._seen[sampler_id] = time.monotonic()
-        return [[x.prompt_index, x.epoch] for x in self._ledger.issue(sampler_id, count)]
+        if self._max_in_flight is not None:
+            count = max(0, min(count, self._max_in_flight - len(self._ledger.in_flight())))
+        return [[x.prompt_index, x.epoch] for x in self._ledger.issue(sampler_id, count)] if count else []
 
     async def ledger_call(self, name: str, args: list[Any]) -> Any:
         value = getattr(self._ledger, name)
@@ -544,6 +554,12 @@ class _LedgerProxy:
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state)
+
+    def holders(self) -> list[str]:
+        return self._call("holders")
+
     def __getattr__(self, name: str) -> Any:  # counters: epochs_closed, duplicates, reissued, epoch
         if name.startswith("_"):
             raise AttributeError(name)
@@ -574,6 +590,12 @@ class RayTrainerEnd(TrainerEnd):
                 if group is not None:
                     out.append(group)
         return out
+
+    def set_max_in_flight(self, count: int | None) -> None:
+        import ray
+
+        super().set_max_in_flight(count)
+        ray.get(self.hub.set_max_in_flight.remote(count))
 
     def queue_depth(self) -> int:
         import ray
