@@ -93,7 +93,8 @@ class Bounded:
 
 
 def bounded(cfg, num_prompts: int) -> Bounded | None:
-    """The trainer's end of `cfg`'s bounded mode (binds the ZeroMQ ports), or None in the other modes."""
+    """The trainer's end of `cfg`'s bounded mode (binds the ZeroMQ ports, or with async_samplers starts the sampler
+    actors on the Ray transport), or None in the other modes."""
     mt, rl = cfg.megatron_training, cfg.rl_config
     if rl.async_mode != "bounded":
         return None

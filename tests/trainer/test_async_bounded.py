@@ -73,6 +73,24 @@ def test_bounded_trains_every_prompt_once_from_two_samplers(assets, tmp_path):
     assert ledger["epochs_closed"] == 1 and ledger["num_prompts"] == num_prompts
 
 
+def test_bounded_with_sampler_actors_on_the_ray_transport(assets, tmp_path):
+    """rl_config.async_samplers=2: two sampler actors in the trainer's Ray cluster, no external process; every prompt
+    trained once, none more than one version old, both actors delivering or one doing all (timing decides)."""
+    num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
+    iters = num_prompts // 8
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
+                  "megatron_training.save_interval=0", *_bounded((free_port(), free_port())),
+                  "rl_config.async_samplers=2")  # fmt: skip
+    _, _, lines, rollouts = _train(cfg)
+    assert len(lines) == iters
+    for m in lines:
+        assert 0 <= m["async/staleness/max"] <= 1 and m["async/queue_depth"] >= 0, m
+    assert collections.Counter(r["prompt"] for r in rollouts) == _expected(assets, num_prompts, epochs=1)
+    delivered = {k.rsplit("/", 1)[1] for m in lines for k in m if k.startswith("async/sampler_tps/")}
+    assert delivered and delivered <= {"ray0", "ray1"}, delivered
+    assert _ledger(tmp_path / "ckpt_actor", iters)["epochs_closed"] == 1
+
+
 def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(assets, tmp_path, caplog):
     """Run 1 saves at iteration 1 (half of epoch 0 done, prompts in flight) and is lost after iteration 2, before that
     save (its checkpoint removed: the state a kill leaves); run 2 resumes from iteration 1 and trains to 4 (two epochs)
