@@ -145,6 +145,13 @@ def sampler_spec(cfg):
     )
 
 
+def tag_rows(rows: list[dict], batch: Batch) -> None:
+    """bounded: each rollouts.jsonl row gets its prompt's dataset index and ledger epoch (nothing in other modes)."""
+    if "epoch" in batch.rows_meta:
+        for row, prompt, epoch in zip(rows, batch.rows_meta["prompt_index"], batch.rows_meta["epoch"]):
+            row["prompt_index"], row["epoch"] = int(prompt), int(epoch)
+
+
 def trainer_state(b: Bounded | None) -> dict:
     """TrainerState's async fields for bounded's end `b` (None: another mode, nothing of bounded's)."""
     return {} if b is None else {"async_rollout": {"bounded": b.state_dict()}}

@@ -41,6 +41,21 @@ def _expected(assets, num_prompts: int, epochs: int) -> collections.Counter:
     return collections.Counter({t: epochs * N * c for t, c in collections.Counter(texts).items()})
 
 
+def _assert_exactly_once(assets, rollouts: list[dict], ledger: dict) -> None:
+    """The groups in rollouts.jsonl (N rows each, tagged with their ledger epoch and dataset row) are the ledger's
+    done prompts exactly: no (epoch, prompt) trained twice, none the ledger counts done missing; each row's prompt
+    text is its dataset row's."""
+    trained = collections.Counter((r["epoch"], r["prompt_index"]) for r in rollouts)
+    assert set(trained.values()) == {N}, [k for k, v in trained.items() if v != N]
+    done = {(e, p) for e in range(ledger["epochs_closed"]) for p in range(ledger["num_prompts"])}
+    done |= {(int(e), p) for e, prompts in ledger["done"].items() for p in prompts}
+    assert set(trained) == done, (sorted(set(trained) - done), sorted(done - set(trained)))
+    tokenizer = load_tokenizer(str(assets / "hf"))
+    rows = PromptDataset(str(assets / "data" / "train"), 64, ("labels",))
+    for r in rollouts:
+        assert r["prompt"] == tokenizer.decode(rows[r["prompt_index"]]["input_ids"].tolist()), r
+
+
 def _ledger(ckpt, iteration: int) -> dict:
     state = json.loads((ckpt / f"iter_{iteration:07d}" / "trainer_state.json").read_text())
     return state["async_rollout"]["bounded"]["ledger"]
@@ -86,6 +101,7 @@ def test_bounded_with_sampler_actors_on_the_ray_transport(assets, tmp_path):
     for m in lines:
         assert 0 <= m["async/staleness/max"] <= 1 and m["async/queue_depth"] >= 0, m
     assert collections.Counter(r["prompt"] for r in rollouts) == _expected(assets, num_prompts, epochs=1)
+    _assert_exactly_once(assets, rollouts, _ledger(tmp_path / "ckpt_actor", iters))
     delivered = {k.rsplit("/", 1)[1] for m in lines for k in m if k.startswith("async/sampler_tps/")}
     assert delivered and delivered <= {"ray0", "ray1"}, delivered
     assert _ledger(tmp_path / "ckpt_actor", iters)["epochs_closed"] == 1
@@ -136,9 +152,12 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
     assert dead == {f"sampler {s} declared dead; {k} in-flight prompts re-issued" for s, k in in_flight.items()}, dead
     # metrics.jsonl and rollouts.jsonl were cut back to iteration 1: run 1's iteration 1, then run 2's 2-4
     assert [m["iteration"] for m in lines] == [1, 2, 3, 4]
-    assert collections.Counter(r["prompt"] for r in rollouts) == _expected(assets, num_prompts, epochs=2)
+    # the groups trained over run 1's iteration 1 and run 2's 2-4 are the final ledger's done prompts, each once
     final = _ledger(ckpt, 4)
-    assert final["epochs_closed"] == 2 and final["num_prompts"] == num_prompts
+    _assert_exactly_once(assets, rollouts, final)
+    assert len(rollouts) == 4 * 8 * N and final["epochs_closed"] >= 1  # 32 groups: epoch 0 and most of epoch 1
+    run1 = {(r["epoch"], r["prompt_index"]) for r in rollouts[: 8 * N]}
+    assert run1 == {(0, p) for p in saved["done"]["0"]}  # iteration 1: the checkpoint's done prompts
     for m in lines[1:]:
         assert 0 <= m["async/staleness/mean"] <= m["async/staleness/max"] <= 1, m
     foreign = sum(m["async/dropped_foreign"] for m in lines[1:])
