@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=4, help="measured iterations per mode")
     p.add_argument("--warmup", type=int, default=1, help="iterations run first and not measured")
     p.add_argument("--samplers", type=int, default=2, help="mindrl-sampler processes for bounded")
+    p.add_argument("--sampler-threads", type=int, default=1, help="torch threads per sampler (OMP_NUM_THREADS)")
     p.add_argument("--sampler-engine", choices=("hf", "vllm"), default="hf", help="their engine (default: hf)")
     p.add_argument("--sampler-model", default=None,
                    help="HF dir the samplers build their engine from (default: the config's tokenizer_name_or_path; "
@@ -144,7 +145,8 @@ def start_samplers(cfg, args, ports, log_dir: str) -> list[tuple[subprocess.Pope
         for v in rl.verifier_function or ["acc_for_ppo"]:
             cmd += ["--verifier", v]
         log = open(os.path.join(log_dir, f"sampler-s{k}.log"), "w")  # noqa: SIM115 (closed in stop_samplers)
-        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT), log))
+        env = {**_env(), "OMP_NUM_THREADS": str(args.sampler_threads)}
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
 
@@ -226,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         result = {"config_name": args.config_name, "overrides": args.overrides, "iterations": args.iterations,
                   "warmup": args.warmup, "samplers": args.samplers, "sampler_engine": args.sampler_engine,
+                  "sampler_threads": args.sampler_threads,
                   "max_staleness": args.max_staleness, "cpu_count": os.cpu_count(), "modes": rows}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
