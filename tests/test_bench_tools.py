@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("tool", ["bench_vs_trl.py", "bench_trl_side.py", "bench_update.py"])
+@pytest.mark.parametrize("tool", ["bench_vs_trl.py", "bench_trl_side.py", "bench_update.py", "bench_async.py"])
 def test_help(tool):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), "--help"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)  # fmt: skip
@@ -205,3 +205,29 @@ def test_tree_memory_tells_shared_pages_apart():
     assert roles["other"]["peak_rss_mb"] >= mib and roles["other"]["peak_uss_mb"] < mib / 4
     assert roles["driver"]["peak_uss_mb"] < mib / 4
     assert out["samples"] >= 5 and out["sampler_cpu_s"] >= 0
+
+
+def test_bench_async_summary_and_table():
+    """bench_async.py's medians after the warm-up, idle fractions (the rollout's share in the synchronous mode) and
+    table, on hand-written metrics.jsonl rows (the tool's runs are tests/trainer/test_bench_async.py's)."""
+    from tools.bench_async import summarize, table
+
+    def row(it, step, idle, stale, **extra):
+        return {"iteration": it, "timing/all": step, "response_length/mean": 10.0, "prompt_length/mean": 30.0,
+                "reward/mean": 0.5, "async/trainer_idle_s": idle, "async/staleness/mean": stale,
+                "async/staleness/max": stale, "timing/rollout_total": 2 * idle, **extra}  # fmt: skip
+
+    lines = [row(1, 100.0, 50.0, 0.0), row(2, 2.0, 1.0, 1.0), row(3, 4.0, 1.0, 1.0), row(4, 8.0, 1.0, 0.5)]
+    s = summarize(lines, "one_step_off", warmup=1, n_rows=4)
+    assert s["iterations"] == 3 and s["step_s"] == 4.0
+    assert s["tokens_per_s"] == 160 / 4.0  # (10 + 30) tokens x 4 rows per step: 80, 40, 20 tokens/s
+    assert s["idle_frac"] == 0.25 and s["staleness_mean"] == 1.0 and s["staleness_max"] == 1.0
+    assert summarize(lines, "sync", warmup=1, n_rows=4)["idle_frac"] == 0.5  # the rollout's share
+    b = summarize(
+        [row(2, 2.0, 1.0, 1.0, **{"async/sampler_tps/s0": 3.0, "async/sampler_tps/s1": 4.0})], "bounded", 1, 4
+    )
+    assert b["sampler_tps"] == 7.0
+    text = table([s, b])
+    assert text.splitlines()[2].startswith("one_step_off") and "7.0" in text.splitlines()[3]
+    with pytest.raises(ValueError, match="no iteration after the 5 warm-up"):
+        summarize(lines, "sync", warmup=5, n_rows=4)

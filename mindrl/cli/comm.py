@@ -102,6 +102,9 @@ def run_sampler(a: argparse.Namespace) -> int:
         try:
             leases = end.lease(1, timeout_s=a.timeout)
             update = end.fetch_weights(None, timeout_s=a.timeout)
+            while update is None and time.monotonic() - t0 < a.timeout:  # the trainer binds, then publishes
+                time.sleep(0.1)
+                update = end.fetch_weights(None, timeout_s=a.timeout)
         except TransportTimeout:
             print(f"mindrl-comm: FAILED: {sync}: no answer within {a.timeout:g}s; is `mindrl-comm check --role "
                   f"trainer` running on {a.host}, and is port {a.sync_port} open from here?", file=sys.stderr)  # fmt: skip

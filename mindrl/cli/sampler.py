@@ -8,8 +8,9 @@ import logging
 import signal
 import sys
 import threading
+import time
 
-from mindrl.serving.transport import DATA_PORT, SYNC_PORT
+from mindrl.serving.transport import DATA_PORT, SYNC_PORT, TransportTimeout
 
 logger = logging.getLogger("mindrl.sampler")
 
@@ -45,52 +46,37 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    from mindrl.data.prompt_dataset import PromptDataset
-    from mindrl.data.tokenizer import load_tokenizer
-    from mindrl.rewards.verifiers import get_verifier
-    from mindrl.rollout import RolloutConfig, SamplingConfig
-    from mindrl.serving.sampler import Sampler
+    from mindrl.serving.sampler_actor import SamplerSpec, build_sampler
     from mindrl.serving.transport import ZmqSamplerEnd
 
-    names = args.verifier or ["acc_for_ppo"]
+    spec = SamplerSpec(model=args.model, data_path=args.data_path, max_prompt_length=args.max_prompt_length, n=args.n,
+                       max_tokens=args.max_tokens, verifiers=args.verifier or ["acc_for_ppo"], engine=args.engine,
+                       temperature=args.temperature, top_p=args.top_p, seed=args.seed, lease_size=args.lease_size,
+                       timeout_s=args.timeout)  # fmt: skip
+    end = ZmqSamplerEnd(args.sampler_id, args.host, args.data_port, args.sync_port)
     try:
-        verifiers = {name: get_verifier(name) for name in names}
-        dataset = PromptDataset(args.data_path, args.max_prompt_length, ("labels",))
+        sampler, engine, num_prompts = build_sampler(args.sampler_id, end, spec)
     except (KeyError, ValueError, FileNotFoundError) as e:
+        end.close()
         print(f"mindrl-sampler: {e}", file=sys.stderr)
         return 2
-    tokenizer = load_tokenizer(args.model)
-
-    def prompt(i: int):
-        row = dataset[i]
-        return row["input_ids"].tolist(), tokenizer.decode(row["labels"].tolist(), skip_special_tokens=True)
-
-    def score(samples, label):
-        texts = [tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
-        return [{name: float(v(text, label)) for name, v in verifiers.items()} for text in texts]
-
-    config = RolloutConfig(model=args.model, dtype="float32", max_model_len=args.max_prompt_length + args.max_tokens)
-    if args.engine == "hf":
-        from mindrl.rollout.hf_engine import HFEngine as Engine
-    else:
-        from mindrl.rollout.vllm_engine import VllmEngine as Engine
-    engine = Engine(config)
-    sampling = SamplingConfig(n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    end = ZmqSamplerEnd(args.sampler_id, args.host, args.data_port, args.sync_port)
-    sampler = Sampler(args.sampler_id, end, engine, prompt, sampling, score, args.seed, args.lease_size, args.timeout)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    logger.info("sampler %s: %d prompts, trainer %s (data %d, sync %d)", args.sampler_id, len(dataset), args.host,
+    logger.info("sampler %s: %d prompts, trainer %s (data %d, sync %d)", args.sampler_id, num_prompts, args.host,
                 args.data_port, args.sync_port)  # fmt: skip
-    sent = idle = 0
+    sent, idle_since = 0, time.monotonic()
     try:
         while not stop.is_set():
-            k = sampler.step()
+            try:
+                k = sampler.step()
+            except TransportTimeout as e:  # the trainer is away (restarting, resuming): keep asking
+                logger.warning("sampler %s: %s; retrying", args.sampler_id, e)
+                k = 0
             sent += k
-            idle = 0 if k else idle + 1
             if k:
+                idle_since = time.monotonic()
                 logger.info("sampler %s: %d groups sent (weights v%s)", args.sampler_id, sent, sampler.version)
-            elif args.idle_exit is not None and idle * 0.1 >= args.idle_exit:
+            elif args.idle_exit is not None and time.monotonic() - idle_since >= args.idle_exit:
                 break
             else:
                 stop.wait(0.1)

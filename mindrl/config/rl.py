@@ -370,6 +370,11 @@ class RLSectionConfig(Section):
     """bounded: the port samplers lease prompts and fetch weights on."""
     async_timeout_s: float = 600.0
     """bounded: the run stops when a batch does not fill within this many seconds (no sampler delivering)."""
+    async_samplers: int = 0
+    """bounded: this many sampler actors inside the trainer's Ray cluster, on the Ray transport (async_host and the
+    ports unused); 0: external `mindrl-sampler` processes over ZeroMQ."""
+    async_sampler_engine: str = "hf"
+    """bounded with async_samplers: the actors' rollout engine, hf or vllm."""
 
     @classmethod
     def from_dict(cls, data, prefix: str, col: Collector) -> Any:
@@ -520,6 +525,11 @@ class RLSectionConfig(Section):
                 col.add("async_sync_port", f"must differ from async_data_port ({self.async_data_port})")
             if not self.async_timeout_s > 0:
                 col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
+            if self.async_samplers < 0:
+                col.add("async_samplers", f"must be >= 0 (0: external mindrl-sampler processes), got "
+                        f"{self.async_samplers}")  # fmt: skip
+            if self.async_sampler_engine not in ("hf", "vllm"):
+                col.add("async_sampler_engine", f"must be hf or vllm, got {self.async_sampler_engine!r}")
         elif self.async_mode == "one_step_off":
             if self.max_staleness > 1:
                 col.add("max_staleness", f"one_step_off trains experiences at most one version old: 1 (or 0, the "

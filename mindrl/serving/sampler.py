@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ import numpy as np
 from mindrl.data.prompt_ledger import Lease
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
 from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, Experience
-from mindrl.serving.transport import SamplerEnd
+from mindrl.serving.transport import SamplerEnd, TransportTimeout
 
 PromptSource = Callable[[int], tuple[Sequence[int], Any]]
 """dataset index -> (prompt token ids, label)."""
@@ -35,9 +35,12 @@ class Sampler:
     timeout_s: float = 60.0
     version: int | None = None
     """The weight version the engine holds (None: none fetched yet; nothing is generated before)."""
+    unsent: list = field(default_factory=list)
+    """Groups generated but not yet sent (their send timed out): sent first in the next round."""
 
     def sync_weights(self) -> bool:
-        """Load the trainer's newest weights if they are newer than the engine's; True if it did."""
+        """Load the trainer's newest weights if they are not the engine's version (older ones too: a trainer resumed
+        from a checkpoint replaces the weights of the run before); True if it did."""
         update = self.end.fetch_weights(self.version, timeout_s=self.timeout_s)
         if update is None:
             return False
@@ -52,14 +55,32 @@ class Sampler:
 
     def step(self) -> int:
         """One round: newest weights, up to lease_size prompts, each generated, scored and sent (blocking while the
-        trainer's queue is full). Returns the groups sent (0: nothing published or nothing to lease)."""
+        trainer's queue is full). Returns the groups sent (0: nothing published or nothing to lease). A send that
+        times out raises TransportTimeout once the round's leases are generated; its group and those after it are
+        kept (`unsent`) and sent first next round, so no leased prompt is lost while the trainer is away."""
         self.sync_weights()
         if self.version is None:
             return 0
-        leases = self.end.lease(self.lease_size, timeout_s=self.timeout_s)
-        for lease in leases:
-            self.end.send(self.sample(lease), timeout_s=self.timeout_s)
-        return len(leases)
+        sent = self._flush()  # raises while the trainer is still not reading: no new leases meanwhile
+        failed = None
+        for lease in self.end.lease(self.lease_size, timeout_s=self.timeout_s):
+            self.unsent.append(self.sample(lease))
+            if failed is None:
+                try:
+                    sent += self._flush()
+                except TransportTimeout as e:
+                    failed = e
+        if failed is not None:
+            raise failed
+        return sent
+
+    def _flush(self) -> int:
+        sent = 0
+        while self.unsent:
+            self.end.send(self.unsent[0], timeout_s=self.timeout_s)
+            self.unsent.pop(0)
+            sent += 1
+        return sent
 
     def sample(self, lease: Lease) -> list[Experience]:
         """The experiences of one leased prompt, with the engine's current weights."""

@@ -45,6 +45,9 @@ class TransportStats:
     dropped_duplicate: int = 0
     dropped_stale: int = 0
     """Experiences (responses) refused as older than the trainer's freshness bound; their prompts are re-issued."""
+    dropped_foreign: int = 0
+    """Experiences refused as sampled with a weight version newer than any this trainer published: a previous run's,
+    past the checkpoint this one resumed from. Their prompts are re-issued."""
     last_reason: str = ""
     last_seen: dict[str, float] = field(default_factory=dict)
     """sampler_id -> time.monotonic() of its last message on either channel."""
@@ -94,8 +97,13 @@ class TrainerEnd(ABC):
         self.stats = TransportStats()
         self._lock = threading.Lock()  # ledger and stats: the sync thread serves leases concurrently
         self._oldest_version: int | None = None  # groups sampled with older weights are refused (set_freshness)
+        self._newest_version: int | None = None  # the newest weights published (set by publish_weights)
         self.max_in_flight: int | None = None
         """At most this many prompts leased and not yet received (None: no bound): how far samplers run ahead."""
+
+    def set_max_in_flight(self, count: int | None) -> None:
+        """Lease at most `count` prompts beyond those received (None: no bound): how far samplers run ahead."""
+        self.max_in_flight = count
 
     def set_freshness(self, version: int, max_staleness: int) -> None:
         """From now on refuse groups with an experience older than `version - max_staleness`: counted in
@@ -167,6 +175,15 @@ class TrainerEnd(ABC):
         with self._lock:
             self._seen(sampler_id)
             oldest = min(e.weight_version for e in group)
+            newest = max(e.weight_version for e in group)
+            if self._newest_version is not None and newest > self._newest_version:
+                self.stats.dropped_foreign += len(group)
+                self.stats.last_reason = (f"prompt {prompt_index} epoch {epoch} from {sampler_id} sampled with weight "
+                                          f"version {newest}, newer than this trainer's {self._newest_version} (a "
+                                          "previous run's weights)")  # fmt: skip
+                self.ledger.give_back(sampler_id, prompt_index, epoch)
+                logger.info("dropped %s", self.stats.last_reason)
+                return None
             if self._oldest_version is not None and oldest < self._oldest_version:
                 self.stats.dropped_stale += len(group)
                 self.stats.last_reason = (f"stale prompt {prompt_index} epoch {epoch} from {sampler_id}: weight version "
@@ -200,7 +217,8 @@ class SamplerEnd(ABC):
 
     @abstractmethod
     def fetch_weights(self, have_version: int | None, timeout_s: float = 60.0) -> WeightUpdate | None:
-        """The newest weights if newer than `have_version` (None: any), else None."""
+        """The trainer's newest weights unless they are version `have_version` (None: any), else None. A version
+        other than the sampler's is returned even if older: a resumed trainer's weights replace a previous run's."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -291,6 +309,7 @@ class ZmqTrainerEnd(TrainerEnd):
             if self._weights is not None and version <= self._weights[0]:
                 raise ValueError(f"weight version {version} is not newer than the published {self._weights[0]}")
             self._weights = (version, frames)
+            self._newest_version = version
 
     def _serve(self, router: Any) -> None:
         zmq = self._zmq
@@ -330,7 +349,9 @@ class ZmqTrainerEnd(TrainerEnd):
             with self._lock:
                 self._seen(sampler_id)
                 current = self._weights
-            if current is None or (have is not None and current[0] <= have):
+            # a sampler that outlived a previous run may hold a newer version than this (resumed) trainer: any
+            # version other than the current one is replaced
+            if current is None or current[0] == have:
                 version = None if current is None else current[0]
                 return [msgpack.packb({"op": "weights", "weight_version": version, "num_buckets": 0})]
             version, buckets = current
@@ -451,6 +472,10 @@ class _Hub:
         self._weights: tuple[int, list[bytes]] | None = None
         self._ledger = PromptLedger(**ledger_args)
         self._seen: dict[str, float] = {}
+        self._max_in_flight: int | None = None
+
+    async def set_max_in_flight(self, count: int | None) -> None:
+        self._max_in_flight = count
 
     async def put(self, data: bytes, timeout_s: float | None) -> bool:
         import asyncio
@@ -482,13 +507,15 @@ class _Hub:
 
     async def fetch(self, sampler_id: str, have: int | None) -> tuple[int | None, list[bytes]]:
         self._seen[sampler_id] = time.monotonic()
-        if self._weights is None or (have is not None and self._weights[0] <= have):
+        if self._weights is None or self._weights[0] == have:  # any other version is replaced (see ZmqTrainerEnd)
             return (None if self._weights is None else self._weights[0]), []
         return self._weights
 
     async def lease(self, sampler_id: str, count: int) -> list[list[int]]:
         self._seen[sampler_id] = time.monotonic()
-        return [[x.prompt_index, x.epoch] for x in self._ledger.issue(sampler_id, count)]
+        if self._max_in_flight is not None:
+            count = max(0, min(count, self._max_in_flight - len(self._ledger.in_flight())))
+        return [[x.prompt_index, x.epoch] for x in self._ledger.issue(sampler_id, count)] if count else []
 
     async def ledger_call(self, name: str, args: list[Any]) -> Any:
         value = getattr(self._ledger, name)
@@ -527,6 +554,12 @@ class _LedgerProxy:
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state)
+
+    def holders(self) -> list[str]:
+        return self._call("holders")
+
     def __getattr__(self, name: str) -> Any:  # counters: epochs_closed, duplicates, reissued, epoch
         if name.startswith("_"):
             raise AttributeError(name)
@@ -558,6 +591,12 @@ class RayTrainerEnd(TrainerEnd):
                     out.append(group)
         return out
 
+    def set_max_in_flight(self, count: int | None) -> None:
+        import ray
+
+        super().set_max_in_flight(count)
+        ray.get(self.hub.set_max_in_flight.remote(count))
+
     def queue_depth(self) -> int:
         import ray
 
@@ -567,6 +606,8 @@ class RayTrainerEnd(TrainerEnd):
         import ray
 
         ray.get(self.hub.publish.remote(version, weight_buckets(tensors)))
+        with self._lock:
+            self._newest_version = version
 
     def close(self) -> None:
         import ray

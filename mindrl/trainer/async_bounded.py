@@ -1,15 +1,17 @@
-"""rl_config.async_mode bounded in mindrl-train: the batches come from samplers over ZeroMQ (`Intake`), the actor's
-weights are published every weight_sync_interval updates, and the prompt ledger goes into the checkpoint."""
+"""rl_config.async_mode bounded in mindrl-train: the batches come from samplers over ZeroMQ or from sampler actors on
+the Ray transport (`Intake`), the actor's weights are published every weight_sync_interval updates, and the prompt
+ledger goes into the checkpoint."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from mindrl.batch import Batch
 from mindrl.data.prompt_dataset import PromptBatch, PromptDataset
 from mindrl.data.prompt_ledger import PromptLedger
-from mindrl.serving.transport import TrainerEnd, ZmqTrainerEnd
+from mindrl.serving.transport import TrainerEnd, TransportTimeout, ZmqTrainerEnd
 from mindrl.trainer.async_intake import Intake, make_batch
 
 logger = logging.getLogger(__name__)
@@ -24,13 +26,18 @@ class Bounded:
     sync_interval: int
     published: int | None = None
     """The newest weight version published (None: none yet; samplers wait for one)."""
+    actors: list = field(default_factory=list)
+    """The sampler actors (rl_config.async_samplers; none with external samplers)."""
 
     def take(
         self, version: int, dataset: PromptDataset, n: int, pad_token_id: int | None
     ) -> tuple[PromptBatch, Batch, dict[str, float]]:
         """The prompts (dataset rows, with their labels) and RL batch of the next `intake.groups` groups for the
         update of weight version `version`, with the batch's async/* metrics."""
-        groups, metrics = self.intake.take(version)
+        try:
+            groups, metrics = self.intake.take(version)
+        except TransportTimeout as e:
+            raise TransportTimeout(f"{e}{self._actor_errors()}") from None
         rows = [g[0].prompt_index for g in groups]
         prompts = dataset.batch(rows)
         for g, p in zip(groups, prompts.prompts):
@@ -58,22 +65,91 @@ class Bounded:
         re-issued (a group they deliver late still counts once)."""
         self.end.restore_ledger(state["ledger"])
 
+    def _actor_errors(self) -> str:
+        """The errors that ended sampler actors, for a batch that did not fill."""
+        if not self.actors:
+            return ""
+        import ray
+
+        try:
+            states = ray.get([a.status.remote() for a in self.actors], timeout=30)
+        except Exception as e:  # noqa: BLE001 (a dead actor: its error is the answer)
+            return f"; sampler actors: {e}"
+        errors = [f"{s['sampler_id']}: {s['error']}" for s in states if s["error"]]
+        return "; sampler actors failed: " + "; ".join(errors) if errors else ""
+
     def close(self) -> None:
+        if self.actors:
+            import ray
+
+            try:
+                ray.get([a.stop.remote() for a in self.actors], timeout=60)
+            except Exception as e:  # noqa: BLE001 (killed below in any case)
+                logger.warning("bounded: sampler actors did not stop cleanly: %s", e)
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
         self.end.close()
 
 
 def bounded(cfg, num_prompts: int) -> Bounded | None:
-    """The trainer's end of `cfg`'s bounded mode (binds the ZeroMQ ports), or None in the other modes."""
+    """The trainer's end of `cfg`'s bounded mode (binds the ZeroMQ ports, or with async_samplers starts the sampler
+    actors on the Ray transport), or None in the other modes."""
     mt, rl = cfg.megatron_training, cfg.rl_config
     if rl.async_mode != "bounded":
         return None
-    ledger = PromptLedger(num_prompts, seed=mt.seed, shuffle=not mt.no_shuffle)
-    end = ZmqTrainerEnd(ledger, rl.async_host, rl.async_data_port, rl.async_sync_port)
+    ahead = mt.global_batch_size * max(1, rl.max_staleness)
+    if rl.async_samplers > 0:
+        from mindrl.serving.transport import RayTrainerEnd
+
+        end = RayTrainerEnd({"num_prompts": num_prompts, "seed": mt.seed, "shuffle": not mt.no_shuffle}, maxsize=ahead)
+    else:
+        ledger = PromptLedger(num_prompts, seed=mt.seed, shuffle=not mt.no_shuffle)
+        end = ZmqTrainerEnd(ledger, rl.async_host, rl.async_data_port, rl.async_sync_port)
+        logger.info("bounded: samplers connect to data %s, sync %s", end.data_address, end.sync_address)
     # samplers run at most max_staleness batches ahead of what the trainer has received (one at max_staleness 0)
-    end.max_in_flight = mt.global_batch_size * max(1, rl.max_staleness)
-    logger.info("bounded: samplers connect to data %s, sync %s", end.data_address, end.sync_address)
+    end.set_max_in_flight(ahead)
     intake = Intake(end, mt.global_batch_size, rl.max_staleness, timeout_s=rl.async_timeout_s)
-    return Bounded(end, intake, rl.weight_sync_interval)
+    b = Bounded(end, intake, rl.weight_sync_interval)
+    if rl.async_samplers > 0:
+        from mindrl.serving import sampler_actor
+
+        try:
+            b.actors = sampler_actor.spawn(rl.async_samplers, end.hub, sampler_spec(cfg))
+        except BaseException:
+            b.close()
+            raise
+        logger.info("bounded: %d sampler actors (%s) on the Ray transport", len(b.actors), rl.async_sampler_engine)
+    return b
+
+
+def sampler_spec(cfg):
+    """The sampler actors' `SamplerSpec`: the run's dataset, model dir, verifiers and sampling, paths made absolute
+    (actors may start in another directory)."""
+    from mindrl.serving.sampler_actor import SamplerSpec
+
+    mt, rl, gen = cfg.megatron_training, cfg.rl_config, cfg.generate_config
+    s = gen.sampling_config
+    return SamplerSpec(
+        model=os.path.abspath(gen.tokenizer_name_or_path or mt.tokenizer_name_or_path),
+        data_path=os.path.abspath(mt.data_path),
+        max_prompt_length=rl.max_prompt_length,
+        n=rl.n_samples_per_prompt,
+        max_tokens=s.max_tokens,
+        verifiers=list(rl.verifier_function or ["acc_for_ppo"]),
+        engine=rl.async_sampler_engine,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=mt.seed,
+        timeout_s=rl.async_timeout_s,
+    )
+
+
+def tag_rows(rows: list[dict], batch: Batch) -> None:
+    """bounded: each rollouts.jsonl row gets its prompt's dataset index and ledger epoch (nothing in other modes)."""
+    if "epoch" in batch.rows_meta:
+        for row, prompt, epoch in zip(rows, batch.rows_meta["prompt_index"], batch.rows_meta["epoch"]):
+            row["prompt_index"], row["epoch"] = int(prompt), int(epoch)
 
 
 def trainer_state(b: Bounded | None) -> dict:

@@ -35,7 +35,7 @@ class Intake:
     def take(self, version: int) -> tuple[list[list[Experience]], dict[str, float]]:
         """`groups` accepted groups for the update of weight version `version`, and this batch's async/* metrics."""
         self.end.set_freshness(version, self.max_staleness)
-        stale_before = self.end.stats.dropped_stale
+        stale_before, foreign_before = self.end.stats.dropped_stale, self.end.stats.dropped_foreign
         got: list[list[Experience]] = []
         t0 = time.monotonic()
         while len(got) < self.groups:
@@ -52,6 +52,7 @@ class Intake:
             "async/staleness/mean": lag.mean().item(),
             "async/staleness/max": lag.max().item(),
             "async/dropped_stale": float(self.end.stats.dropped_stale - stale_before),
+            "async/dropped_foreign": float(self.end.stats.dropped_foreign - foreign_before),
             "async/trainer_idle_s": waited,
         }
         depth = getattr(self.end, "queue_depth", None)
@@ -76,8 +77,8 @@ def sampler_tps(groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
 
 def make_batch(groups: Sequence[Sequence[Experience]], n: int, pad_token_id: int | None) -> Batch:
     """The RL batch of `groups` (`experience.make_batch`: rollout_log_prob = the behaviour logprobs), with
-    ref_log_prob where every experience carries reference logprobs, and rows_meta "weight_version" and
-    "prompt_index"."""
+    ref_log_prob where every experience carries reference logprobs, and rows_meta "weight_version", "prompt_index" and
+    "epoch" (the prompt ledger's unit)."""
     prompts = [g[0].prompt_ids.astype("int64").tolist() for g in groups]
     samples = [
         [RolloutSample(e.response_ids.tolist(), e.behaviour_logprobs.astype("float64").tolist(), e.finish_reason)
@@ -88,6 +89,7 @@ def make_batch(groups: Sequence[Sequence[Experience]], n: int, pad_token_id: int
     rows = [e for g in groups for e in g]
     batch.rows_meta["weight_version"] = [e.weight_version for e in rows]
     batch.rows_meta["prompt_index"] = [e.prompt_index for e in rows]
+    batch.rows_meta["epoch"] = [e.epoch for e in rows]
     if all(e.ref_logprobs is not None for e in rows):
         ref = torch.zeros_like(batch["rollout_log_prob"])
         for i, e in enumerate(rows):

@@ -285,6 +285,7 @@ class PPOTrainer:
         metrics.update(timing)
         metrics.update(iteration_throughput(self.cfg, metrics))
         rows = experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
+        async_bounded.tag_rows(rows, batch)  # bounded: each row's prompt_index and epoch
         if self.cfg.rl_config.filter_groups_enable:  # what dynamic sampling did with each generated group
             rows = [{**row, "dynamic_sampling": "trained"} for row in rows] + dropped
         return metrics, rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from mindrl.data.prompt_ledger import Lease, PromptLedger
@@ -97,3 +98,39 @@ def test_two_samplers_feed_one_trainer(tiny_models):
             assert e.behaviour_logprobs.tolist() == [float(x) for x in w.logprobs]
             assert e.rewards == {"len": float(len(w.token_ids)), "label": float(lease.prompt_index)}
     ref.shutdown()
+
+
+def test_groups_whose_send_times_out_are_sent_first_next_round(tiny_models):
+    """The data channel has no trainer behind it (a trainer restarting): the round's leased prompts are generated and
+    kept, the round raises TransportTimeout, and once a trainer reads again they are sent before anything new is
+    leased; no leased prompt is lost."""
+    import zmq
+
+    from mindrl.serving.experience import decode
+    from mindrl.serving.transport import TransportTimeout
+
+    torch.set_num_threads(1)
+    sync_port, data_port = free_port(), free_port()
+    trainer = ZmqTrainerEnd(PromptLedger(len(PROMPTS), seed=1), "127.0.0.1", free_port(), sync_port)
+    end = ZmqSamplerEnd("s0", "127.0.0.1", data_port, sync_port)  # nothing bound on data_port yet
+    s = Sampler("s0", end, engine(tiny_models["untied"]), lambda i: (PROMPTS[i], i), SAMPLING, score, lease_size=2,
+                timeout_s=0.5)  # fmt: skip
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    try:
+        trainer.publish_weights(0, dict(s.engine.engine.model.state_dict()))
+        with pytest.raises(TransportTimeout, match="no room after 0.5s"):
+            s.step()
+        held = trainer.ledger.in_flight("s0")
+        assert len(held) == 2 and [g[0].prompt_index for g in s.unsent] == [x.prompt_index for x in held]
+        pull.bind(f"tcp://127.0.0.1:{data_port}")  # a trainer reads the data channel again
+        s.timeout_s = 30
+        assert s.step() == 4  # the 2 kept groups first, then the round's 2 new prompts
+        got = [decode(pull.recv()) for _ in range(4)]
+        assert [g[0].prompt_index for g in got[:2]] == [x.prompt_index for x in held] and not s.unsent
+    finally:
+        pull.close(linger=0)
+        ctx.term()
+        end.close()
+        s.engine.shutdown()
+        trainer.close()

@@ -250,3 +250,36 @@ def test_max_in_flight_bounds_the_leases(ports):
     finally:
         sampler.close()
         trainer.close()
+
+
+def test_resumed_trainer_replaces_a_previous_runs_newer_weights(ports):
+    """A trainer killed after publishing version 3 resumes from its version-2 checkpoint: a sampler that outlived it
+    (holding version 3) gets version 2 back, its version-3 group is refused (its prompt re-issued), and its group
+    sampled with version 2 before the kill, for a prompt in flight at the checkpoint, still counts once."""
+    old = PromptLedger(8, seed=3)
+    held = old.issue("A", 3)
+    state = old.state_dict()  # the checkpoint: A holds 3 prompts
+    trainer = ZmqTrainerEnd(PromptLedger(8, seed=3), "127.0.0.1", *ports)
+    sampler = ZmqSamplerEnd("A", "127.0.0.1", *ports)
+    try:
+        trainer.restore_ledger(state)
+        weights = {"w": torch.full((2,), 2.0)}
+        trainer.publish_weights(2, weights)
+        update = sampler.fetch_weights(3, timeout_s=10)  # the sampler holds the dead run's version 3
+        assert update.version == 2 and torch.equal(update.tensors["w"], weights["w"])
+        assert sampler.fetch_weights(2, timeout_s=10) is None
+        sampler.send(group(held[0], "A", version=3), timeout_s=10)  # past the checkpoint: another lineage
+        sampler.send(group(held[1], "A", version=2), timeout_s=10)  # the checkpoint's weights: trained
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 1 or trainer.stats.dropped_foreign == 0:
+            assert time.monotonic() < deadline
+            got += trainer.receive(2, timeout_s=1)
+        assert [g[0].prompt_index for g in got] == [held[1].prompt_index]
+        assert trainer.stats.dropped_foreign == 2 and "previous run's weights" in trainer.stats.last_reason
+        reissued = trainer.ledger.issue("B", 8)
+        assert reissued[:2] == [held[0], held[2]]  # the refused prompt and the one never delivered, first
+        assert held[1] not in reissued
+    finally:
+        sampler.close()
+        trainer.close()

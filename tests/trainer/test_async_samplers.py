@@ -26,11 +26,11 @@ pytestmark = pytest.mark.slow
 N = 2
 
 
-def start(sampler_id, assets, ports, log, n=N, max_tokens=8):
+def start(sampler_id, assets, ports, log, n=N, max_tokens=8, extra=()):
     cmd = [sys.executable, "-m", "mindrl.cli.sampler", "--sampler-id", sampler_id, "--host", "127.0.0.1",
            "--data-port", str(ports[0]), "--sync-port", str(ports[1]), "--model", str(assets / "hf"),
            "--data-path", str(assets / "data" / "train"), "--max-prompt-length", "64", "--n", str(n),
-           "--max-tokens", str(max_tokens), "--lease-size", "2", "--seed", "11", "--idle-exit", "60"]  # fmt: skip
+           "--max-tokens", str(max_tokens), "--lease-size", "2", "--seed", "11", "--idle-exit", "60", *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ROOT}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

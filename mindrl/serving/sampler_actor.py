@@ -1,0 +1,123 @@
+"""A sampler built from a `SamplerSpec` (the dataset's rows as prompts, the rule verifiers as scorers), and the Ray
+actor that runs one inside the trainer's cluster on the Ray transport (rl_config.async_samplers)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from dataclasses import asdict, dataclass, field
+
+from mindrl.serving.sampler import Sampler
+from mindrl.serving.transport import SamplerEnd, TransportTimeout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplerSpec:
+    """What a sampler generates from: `model` (HF dir: config and tokenizer; the weights come from the trainer),
+    the preprocessed dataset at `data_path`, and how it samples and scores."""
+
+    model: str
+    data_path: str
+    max_prompt_length: int
+    n: int
+    max_tokens: int
+    verifiers: list[str] = field(default_factory=lambda: ["acc_for_ppo"])
+    engine: str = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    lease_size: int = 1
+    timeout_s: float = 120.0
+
+
+def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
+    """(the Sampler, its engine) of `spec` on the transport end `end`. Raises KeyError / ValueError /
+    FileNotFoundError for an unknown verifier or a dataset that cannot be read."""
+    from mindrl.data.prompt_dataset import PromptDataset
+    from mindrl.data.tokenizer import load_tokenizer
+    from mindrl.rewards.verifiers import get_verifier
+    from mindrl.rollout import RolloutConfig, SamplingConfig
+
+    verifiers = {name: get_verifier(name) for name in spec.verifiers}
+    dataset = PromptDataset(spec.data_path, spec.max_prompt_length, ("labels",))
+    tokenizer = load_tokenizer(spec.model)
+
+    def prompt(i: int):
+        row = dataset[i]
+        return row["input_ids"].tolist(), tokenizer.decode(row["labels"].tolist(), skip_special_tokens=True)
+
+    def score(samples, label):
+        texts = [tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
+        return [{name: float(v(text, label)) for name, v in verifiers.items()} for text in texts]
+
+    config = RolloutConfig(model=spec.model, dtype="float32", max_model_len=spec.max_prompt_length + spec.max_tokens)
+    if spec.engine == "hf":
+        from mindrl.rollout.hf_engine import HFEngine as Engine
+    elif spec.engine == "vllm":
+        from mindrl.rollout.vllm_engine import VllmEngine as Engine
+    else:
+        raise ValueError(f"sampler engine {spec.engine!r}: choose hf or vllm")
+    engine = Engine(config)
+    sampling = SamplingConfig(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p)
+    sampler = Sampler(sampler_id, end, engine, prompt, sampling, score, spec.seed, spec.lease_size, spec.timeout_s)
+    return sampler, engine, len(dataset)
+
+
+class SamplerActor:
+    """A sampler in a Ray actor on the hub of a `RayTrainerEnd`: `start` runs it on a thread until `stop`;
+    `status` reports the groups sent and the error that ended it, if one did."""
+
+    def __init__(self, sampler_id: str, hub, spec: dict, threads: int = 1):
+        import torch
+
+        from mindrl.serving.transport import RaySamplerEnd
+
+        torch.set_num_threads(threads)
+        self.sampler_id = sampler_id
+        self.sampler, self.engine, _ = build_sampler(sampler_id, RaySamplerEnd(sampler_id, hub), SamplerSpec(**spec))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"sampler-{self.sampler_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    k = self.sampler.step()
+                except TransportTimeout as e:  # the trainer is not reading: keep trying
+                    logger.warning("sampler %s: %s; retrying", self.sampler_id, e)
+                    k = 0
+                self.sent += k
+                if k == 0:
+                    self._stop.wait(0.05)
+        except BaseException:  # reported by status(); the trainer names it when its batch does not fill
+            self.error = traceback.format_exc(limit=8)
+
+    def status(self) -> dict:
+        return {"sampler_id": self.sampler_id, "sent": self.sent, "version": self.sampler.version,
+                "error": self.error}  # fmt: skip
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+        self.engine.shutdown()
+
+
+def spawn(count: int, hub, spec: SamplerSpec, prefix: str = "ray") -> list:
+    """`count` SamplerActors (named `{prefix}{k}`) on `hub`, started. They ask for no CPUs of Ray's: the trainer's
+    placement group holds its bundles' CPUs, and the samplers share the host with it."""
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_concurrency=4)(SamplerActor)
+    actors = [cls.remote(f"{prefix}{k}", hub, asdict(spec)) for k in range(count)]
+    ray.get([a.start.remote() for a in actors])
+    return actors
