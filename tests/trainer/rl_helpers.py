@@ -154,7 +154,8 @@ class SharedRun:
 
 # The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; they are
 # also test_ppo_e2e's PPO run (an adaptive KL controller) and GRPO run (off-policy: 2 mini-batches x 2 epochs, old
-# logprobs recomputed, truncated importance sampling) for the metrics contract. Read-only: copy to modify.
+# logprobs recomputed, truncated importance sampling) for the metrics contract; the GRPO run is also
+# test_residency_e2e's off-policy ledger run. Read-only: copy to modify.
 # Both straight runs profile every stage of iteration 3 on rank 1 (test_ppo_e2e checks the traces; the numbers the
 # resume tests compare do not depend on it).
 PROFILE = ["profiler_config.integrated.profile=true", "profiler_config.integrated.profile_step_start=3",
@@ -229,3 +230,23 @@ def layout_run(assets, tmp_path_factory, name: str) -> SharedRun:
         _, results, lines, rollouts = _train(cfg)
         _LAYOUT_RUNS[name] = SharedRun(cfg, results, lines, rollouts, run_dir)
     return _LAYOUT_RUNS[name]
+
+
+# One PPO iteration with a reward model (ppo_tiny_cpu_rm; the tiny critic as the reward model), every role on one
+# device at TP1, integrated: test_reward_model_e2e's PPO run, and the integrated side that test_separate_placement_e2e
+# and test_separate_engines_e2e compare their placements against.
+ONE_DEVICE = ["actor_config.tensor_model_parallel_size=1", "critic_config.tensor_model_parallel_size=1",
+              "generate_config.infer_tensor_parallel_size=1", "rl_config.actor_resource.num_npus=1",
+              "rl_config.critic_resource.num_npus=1", "rl_config.reward_resource.num_npus=1",
+              "megatron_training.train_iters=1", "rl_config.use_tensorboard=false"]  # fmt: skip
+_RM_RUN: dict[str, SharedRun] = {}
+
+
+def integrated_rm_run(assets, tmp_path_factory) -> SharedRun:
+    """`ppo_tiny_cpu_rm` with ONE_DEVICE, integrated, once per session."""
+    if "run" not in _RM_RUN:
+        run_dir = tmp_path_factory.mktemp("integrated_rm")
+        cfg = _config("ppo_tiny_cpu_rm", assets, run_dir, f"reward_config.load={assets / 'critic'}", *ONE_DEVICE)
+        _, results, lines, rollouts = _train(cfg)
+        _RM_RUN["run"] = SharedRun(cfg, results, lines, rollouts, run_dir)
+    return _RM_RUN["run"]

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import _config, _train, integrated_rm_run
 from tests.workers.reward_rank_fns import hf_model, hf_scores
 
 pytestmark = pytest.mark.slow
@@ -61,12 +61,13 @@ def _check_scores(rows, hf_dir, weight, normalize, clip):
     assert max(abs(a - b) for a, b in zip(got, rewards)) <= tol, (got, rewards)
 
 
-def test_ppo_with_reward_model(assets, tmp_path):
-    cfg = _config("ppo_tiny_cpu_rm", assets, tmp_path, "megatron_training.train_iters=1",
-                  f"reward_config.load={assets / 'critic'}", "rl_config.use_tensorboard=false")  # fmt: skip
-    _, _, lines, rollouts = _train(cfg)
+def test_ppo_with_reward_model(assets, tmp_path_factory):
+    """ppo_tiny_cpu_rm at TP1 on one device (rl_helpers.integrated_rm_run, shared with the separate-placement tests;
+    the reward model at TP2 is the GRPO run's, at DP2 test_reward_model_alone's)."""
     from mindrl.plan.planner import make_plan
 
+    run = integrated_rm_run(assets, tmp_path_factory)
+    cfg, lines, rollouts = run.cfg, run.lines, run.rollouts
     planned = make_plan(cfg, device="host").memory["reward"]["score"]["weights_bytes"]
     assert lines[0]["memory/device_bytes/score/reward.weights"] == planned  # the planner counts what the ledger sees
     rl = cfg.rl_config
@@ -74,36 +75,51 @@ def test_ppo_with_reward_model(assets, tmp_path):
                tuple(rl.reward_clip_range))  # fmt: skip
 
 
-def test_grpo_with_reward_model(assets, tmp_path):
-    cfg = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=1",
-                  f"+reward_config.load={assets / 'critic'}", "+reward_config.tensor_model_parallel_size=2",
-                  "+reward_config.micro_batch_size=4", "+rl_config.reward_model_weight=2.0",
-                  "rl_config.use_tensorboard=false")  # fmt: skip
-    assert cfg.reward_config.tp == 2 and not cfg.rl_config.normalize_reward
-    _, _, lines, rollouts = _train(cfg)
-    _check_run(lines, rollouts, str(assets / "hf_critic"), 2.0, False, None)
+# GRPO with a TP2 reward model (weight 2, running normalisation) for 2 iterations, saved after each: the first
+# iteration's rewards are test_grpo_with_reward_model's, the run is the straight side of the normalisation resume (one
+# trainer start for both; the unnormalised mix is test_reward_model_alone's). Read-only: copy to resume from it.
+GRPO_RM = ["+reward_config.tensor_model_parallel_size=2", "+reward_config.micro_batch_size=4",
+           "+rl_config.reward_model_weight=2.0", "+rl_config.normalize_reward=true",
+           "megatron_training.save_interval=1", "rl_config.use_tensorboard=false"]  # fmt: skip
+_GRPO_RM: dict = {}
 
 
-def test_resume_continues_the_running_normalisation(assets, tmp_path):
-    """GRPO with normalize_reward for 2 iterations straight equals 1, stop, resume for 1: iteration 2's rewards
-    depend on iteration 1's scores through the running statistics saved in trainer_state.json."""
+def _grpo_rm_run(assets, tmp_path_factory):
+    """(config, metrics, rollouts, run dir) of the shared GRPO + reward model run, once per session."""
+    if not _GRPO_RM:
+        run_dir = tmp_path_factory.mktemp("grpo_rm")
+        cfg = _config("grpo_tiny_cpu", assets, run_dir, "megatron_training.train_iters=2",
+                      f"+reward_config.load={assets / 'critic'}", *GRPO_RM)  # fmt: skip
+        _, _, lines, rollouts = _train(cfg)
+        _GRPO_RM.update(cfg=cfg, lines=lines, rollouts=rollouts, run_dir=run_dir)
+    return _GRPO_RM["cfg"], _GRPO_RM["lines"], _GRPO_RM["rollouts"], _GRPO_RM["run_dir"]
+
+
+def test_grpo_with_reward_model(assets, tmp_path_factory):
+    cfg, lines, rollouts, _ = _grpo_rm_run(assets, tmp_path_factory)
+    assert cfg.reward_config.tp == 2 and cfg.rl_config.normalize_reward and cfg.rl_config.reward_clip_range is None
+    _check_run(lines, rollouts, str(assets / "hf_critic"), 2.0, True, None)
+
+
+def test_resume_continues_the_running_normalisation(assets, tmp_path_factory, tmp_path):
+    """GRPO with normalize_reward for 2 iterations straight (the shared run) equals 1, stop, resume for 1: iteration
+    2's rewards depend on iteration 1's scores through the running statistics saved in trainer_state.json."""
     import json
     import shutil
 
     from mindrl.checkpoint import mcore_ckpt
 
-    rm = [f"+reward_config.load={assets / 'critic'}", "+reward_config.micro_batch_size=4",
-          "+rl_config.normalize_reward=true", "megatron_training.save_interval=1", "rl_config.use_tensorboard=false"]  # fmt: skip
-    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
-    _, _, straight, _ = _train(_config("grpo_tiny_cpu", assets, straight_dir, "megatron_training.train_iters=2", *rm))
+    _, straight, _, straight_dir = _grpo_rm_run(assets, tmp_path_factory)
+    split_dir = tmp_path / "split"
     shutil.copytree(straight_dir, split_dir)
     shutil.rmtree(split_dir / "ckpt_actor" / "iter_0000002")
     mcore_ckpt.write_tracker(str(split_dir / "ckpt_actor"), 1)
     state = json.load(open(split_dir / "ckpt_actor" / "iter_0000001" / "trainer_state.json"))
     assert state["reward_moments"]["count"] == 8 * 4  # iteration 1's scores
     resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
-    _, results, split, _ = _train(_config("grpo_tiny_cpu", assets, split_dir, "megatron_training.train_iters=2", *rm,
-                                          *resume, actor_load=split_dir / "ckpt_actor"))  # fmt: skip
+    _, results, split, _ = _train(_config("grpo_tiny_cpu", assets, split_dir, "megatron_training.train_iters=2",
+                                          f"+reward_config.load={assets / 'critic'}", *GRPO_RM, *resume,
+                                          actor_load=split_dir / "ckpt_actor"))  # fmt: skip
     assert [r.iteration for r in results] == [2]
     for key in ("reward/mean", "reward_model/score/mean", "critic/advantages/max", "actor/pg_loss"):
         assert math.isclose(straight[1][key], split[1][key], rel_tol=1e-6, abs_tol=1e-6), key

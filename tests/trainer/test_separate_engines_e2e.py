@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.trainer.rl_helpers import _config
-from tests.trainer.test_separate_placement_e2e import ONE_DEVICE, SEPARATE, VARIES, _first_iteration
+from tests.trainer.test_separate_placement_e2e import ONE_DEVICE, SEPARATE, VARIES, integrated
 
 pytestmark = pytest.mark.slow
 
@@ -18,10 +18,10 @@ OWN_ENGINES = [*SEPARATE, "+rl_config.rollout_resource.num_npus=1"]
 SYNC = ("rollout/weight_sync_bytes", "rollout/weight_version")  # the weight group's own metrics
 
 
-def test_engines_on_their_own_device_equal_integrated(assets, tmp_path):
+def test_engines_on_their_own_device_equal_integrated(assets, tmp_path_factory, tmp_path):
     from mindrl.trainer.ppo_trainer import PPOTrainer
 
-    _, integ, integ_rows, _ = _first_iteration(assets, tmp_path / "integrated")
+    _, integ, integ_rows, _ = integrated(assets, tmp_path_factory)
     run_dir = tmp_path / "engines"
     cfg = _config("ppo_tiny_cpu_rm", assets, run_dir, f"reward_config.load={assets / 'critic'}", *ONE_DEVICE,
                   *OWN_ENGINES)  # fmt: skip

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import ONE_DEVICE, _config, _train, integrated_rm_run
 
 pytestmark = pytest.mark.slow
 
-ONE_DEVICE = ["actor_config.tensor_model_parallel_size=1", "critic_config.tensor_model_parallel_size=1",
-              "generate_config.infer_tensor_parallel_size=1", "rl_config.actor_resource.num_npus=1",
-              "rl_config.critic_resource.num_npus=1", "rl_config.reward_resource.num_npus=1",
-              "megatron_training.train_iters=1", "rl_config.use_tensorboard=false"]  # fmt: skip
 SEPARATE = ["rl_config.use_integrated_worker=false", "+rl_config.reference_resource.num_npus=1"]
 # What differs by construction: wall times and throughput, and the device ledger (each model alone on its device
 # holds its state in every phase; integrated mode offloads it outside its phases).
@@ -23,12 +19,23 @@ def _first_iteration(assets, run_dir, *overrides):
     cfg = _config("ppo_tiny_cpu_rm", assets, run_dir, f"reward_config.load={assets / 'critic'}", *ONE_DEVICE,
                   *overrides)  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
+    return _comparable(cfg, lines, rollouts)
+
+
+def _comparable(cfg, lines, rollouts):
+    """(config, iteration 1's metrics but those that vary by construction, its rollouts, its raw metrics)."""
     metrics = {k: v for k, v in lines[0].items() if not k.startswith(VARIES)}
     return cfg, metrics, [r for r in rollouts if r["iteration"] == 1], lines[0]
 
 
-def test_separate_placement_equals_integrated(assets, tmp_path):
-    _, integ, integ_rows, _ = _first_iteration(assets, tmp_path / "integrated")
+def integrated(assets, tmp_path_factory):
+    """_first_iteration's tuple of the integrated run (rl_helpers.integrated_rm_run, shared)."""
+    run = integrated_rm_run(assets, tmp_path_factory)
+    return _comparable(run.cfg, run.lines, run.rollouts)
+
+
+def test_separate_placement_equals_integrated(assets, tmp_path_factory, tmp_path):
+    _, integ, integ_rows, _ = integrated(assets, tmp_path_factory)
     cfg, sep, sep_rows, raw = _first_iteration(assets, tmp_path / "separate", *SEPARATE)
     from mindrl.plan import make_plan
 
