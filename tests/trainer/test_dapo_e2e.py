@@ -1,6 +1,7 @@
 """DAPO, Dr.GRPO and GSPO end to end on the tiny model: dynamic sampling's and the overlong buffer's metrics checked
 against a direct computation on the same rollouts (rollouts.jsonl holds every sampled response, trained or dropped),
-the prompt sampler's position in the checkpoint, and one short run each of Dr.GRPO and GSPO."""
+the prompt sampler's position in the checkpoint, and one short run each of Dr.GRPO and GSPO (the latter with
+REINFORCE++ advantages: the third estimator end to end, beside group_norm and gae)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.iterations import TrainerState
 from tests.trainer.rl_helpers import _config, _train, assert_same_checkpoints
+from tests.trainer.test_ppo_e2e import REQUIRED, _check_metrics
 
 pytestmark = pytest.mark.slow  # each run starts Ray and worker processes that import vLLM and megatron
 
@@ -146,7 +148,7 @@ def test_dapo_resume_draws_the_same_prompts(qwen3_assets, tmp_path_factory, tmp_
                      "rl_config.init_kl_coef=0"]),
         ("gspo", ["+rl_config.policy_loss_mode=gspo", "+rl_config.clip_ratio_low=3e-4",
                   "+rl_config.clip_ratio_high=4e-4", "rl_config.mini_batch_size=4", "rl_config.epochs=2",
-                  "+rl_config.shuffle_mini_batch=true"]),
+                  "+rl_config.shuffle_mini_batch=true", "rl_config.adv_estimator=reinforce_plus_plus"]),
     ],
 )  # fmt: skip
 def test_grpo_family_runs(assets, tmp_path, name, overrides):
@@ -162,3 +164,7 @@ def test_grpo_family_runs(assets, tmp_path, name, overrides):
     else:
         # off-policy steps see a ratio away from 1, and the clip at 3e-4 of the sequence ratio is active somewhere
         assert m["actor/ppo_kl"] != 0 and 0 < m["actor/pg_clipfrac"] <= 1
+        # reinforce_plus_plus (no prompt groups, discounted returns) holds the metrics contract; every estimator's
+        # wiring into the batch is test_loop_pieces', without workers
+        assert cfg.rl_config.adv_estimator == "reinforce_plus_plus"
+        _check_metrics(lines, cfg, REQUIRED)
