@@ -6,12 +6,12 @@
 # group, tests/parallel.py) run one after another on one worker, the rest beside them on the other.
 # MINDRL_TEST_WORKERS=1 runs everything in one process (e.g. with --pdb).
 set -euo pipefail
+WORKERS="${MINDRL_TEST_WORKERS:-2}"
+[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: MINDRL_TEST_WORKERS=$WORKERS must be a positive integer" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash tools/setup_env.sh
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-WORKERS="${MINDRL_TEST_WORKERS:-2}"
-[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: MINDRL_TEST_WORKERS=$WORKERS must be a positive integer" >&2; exit 2; }
 XDIST=()
 if [[ "$WORKERS" -gt 1 ]]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
 exec .venv/bin/python -m pytest ${XDIST[@]+"${XDIST[@]}"} "${@:-tests}"
