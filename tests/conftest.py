@@ -8,6 +8,8 @@ import signal
 import pytest
 import torch
 
+from tests.parallel import pytest_collection_modifyitems  # noqa: F401  (the xdist group of tests that start processes)
+
 torch.set_num_threads(1)
 # A suite started as a background job of a non-interactive shell (`bash tests/run.sh &`, nohup) inherits SIGINT
 # ignored, and so would every process it starts: the tests that stop mindrl-train or a launcher with Ctrl-C would
