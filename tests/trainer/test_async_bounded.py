@@ -24,12 +24,16 @@ N = 4  # grpo_tiny_cpu's n_samples_per_prompt
 RESUME = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
 
 
-def _bounded(ports) -> list[str]:
-    return [
+def _bounded(ports=None) -> list[str]:
+    """bounded's overrides: over ZeroMQ on `ports` (data, sync), or with None the default Ray transport."""
+    out = [
         "rl_config.use_tensorboard=false", *[x for x in STRAIGHT_EXTRA["grpo"] if x not in PROFILE],
-        "rl_config.async_mode=bounded", "rl_config.max_staleness=1", "rl_config.async_host=127.0.0.1",
-        f"rl_config.async_data_port={ports[0]}", f"rl_config.async_sync_port={ports[1]}", "rl_config.async_timeout_s=300",
+        "rl_config.async_mode=bounded", "rl_config.max_staleness=1", "rl_config.async_timeout_s=300",
     ]  # fmt: skip
+    if ports is not None:
+        out += ["rl_config.async_transport=zmq", "rl_config.async_host=127.0.0.1",
+                f"rl_config.async_data_port={ports[0]}", f"rl_config.async_sync_port={ports[1]}"]  # fmt: skip
+    return out
 
 
 def _expected(assets, num_prompts: int, epochs: int) -> collections.Counter:
@@ -89,12 +93,13 @@ def test_bounded_trains_every_prompt_once_from_two_samplers(assets, tmp_path):
 
 
 def test_bounded_with_sampler_actors_on_the_ray_transport(assets, tmp_path):
-    """rl_config.async_samplers=2: two sampler actors in the trainer's Ray cluster, no external process; every prompt
-    trained once, none more than one version old, both actors delivering or one doing all (timing decides)."""
+    """bounded's default transport (Ray) with rl_config.async_samplers=2: two sampler actors in the trainer's Ray
+    cluster, no external process, no port; every prompt trained once, none more than one version old, both actors
+    delivering or one doing all (timing decides)."""
     num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
     iters = num_prompts // 8
     cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
-                  "megatron_training.save_interval=0", *_bounded((free_port(), free_port())),
+                  "megatron_training.save_interval=0", *_bounded(),
                   "rl_config.async_samplers=2")  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
     assert len(lines) == iters
