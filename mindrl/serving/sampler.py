@@ -102,7 +102,7 @@ class Sampler:
                 epoch=lease.epoch,
                 sampler_id=self.sampler_id,
                 weight_version=self.version,
-                meta={GEN_SECONDS: gen_s, RUN_ID: self.run_id or ""},
+                meta={GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})},
             )
             for s, r in zip(samples, rewards)
         ]
