@@ -66,11 +66,14 @@ def test_bounded_loads():
 
 def test_bounded_defaults_to_one_sampler_actor_on_ray():
     """Without external samplers, bounded runs on the Ray transport with one sampler actor; ZeroMQ is a choice."""
-    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded"]).rl_config
+
+    def bounded(*overrides):
+        return load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", *overrides]).rl_config
+
+    rl = bounded()
     assert (rl.async_transport, rl.async_samplers, rl.async_sampler_engine) == ("ray", 1, "hf")
-    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.async_samplers=2"]).rl_config
-    assert rl.async_samplers == 2
-    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.async_transport=zmq"]).rl_config
+    assert bounded("rl_config.async_samplers=2").async_samplers == 2
+    rl = bounded("rl_config.async_transport=zmq")
     assert (rl.async_transport, rl.async_samplers) == ("zmq", 0)
 
 
