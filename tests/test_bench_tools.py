@@ -227,7 +227,9 @@ def test_bench_async_summary_and_table():
         [row(2, 2.0, 1.0, 1.0, **{"async/sampler_tps/s0": 3.0, "async/sampler_tps/s1": 4.0})], "bounded", 1, 4
     )
     assert b["sampler_tps"] == 7.0
+    b["samplers"] = 2  # main() labels each bounded run with its sampler count
     text = table([s, b])
-    assert text.splitlines()[2].startswith("one_step_off") and "7.0" in text.splitlines()[3]
+    assert text.splitlines()[2].startswith("one_step_off") and text.splitlines()[3].startswith("bounded x2")
+    assert "7.0" in text.splitlines()[3]
     with pytest.raises(ValueError, match="no iteration after the 5 warm-up"):
         summarize(lines, "sync", warmup=5, n_rows=4)

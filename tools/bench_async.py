@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Asynchronous RL benchmark (issue 48): tokens/s of `mindrl-train` synchronous vs rl_config.async_mode one_step_off
-vs bounded (fed by --samplers `mindrl-sampler` processes over ZeroMQ on loopback), with the trainer's idle fraction
-and the staleness of what it trained.
+vs bounded (fed by sampler actors on the Ray transport, the default, or `mindrl-sampler` processes over ZeroMQ on
+loopback; once per --samplers count), with the trainer's idle fraction and the staleness of what it trained.
 
 Each mode is one `mindrl-train` run of --warmup + --iterations iterations (nothing saved until the run's end); its
 metrics.jsonl gives, per measured iteration (the warm-up ones dropped), and as medians over them:
@@ -16,9 +16,10 @@ metrics.jsonl gives, per measured iteration (the warm-up ones dropped), and as m
 The samplers share the host with the trainer: on a small CPU host they take cores from it, so bounded's figure is
 the whole job's on that host, not the trainer's alone.
 
-    python tools/bench_async.py --config-name grpo_tiny_cpu --iterations 4 --warmup 1 --json /tmp/async.json
-    python tools/bench_async.py --modes sync,bounded --samplers 2 --config-name grpo_tiny_cpu \\
+    python tools/bench_async.py --config-name grpo_tiny_cpu --samplers 1,2 --iterations 4 --warmup 1 --json /tmp/a.json
+    python tools/bench_async.py --modes sync,bounded --samplers 2 --transport zmq --config-name grpo_tiny_cpu \\
         megatron_training.tokenizer_name_or_path=DIR ...   # any further overrides go to every run
+    python tools/bench_async.py --preset vs_trl --workdir outputs/bench_async_32m   # the ~32M model of bench_vs_trl
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 MODES = ("sync", "one_step_off", "bounded")
+TRANSPORTS = ("ray", "zmq")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,12 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
         "medians over --iterations after --warmup.",
     )
     p.add_argument("--config-name", default="grpo_tiny_cpu", help="the RL config (default: grpo_tiny_cpu)")
+    p.add_argument("--preset", choices=("vs_trl",), default=None,
+                   help="vs_trl: tools/bench_vs_trl.py's ~32M Qwen2 GRPO (its model, prompts, checkpoint and config, "
+                   "built in --workdir; TP1 on one rank, --vs-trl-prompts x 4 samples x 64 new tokens) instead of "
+                   "--config-name")  # fmt: skip
+    p.add_argument("--vs-trl-prompts", type=int, default=16, help="vs_trl: prompts per step")
     p.add_argument("--config-path", default=None, help="a directory of configs (as mindrl-train's)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--iterations", type=int, default=4, help="measured iterations per mode")
     p.add_argument("--warmup", type=int, default=1, help="iterations run first and not measured")
-    p.add_argument("--samplers", type=int, default=2, help="mindrl-sampler processes for bounded")
-    p.add_argument("--sampler-threads", type=int, default=1, help="torch threads per sampler (OMP_NUM_THREADS)")
+    p.add_argument("--samplers", default="2",
+                   help="samplers in bounded, comma-separated counts (one bounded run per count, e.g. 1,2)")  # fmt: skip
+    p.add_argument("--transport", choices=TRANSPORTS, default="ray",
+                   help="bounded's samplers: ray (rl_config.async_samplers actors in the trainer's cluster, the "
+                   "default) or zmq (mindrl-sampler processes on loopback)")  # fmt: skip
+    p.add_argument("--sampler-threads", type=int, default=1,
+                   help="torch threads per mindrl-sampler process (OMP_NUM_THREADS; actors use 1)")  # fmt: skip
     p.add_argument("--sampler-engine", choices=("hf", "vllm"), default="hf", help="their engine (default: hf)")
     p.add_argument("--sampler-model", default=None,
                    help="HF dir the samplers build their engine from (default: the config's tokenizer_name_or_path; "
@@ -104,7 +116,8 @@ def table(rows: list[dict]) -> str:
     lines = [head + f" {'sampler tok/s':>13}", "-" * (len(head) + 14)]
     for r in rows:
         sampler = f"{r['sampler_tps']:13.1f}" if "sampler_tps" in r else f"{'-':>13}"
-        lines.append(f"{r['mode']:<13} {r['iterations']:>5} {r['step_s']:8.3f} {r['tokens_per_s']:9.1f} "
+        name = r["mode"] + (f" x{r['samplers']}" if "samplers" in r else "")
+        lines.append(f"{name:<13} {r['iterations']:>5} {r['step_s']:8.3f} {r['tokens_per_s']:9.1f} "
                      f"{r['idle_frac']:6.2f} {r['staleness_mean']:10.2f} {r['staleness_max']:9.0f} {sampler}")  # fmt: skip
     return "\n".join(lines)
 
@@ -115,7 +128,7 @@ def _env() -> dict:
             "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
 
 
-def mode_overrides(mode: str, args, run_dir: str, ports: tuple[int, int] | None) -> list[str]:
+def mode_overrides(mode: str, args, run_dir: str, ports: tuple[int, int] | None, samplers: int = 0) -> list[str]:
     out = [
         f"megatron_training.train_iters={args.warmup + args.iterations}",
         "megatron_training.save_interval=0",
@@ -125,17 +138,20 @@ def mode_overrides(mode: str, args, run_dir: str, ports: tuple[int, int] | None)
     ]
     if mode != "sync":
         out += [f"rl_config.async_mode={mode}", f"rl_config.max_staleness={args.max_staleness}"]
-    if mode == "bounded":
-        out += ["rl_config.async_host=127.0.0.1", f"rl_config.async_data_port={ports[0]}",
+    if mode == "bounded" and args.transport == "ray":
+        out += ["rl_config.async_transport=ray", f"rl_config.async_samplers={samplers}",
+                f"rl_config.async_sampler_engine={args.sampler_engine}", f"rl_config.async_timeout_s={args.timeout:g}"]  # fmt: skip
+    elif mode == "bounded":
+        out += ["rl_config.async_transport=zmq", "rl_config.async_host=127.0.0.1", f"rl_config.async_data_port={ports[0]}",
                 f"rl_config.async_sync_port={ports[1]}", f"rl_config.async_timeout_s={args.timeout:g}"]  # fmt: skip
     return out
 
 
-def start_samplers(cfg, args, ports, log_dir: str) -> list[tuple[subprocess.Popen, object]]:
+def start_samplers(cfg, args, ports, log_dir: str, count: int) -> list[tuple[subprocess.Popen, object]]:
     mt, rl, s = cfg.megatron_training, cfg.rl_config, cfg.generate_config.sampling_config
     model = args.sampler_model or mt.tokenizer_name_or_path
     procs = []
-    for k in range(args.samplers):
+    for k in range(count):
         cmd = [sys.executable, "-m", "mindrl.cli.sampler", "--sampler-id", f"s{k}", "--host", "127.0.0.1",
                "--data-port", str(ports[0]), "--sync-port", str(ports[1]), "--model", model,
                "--data-path", mt.data_path, "--max-prompt-length", str(rl.max_prompt_length),
@@ -163,19 +179,20 @@ def stop_samplers(procs) -> None:
         log.close()
 
 
-def run_mode(mode: str, args, workdir: str) -> list[dict]:
-    """One mindrl-train run of `mode`; its metrics.jsonl rows."""
+def run_mode(mode: str, args, workdir: str, count: int = 0) -> list[dict]:
+    """One mindrl-train run of `mode` (bounded: with `count` samplers); its metrics.jsonl rows."""
     from mindrl.launch import free_port
     from mindrl.preflight import load_config
 
-    run_dir = os.path.join(workdir, mode)
+    run_dir = os.path.join(workdir, f"{mode}_x{count}" if mode == "bounded" else mode)
     os.makedirs(run_dir, exist_ok=True)
-    ports = (free_port(), free_port()) if mode == "bounded" else None
-    overrides = [*args.overrides, *mode_overrides(mode, args, run_dir, ports)]
+    zmq = mode == "bounded" and args.transport == "zmq"
+    ports = (free_port(), free_port()) if zmq else None
+    overrides = [*args.overrides, *mode_overrides(mode, args, run_dir, ports, count)]
     samplers = []
-    if mode == "bounded":
+    if zmq:
         cfg = load_config(args.config_name, args.config_path, overrides)
-        samplers = start_samplers(cfg, args, ports, run_dir)
+        samplers = start_samplers(cfg, args, ports, run_dir, count)
     cmd = [sys.executable, "-m", "mindrl.cli.train", "--config-name", args.config_name]
     if args.config_path:
         cmd += ["--config-path", args.config_path]
@@ -190,9 +207,37 @@ def run_mode(mode: str, args, workdir: str) -> list[dict]:
         with open(os.path.join(run_dir, "train.log")) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{mode}: mindrl-train exited {rc}:\n{tail}")
-    print(f"{mode}: {args.warmup + args.iterations} iterations in {time.perf_counter() - t0:.0f} s", flush=True)
+    name = f"{mode} x{count}" if mode == "bounded" else mode
+    print(f"{name}: {args.warmup + args.iterations} iterations in {time.perf_counter() - t0:.0f} s", flush=True)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(x) for x in f]
+
+
+def prepare_vs_trl(work: str, args) -> tuple[str, str]:
+    """tools/bench_vs_trl.py's ~32M GRPO set up in `work` (model, prompts, TP1 checkpoint, config; each kept if
+    there): its (config path, config name). Its `format` reward on random-word prompts, 64 new tokens."""
+    from types import SimpleNamespace
+
+    from mindrl.data.preprocess import dataset_prefix
+    from tools import bench_vs_trl as vs
+    from tools.bench_update import ModelShape, make_model
+
+    shape, new_tokens = ModelShape(), vs.SHAPES["short"]
+    a = SimpleNamespace(model="tiny", prompt_len=30, iterations=args.iterations + args.warmup - 1, profile=False,
+                        prompts=args.vs_trl_prompts, n=4, lr=1e-6, reward="format", temperature=1.0,
+                        mindrl_micro_batch_size=16, rollout_compile=False)  # fmt: skip
+    hf = make_model(os.path.join(work, "hf"), shape)
+    data = os.path.join(work, "data", "train")
+    if not os.path.exists(dataset_prefix(data, "input_ids") + ".idx"):
+        _, ids = vs.build_prompts(hf, a.prompts * 8, a.prompt_len)
+        vs.write_mindrl_dataset(data, ids)
+    ckpt = os.path.join(work, "mcore_tp1")
+    if not os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
+        subprocess.run([sys.executable, "-m", "mindrl.cli.convert", "hf2mcore", "--hf-dir", hf, "--save-dir", ckpt,
+                        "--tp", "1", "--pp", "1", "--overwrite"], check=True, cwd=ROOT, env=_env(),
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    vs._mindrl_config(a, work, shape, new_tokens, 0.0, tp=1, world=1)
+    return os.path.join(work, "configs"), "bench_grpo"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,9 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not modes:
         print(f"bench_async.py: --modes: unknown {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
-    if args.iterations < 1 or args.warmup < 0 or args.samplers < 1:
-        print("bench_async.py: --iterations and --samplers must be >= 1, --warmup >= 0", file=sys.stderr)
+    try:
+        counts = [int(x) for x in args.samplers.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if args.iterations < 1 or args.warmup < 0 or not counts or min(counts) < 1:
+        print(f"bench_async.py: --iterations must be >= 1, --warmup >= 0, --samplers counts >= 1 (got "
+              f"{args.samplers!r})", file=sys.stderr)  # fmt: skip
         return 2
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench_async_")
+    if args.preset == "vs_trl":
+        args.config_path, args.config_name = prepare_vs_trl(os.path.abspath(workdir), args)
     from mindrl.config import ConfigError
     from mindrl.preflight import load_config
 
@@ -214,20 +267,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_async.py: {e}", file=sys.stderr)
         return 2
     n_rows = cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
-    workdir = args.workdir or tempfile.mkdtemp(prefix="bench_async_")
     rows = []
     try:
         for mode in modes:
-            rows.append(summarize(run_mode(mode, args, workdir), mode, args.warmup, n_rows))
+            for count in counts if mode == "bounded" else [0]:
+                r = summarize(run_mode(mode, args, workdir, count), mode, args.warmup, n_rows)
+                if mode == "bounded":
+                    r["samplers"] = count
+                rows.append(r)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{args.config_name}: medians over {args.iterations} iteration(s) after {args.warmup} warm-up; "
-          f"{args.samplers} sampler(s) ({args.sampler_engine}) in bounded")  # fmt: skip
+    print(f"{args.preset or args.config_name}: medians over {args.iterations} iteration(s) after {args.warmup} "
+          f"warm-up; bounded: {args.sampler_engine} samplers over {args.transport}")  # fmt: skip
     print(table(rows))
     if args.json:
-        result = {"config_name": args.config_name, "overrides": args.overrides, "iterations": args.iterations,
-                  "warmup": args.warmup, "samplers": args.samplers, "sampler_engine": args.sampler_engine,
+        result = {"config_name": args.config_name, "preset": args.preset, "overrides": args.overrides,
+                  "iterations": args.iterations, "warmup": args.warmup, "samplers": counts,
+                  "transport": args.transport, "sampler_engine": args.sampler_engine,
                   "sampler_threads": args.sampler_threads,
                   "max_staleness": args.max_staleness, "cpu_count": os.cpu_count(), "modes": rows}  # fmt: skip
         with open(args.json, "w") as f:

@@ -18,7 +18,8 @@ logger = logging.getLogger("mindrl.sampler")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mindrl-sampler",
-        description="Sample for an asynchronous trainer over ZeroMQ: lease prompts (sync port), fetch the newest "
+        description="Sample for an asynchronous trainer over ZeroMQ (mindrl-train with rl_config.async_mode=bounded "
+        "rl_config.async_transport=zmq): lease prompts (sync port), fetch the newest "
         "weights (sync port), generate n responses per prompt, score them with the rule verifiers, and push each "
         "prompt's group of experiences (data port). Runs until the trainer has no prompts left and --idle-exit "
         "seconds pass, or until SIGTERM / Ctrl-C.",

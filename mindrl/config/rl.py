@@ -32,6 +32,10 @@ RENAMED_KEYS = {"shuffle_minibatch": "shuffle_mini_batch", "ref_resource": "refe
 
 # rl_config.async_mode (docs/async.md): when rollout and training may run on different weight versions.
 ASYNC_MODES = ("sync", "one_step_off", "bounded")
+ASYNC_TRANSPORTS = ("ray", "zmq")
+DEFAULT_SAMPLER_ACTORS = 1
+"""bounded on the Ray transport without async_samplers: one sampler actor (a second takes cores from the trainer on
+a small host; docs/async.md has the figures)."""
 ASYNC_IS_THRESHOLD = 2.0
 """The importance-ratio truncation of an asynchronous mode when rollout_is_threshold is unset."""
 
@@ -355,26 +359,29 @@ class RLSectionConfig(Section):
     async_mode: str = "sync"
     """sync: each batch is generated with the weights it trains. one_step_off: the batch of iteration t is generated
     with the weights before iteration t-1's update (one version old), while iteration t-1's batch waits to train.
-    bounded: `mindrl-sampler` processes generate freely over ZeroMQ; experiences up to max_staleness versions old are
-    trained."""
+    bounded: samplers (async_transport) generate freely; experiences up to max_staleness versions old are trained."""
     max_staleness: int = 1
     """Experiences older than this many weight versions are dropped (bounded); one_step_off: 1, or 0 for the
     synchronous order (the degenerate case: each batch generated just before it trains)."""
     weight_sync_interval: int = 1
     """The rollout gets the trainer's weights every this many updates (one_step_off: 1)."""
+    async_transport: str = "ray"
+    """bounded: how samplers reach the trainer. ray: sampler actors inside the trainer's Ray cluster (async_samplers
+    of them); zmq: external `mindrl-sampler` processes, on this host or others, over ZeroMQ (async_host and the
+    ports)."""
     async_host: str = "0.0.0.0"
-    """bounded: the address the trainer binds its ZeroMQ data and sync ports on (samplers connect to it)."""
+    """bounded over zmq: the address the trainer binds its ZeroMQ data and sync ports on (samplers connect to it)."""
     async_data_port: int = 5555
-    """bounded: the port samplers push experiences to."""
+    """bounded over zmq: the port samplers push experiences to."""
     async_sync_port: int = 5556
-    """bounded: the port samplers lease prompts and fetch weights on."""
+    """bounded over zmq: the port samplers lease prompts and fetch weights on."""
     async_timeout_s: float = 600.0
     """bounded: the run stops when a batch does not fill within this many seconds (no sampler delivering)."""
-    async_samplers: int = 0
-    """bounded: this many sampler actors inside the trainer's Ray cluster, on the Ray transport (async_host and the
-    ports unused); 0: external `mindrl-sampler` processes over ZeroMQ."""
+    async_samplers: int | None = None
+    """bounded with async_transport ray: this many sampler actors in the trainer's Ray cluster; None: 1. With zmq
+    the samplers are external processes: None or 0."""
     async_sampler_engine: str = "hf"
-    """bounded with async_samplers: the actors' rollout engine, hf or vllm."""
+    """bounded with async_transport ray: the actors' rollout engine, hf or vllm."""
 
     @classmethod
     def from_dict(cls, data, prefix: str, col: Collector) -> Any:
@@ -518,6 +525,20 @@ class RLSectionConfig(Section):
             ):
                 if bad:
                     col.add(key, f"async_mode bounded does not combine with {why} yet")
+            if self.async_transport not in ASYNC_TRANSPORTS:
+                col.add("async_transport", f"{self.async_transport!r} is not one of {', '.join(ASYNC_TRANSPORTS)} "
+                        "(ray: sampler actors in the trainer's cluster; zmq: mindrl-sampler processes)")  # fmt: skip
+            elif self.async_transport == "ray":
+                if self.async_samplers is None:
+                    object.__setattr__(self, "async_samplers", DEFAULT_SAMPLER_ACTORS)
+                elif self.async_samplers < 1:
+                    col.add("async_samplers", f"async_transport ray needs >= 1 sampler actor, got {self.async_samplers}"
+                            "; for external mindrl-sampler processes set async_transport: zmq")  # fmt: skip
+            elif self.async_samplers:
+                col.add("async_samplers", f"async_transport zmq takes external mindrl-sampler processes, not sampler "
+                        f"actors (got {self.async_samplers}); set async_transport: ray for actors")  # fmt: skip
+            else:
+                object.__setattr__(self, "async_samplers", 0)
             for key in ("async_data_port", "async_sync_port"):
                 if not 0 < getattr(self, key) < 65536:
                     col.add(key, f"must be a TCP port (1-65535), got {getattr(self, key)}")
@@ -525,9 +546,6 @@ class RLSectionConfig(Section):
                 col.add("async_sync_port", f"must differ from async_data_port ({self.async_data_port})")
             if not self.async_timeout_s > 0:
                 col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
-            if self.async_samplers < 0:
-                col.add("async_samplers", f"must be >= 0 (0: external mindrl-sampler processes), got "
-                        f"{self.async_samplers}")  # fmt: skip
             if self.async_sampler_engine not in ("hf", "vllm"):
                 col.add("async_sampler_engine", f"must be hf or vllm, got {self.async_sampler_engine!r}")
         elif self.async_mode == "one_step_off":

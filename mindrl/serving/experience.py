@@ -18,6 +18,8 @@ SCHEMA_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort")
 GEN_SECONDS = "gen_s"
 """The `meta` key where a sampler puts the seconds it spent generating a group (the trainer's sampler_tps)."""
+RUN_ID = "run_id"
+"""The `meta` key of the run id of the trainer whose weights sampled the experience (checked by the trainer's end)."""
 ID_DTYPES = ("<i4", "<i8")
 LOGPROB_DTYPES = ("<f4", "<f8")
 DEFAULT_MAX_TOKENS = 1 << 22

@@ -13,7 +13,7 @@ import numpy as np
 
 from mindrl.data.prompt_ledger import Lease
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
-from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, Experience
+from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, RUN_ID, Experience
 from mindrl.serving.transport import SamplerEnd, TransportTimeout
 
 PromptSource = Callable[[int], tuple[Sequence[int], Any]]
@@ -35,17 +35,19 @@ class Sampler:
     timeout_s: float = 60.0
     version: int | None = None
     """The weight version the engine holds (None: none fetched yet; nothing is generated before)."""
+    run_id: str | None = None
+    """The run id of the trainer that published those weights (stamped on each group)."""
     unsent: list = field(default_factory=list)
     """Groups generated but not yet sent (their send timed out): sent first in the next round."""
 
     def sync_weights(self) -> bool:
-        """Load the trainer's newest weights if they are not the engine's version (older ones too: a trainer resumed
-        from a checkpoint replaces the weights of the run before); True if it did."""
-        update = self.end.fetch_weights(self.version, timeout_s=self.timeout_s)
+        """Load the trainer's newest weights if they are not the engine's version and run (older ones too: a trainer
+        resumed from a checkpoint replaces the weights of the run before); True if it did."""
+        update = self.end.fetch_weights(self.version, timeout_s=self.timeout_s, have_run=self.run_id)
         if update is None:
             return False
         self.engine.load_weights(update.tensors.items())
-        self.version = update.version
+        self.version, self.run_id = update.version, update.run_id
         return True
 
     def seed_of(self, lease: Lease) -> int:
@@ -100,7 +102,7 @@ class Sampler:
                 epoch=lease.epoch,
                 sampler_id=self.sampler_id,
                 weight_version=self.version,
-                meta={GEN_SECONDS: gen_s},
+                meta={GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})},
             )
             for s, r in zip(samples, rewards)
         ]

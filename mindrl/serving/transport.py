@@ -4,6 +4,7 @@ way, versioned weights and prompt leases the other): ZeroMQ across hosts, Ray in
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -15,7 +16,7 @@ import msgpack
 import torch
 
 from mindrl.data.prompt_ledger import Lease, PromptLedger
-from mindrl.serving.experience import Experience, MalformedMessage, decode, encode
+from mindrl.serving.experience import RUN_ID, Experience, MalformedMessage, decode, encode
 from mindrl.serving.protocol import ServerError, decode_bucket, encode_bucket
 
 logger = logging.getLogger("mindrl.serving.transport")
@@ -35,6 +36,8 @@ class TransportTimeout(TimeoutError):
 class WeightUpdate:
     version: int
     tensors: dict[str, torch.Tensor]
+    run_id: str = ""
+    """The publishing trainer's run id: the sampler stamps it on the groups these weights sample."""
 
 
 @dataclass
@@ -46,8 +49,9 @@ class TransportStats:
     dropped_stale: int = 0
     """Experiences (responses) refused as older than the trainer's freshness bound; their prompts are re-issued."""
     dropped_foreign: int = 0
-    """Experiences refused as sampled with a weight version newer than any this trainer published: a previous run's,
-    past the checkpoint this one resumed from. Their prompts are re-issued."""
+    """Experiences refused as sampled with another run's weights (their run id is not this trainer's, or their version
+    is newer than any it published): a previous run's, e.g. past the checkpoint this one resumed from. Their prompts
+    are re-issued."""
     last_reason: str = ""
     last_seen: dict[str, float] = field(default_factory=dict)
     """sampler_id -> time.monotonic() of its last message on either channel."""
@@ -94,6 +98,8 @@ class TrainerEnd(ABC):
 
     def __init__(self, ledger: PromptLedger):
         self.ledger = ledger
+        self.run_id = secrets.token_hex(6)
+        """This trainer's run (one per start, a resume included): published with the weights, checked on each group."""
         self.stats = TransportStats()
         self._lock = threading.Lock()  # ledger and stats: the sync thread serves leases concurrently
         self._oldest_version: int | None = None  # groups sampled with older weights are refused (set_freshness)
@@ -176,11 +182,16 @@ class TrainerEnd(ABC):
             self._seen(sampler_id)
             oldest = min(e.weight_version for e in group)
             newest = max(e.weight_version for e in group)
-            if self._newest_version is not None and newest > self._newest_version:
+            runs = {e.meta.get(RUN_ID) for e in group} - {None}  # none: a sampler that stamps no run id
+            foreign = None
+            if runs and runs != {self.run_id}:
+                foreign = f"run {', '.join(sorted(map(str, runs)))}, not this trainer's {self.run_id}"
+            elif self._newest_version is not None and newest > self._newest_version:
+                foreign = f"weight version {newest}, newer than this trainer's {self._newest_version}"
+            if foreign is not None:
                 self.stats.dropped_foreign += len(group)
-                self.stats.last_reason = (f"prompt {prompt_index} epoch {epoch} from {sampler_id} sampled with weight "
-                                          f"version {newest}, newer than this trainer's {self._newest_version} (a "
-                                          "previous run's weights)")  # fmt: skip
+                self.stats.last_reason = (f"prompt {prompt_index} epoch {epoch} from {sampler_id} sampled with "
+                                          f"{foreign} (a previous run's weights)")  # fmt: skip
                 self.ledger.give_back(sampler_id, prompt_index, epoch)
                 logger.info("dropped %s", self.stats.last_reason)
                 return None
@@ -216,9 +227,12 @@ class SamplerEnd(ABC):
         """Up to `count` prompts to sample; an empty list when the data is exhausted."""
 
     @abstractmethod
-    def fetch_weights(self, have_version: int | None, timeout_s: float = 60.0) -> WeightUpdate | None:
-        """The trainer's newest weights unless they are version `have_version` (None: any), else None. A version
-        other than the sampler's is returned even if older: a resumed trainer's weights replace a previous run's."""
+    def fetch_weights(
+        self, have_version: int | None, timeout_s: float = 60.0, have_run: str | None = None
+    ) -> WeightUpdate | None:
+        """The trainer's newest weights unless they are version `have_version` (None: none held) of run `have_run`
+        (None: any run), else None. Other weights are returned even if older: a resumed trainer's replace a previous
+        run's."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -345,17 +359,18 @@ class ZmqTrainerEnd(TrainerEnd):
             leases = self._lease(sampler_id, count)
             return [msgpack.packb({"op": "lease", "leases": [[x.prompt_index, x.epoch] for x in leases]})]
         if op == "weights":
-            have = req.get("have")
+            have, have_run = req.get("have"), req.get("have_run")
             with self._lock:
                 self._seen(sampler_id)
                 current = self._weights
-            # a sampler that outlived a previous run may hold a newer version than this (resumed) trainer: any
-            # version other than the current one is replaced
-            if current is None or current[0] == have:
+            # a sampler that outlived a previous run may hold that run's weights, even a newer version than this
+            # (resumed) trainer's: weights of another version or run are replaced
+            if current is None or (current[0] == have and have_run in (None, self.run_id)):
                 version = None if current is None else current[0]
-                return [msgpack.packb({"op": "weights", "weight_version": version, "num_buckets": 0})]
+                return [msgpack.packb({"op": "weights", "weight_version": version, "num_buckets": 0,
+                                       "run_id": self.run_id})]  # fmt: skip
             version, buckets = current
-            header = {"op": "weights", "weight_version": version, "num_buckets": len(buckets)}
+            header = {"op": "weights", "weight_version": version, "num_buckets": len(buckets), "run_id": self.run_id}
             return [msgpack.packb(header), *buckets]
         if op == "ping":
             with self._lock:
@@ -442,14 +457,17 @@ class ZmqSamplerEnd(SamplerEnd):
     def ping(self, timeout_s: float = 10.0) -> None:
         self._request(_sync_request("ping", self.sampler_id), timeout_s)
 
-    def fetch_weights(self, have_version: int | None, timeout_s: float = 60.0) -> WeightUpdate | None:
-        frames = self._request(_sync_request("weights", self.sampler_id, have=have_version), timeout_s)
+    def fetch_weights(
+        self, have_version: int | None, timeout_s: float = 60.0, have_run: str | None = None
+    ) -> WeightUpdate | None:
+        frames = self._request(_sync_request("weights", self.sampler_id, have=have_version, have_run=have_run),
+                               timeout_s)  # fmt: skip
         head = msgpack.unpackb(frames[0], raw=False)
         if head["num_buckets"] == 0:
             return None
         if len(frames) - 1 != head["num_buckets"]:
             raise MalformedMessage(f"weights reply has {len(frames) - 1} buckets, header says {head['num_buckets']}")
-        return WeightUpdate(int(head["weight_version"]), tensors_from_buckets(frames[1:]))
+        return WeightUpdate(int(head["weight_version"]), tensors_from_buckets(frames[1:]), str(head.get("run_id", "")))
 
     def close(self) -> None:
         self._push.close()  # lingers up to linger_s so queued experiences still reach the trainer
@@ -470,6 +488,7 @@ class _Hub:
 
         self._queue: asyncio.Queue = asyncio.Queue(maxsize)
         self._weights: tuple[int, list[bytes]] | None = None
+        self._run_id = ""
         self._ledger = PromptLedger(**ledger_args)
         self._seen: dict[str, float] = {}
         self._max_in_flight: int | None = None
@@ -500,16 +519,17 @@ class _Hub:
     async def depth(self) -> int:
         return self._queue.qsize()
 
-    async def publish(self, version: int, buckets: list[bytes]) -> None:
+    async def publish(self, version: int, buckets: list[bytes], run_id: str = "") -> None:
         if self._weights is not None and version <= self._weights[0]:
             raise ValueError(f"weight version {version} is not newer than the published {self._weights[0]}")
-        self._weights = (version, buckets)
+        self._weights, self._run_id = (version, buckets), run_id
 
-    async def fetch(self, sampler_id: str, have: int | None) -> tuple[int | None, list[bytes]]:
+    async def fetch(self, sampler_id: str, have: int | None, have_run: str | None = None) -> tuple[int | None, str,
+                                                                                                   list[bytes]]:  # fmt: skip
         self._seen[sampler_id] = time.monotonic()
-        if self._weights is None or self._weights[0] == have:  # any other version is replaced (see ZmqTrainerEnd)
-            return (None if self._weights is None else self._weights[0]), []
-        return self._weights
+        if self._weights is None or (self._weights[0] == have and have_run in (None, self._run_id)):  # as ZmqTrainerEnd
+            return (None if self._weights is None else self._weights[0]), self._run_id, []
+        return self._weights[0], self._run_id, self._weights[1]
 
     async def lease(self, sampler_id: str, count: int) -> list[list[int]]:
         self._seen[sampler_id] = time.monotonic()
@@ -605,7 +625,7 @@ class RayTrainerEnd(TrainerEnd):
     def publish_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         import ray
 
-        ray.get(self.hub.publish.remote(version, weight_buckets(tensors)))
+        ray.get(self.hub.publish.remote(version, weight_buckets(tensors), self.run_id))
         with self._lock:
             self._newest_version = version
 
@@ -631,11 +651,14 @@ class RaySamplerEnd(SamplerEnd):
 
         return [Lease(p, e) for p, e in ray.get(self.hub.lease.remote(self.sampler_id, count), timeout=timeout_s)]
 
-    def fetch_weights(self, have_version: int | None, timeout_s: float = 60.0) -> WeightUpdate | None:
+    def fetch_weights(
+        self, have_version: int | None, timeout_s: float = 60.0, have_run: str | None = None
+    ) -> WeightUpdate | None:
         import ray
 
-        version, buckets = ray.get(self.hub.fetch.remote(self.sampler_id, have_version), timeout=timeout_s)
-        return None if not buckets else WeightUpdate(version, tensors_from_buckets(buckets))
+        version, run_id, buckets = ray.get(self.hub.fetch.remote(self.sampler_id, have_version, have_run),
+                                           timeout=timeout_s)  # fmt: skip
+        return None if not buckets else WeightUpdate(version, tensors_from_buckets(buckets), run_id)
 
     def close(self) -> None:
         pass

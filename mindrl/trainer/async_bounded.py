@@ -27,7 +27,7 @@ class Bounded:
     published: int | None = None
     """The newest weight version published (None: none yet; samplers wait for one)."""
     actors: list = field(default_factory=list)
-    """The sampler actors (rl_config.async_samplers; none with external samplers)."""
+    """The sampler actors (rl_config.async_samplers; none on the ZeroMQ transport)."""
 
     def take(
         self, version: int, dataset: PromptDataset, n: int, pad_token_id: int | None
@@ -93,13 +93,13 @@ class Bounded:
 
 
 def bounded(cfg, num_prompts: int) -> Bounded | None:
-    """The trainer's end of `cfg`'s bounded mode (binds the ZeroMQ ports, or with async_samplers starts the sampler
-    actors on the Ray transport), or None in the other modes."""
+    """The trainer's end of `cfg`'s bounded mode (async_transport ray: starts async_samplers sampler actors on the
+    Ray transport; zmq: binds the ports external samplers connect to), or None in the other modes."""
     mt, rl = cfg.megatron_training, cfg.rl_config
     if rl.async_mode != "bounded":
         return None
     ahead = mt.global_batch_size * max(1, rl.max_staleness)
-    if rl.async_samplers > 0:
+    if rl.async_transport == "ray":
         from mindrl.serving.transport import RayTrainerEnd
 
         end = RayTrainerEnd({"num_prompts": num_prompts, "seed": mt.seed, "shuffle": not mt.no_shuffle}, maxsize=ahead)
@@ -111,7 +111,7 @@ def bounded(cfg, num_prompts: int) -> Bounded | None:
     end.set_max_in_flight(ahead)
     intake = Intake(end, mt.global_batch_size, rl.max_staleness, timeout_s=rl.async_timeout_s)
     b = Bounded(end, intake, rl.weight_sync_interval)
-    if rl.async_samplers > 0:
+    if rl.async_transport == "ray":
         from mindrl.serving import sampler_actor
 
         try:

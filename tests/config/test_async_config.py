@@ -42,8 +42,12 @@ def test_one_step_off_truncates_the_importance_ratio():
          ["at most one version old", "got 2"]),
         (["rl_config.async_mode=one_step_off", "rl_config.weight_sync_interval=2"], "rl_config.weight_sync_interval",
          ["after every update", "got 2"]),
-        (["rl_config.async_mode=bounded", "rl_config.async_samplers=-1"], "rl_config.async_samplers",
-         ["must be >= 0", "mindrl-sampler"]),
+        (["rl_config.async_mode=bounded", "rl_config.async_samplers=0"], "rl_config.async_samplers",
+         ["needs >= 1 sampler actor", "async_transport: zmq"]),
+        (["rl_config.async_mode=bounded", "rl_config.async_transport=zmq", "rl_config.async_samplers=2"],
+         "rl_config.async_samplers", ["external mindrl-sampler processes", "got 2"]),
+        (["rl_config.async_mode=bounded", "rl_config.async_transport=grpc"], "rl_config.async_transport",
+         ["'grpc' is not one of ray, zmq"]),
         (["rl_config.async_mode=bounded", "rl_config.async_sampler_engine=sglang"], "rl_config.async_sampler_engine",
          ["hf or vllm", "'sglang'"]),
         (["rl_config.max_staleness=-1"], "rl_config.max_staleness", ["must be >= 0"]),
@@ -58,6 +62,19 @@ def test_bounded_loads():
     rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.max_staleness=2"]).rl_config
     assert (rl.async_mode, rl.async_data_port, rl.async_sync_port) == ("bounded", 5555, 5556)
     assert rl.importance_threshold == 2.0
+
+
+def test_bounded_defaults_to_one_sampler_actor_on_ray():
+    """Without external samplers, bounded runs on the Ray transport with one sampler actor; ZeroMQ is a choice."""
+
+    def bounded(*overrides):
+        return load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", *overrides]).rl_config
+
+    rl = bounded()
+    assert (rl.async_transport, rl.async_samplers, rl.async_sampler_engine) == ("ray", 1, "hf")
+    assert bounded("rl_config.async_samplers=2").async_samplers == 2
+    rl = bounded("rl_config.async_transport=zmq")
+    assert (rl.async_transport, rl.async_samplers) == ("zmq", 0)
 
 
 def test_bounded_refuses_dynamic_sampling():

@@ -12,6 +12,7 @@ import torch
 from mindrl.data.prompt_ledger import Lease, PromptLedger
 from mindrl.launch import free_port
 from mindrl.rollout import RolloutConfig, SamplingConfig
+from mindrl.serving.experience import RUN_ID
 from mindrl.serving.sampler import Sampler
 from mindrl.serving.transport import ZmqSamplerEnd, ZmqTrainerEnd
 from mindrl.trainer.async_intake import Intake
@@ -92,6 +93,7 @@ def test_two_samplers_feed_one_trainer(tiny_models):
     for group in groups:
         lease = Lease(group[0].prompt_index, group[0].epoch)
         assert all(e.weight_version == 1 and len(group) == SAMPLING.n for e in group)
+        assert {e.meta[RUN_ID] for e in group} == {trainer.run_id}  # stamped with the run whose weights sampled it
         want = ref.generate([PROMPTS[lease.prompt_index]], SAMPLING, seeds=[samplers[0].seed_of(lease)])[0]
         for e, w in zip(group, want):
             assert e.response_ids.tolist() == list(w.token_ids)

@@ -15,14 +15,14 @@ import torch
 
 from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
-from mindrl.serving.experience import Experience, encode
+from mindrl.serving.experience import RUN_ID, Experience, encode
 from mindrl.serving.transport import TransportTimeout, ZmqSamplerEnd, ZmqTrainerEnd
 from tests.procs import stop_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def group(lease, sampler_id="s0", n=2, length=4, version=0):
+def group(lease, sampler_id="s0", n=2, length=4, version=0, run_id=None):
     return [
         Experience(
             [lease.prompt_index + 1],
@@ -34,6 +34,7 @@ def group(lease, sampler_id="s0", n=2, length=4, version=0):
             lease.epoch,
             sampler_id,
             version,
+            meta={} if run_id is None else {RUN_ID: run_id},
         )  # fmt: skip
         for k in range(n)
     ]
@@ -283,3 +284,43 @@ def test_resumed_trainer_replaces_a_previous_runs_newer_weights(ports):
     finally:
         sampler.close()
         trainer.close()
+
+
+def test_run_id_refuses_a_previous_runs_group_of_a_version_published_again(ports):
+    """Version numbers repeat across runs (a resume republishes from its checkpoint's version); the run id does not.
+    A sampler holding run 1's version 1 fetches run 2's version 1 (same number, other run), and its group stamped
+    with run 1 is refused and its prompt re-issued, while the group sampled with run 2's weights is trained."""
+    weights = {"w": torch.zeros(2)}
+    first = ZmqTrainerEnd(PromptLedger(8, seed=3), "127.0.0.1", *ports)
+    first.publish_weights(1, weights)
+    run1 = first.run_id
+    sampler = ZmqSamplerEnd("A", "127.0.0.1", *ports)
+    try:
+        assert sampler.fetch_weights(None, timeout_s=10).run_id == run1
+        assert sampler.fetch_weights(1, timeout_s=10, have_run=run1) is None
+        state = first.ledger_state()
+        first.close()
+        second = ZmqTrainerEnd(PromptLedger(8, seed=3), "127.0.0.1", *ports)
+        try:
+            assert second.run_id != run1
+            second.restore_ledger(state)
+            second.publish_weights(1, {"w": torch.ones(2)})
+            update = sampler.fetch_weights(1, timeout_s=10, have_run=run1)  # same version, another run
+            assert update.version == 1 and update.run_id == second.run_id and torch.equal(update.tensors["w"],
+                                                                                             torch.ones(2))  # fmt: skip
+            assert sampler.fetch_weights(1, timeout_s=10, have_run=second.run_id) is None
+            a, b = sampler.lease(2, timeout_s=10)
+            sampler.send(group(a, "A", version=1, run_id=run1), timeout_s=10)
+            sampler.send(group(b, "A", version=1, run_id=second.run_id), timeout_s=10)
+            got = []
+            deadline = time.monotonic() + 10
+            while len(got) < 1 or second.stats.dropped_foreign == 0:
+                assert time.monotonic() < deadline
+                got += second.receive(2, timeout_s=1)
+            assert [g[0].prompt_index for g in got] == [b.prompt_index]
+            assert second.stats.dropped_foreign == 2 and f"run {run1}, not this trainer's" in second.stats.last_reason
+            assert second.ledger.issue("B", 1) == [a]  # the refused prompt, first
+        finally:
+            second.close()
+    finally:
+        sampler.close()

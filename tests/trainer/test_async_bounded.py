@@ -24,12 +24,16 @@ N = 4  # grpo_tiny_cpu's n_samples_per_prompt
 RESUME = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
 
 
-def _bounded(ports) -> list[str]:
-    return [
+def _bounded(ports=None) -> list[str]:
+    """bounded's overrides: over ZeroMQ on `ports` (data, sync), or with None the default Ray transport."""
+    out = [
         "rl_config.use_tensorboard=false", *[x for x in STRAIGHT_EXTRA["grpo"] if x not in PROFILE],
-        "rl_config.async_mode=bounded", "rl_config.max_staleness=1", "rl_config.async_host=127.0.0.1",
-        f"rl_config.async_data_port={ports[0]}", f"rl_config.async_sync_port={ports[1]}", "rl_config.async_timeout_s=300",
+        "rl_config.async_mode=bounded", "rl_config.max_staleness=1", "rl_config.async_timeout_s=300",
     ]  # fmt: skip
+    if ports is not None:
+        out += ["rl_config.async_transport=zmq", "rl_config.async_host=127.0.0.1",
+                f"rl_config.async_data_port={ports[0]}", f"rl_config.async_sync_port={ports[1]}"]  # fmt: skip
+    return out
 
 
 def _expected(assets, num_prompts: int, epochs: int) -> collections.Counter:
@@ -89,12 +93,13 @@ def test_bounded_trains_every_prompt_once_from_two_samplers(assets, tmp_path):
 
 
 def test_bounded_with_sampler_actors_on_the_ray_transport(assets, tmp_path):
-    """rl_config.async_samplers=2: two sampler actors in the trainer's Ray cluster, no external process; every prompt
-    trained once, none more than one version old, both actors delivering or one doing all (timing decides)."""
+    """bounded's default transport (Ray) with rl_config.async_samplers=2: two sampler actors in the trainer's Ray
+    cluster, no external process, no port; every prompt trained once, none more than one version old, both actors
+    delivering or one doing all (timing decides)."""
     num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
     iters = num_prompts // 8
     cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
-                  "megatron_training.save_interval=0", *_bounded((free_port(), free_port())),
+                  "megatron_training.save_interval=0", *_bounded(),
                   "rl_config.async_samplers=2")  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
     assert len(lines) == iters
@@ -107,6 +112,26 @@ def test_bounded_with_sampler_actors_on_the_ray_transport(assets, tmp_path):
     assert _ledger(tmp_path / "ckpt_actor", iters)["epochs_closed"] == 1
 
 
+def test_bounded_with_a_vllm_sampler_actor(assets, tmp_path):
+    """async_sampler_engine vllm: one sampler actor holding a vLLM engine (in its own process, beside the trainer's
+    two workers, which hold none in bounded); the epoch's prompts trained once each, none more than one version old,
+    and the engine's logprobs of the freshly synced groups agree with the trainer's recomputation."""
+    num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
+    iters = num_prompts // 8
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
+                  "megatron_training.save_interval=0", *_bounded(), "rl_config.async_sampler_engine=vllm")  # fmt: skip
+    _, _, lines, rollouts = _train(cfg)
+    assert len(lines) == iters
+    for m in lines:
+        assert 0 <= m["async/staleness/max"] <= 1, m
+        assert m["async/sampler_tps/ray0"] > 0, m
+    _assert_exactly_once(assets, rollouts, _ledger(tmp_path / "ckpt_actor", iters))
+    # iteration 1 trains groups sampled with version 0, the weights it recomputes with: only the engines' numerics
+    # differ (the synchronous trainer's vLLM-vs-megatron gap, warned above logprob_diff_warn)
+    assert lines[0]["async/staleness/max"] == 0
+    assert lines[0]["rollout/logprob_diff_mean"] < cfg.rl_config.logprob_diff_warn, lines[0]
+
+
 def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(assets, tmp_path, caplog):
     """Run 1 saves at iteration 1 (half of epoch 0 done, prompts in flight) and is lost after iteration 2, before that
     save (its checkpoint removed: the state a kill leaves); run 2 resumes from iteration 1 and trains to 4 (two epochs)
@@ -115,9 +140,9 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
     "Exact" here is prompt accounting, not bit-identity: which weights sample a prompt depends on when a sampler leases
     it, so the responses and metrics differ from an uninterrupted run (one_step_off's resume is bit-exact; this is not).
     What is exact: every prompt is trained once per epoch over run 1's checkpointed iterations and run 2 (run 1's
-    unsaved iteration 2 is redone, as after any resume); the ledger is the checkpoint's, its in-flight prompts re-issued
-    (a late group for one counts once); nothing sampled with weights past the checkpoint (run 1's version 2) is trained,
-    and the samplers take the resumed trainer's version 1 in its place."""
+    unsaved iteration 2 is redone, as after any resume); the ledger is the checkpoint's, its in-flight prompts re-issued;
+    nothing sampled with run 1's weights reaches run 2's updates (refused by its run id, the prompt re-issued), and the
+    samplers take the resumed trainer's weights in their place."""
     num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
     assert num_prompts == 16  # global_batch_size 8: two iterations per epoch
     ports = (free_port(), free_port())
@@ -161,5 +186,5 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
     for m in lines[1:]:
         assert 0 <= m["async/staleness/mean"] <= m["async/staleness/max"] <= 1, m
     foreign = sum(m["async/dropped_foreign"] for m in lines[1:])
-    print(f"in flight at the checkpoint {in_flight}; dropped as run 1's version 2: {foreign}; final ledger: "
+    print(f"in flight at the checkpoint {in_flight}; dropped as run 1's: {foreign}; final ledger: "
           f"duplicates {final['duplicates']}, re-issued {final['reissued']}")  # fmt: skip
