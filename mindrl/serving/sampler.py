@@ -14,7 +14,7 @@ import numpy as np
 from mindrl.data.prompt_ledger import Lease
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
 from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, RUN_ID, Experience
-from mindrl.serving.transport import SamplerEnd, TransportTimeout
+from mindrl.serving.transport import SamplerEnd
 
 PromptSource = Callable[[int], tuple[Sequence[int], Any]]
 """dataset index -> (prompt token ids, label)."""
@@ -56,24 +56,18 @@ class Sampler:
         return (self.seed * 1_000_003 + lease.epoch * 7919 + lease.prompt_index * self.sampling.n) % (2**31)
 
     def step(self) -> int:
-        """One round: newest weights, up to lease_size prompts, each generated, scored and sent (blocking while the
-        trainer's queue is full). Returns the groups sent (0: nothing published or nothing to lease). A send that
-        times out raises TransportTimeout once the round's leases are generated; its group and those after it are
-        kept (`unsent`) and sent first next round, so no leased prompt is lost while the trainer is away."""
+        """One round: newest weights, up to lease_size prompts, generated together in one engine call, scored and sent
+        (blocking while the trainer's queue is full). Returns the groups sent (0: nothing published or nothing to
+        lease). A send that times out raises TransportTimeout; its group and those after it are kept (`unsent`) and
+        sent first next round, so no leased prompt is lost while the trainer is away."""
         self.sync_weights()
         if self.version is None:
             return 0
         sent = self._flush()  # raises while the trainer is still not reading: no new leases meanwhile
-        failed = None
-        for lease in self.end.lease(self.lease_size, timeout_s=self.timeout_s):
-            self.unsent.append(self.sample(lease))
-            if failed is None:
-                try:
-                    sent += self._flush()
-                except TransportTimeout as e:
-                    failed = e
-        if failed is not None:
-            raise failed
+        leases = self.end.lease(self.lease_size, timeout_s=self.timeout_s)
+        if leases:
+            self.unsent.extend(self.sample_many(leases))
+            sent += self._flush()
         return sent
 
     def _flush(self) -> int:
@@ -84,27 +78,33 @@ class Sampler:
             sent += 1
         return sent
 
-    def sample(self, lease: Lease) -> list[Experience]:
-        """The experiences of one leased prompt, with the engine's current weights."""
-        ids, label = self.prompts(lease.prompt_index)
+    def sample_many(self, leases: Sequence[Lease]) -> list[list[Experience]]:
+        """Per leased prompt, its group's experiences, all generated in one engine call with the current weights (each
+        prompt with its own seed, so a group does not depend on which prompts shared the call). Each group's meta
+        carries its share of the call's seconds, so a sampler's tokens/s sums to the call's."""
+        prompts = [self.prompts(lease.prompt_index) for lease in leases]
         t0 = time.perf_counter()
-        samples = self.engine.generate([list(ids)], self.sampling, seeds=[self.seed_of(lease)])[0]
-        gen_s = time.perf_counter() - t0
-        rewards = self.score(samples, label)
+        outs = self.engine.generate([list(ids) for ids, _ in prompts], self.sampling,
+                                    seeds=[self.seed_of(lease) for lease in leases])  # fmt: skip
+        gen_s = (time.perf_counter() - t0) / len(leases)
+        meta = {GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})}
         return [
-            Experience(
-                prompt_ids=list(ids),
-                response_ids=list(s.token_ids),
-                behaviour_logprobs=np.asarray(s.logprobs, dtype=np.float64),
-                rewards=r,
-                finish_reason=s.finish_reason if s.finish_reason in FINISH_REASONS else "abort",
-                prompt_index=lease.prompt_index,
-                epoch=lease.epoch,
-                sampler_id=self.sampler_id,
-                weight_version=self.version,
-                meta={GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})},
-            )
-            for s, r in zip(samples, rewards)
+            [
+                Experience(
+                    prompt_ids=list(ids),
+                    response_ids=list(s.token_ids),
+                    behaviour_logprobs=np.asarray(s.logprobs, dtype=np.float64),
+                    rewards=r,
+                    finish_reason=s.finish_reason if s.finish_reason in FINISH_REASONS else "abort",
+                    prompt_index=lease.prompt_index,
+                    epoch=lease.epoch,
+                    sampler_id=self.sampler_id,
+                    weight_version=self.version,
+                    meta=dict(meta),
+                )
+                for s, r in zip(samples, self.score(samples, label))
+            ]
+            for lease, (ids, label), samples in zip(leases, prompts, outs)
         ]
 
     def run(self, stop: threading.Event, idle_s: float = 0.05) -> None:

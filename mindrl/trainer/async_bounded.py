@@ -141,6 +141,8 @@ def sampler_spec(cfg):
         temperature=s.temperature,
         top_p=s.top_p,
         seed=mt.seed,
+        # each actor generates its share of a trainer batch's prompts in one engine call
+        lease_size=-(-mt.global_batch_size // max(1, rl.async_samplers or 1)),
         timeout_s=rl.async_timeout_s,
     )
 
