@@ -92,6 +92,10 @@ class Platform:
         (fast, asynchronous copies)."""
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
+    def host_copied(self, host: torch.Tensor) -> None:
+        """`host` (from `host_buffer`) was just written or read: where it lives outside the process's memory, its
+        pages may leave the process now (a no-op for memory-backed buffers)."""
+
     # ------------------------------------------------------------------------------- processes and Ray
     @property
     def worker_env(self) -> dict[str, str]:

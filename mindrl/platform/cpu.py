@@ -3,7 +3,10 @@ figures behind its choices are in docs/performance.md."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import tempfile
+import weakref
 
 import torch
 
@@ -68,7 +71,28 @@ class CpuPlatform(Platform):
         pass
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=False)  # host and device coincide
+        # Host and device coincide, so a copy in memory frees nothing: state offloaded from the "device" goes to a
+        # file on a disk-backed file system instead (the kernel's page cache holds it, reclaimable, outside every
+        # process's RSS), the way a device run offloads to host memory. Small storages stay in memory.
+        spill = _spill_dir() if nbytes >= SPILL_MIN_BYTES else None
+        if spill is None:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=False)
+        fd, path = tempfile.mkstemp(prefix="mindrl-offload-", dir=spill)
+        os.close(fd)
+        try:
+            host = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        finally:
+            os.unlink(path)  # the mapping keeps the file; nothing is left behind when the buffer goes
+        _SPILLED.add(host.data_ptr())
+        weakref.finalize(host, _SPILLED.discard, host.data_ptr())  # before its mapping can go
+        return host
+
+    def host_copied(self, host: torch.Tensor) -> None:
+        # A shared file mapping's pages stay in the page cache (dirty ones are written back, not dropped) when the
+        # process lets go of them; the next copy faults them in again from there.
+        if host.numel() and host.data_ptr() in _SPILLED:
+            if _libc().madvise(host.data_ptr(), host.numel(), _MADV_DONTNEED) != 0:
+                raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) on an offload buffer failed")
 
     @property
     def worker_env(self) -> dict[str, str]:
@@ -126,3 +150,48 @@ def _malloc_trim() -> None:
 
 
 _TRIM = None
+
+
+SPILL_MIN_BYTES = 1 << 20
+"""Offloaded storages smaller than this stay in memory (norm weights, biases: a file each would cost more)."""
+_SPILLED: set[int] = set()  # addresses of the live file-backed host buffers (madvise would zero anonymous memory)
+_MADV_DONTNEED = 4
+_NO_SPILL_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}  # memory-backed: a file there frees nothing
+
+
+def _spill_dir() -> str | None:
+    """Where offloaded state goes on CPU: MINDRL_OFFLOAD_DIR, else the temp directory, if its file system is
+    disk-backed; None (offload in memory) otherwise or when MINDRL_OFFLOAD_DIR is empty."""
+    d = os.environ.get("MINDRL_OFFLOAD_DIR", tempfile.gettempdir())
+    if not d:
+        return None
+    return d if _fs_type(d) not in _NO_SPILL_FS else None
+
+
+def _fs_type(path: str) -> str:
+    """The file system type of the mount that holds `path` ('' when /proc/mounts cannot say)."""
+    path, best, kind = os.path.realpath(path), "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) > len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        return ""
+    return kind
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return _LIBC
+
+
+_LIBC = None

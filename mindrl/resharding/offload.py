@@ -108,6 +108,9 @@ class TrainStateOffloader:
         self.optimizer = optimizer
         self.config = config or OffloadConfig()
         self._host: dict[int, tuple[torch.UntypedStorage, torch.Tensor, str]] = {}  # key -> (storage, host, kind)
+        # Host copies of storages onloaded for a read-only hold: still equal to the device's, so offloading them again
+        # frees the device storage without a copy (a reference or reward model is written to its host buffer once).
+        self._kept: dict[int, torch.Tensor] = {}
         self.platform = current_platform()
 
     # ------------------------------------------------------------------------------------ accounting
@@ -169,7 +172,7 @@ class TrainStateOffloader:
             raise ValueError(f"unknown offload kinds {unknown}; expected some of {KINDS}")
         stats = self._begin()
         t0 = time.perf_counter()
-        moving = []
+        moving, written = [], []
         for kind, storages in self.storages().items():
             if kind not in kinds:
                 continue
@@ -178,19 +181,26 @@ class TrainStateOffloader:
                 n = storage.nbytes()
                 if k in self._host or n == 0:
                     continue
-                host = self.platform.host_buffer(n)
-                host.untyped_storage().copy_(storage, non_blocking=True)
+                host = self._kept.pop(k, None)
+                if host is None:
+                    host = self.platform.host_buffer(n)
+                    host.untyped_storage().copy_(storage, non_blocking=True)
+                    written.append(host)
                 self._host[k] = (storage, host, kind)
                 moving.append(storage)
                 stats.moved_bytes[kind] += n
         self.platform.synchronize()  # the copies must land before the device memory is released
         for storage in moving:
             storage.resize_(0)
+        for host in written:
+            self.platform.host_copied(host)
         self.platform.empty_cache()
         return self._end(stats, t0)
 
-    def onload(self, kinds: Iterable[str] | None = None) -> OffloadStats:
-        """Re-grow the offloaded storages of `kinds` (default: all) on the device and copy their bytes back."""
+    def onload(self, kinds: Iterable[str] | None = None, keep_host: bool = False) -> OffloadStats:
+        """Re-grow the offloaded storages of `kinds` (default: all) on the device and copy their bytes back.
+        keep_host: keep their host copies for the next `offload`, which then copies nothing: only when nothing changes
+        them on the device in between (`holding(read_only=True)`)."""
         kinds = KINDS if kinds is None else (kinds,) if isinstance(kinds, str) else tuple(kinds)
         stats = self._begin()
         t0 = time.perf_counter()
@@ -202,7 +212,10 @@ class TrainStateOffloader:
             stats.moved_bytes[kind] = stats.moved_bytes.get(kind, 0) + host.nbytes
         self.platform.synchronize()
         for k in back:
-            del self._host[k]
+            host = self._host.pop(k)[1]
+            if keep_host:
+                self._kept[k] = host
+                self.platform.host_copied(host)
         return self._end(stats, t0)
 
     def place(self, on_device: Iterable[str]) -> None:
@@ -214,16 +227,18 @@ class TrainStateOffloader:
             self.offload([k for k in KINDS if k not in on])
 
     @contextlib.contextmanager
-    def holding(self, kinds: Iterable[str] = KINDS) -> Iterator[None]:
-        """`kinds` on the device for the block; those it had to onload leave again after it (also on an error)."""
+    def holding(self, kinds: Iterable[str] = KINDS, read_only: bool = False) -> Iterator[None]:
+        """`kinds` on the device for the block; those it had to onload leave again after it (also on an error).
+        read_only: the block does not change them (a forward), so they leave without being copied out again."""
         moved = self.offloaded_kinds & set(kinds)
         if moved:
-            self.onload(moved)
+            self.onload(moved, keep_host=read_only)
         try:
             yield
         finally:
             if moved:
                 self.offload(moved)
+            self._kept.clear()  # only valid across this block
 
     def _begin(self) -> OffloadStats:
         self.platform.synchronize()

@@ -36,7 +36,7 @@ class CriticWorker(MegatronRank):
 
         shard = self.receive(shard)
         t0 = time.perf_counter()
-        with self.profiler.stage("critic_compute_values"), self.offloader.holding(["param"]):
+        with self.profiler.stage("critic_compute_values"), self.offloader.holding(["param"], read_only=True):
             values = response_values(self.critic, shard, self.settings.critic.micro_batching(True))
             self._note_held()
         return self.output(Values(values, time.perf_counter() - t0))

@@ -114,7 +114,7 @@ class IntegratedWorker(MegatronRank):
         in the inference layout (full HF tensors) over the weight group as `version`, in buckets of
         bucket_size_mb. Returns (seconds, bytes sent)."""
         t0 = time.perf_counter()
-        with self.actor_offloader.holding(["param"]):
+        with self.actor_offloader.holding(["param"], read_only=True):
             bucket = int(self.settings.bucket_size_mb * 1024 * 1024)
             _, nbytes = self.weights.send(version, self.streamer.stream(), bucket)
         return time.perf_counter() - t0, nbytes
@@ -138,11 +138,11 @@ class IntegratedWorker(MegatronRank):
             raise RuntimeError("reference logprobs were requested but no reference model was configured")
         with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
             if reference:
-                with self.ref_offloader.holding(["param"]):
+                with self.ref_offloader.holding(["param"], read_only=True):
                     lp = response_logprobs(self.ref, shard, s.ref_micro_batching(), s.loss.temperature)
                     self._note_held()
             else:
-                with self.actor_offloader.holding(["param"]):
+                with self.actor_offloader.holding(["param"], read_only=True):
                     lp = response_logprobs(self.actor, shard, s.actor.micro_batching(True), s.loss.temperature)
                     self._note_held()
         return self.output(LogProbs(lp, time.perf_counter() - t0))

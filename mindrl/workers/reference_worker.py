@@ -45,7 +45,7 @@ class ReferenceWorker(MegatronRank):
         shard = self.receive(shard)
         t0 = time.perf_counter()
         s = self.settings
-        with self.profiler.stage("reference_compute_log_prob"), self.offloader.holding(["param"]):
+        with self.profiler.stage("reference_compute_log_prob"), self.offloader.holding(["param"], read_only=True):
             lp = response_logprobs(self.ref, shard, s.ref_micro_batching(), s.loss.temperature)
             self._note_held()
         return self.output(LogProbs(lp, time.perf_counter() - t0))

@@ -84,7 +84,7 @@ class RewardWorker(MegatronRank):
         """This DP shard's reward-model scores, (shard rows, 1)."""
         shard = self.receive(shard)
         t0 = time.perf_counter()
-        with self.profiler.stage("reward_compute_scores"), self.offloader.holding(["param"]):
+        with self.profiler.stage("reward_compute_scores"), self.offloader.holding(["param"], read_only=True):
             scores = last_token_scores(self.model, shard, self.settings.micro_batching)
             self._note_held()
         out = None if scores is None else RewardScores(scores.view(-1, 1), time.perf_counter() - t0)
