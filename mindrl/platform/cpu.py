@@ -4,6 +4,7 @@ figures behind its choices are in docs/performance.md."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import tempfile
 import weakref
@@ -12,6 +13,8 @@ import torch
 
 from mindrl.platform.base import Platform
 from mindrl.platform.megatron_cpu import adapt_megatron
+
+logger = logging.getLogger(__name__)
 
 
 class CpuPlatform(Platform):
@@ -78,10 +81,15 @@ class CpuPlatform(Platform):
         if spill is None:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=False)
         fd, path = tempfile.mkstemp(prefix="mindrl-offload-", dir=spill)
-        os.close(fd)
         try:
+            # the blocks are reserved now: a full disk is an error here, never a SIGBUS when a page is written
+            os.posix_fallocate(fd, 0, nbytes)
             host = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        except OSError as e:
+            logger.warning("offload: %d bytes do not fit in %s (%s); this buffer stays in memory", nbytes, spill, e)
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=False)
         finally:
+            os.close(fd)
             os.unlink(path)  # the mapping keeps the file; nothing is left behind when the buffer goes
         _SPILLED.add(host.data_ptr())
         weakref.finalize(host, _SPILLED.discard, host.data_ptr())  # before its mapping can go

@@ -84,3 +84,18 @@ def test_read_only_hold_copies_nothing_out_again(spill_dir, monkeypatch):
 def _onloaded(off: TrainStateOffloader, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     with off.holding(["param"], read_only=True):
         return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_cpu_host_buffer_stays_in_memory_when_the_disk_is_full(spill_dir, monkeypatch, caplog):
+    """The file's blocks are reserved when the buffer is made, so a full disk is a warning and an in-memory buffer,
+    never a SIGBUS at the first write into the mapping; nothing is left in the directory."""
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cpu.os, "posix_fallocate", full)
+    host = CpuPlatform().host_buffer(4 * SPILL_MIN_BYTES)
+    assert host.data_ptr() not in cpu._SPILLED and host.numel() == 4 * SPILL_MIN_BYTES
+    assert "stays in memory" in caplog.text and str(spill_dir) in caplog.text
+    assert os.listdir(spill_dir) == []
