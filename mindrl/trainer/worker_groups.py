@@ -73,7 +73,6 @@ def build_groups(cfg, pg, has_reward: bool, created: list) -> ModelGroups:
     groups = device_groups(rl, rl.needs_reference, rl.needs_critic, has_reward)
     threads = worker_threads(pg, sum(g.size for g in groups))  # a node's cores shared among the job's ranks on it
     out = ModelGroups(pg, None)  # type: ignore[arg-type]
-    started = []  # every group's processes start (and import) at once; each joins its world meanwhile
     for g in groups:
         # The engines run in the actor's processes unless they have devices of their own; so does a reference
         # merged onto the actor's devices.
@@ -82,14 +81,8 @@ def build_groups(cfg, pg, has_reward: bool, created: list) -> ModelGroups:
         share = 1.0 / len(roles) if not rl.use_integrated_worker else None
         for role in roles:
             fraction = share or (0.5 if role == "actor" else 0.5 / (len(roles) - 1))
-            group = WorkerGroup(
-                WORKER[role], role, pg, g.size, fraction, threads[g.first : g.first + g.size], g.first, join=False
-            )
+            group = WorkerGroup(WORKER[role], role, pg, g.size, fraction, threads[g.first : g.first + g.size], g.first)
             created.append(group)
-            started.append(group)
             out.first_device[role] = g.first
             setattr(out, {"reward": "reward_model"}.get(role, role), group)
-    ports: set[tuple[str, int]] = set()
-    for group in started:  # each group's first call (its setup) waits for its ranks to have joined
-        group.start_join(ports)
     return out

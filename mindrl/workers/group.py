@@ -290,9 +290,7 @@ def worker_threads(pg, world_size: int) -> list[int]:
 class WorkerGroup:
     """`world_size` ranks of one model, one per bundle of `pg` from bundle `first_bundle` on (separate placement: a
     role's own devices), each claiming `fraction` of its device, with `threads` torch threads (one count for all
-    ranks, or one per rank). With `join=False` the ranks' processes start and nothing waits for them: `start_join`
-    then has them join their torch.distributed world, and the group's first call waits for that (so that several
-    groups' processes start, import and join at once)."""
+    ranks, or one per rank)."""
 
     def __init__(
         self,
@@ -303,7 +301,6 @@ class WorkerGroup:
         fraction: float,
         threads: int | list[int] = 1,
         first_bundle: int = 0,
-        join: bool = True,
     ):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -320,31 +317,10 @@ class WorkerGroup:
             for i in range(world_size)
         ]
         self.pids: list[int | None] = [None] * world_size
-        self.threads = threads if isinstance(threads, list) else [threads] * world_size
-        self.infos: list = []
-        self._joining: list | None = None  # the ranks' init_world calls in flight (start_join)
-        if join:
-            self.start_join()
-            self._joined()
-
-    def start_join(self, taken_ports: set[tuple[str, int]] | None = None) -> tuple[str, int]:
-        """Start every rank's `init_world` (rank 0 hosts the rendezvous at the address it returns); the group's next
-        call waits for them. `taken_ports`: rendezvous addresses other groups started at this moment chose, not to
-        be reused (a port is free until its group's rank 0 binds it); this group's is added to it."""
         addr, port = self.call_one(0, "node_address")
-        while taken_ports is not None and (addr, port) in taken_ports:
-            addr, port = self.call_one(0, "node_address")
-        if taken_ports is not None:
-            taken_ports.add((addr, port))
-        n = self.world_size
-        self._joining = [a.init_world.remote(i, n, addr, port, self.threads[i]) for i, a in enumerate(self.actors)]
-        return addr, port
-
-    def _joined(self) -> None:
-        """Wait for the ranks' `init_world` if `start_join` left them running."""
-        refs, self._joining = self._joining, None
-        if refs is not None:
-            self.pids = collect(refs, f"{self.name}.init_world", self.actors, self.labels())
+        per_rank = threads if isinstance(threads, list) else [threads] * world_size
+        self.pids = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
+        self.infos: list = []
 
     @property
     def world_size(self) -> int:
@@ -352,14 +328,12 @@ class WorkerGroup:
 
     def call(self, method: str, per_rank_args: Sequence[tuple] | None = None, *args: Any) -> list:
         """Call `method` on every rank (per_rank_args[i] for rank i, else the same args) and collect."""
-        self._joined()
         if per_rank_args is None:
             per_rank_args = [args] * len(self.actors)
         refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, per_rank_args)]
         return collect(refs, f"{self.name}.{method}", self.actors, self.labels())
 
     def call_one(self, rank: int, method: str, *args: Any) -> Any:
-        self._joined()
         ref = getattr(self.actors[rank], method).remote(*args)
         return collect([ref], f"{self.name}.{method}", self.actors, [self.labels()[rank]])[0]
 
@@ -383,7 +357,6 @@ class WorkerGroup:
         mode = dispatch_mode(self.cls, method)
         if mode is None:
             raise AttributeError(f"{self.cls.__name__}.{method} is not a registered worker method")
-        self._joined()
         what = f"{self.name}.{method}"
         if mode is Dispatch.ALL:
             calls = [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
