@@ -9,10 +9,10 @@ _FAST_EXIT = False
 
 
 def fast_exit() -> None:
-    """At interpreter exit, after every other atexit handler (this one, registered first, runs last), freeze the
-    garbage collector: Python's last full collection over the modules a CLI loaded (torch, transformers, Ray...)
-    then has nothing to traverse (0.5-1 s per process exit). Objects still alive then are left to the OS, as for
-    any object Python does not collect at exit; files, loggers and Ray are closed by their own handlers before."""
+    """Freeze the garbage collector at interpreter exit, after every atexit handler registered later (Ray's,
+    logging's, a run's writers): Python's final full collection over what a CLI loaded (torch, transformers, Ray...)
+    then has nothing to traverse (docs/performance.md, start-up). Objects still in reference cycles then are left to
+    the OS, as Python already does for any object alive at exit. Call it first in `main`; idempotent."""
     global _FAST_EXIT
     if not _FAST_EXIT:
         atexit.register(gc.freeze)
