@@ -147,6 +147,9 @@ def run_sampler(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     a = build_parser().parse_args(argv)
     return run_trainer(a) if a.role == "trainer" else run_sampler(a)
 

@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = _parser().parse_args(argv)
     from mindrl.checkpoint import convert
 

@@ -129,6 +129,9 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_intermixed_args(argv)
     try:
         metrics, out = run(resolve_defaults(args))

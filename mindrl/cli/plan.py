@@ -54,6 +54,9 @@ def run_plan(args: argparse.Namespace, cfg=None, prog: str = "mindrl-plan") -> i
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_args(argv)
     args.no_check_paths = True  # a plan is made on a laptop, away from the checkpoints and data
     return run_plan(args)

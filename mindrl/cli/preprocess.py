@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_args(argv)
     # Imported here so that --help answers without loading transformers.
     from mindrl.data.preprocess import BadRowError, preprocess

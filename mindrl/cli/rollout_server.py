@@ -75,6 +75,9 @@ def _stop(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_args(argv)
     token = None
     if args.token_file:

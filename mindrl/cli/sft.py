@@ -66,6 +66,9 @@ def _summary(result, seconds: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     from mindrl.preflight import load_sft_config
     from mindrl.trainer.sft import train_sft
 

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_args(argv)
     if args.dry_run:
         from mindrl.cli.plan import run_plan

@@ -42,6 +42,9 @@ def _summary(result, seconds: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     from mindrl.cli.sft import run_trainer
     from mindrl.preflight import load_dpo_config
     from mindrl.trainer.dpo import train_dpo

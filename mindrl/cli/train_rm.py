@@ -37,6 +37,9 @@ def _summary(result, seconds: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mindrl.cli import fast_exit
+
+    fast_exit()  # no final garbage collection at exit
     from mindrl.cli.sft import run_trainer
     from mindrl.preflight import load_rm_config
     from mindrl.trainer.reward_model import train_reward_model

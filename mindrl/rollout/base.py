@@ -199,6 +199,11 @@ class RolloutEngine(abc.ABC):
     def shutdown(self) -> None:
         """Release the engine; idempotent. The caller's torch.distributed world stays usable."""
 
+    def release_for_exit(self) -> None:
+        """For a process that ends right after (a Ray worker about to be killed): release only what would outlive
+        the process. By default, `shutdown`."""
+        self.shutdown()
+
     # ---- shared helpers -------------------------------------------------------------------------
 
     def check_prompts(

@@ -195,8 +195,9 @@ class IntegratedWorker(MegatronRank):
         return [n for n in names if n]
 
     def shutdown(self) -> None:
+        """Before the group kills this process: the engine releases what would outlive it (its shared memory)."""
         if getattr(self, "hybrid", None) is not None:
-            self.hybrid.engine.shutdown()
+            self.hybrid.engine.release_for_exit()
 
 
 def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:

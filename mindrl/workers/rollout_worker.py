@@ -91,5 +91,6 @@ class RolloutWorker(MegatronRank):
         return [n for n in names if n]
 
     def shutdown(self) -> None:
+        """Before the group kills this process: the engine releases what would outlive it (its shared memory)."""
         if getattr(self, "engine", None) is not None:
-            self.engine.shutdown()
+            self.engine.release_for_exit()
