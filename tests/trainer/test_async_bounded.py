@@ -5,6 +5,7 @@ every prompt exactly once; the prompt ledger is in the checkpoint, and a resume 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import shutil
@@ -15,6 +16,7 @@ from mindrl.checkpoint import mcore_ckpt
 from mindrl.data.prompt_dataset import PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.launch import free_port
+from tests.procs import stop_all
 from tests.trainer.rl_helpers import PROFILE, STRAIGHT_EXTRA, _config, _train
 from tests.trainer.test_async_samplers import start
 
@@ -34,6 +36,18 @@ def _bounded(ports=None) -> list[str]:
         out += ["rl_config.async_transport=zmq", "rl_config.async_host=127.0.0.1",
                 f"rl_config.async_data_port={ports[0]}", f"rl_config.async_sync_port={ports[1]}"]  # fmt: skip
     return out
+
+
+@contextlib.contextmanager
+def _two_samplers(assets, ports, tmp_path, extra=()):
+    """mindrl-sampler processes A and B on `ports`, logging to tmp_path/sampler-{A,B}.log; stopped at the end."""
+    with contextlib.ExitStack() as stack:
+        logs = {k: stack.enter_context(open(tmp_path / f"sampler-{k}.log", "w")) for k in "AB"}
+        procs = [start(k, assets, ports, logs[k], n=N, max_tokens=16, extra=extra) for k in "AB"]
+        try:
+            yield
+        finally:
+            stop_all(procs)
 
 
 def _expected(assets, num_prompts: int, epochs: int) -> collections.Counter:
@@ -71,16 +85,8 @@ def test_bounded_trains_every_prompt_once_from_two_samplers(assets, tmp_path):
     iters = num_prompts // 8  # one epoch at global_batch_size 8
     cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
                   "megatron_training.save_interval=0", *_bounded(ports))  # fmt: skip
-    logs = {k: open(tmp_path / f"sampler-{k}.log", "w") for k in "AB"}  # noqa: SIM115 (closed in finally)
-    procs = {k: start(k, assets, ports, logs[k], n=N, max_tokens=16) for k in "AB"}
-    try:
+    with _two_samplers(assets, ports, tmp_path):
         run_dir, _, lines, rollouts = _train(cfg)
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()
-        for f in logs.values():
-            f.close()
     assert len(lines) == iters
     for m in lines:
         assert 0 <= m["async/staleness/max"] <= 1, m
@@ -147,11 +153,8 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
     assert num_prompts == 16  # global_batch_size 8: two iterations per epoch
     ports = (free_port(), free_port())
     ckpt = tmp_path / "ckpt_actor"
-    logs = {k: open(tmp_path / f"sampler-{k}.log", "w") for k in "AB"}  # noqa: SIM115 (closed in finally)
     # short request timeouts: the samplers keep asking while no trainer listens (between the runs)
-    extra = ("--timeout", "10", "--idle-exit", "300")
-    procs = {k: start(k, assets, ports, logs[k], n=N, max_tokens=16, extra=extra) for k in "AB"}
-    try:
+    with _two_samplers(assets, ports, tmp_path, extra=("--timeout", "10", "--idle-exit", "300")):
         run1 = _config("grpo_tiny_cpu", assets, tmp_path, "megatron_training.train_iters=2",
                        "megatron_training.save_interval=1", *_bounded(ports))  # fmt: skip
         _, results1, _, _ = _train(run1)
@@ -165,12 +168,6 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
                        "megatron_training.save_interval=0", *_bounded(ports), *RESUME, actor_load=ckpt)  # fmt: skip
         with caplog.at_level(logging.WARNING, logger="mindrl.serving.transport"):
             _, results2, lines, rollouts = _train(run2)
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()
-        for f in logs.values():
-            f.close()
     assert [r.iteration for r in results2] == [2, 3, 4]
     # the checkpoint's ledger was loaded: each sampler holding leases in it declared dead, those prompts re-issued
     dead = {r.getMessage() for r in caplog.records if "declared dead" in r.getMessage()}
