@@ -4,6 +4,7 @@ actor that runs one inside the trainer's cluster on the Ray transport (rl_config
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,8 @@ class SamplerSpec:
     seed: int = 0
     lease_size: int = 1
     timeout_s: float = 120.0
+    ref_model: str | None = None
+    """HF dir of the reference model: the sampler computes each response's reference logprobs (None: it does not)."""
 
 
 def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
@@ -63,6 +66,12 @@ def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
     engine = Engine(config)
     sampling = SamplingConfig(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p)
     sampler = Sampler(sampler_id, end, engine, prompt, sampling, score, spec.seed, spec.lease_size, spec.timeout_s)
+    if spec.ref_model is not None:
+        from mindrl.serving.reference import HFReference
+
+        if not os.path.isfile(os.path.join(spec.ref_model, "config.json")):
+            raise FileNotFoundError(f"reference model {spec.ref_model!r}: no HF model there (config.json)")
+        sampler.reference = HFReference(spec.ref_model, spec.temperature).logprobs
     return sampler, engine, len(dataset)
 
 

@@ -144,7 +144,14 @@ def sampler_spec(cfg):
         # each actor generates its share of a trainer batch's prompts in one engine call
         lease_size=-(-mt.global_batch_size // max(1, rl.async_samplers or 1)),
         timeout_s=rl.async_timeout_s,
+        ref_model=reference_dir(cfg) if rl.async_sampler_ref else None,
     )
+
+
+def reference_dir(cfg) -> str:
+    """async_sampler_ref: the HF dir the samplers load the reference model from (absolute)."""
+    mt, rl, gen = cfg.megatron_training, cfg.rl_config, cfg.generate_config
+    return os.path.abspath(rl.async_sampler_ref_model or gen.tokenizer_name_or_path or mt.tokenizer_name_or_path)
 
 
 def tag_rows(rows: list[dict], batch: Batch) -> None:
