@@ -382,6 +382,12 @@ class RLSectionConfig(Section):
     the samplers are external processes: None or 0."""
     async_sampler_engine: str = "hf"
     """bounded with async_transport ray: the actors' rollout engine, hf or vllm."""
+    async_sampler_cpus: float = 0.0
+    """bounded with async_transport ray: CPUs each sampler actor claims, on a placement-group bundle of its own (its
+    torch threads); 0 with async_sampler_devices 0: the actors claim nothing and share the trainer's host."""
+    async_sampler_devices: int = 0
+    """bounded with async_transport ray: devices (NPUs, GPUs; CPU stand-ins on a CPU host) each sampler actor claims,
+    on its bundle."""
     async_sampler_ref: bool = False
     """bounded with async_transport ray: each sampler actor holds the reference model (async_sampler_ref_model) and
     sends each response's reference logprobs; the trainer then skips its reference pass for those batches."""
@@ -554,6 +560,12 @@ class RLSectionConfig(Section):
                 col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
             if self.async_sampler_engine not in ("hf", "vllm"):
                 col.add("async_sampler_engine", f"must be hf or vllm, got {self.async_sampler_engine!r}")
+            for key in ("async_sampler_cpus", "async_sampler_devices"):
+                if getattr(self, key) < 0:
+                    col.add(key, f"must be >= 0, got {getattr(self, key)}")
+                elif getattr(self, key) and self.async_transport == "zmq":
+                    col.add(key, "claims resources for sampler actors (async_transport ray); mindrl-sampler processes "
+                            "run outside Ray")  # fmt: skip
             if self.async_sampler_ref:
                 why = ("async_transport zmq: pass --ref-model to each mindrl-sampler instead"
                        if self.async_transport == "zmq" else

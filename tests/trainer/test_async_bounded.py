@@ -193,6 +193,7 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
 def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch):
     """rl_config.async_sampler_ref: the sampler actor holds the reference model (the HF dir the trainer's reference
     checkpoint was converted from) and sends each response's reference logprobs; the trainer skips its reference pass.
+    With async_sampler_cpus=1 the actor runs on a placement-group bundle of its own ({CPU: 1}, beside the trainer's).
     Each iteration the test also runs the trainer's own reference forward on the same batch: the samplers' values
     equal it within twice the trainer's own error against an fp64 forward of the same tokens (measured here), a bound
     far below how far one update moves the policy. The epoch's prompts are trained exactly once."""
@@ -202,10 +203,14 @@ def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch
     from mindrl.trainer import experience
     from mindrl.trainer.ppo_trainer import PPOTrainer
 
-    seen = []
+    seen, groups = [], []
     score = PPOTrainer._score
 
     def score_and_compare(self, batch, labels, timing, scored=None):
+        if not groups:  # the placement groups alive while training
+            from ray.util.placement_group import placement_group_table
+
+            groups.extend(g["bundles"] for g in placement_group_table().values() if g["state"] == "CREATED")
         sent = batch["ref_log_prob"].clone() if "ref_log_prob" in batch else None
         out = score(self, batch, labels, timing, scored)
         own = (self.reference or self.actor).compute_log_prob(batch.select(experience.FORWARD_KEYS), reference=True)
@@ -218,9 +223,12 @@ def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch
     num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
     iters = num_prompts // 8
     cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
-                  "megatron_training.save_interval=0", *_bounded(), "rl_config.async_sampler_ref=true")  # fmt: skip
+                  "megatron_training.save_interval=0", *_bounded(), "rl_config.async_sampler_ref=true",
+                  "rl_config.async_sampler_cpus=1")  # fmt: skip
     _, _, lines, rollouts = _train(cfg)
     assert len(lines) == iters and len(seen) == iters
+    shapes = sorted(list(b.values()) for b in groups)  # the sampler's bundle, the trainer's two (a device each)
+    assert shapes == [[{"CPU": 1.0}], [{"CPU": 1.0}, {"CPU": 1.0}]], groups
     for m in lines:
         assert 0 <= m["async/staleness/max"] <= 1 and m["async/sampler_ref_s"] > 0, m
         assert "timing/reference_model" not in m, m  # the trainer's reference pass was skipped
