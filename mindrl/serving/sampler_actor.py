@@ -71,7 +71,8 @@ def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
 
         if not os.path.isfile(os.path.join(spec.ref_model, "config.json")):
             raise FileNotFoundError(f"reference model {spec.ref_model!r}: no HF model there (config.json)")
-        sampler.reference = HFReference(spec.ref_model, spec.temperature).logprobs
+        # the trainer's reference pass: logits / the sampling temperature (1 for greedy)
+        sampler.reference = HFReference(spec.ref_model, spec.temperature if spec.temperature > 0 else 1.0).logprobs
     return sampler, engine, len(dataset)
 
 
