@@ -195,8 +195,9 @@ def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch
     checkpoint was converted from) and sends each response's reference logprobs; the trainer skips its reference pass.
     With async_sampler_cpus=1 the actor runs on a placement-group bundle of its own ({CPU: 1}, beside the trainer's).
     Each iteration the test also runs the trainer's own reference forward on the same batch: the samplers' values
-    equal it within twice the trainer's own error against an fp64 forward of the same tokens (measured here), a bound
-    far below how far one update moves the policy. The epoch's prompts are trained exactly once."""
+    equal it within the two implementations' gap, measured here as each one's error against an fp64 forward of the same
+    tokens (the sampler's no more than twice the trainer's), a gap below how far one update moves the policy. The
+    epoch's prompts are trained exactly once."""
     import torch
 
     from mindrl.serving.reference import HFReference
@@ -234,7 +235,7 @@ def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch
         assert "timing/reference_model" not in m, m  # the trainer's reference pass was skipped
     _assert_exactly_once(assets, rollouts, _ledger(tmp_path / "ckpt_actor", iters))
     exact = HFReference(str(assets / "hf"), cfg.generate_config.sampling_config.temperature, dtype=torch.float64)
-    gap = sampler_vs_trainer = moved = 0.0
+    trainer_err = sampler_err = sampler_vs_trainer = moved = 0.0
     for it in seen:
         assert it["sent"] is not None
         mask = it["mask"].bool()
@@ -243,8 +244,13 @@ def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch
             if k == 0:
                 continue
             x = torch.from_numpy(exact.logprobs(p, [r[:k]])[0])
-            gap = max(gap, (it["own"][i, :k].double() - x).abs().max().item())
+            trainer_err = max(trainer_err, (it["own"][i, :k].double() - x).abs().max().item())
+            sampler_err = max(sampler_err, (it["sent"][i, :k].double() - x).abs().max().item())
         sampler_vs_trainer = max(sampler_vs_trainer, (it["sent"] - it["own"])[mask].abs().max().item())
         moved = max(moved, (it["old"] - it["own"])[mask].abs().max().item())
-    print(f"max |sampler - trainer| {sampler_vs_trainer:.3g}; trainer vs fp64 {gap:.3g}; one update moves {moved:.3g}")
-    assert 0 < gap and sampler_vs_trainer <= 2 * gap < moved
+    print(f"max |sampler - trainer| {sampler_vs_trainer:.3g}; against fp64: trainer {trainer_err:.3g}, sampler "
+          f"{sampler_err:.3g}; one update moves the policy by {moved:.3g}")  # fmt: skip
+    # the two fp32 implementations' measured gap: each one's error against fp64 (the sampler's HF forward no less
+    # accurate than the trainer's megatron TP2 one), far below what tells the reference from the updated policy
+    assert 0 < sampler_err <= trainer_err * 2
+    assert sampler_vs_trainer <= sampler_err + trainer_err < moved
