@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="prompt i of epoch e is sampled with seeds from (seed, e, i)")
     p.add_argument("--lease-size", type=int, default=1, help="prompts leased per round")
+    p.add_argument("--ref-model", default=None, help="HF dir of the reference model (the trainer's reference, in HF "
+                   "layout): each experience carries its reference logprobs and the trainer skips its reference pass")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a request or a blocked send may take")
     p.add_argument("--idle-exit", type=float, default=None, help="exit after this many seconds with no prompt")
     return p
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = SamplerSpec(model=args.model, data_path=args.data_path, max_prompt_length=args.max_prompt_length, n=args.n,
                        max_tokens=args.max_tokens, verifiers=args.verifier or ["acc_for_ppo"], engine=args.engine,
                        temperature=args.temperature, top_p=args.top_p, seed=args.seed, lease_size=args.lease_size,
-                       timeout_s=args.timeout)  # fmt: skip
+                       timeout_s=args.timeout, ref_model=args.ref_model)  # fmt: skip
     end = ZmqSamplerEnd(args.sampler_id, args.host, args.data_port, args.sync_port)
     try:
         sampler, engine, num_prompts = build_sampler(args.sampler_id, end, spec)

@@ -382,6 +382,18 @@ class RLSectionConfig(Section):
     the samplers are external processes: None or 0."""
     async_sampler_engine: str = "hf"
     """bounded with async_transport ray: the actors' rollout engine, hf or vllm."""
+    async_sampler_cpus: float = 0.0
+    """bounded with async_transport ray: CPUs each sampler actor claims, on a placement-group bundle of its own (its
+    torch threads); 0 with async_sampler_devices 0: the actors claim nothing and share the trainer's host."""
+    async_sampler_devices: int = 0
+    """bounded with async_transport ray: devices (NPUs, GPUs; CPU stand-ins on a CPU host) each sampler actor claims,
+    on its bundle."""
+    async_sampler_ref: bool = False
+    """bounded with async_transport ray: each sampler actor holds the reference model (async_sampler_ref_model) and
+    sends each response's reference logprobs; the trainer then skips its reference pass for those batches."""
+    async_sampler_ref_model: str | None = None
+    """async_sampler_ref: HF dir of the reference model (the trainer's reference in HF layout); None: the sampler's
+    model dir (generate_config.tokenizer_name_or_path, else megatron_training.tokenizer_name_or_path)."""
 
     @classmethod
     def from_dict(cls, data, prefix: str, col: Collector) -> Any:
@@ -548,7 +560,23 @@ class RLSectionConfig(Section):
                 col.add("async_timeout_s", f"must be > 0, got {self.async_timeout_s}")
             if self.async_sampler_engine not in ("hf", "vllm"):
                 col.add("async_sampler_engine", f"must be hf or vllm, got {self.async_sampler_engine!r}")
-        elif self.async_mode == "one_step_off":
+            for key in ("async_sampler_cpus", "async_sampler_devices"):
+                if getattr(self, key) < 0:
+                    col.add(key, f"must be >= 0, got {getattr(self, key)}")
+                elif getattr(self, key) and self.async_transport == "zmq":
+                    col.add(key, "claims resources for sampler actors (async_transport ray); mindrl-sampler processes "
+                            "run outside Ray")  # fmt: skip
+            if self.async_sampler_ref:
+                why = ("async_transport zmq: pass --ref-model to each mindrl-sampler instead"
+                       if self.async_transport == "zmq" else
+                       "the run has no reference model (no KL term with a coefficient)" if not self.needs_reference
+                       else "sync_ref_model (the trainer's reference moves; the samplers' would not)"
+                       if self.sync_ref_model else None)  # fmt: skip
+                if why:
+                    col.add("async_sampler_ref", f"sampler reference logprobs do not combine with {why}")
+        elif self.async_sampler_ref:
+            col.add("async_sampler_ref", f"needs async_mode bounded (its sampler actors), got {self.async_mode}")
+        if self.async_mode == "one_step_off":
             if self.max_staleness > 1:
                 col.add("max_staleness", f"one_step_off trains experiences at most one version old: 1 (or 0, the "
                         f"synchronous order), got {self.max_staleness}")  # fmt: skip

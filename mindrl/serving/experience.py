@@ -18,6 +18,8 @@ SCHEMA_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort")
 GEN_SECONDS = "gen_s"
 """The `meta` key where a sampler puts the seconds it spent generating a group (the trainer's sampler_tps)."""
+REF_SECONDS = "ref_s"
+"""The `meta` key of the seconds a sampler spent on a group's reference logprobs (rl_config.async_sampler_ref)."""
 RUN_ID = "run_id"
 """The `meta` key of the run id of the trainer whose weights sampled the experience (checked by the trainer's end)."""
 ID_DTYPES = ("<i4", "<i8")

@@ -13,13 +13,15 @@ import numpy as np
 
 from mindrl.data.prompt_ledger import Lease
 from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
-from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, RUN_ID, Experience
+from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, REF_SECONDS, RUN_ID, Experience
 from mindrl.serving.transport import SamplerEnd
 
 PromptSource = Callable[[int], tuple[Sequence[int], Any]]
 """dataset index -> (prompt token ids, label)."""
 Scorer = Callable[[Sequence[RolloutSample], Any], list[dict[str, float]]]
 """(one prompt's samples, its label) -> per sample, the score of each verifier."""
+Reference = Callable[[Sequence[int], Sequence[Sequence[int]]], list[np.ndarray]]
+"""(prompt ids, one group's response ids) -> per response, its tokens' reference logprobs (`HFReference.logprobs`)."""
 
 
 @dataclass
@@ -39,6 +41,9 @@ class Sampler:
     """The run id of the trainer that published those weights (stamped on each group)."""
     unsent: list = field(default_factory=list)
     """Groups generated but not yet sent (their send timed out): sent first in the next round."""
+    reference: Reference | None = None
+    """The reference model (rl_config.async_sampler_ref): each experience carries its response's reference logprobs
+    and each group's meta its seconds (REF_SECONDS); None: the trainer computes them."""
 
     def sync_weights(self) -> bool:
         """Load the trainer's newest weights if they are not the engine's version and run (older ones too: a trainer
@@ -88,23 +93,31 @@ class Sampler:
                                     seeds=[self.seed_of(lease) for lease in leases])  # fmt: skip
         gen_s = (time.perf_counter() - t0) / len(leases)
         meta = {GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})}
+        refs: list[list] = [[None] * len(samples) for samples in outs]
+        metas = [dict(meta) for _ in outs]
+        if self.reference is not None:  # one forward per group
+            for k, ((ids, _), samples) in enumerate(zip(prompts, outs)):
+                t1 = time.perf_counter()
+                refs[k] = self.reference(list(ids), [list(s.token_ids) for s in samples])
+                metas[k][REF_SECONDS] = time.perf_counter() - t1
         return [
             [
                 Experience(
                     prompt_ids=list(ids),
                     response_ids=list(s.token_ids),
                     behaviour_logprobs=np.asarray(s.logprobs, dtype=np.float64),
+                    ref_logprobs=ref,
                     rewards=r,
                     finish_reason=s.finish_reason if s.finish_reason in FINISH_REASONS else "abort",
                     prompt_index=lease.prompt_index,
                     epoch=lease.epoch,
                     sampler_id=self.sampler_id,
                     weight_version=self.version,
-                    meta=dict(meta),
+                    meta=dict(group_meta),
                 )
-                for s, r in zip(samples, self.score(samples, label))
+                for s, r, ref in zip(samples, self.score(samples, label), group_ref)
             ]
-            for lease, (ids, label), samples in zip(leases, prompts, outs)
+            for lease, (ids, label), samples, group_ref, group_meta in zip(leases, prompts, outs, refs, metas)
         ]
 
     def run(self, stop: threading.Event, idle_s: float = 0.05) -> None:

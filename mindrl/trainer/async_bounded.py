@@ -28,6 +28,8 @@ class Bounded:
     """The newest weight version published (None: none yet; samplers wait for one)."""
     actors: list = field(default_factory=list)
     """The sampler actors (rl_config.async_samplers; none on the ZeroMQ transport)."""
+    actors_pg: object = None
+    """The sampler actors' placement group (async_sampler_cpus / async_sampler_devices; None: they claim nothing)."""
 
     def take(
         self, version: int, dataset: PromptDataset, n: int, pad_token_id: int | None
@@ -89,6 +91,11 @@ class Bounded:
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
+        if self.actors_pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.actors_pg)
+            self.actors_pg = None
         self.end.close()
 
 
@@ -115,11 +122,15 @@ def bounded(cfg, num_prompts: int) -> Bounded | None:
         from mindrl.serving import sampler_actor
 
         try:
-            b.actors = sampler_actor.spawn(rl.async_samplers, end.hub, sampler_spec(cfg))
+            cpus, devices = rl.async_sampler_cpus, rl.async_sampler_devices
+            b.actors_pg = sampler_actor.reserve(rl.async_samplers, cpus, devices, rl.async_timeout_s)
+            b.actors = sampler_actor.spawn(rl.async_samplers, end.hub, sampler_spec(cfg), pg=b.actors_pg,
+                                           threads=sampler_actor.threads_of(cpus, devices))  # fmt: skip
         except BaseException:
             b.close()
             raise
-        logger.info("bounded: %d sampler actors (%s) on the Ray transport", len(b.actors), rl.async_sampler_engine)
+        logger.info("bounded: %d sampler actors (%s%s) on the Ray transport", len(b.actors), rl.async_sampler_engine,
+                    f", each on a bundle of {sampler_actor.bundle(cpus, devices)}" if b.actors_pg else "")  # fmt: skip
     return b
 
 
@@ -144,7 +155,14 @@ def sampler_spec(cfg):
         # each actor generates its share of a trainer batch's prompts in one engine call
         lease_size=-(-mt.global_batch_size // max(1, rl.async_samplers or 1)),
         timeout_s=rl.async_timeout_s,
+        ref_model=reference_dir(cfg) if rl.async_sampler_ref else None,
     )
+
+
+def reference_dir(cfg) -> str:
+    """async_sampler_ref: the HF dir the samplers load the reference model from (absolute)."""
+    mt, rl, gen = cfg.megatron_training, cfg.rl_config, cfg.generate_config
+    return os.path.abspath(rl.async_sampler_ref_model or gen.tokenizer_name_or_path or mt.tokenizer_name_or_path)
 
 
 def tag_rows(rows: list[dict], batch: Batch) -> None:

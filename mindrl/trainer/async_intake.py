@@ -13,7 +13,7 @@ import torch
 from mindrl.algorithms.staleness import staleness
 from mindrl.batch import Batch
 from mindrl.rollout.base import RolloutSample
-from mindrl.serving.experience import GEN_SECONDS, Experience
+from mindrl.serving.experience import GEN_SECONDS, REF_SECONDS, Experience
 from mindrl.serving.transport import TrainerEnd, TransportTimeout
 from mindrl.trainer import experience
 
@@ -59,6 +59,9 @@ class Intake:
         if depth is not None:  # the Ray hub's queue; ZeroMQ's buffers cannot be counted
             metrics["async/queue_depth"] = float(depth())
         metrics.update(sampler_tps(got))
+        ref_s = [float(g[0].meta[REF_SECONDS]) for g in got if REF_SECONDS in g[0].meta]
+        if ref_s:  # async_sampler_ref: the samplers' reference passes of this batch's groups, summed
+            metrics["async/sampler_ref_s"] = sum(ref_s)
         return got, metrics
 
 

@@ -449,7 +449,7 @@ class PPOTrainer:
         if not self.cfg.rl_config.on_policy:
             with _timed(timing, "timing/old_log_p"):
                 batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
-        if self.needs_ref:
+        if self.needs_ref and "ref_log_prob" not in batch:  # bounded: samplers may have sent them (async_sampler_ref)
             with _timed(timing, "timing/reference_model"):
                 batch["ref_log_prob"] = (self.reference or self.actor).compute_log_prob(fwd, reference=True).tensor
             timing["timing/non_overlap_reference_model"] = timing["timing/reference_model"]

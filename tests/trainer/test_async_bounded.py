@@ -185,3 +185,69 @@ def test_bounded_resume_trains_every_prompt_once_per_epoch_across_the_two_runs(a
     foreign = sum(m["async/dropped_foreign"] for m in lines[1:])
     print(f"in flight at the checkpoint {in_flight}; dropped as run 1's: {foreign}; final ledger: "
           f"duplicates {final['duplicates']}, re-issued {final['reissued']}")  # fmt: skip
+
+
+def test_bounded_with_the_reference_in_the_sampler(assets, tmp_path, monkeypatch):
+    """rl_config.async_sampler_ref: the sampler actor holds the reference model (the HF dir the trainer's reference
+    checkpoint was converted from) and sends each response's reference logprobs; the trainer skips its reference pass.
+    With async_sampler_cpus=1 the actor runs on a placement-group bundle of its own ({CPU: 1}, beside the trainer's).
+    Each iteration the test also runs the trainer's own reference forward on the same batch: the samplers' values
+    equal it within the two implementations' gap, measured here as each one's error against an fp64 forward of the same
+    tokens (the sampler's no more than twice the trainer's), a gap below how far one update moves the policy. The
+    epoch's prompts are trained exactly once."""
+    import torch
+
+    from mindrl.serving.reference import HFReference
+    from mindrl.trainer import experience
+    from mindrl.trainer.ppo_trainer import PPOTrainer
+
+    seen, groups = [], []
+    score = PPOTrainer._score
+
+    def score_and_compare(self, batch, labels, timing, scored=None):
+        if not groups:  # the placement groups alive while training
+            from ray.util.placement_group import placement_group_table
+
+            groups.extend(g["bundles"] for g in placement_group_table().values() if g["state"] == "CREATED")
+        sent = batch["ref_log_prob"].clone() if "ref_log_prob" in batch else None
+        out = score(self, batch, labels, timing, scored)
+        own = (self.reference or self.actor).compute_log_prob(batch.select(experience.FORWARD_KEYS), reference=True)
+        seen.append({"sent": sent, "own": own.tensor, "old": batch["old_log_prob"].clone(),
+                     "mask": batch["response_mask"].clone(), "prompts": batch.rows_meta["prompt_ids"],
+                     "responses": batch.rows_meta["response_ids"]})  # fmt: skip
+        return out
+
+    monkeypatch.setattr(PPOTrainer, "_score", score_and_compare)
+    num_prompts = len(PromptDataset(str(assets / "data" / "train"), 64, ("labels",)))
+    iters = num_prompts // 8
+    cfg = _config("grpo_tiny_cpu", assets, tmp_path, f"megatron_training.train_iters={iters}",
+                  "megatron_training.save_interval=0", *_bounded(), "rl_config.async_sampler_ref=true",
+                  "rl_config.async_sampler_cpus=1")  # fmt: skip
+    _, _, lines, rollouts = _train(cfg)
+    assert len(lines) == iters and len(seen) == iters
+    shapes = sorted(list(b.values()) for b in groups)  # the sampler's bundle, the trainer's two (a device each)
+    assert shapes == [[{"CPU": 1.0}], [{"CPU": 1.0}, {"CPU": 1.0}]], groups
+    for m in lines:
+        assert 0 <= m["async/staleness/max"] <= 1 and m["async/sampler_ref_s"] > 0, m
+        assert "timing/reference_model" not in m, m  # the trainer's reference pass was skipped
+    _assert_exactly_once(assets, rollouts, _ledger(tmp_path / "ckpt_actor", iters))
+    exact = HFReference(str(assets / "hf"), cfg.generate_config.sampling_config.temperature, dtype=torch.float64)
+    trainer_err = sampler_err = sampler_vs_trainer = moved = 0.0
+    for it in seen:
+        assert it["sent"] is not None
+        mask = it["mask"].bool()
+        for i, (p, r) in enumerate(zip(it["prompts"], it["responses"])):
+            k = int(mask[i].sum())
+            if k == 0:
+                continue
+            x = torch.from_numpy(exact.logprobs(p, [r[:k]])[0])
+            trainer_err = max(trainer_err, (it["own"][i, :k].double() - x).abs().max().item())
+            sampler_err = max(sampler_err, (it["sent"][i, :k].double() - x).abs().max().item())
+        sampler_vs_trainer = max(sampler_vs_trainer, (it["sent"] - it["own"])[mask].abs().max().item())
+        moved = max(moved, (it["old"] - it["own"])[mask].abs().max().item())
+    print(f"max |sampler - trainer| {sampler_vs_trainer:.3g}; against fp64: trainer {trainer_err:.3g}, sampler "
+          f"{sampler_err:.3g}; one update moves the policy by {moved:.3g}")  # fmt: skip
+    # the two fp32 implementations' measured gap: each one's error against fp64 (the sampler's HF forward no less
+    # accurate than the trainer's megatron TP2 one), far below what tells the reference from the updated policy
+    assert 0 < sampler_err <= trainer_err * 2
+    assert sampler_vs_trainer <= sampler_err + trainer_err < moved
