@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.parallel import pytest_collection_modifyitems  # noqa: F401  (the xdist group of tests that start processes)
+from tests.procs import SESSION_TAG
 
 torch.set_num_threads(1)
 # A suite started as a background job of a non-interactive shell (`bash tests/run.sh &`, nohup) inherits SIGINT
@@ -17,6 +18,8 @@ torch.set_num_threads(1)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Scope the leak checks to what this session starts (tests/procs.py): our /dev/shm names and processes carry this tag.
+os.environ["MINDRL_SHM_TAG"] = SESSION_TAG
 # Trainer worker ranks: 1 torch thread each, as every multi-process test (mindrl.workers.group.worker_threads).
 os.environ.setdefault("MINDRL_WORKER_THREADS", "1")
 

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import pathlib
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# This pytest session's tag (tests/conftest.py sets it before any test runs): every /dev/shm name a mindrl process
+# started by the suite creates carries it, and every process the suite starts (Ray's included) inherits it in its
+# environment. The leak checks below look only at what carries it, so a training run beside the suite is not
+# mistaken for the suite's leftovers.
+SESSION_TAG = f"t{os.getpid()}"
+
+
+def own_shm_segments() -> list[str]:
+    """This session's mindrl segments left in /dev/shm."""
+    from mindrl.platform.host import shm_prefix
+
+    return glob.glob(f"/dev/shm/*{shm_prefix()}*")
+
+
+def started_by_this_session(pid: int | str) -> bool:
+    """Whether the process inherited this session's tag (children of killed parents included: the environment
+    survives re-parenting). A process we may not read is another user's, not ours."""
+    from mindrl.platform.host import SHM_TAG_ENV
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{SHM_TAG_ENV}={SESSION_TAG}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def alive(pid: int) -> bool:

@@ -3,7 +3,6 @@ one machine (head 127.0.0.1, worker node 127.0.0.2) training the tiny PPO config
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -16,6 +15,7 @@ import time
 import pytest
 
 from mindrl.launch import free_port
+from tests.procs import own_shm_segments
 from tests.trainer.rl_helpers import assets, wait_for_no_ray  # noqa: F401  (assets: the trainer tests' fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,4 +163,4 @@ def test_two_node_loopback_cluster(assets, tmp_path):  # noqa: F811
             worker.wait(timeout=90)
         _stop(foreign)
     assert not wait_for_no_ray(30)
-    assert not glob.glob("/dev/shm/*mindrl*")
+    assert not own_shm_segments()

@@ -22,6 +22,7 @@ from mindrl.models.hf_config import ModelSpec
 from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
 from mindrl.models.wrappers import unwrap
 from mindrl.platform import current_platform, env_switch
+from mindrl.platform.host import shm_prefix
 
 DEFAULT_BUCKET_MB = 512
 # The HF tensor dimension a megatron TP split cuts (gate/up and q/k/v shards are row chunks of each).
@@ -454,7 +455,7 @@ def _new_segment(size: int) -> str:
     """A new /dev/shm file of `size` bytes with its pages reserved, or "" when /dev/shm cannot hold it: the
     stream then falls back to gloo (a warning says so). A file only truncated to its size would fail later, with a
     SIGBUS at the first write past what /dev/shm can hold (e.g. a container's 64 MiB)."""
-    path = f"/dev/shm/mindrl_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{shm_prefix()}_reshard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with open(path, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, size)

@@ -17,6 +17,7 @@ import torch
 from mindrl.config.settings import RolloutConfig, SamplingConfig
 from mindrl.kernels import current_kernels
 from mindrl.platform import current_platform
+from mindrl.platform.host import shm_prefix
 from mindrl.rollout.base import (
     SLEEP_TAGS,
     TORCH_DTYPES,
@@ -416,7 +417,7 @@ def _eager_sampler_ops() -> None:
 
 def _shared_ident() -> str:
     """A name unique to this engine and identical on all ranks of the world (collective)."""
-    ident = [f"mindrl{secrets.token_hex(6)}"]
+    ident = [f"{shm_prefix()}{secrets.token_hex(6)}"]
     torch.distributed.broadcast_object_list(ident, src=0)
     return ident[0]
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import started_by_this_session
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -119,7 +121,7 @@ def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> None:
 
 
 def ray_processes() -> list[str]:
-    """Live Ray processes on this host. Zombies are dead (they hold nothing): a process orphaned by a killed parent
+    """Live Ray processes on this host that this test session started (tests/procs.py). Zombies are dead (they hold nothing): a process orphaned by a killed parent
     is re-parented to PID 1, which in a container without an init may never reap it."""
     out = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout.split()
     live = []
@@ -129,7 +131,7 @@ def ray_processes() -> list[str]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z":
+        if state != "Z" and started_by_this_session(pid):
             live.append(pid)
     return live
 

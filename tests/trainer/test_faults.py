@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.procs import alive
+from tests.procs import alive, own_shm_segments
 from tests.trainer.rl_helpers import _config, ray_processes, wait_for_no_ray
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def _no_leftovers() -> None:
     assert not ray.is_initialized()
     procs = wait_for_no_ray(30)  # killed actors' processes are reaped asynchronously
     assert not procs, procs
-    assert not glob.glob("/dev/shm/*mindrl*")
+    assert not own_shm_segments()
 
 
 def _resume_point(cfg_dir, assets):
@@ -358,7 +358,7 @@ def test_kill_9_of_the_driver_then_resume_from_the_last_complete_checkpoint_and_
     while (stray := set(ray_processes()) - agents) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not stray, f"Ray processes outlived the interrupted run: {stray}"
-    assert not glob.glob("/dev/shm/*mindrl*")
+    assert not own_shm_segments()
     it = mcore_ckpt.read_tracker(str(ckpt))
     assert it > last and os.path.isfile(os.path.join(mcore_ckpt.iteration_dir(str(ckpt), it), "trainer_state.json"))
     mcore_ckpt.read_model_meta(str(ckpt))

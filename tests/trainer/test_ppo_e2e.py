@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from tests.procs import own_shm_segments
 from tests.trainer.rl_helpers import checkpoint_tensors, layout_run, straight_run
 
 pytestmark = pytest.mark.slow  # each run starts Ray and 2-8 worker processes that import vLLM and megatron
@@ -65,7 +66,7 @@ def _no_leftovers() -> None:
     import ray
 
     assert not ray.is_initialized()
-    assert not glob.glob("/dev/shm/*mindrl*")
+    assert not own_shm_segments()
 
 
 def _check_profiles(run_dir, stages: list[str]) -> None:
