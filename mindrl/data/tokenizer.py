@@ -1,5 +1,5 @@
 """The driver's HF tokenizer, loaded through the class its tokenizer_config.json names: AutoTokenizer's choice without
-AutoTokenizer's import of transformers' model classes (docs/performance.md, "The driver and the rule rewards")."""
+AutoTokenizer's import of transformers' model classes (docs/performance.md, "Memory footprint")."""
 
 from __future__ import annotations
 
