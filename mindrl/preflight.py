@@ -22,7 +22,8 @@ from mindrl.config.sft import SECTION as SFT_SECTION
 from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.indexed import IndexedDataset
 from mindrl.data.preprocess import dataset_prefix
-from mindrl.models.hf_config import ModelConfigError
+from mindrl.data.tokenizer import load_tokenizer
+from mindrl.models.hf_config import ModelConfigError, ModelSpec
 from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
 from mindrl.workers.runtime_env import RuntimeEnvError, read_env_file
 
@@ -88,16 +89,20 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
     """Report every missing or wrong path of `cfg` to `col`: checkpoints (and that they hold the model the config
     describes), the packed prompt dataset, the tokenizers and the runtime env file."""
     mt, rl = cfg.megatron_training, cfg.rl_config
-    _check_checkpoint(col, "actor_config.load", cfg.actor_config.load, cfg.model, value_model=False)
+    tokenizer = _TokenizerSize(mt.tokenizer_name_or_path)
+    checkpoints = [("actor_config", "actor_config.load", cfg.actor_config.load, cfg.model, False)]
     ref = rl.integrated_mode_config.ref_model_load_path
-    if ref:
-        _check_checkpoint(
-            col, "rl_config.integrated_mode_config.ref_model_load_path", ref, cfg.model, value_model=False
-        )
+    if ref:  # at the actor's layout
+        checkpoints.append(("actor_config", "rl_config.integrated_mode_config.ref_model_load_path", ref, cfg.model,
+                            False))  # fmt: skip
     if cfg.critic_config is not None and cfg.critic_model is not None:
-        _check_checkpoint(col, "critic_config.load", cfg.critic_config.load, cfg.critic_model, value_model=True)
+        checkpoints.append(("critic_config", "critic_config.load", cfg.critic_config.load, cfg.critic_model, True))
     if cfg.reward_config is not None and cfg.reward_model is not None and cfg.reward_config.load:
-        _check_checkpoint(col, "reward_config.load", cfg.reward_config.load, cfg.reward_model, value_model=True)
+        checkpoints.append(("reward_config", "reward_config.load", cfg.reward_config.load, cfg.reward_model, True))
+    for role, key, path, arch, value_model in checkpoints:
+        spec = _check_checkpoint(col, key, path, arch, value_model)
+        if spec is not None:
+            _check_vocab_rows(col, key, path, spec.vocab_size, arch, role, getattr(cfg, role).tp, tokenizer)
     if mt.data_path and not col.is_bad("megatron_training.data_path"):
         _check_dataset(col, "megatron_training.data_path", mt.data_path, mt.dataset_additional_keys)
     if rl.val_data_path and not col.is_bad("rl_config.val_data_path"):
@@ -121,16 +126,19 @@ def _older_iteration_spec(path: str):
     return None
 
 
-def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArchConfig, value_model: bool) -> None:
+def _check_checkpoint(
+    col: Collector, key: str, path: str | None, arch: ModelArchConfig, value_model: bool
+) -> ModelSpec | None:
+    """Report what is wrong with the checkpoint at `path` to `col`; its model description (None: none to read)."""
     if not path or col.is_bad(key):
-        return
+        return None
     if not os.path.isdir(path):
         col.add(key, f"checkpoint directory {_p(path)} does not exist")
-        return
+        return None
     if not os.path.isfile(os.path.join(path, TRACKER)):
         col.add(key, f"{_p(path)} is not a megatron checkpoint: it has no {TRACKER} (convert an HF model with "
                 "mindrl-convert hf2mcore, or point at a finished save)")  # fmt: skip
-        return
+        return None
     try:
         spec = legacy.resolve_spec(path)[0] if legacy.is_legacy(path) else read_model_meta(path)[0]
     except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:
@@ -139,12 +147,12 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
         spec = _older_iteration_spec(path)
         if spec is None:
             col.add(key, f"cannot read the checkpoint's model description: {e}")
-            return
+            return None
     if spec.is_value_model != value_model:
         want = "a value model (convert with --orm)" if value_model else "a causal LM"
         col.add(key, f"{path!r} holds a {spec.architecture}, but this role needs {want}")
     if not arch.name:
-        return
+        return spec
     # The model file must describe the network in the checkpoint: layouts and the planner trust it.
     where = f"model.{arch.name}"
     pairs = [
@@ -165,6 +173,49 @@ def _check_checkpoint(col: Collector, key: str, path: str | None, arch: ModelArc
         if ours is not None and ours != theirs and not col.is_bad(f"{where}.{name}"):
             col.add(f"{where}.{name}", f"is {ours} but the checkpoint {key}={path!r} has {theirs}: the model file "
                     "must describe the checkpoint's network")  # fmt: skip
+    return spec
+
+
+class _TokenizerSize:
+    """len(tokenizer) of megatron_training.tokenizer_name_or_path, read once, on first use (only a model file without
+    padded_vocab_size needs it)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._size: int | None = None
+        self.error: str | None = None
+
+    def __call__(self) -> int | None:
+        if self._size is None and self.error is None:
+            try:
+                self._size = len(load_tokenizer(self.path))
+            except Exception as e:  # noqa: BLE001 (any failure to read it is reported, with its message)
+                self.error = f"cannot read megatron_training.tokenizer_name_or_path={self.path!r}: {e}"
+        return self._size
+
+
+def _check_vocab_rows(
+    col: Collector, key: str, path: str, rows: int, arch: ModelArchConfig, role: str, tp: int, tokenizer
+) -> None:
+    """With padded_vocab_size unset, megatron's rows (`ModelArchConfig.vocab_rows`) must be the checkpoint's `rows`:
+    mindrl builds the checkpoint's own rows and does not re-pad it."""
+    where = f"model.{arch.name}"
+    name = f"{where}.make_vocab_size_divisible_by"
+    if not arch.name or arch.padded_vocab_size is not None or col.is_bad(name, f"{role}.tensor_model_parallel_size"):
+        return
+    size = tokenizer()
+    if size is None:
+        col.add(name, f"with {where}.padded_vocab_size unset, the vocabulary rows come from the tokenizer's size, "
+                f"but {tokenizer.error}; set padded_vocab_size: {rows} (the checkpoint's)")  # fmt: skip
+        return
+    want = arch.vocab_rows(size, tp)
+    if want != rows:
+        div = arch.make_vocab_size_divisible_by
+        col.add(name, f"with {where}.padded_vocab_size unset, megatron pads the tokenizer's {size} tokens to {want} "
+                f"rows (a multiple of make_vocab_size_divisible_by x {role}.tensor_model_parallel_size = {div} x "
+                f"{tp}), but the checkpoint {key}={path!r} has {rows}; mindrl builds the checkpoint's rows and does "
+                f"not re-pad it: set padded_vocab_size: {rows}, or a make_vocab_size_divisible_by that pads "
+                f"{size} to {rows}")  # fmt: skip
 
 
 def _check_dataset(col: Collector, key: str, data_path: str, extra_keys: list[str]) -> None:

@@ -158,8 +158,6 @@ def start_samplers(cfg, args, ports, log_dir: str, count: int) -> list[tuple[sub
                "--n", str(rl.n_samples_per_prompt), "--max-tokens", str(s.max_tokens),
                "--temperature", str(s.temperature), "--top-p", str(s.top_p), "--seed", str(mt.seed),
                "--engine", args.sampler_engine, "--timeout", "30"]  # fmt: skip
-        for v in rl.verifier_function or ["acc_for_ppo"]:
-            cmd += ["--verifier", v]
         log = open(os.path.join(log_dir, f"sampler-s{k}.log"), "w")  # noqa: SIM115 (closed in stop_samplers)
         env = {**_env(), "OMP_NUM_THREADS": str(args.sampler_threads)}
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))

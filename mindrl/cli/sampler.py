@@ -1,5 +1,5 @@
 """`mindrl-sampler`: an asynchronous sampler process (docs/async.md) that leases prompts from a trainer over ZeroMQ,
-generates with the newest weights the trainer published, scores with the rule verifiers and sends experiences."""
+generates with the newest weights the trainer published and sends experiences (the trainer scores them)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mindrl-sampler",
         description="Sample for an asynchronous trainer over ZeroMQ (mindrl-train with rl_config.async_mode=bounded "
         "rl_config.async_transport=zmq): lease prompts (sync port), fetch the newest "
-        "weights (sync port), generate n responses per prompt, score them with the rule verifiers, and push each "
-        "prompt's group of experiences (data port). Runs until the trainer has no prompts left and --idle-exit "
+        "weights (sync port), generate n responses per prompt, and push each prompt's group of experiences (data "
+        "port); the trainer scores them with its rl_config.verifier_function. Runs until the trainer has no prompts left and --idle-exit "
         "seconds pass, or until SIGTERM / Ctrl-C.",
     )
     p.add_argument("--sampler-id", required=True, help="this sampler's name, unique among the trainer's samplers")
@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="HF model dir: architecture, tokenizer and the starting weights")
     p.add_argument("--data-path", required=True, help="the prompts: a mindrl-preprocess output_prefix with labels")
     p.add_argument("--max-prompt-length", type=int, default=1024, help="as rl_config.max_prompt_length")
-    p.add_argument("--verifier", action="append", default=None, help="a rule verifier (repeat); default acc_for_ppo")
+    # refused with its reason in main: the trainer scores every response, with the verifiers of its own config
+    p.add_argument("--verifier", action="append", default=None, help=argparse.SUPPRESS)
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the rollout engine (default: hf)")
     p.add_argument("--n", type=int, default=4, help="responses per prompt")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="prompt i of epoch e is sampled with seeds from (seed, e, i)")
     p.add_argument("--lease-size", type=int, default=1, help="prompts leased per round")
     p.add_argument("--ref-model", default=None, help="HF dir of the reference model (the trainer's reference, in HF "
-                   "layout): each experience carries its reference logprobs and the trainer skips its reference pass")
+                   "layout): each experience carries its reference logprobs and the trainer skips its reference pass")  # fmt: skip
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a request or a blocked send may take")
     p.add_argument("--idle-exit", type=float, default=None, help="exit after this many seconds with no prompt")
     return p
@@ -50,13 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     from mindrl.cli import fast_exit
 
     fast_exit()  # no final garbage collection at exit
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verifier:
+        parser.error(f"--verifier {' '.join(args.verifier)}: samplers do not score; the trainer scores every response "
+                     "with its rl_config.verifier_function (verifier_weight, verifier_timeout)")  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from mindrl.serving.sampler_actor import SamplerSpec, build_sampler
     from mindrl.serving.transport import ZmqSamplerEnd
 
     spec = SamplerSpec(model=args.model, data_path=args.data_path, max_prompt_length=args.max_prompt_length, n=args.n,
-                       max_tokens=args.max_tokens, verifiers=args.verifier or ["acc_for_ppo"], engine=args.engine,
+                       max_tokens=args.max_tokens, engine=args.engine,
                        temperature=args.temperature, top_p=args.top_p, seed=args.seed, lease_size=args.lease_size,
                        timeout_s=args.timeout, ref_model=args.ref_model)  # fmt: skip
     end = ZmqSamplerEnd(args.sampler_id, args.host, args.data_port, args.sync_port)

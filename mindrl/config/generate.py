@@ -95,7 +95,8 @@ class GenerateConfig(Section, EngineSettings):
     """Move the training weights to host memory during rollout."""
     rollout_mode: str = "integrated"
     """Where rollout runs (mindrl addition): 'integrated' (the engine inside the actor's processes) or 'server'
-    (mindrl-rollout-server processes at server_urls; the actor pushes its weights to them every iteration)."""
+    (mindrl-rollout-server processes at server_urls; the actor pushes its weights to them every iteration; not with
+    rl_config.async_mode bounded, whose samplers generate)."""
     server_urls: list[str] = field(default_factory=list)
     """rollout_mode 'server': the rollout servers' base URLs, e.g. http://10.0.0.5:8000; the prompts are split
     over them (mindrl addition)."""

@@ -39,9 +39,12 @@ class ModelArchConfig(Section):
     num_query_groups: int = 1
     """Key/value heads when group_query_attention is true (ignored otherwise, as in megatron)."""
     padded_vocab_size: int | None = None
-    """Vocabulary rows of the embedding and output layer (the HF config's vocab_size). None: not checked."""
+    """Vocabulary rows of the embedding and output layer (the HF config's vocab_size). None: megatron's, derived from
+    the tokenizer with make_vocab_size_divisible_by."""
     make_vocab_size_divisible_by: int = 128
-    """Padding multiple megatron uses when it derives the vocab size itself (only with padded_vocab_size unset)."""
+    """With padded_vocab_size unset, the vocabulary rows are megatron's: the tokenizer's size padded up to a multiple
+    of this x the role's tensor_model_parallel_size (`vocab_rows`). mindrl builds a checkpoint's own rows and does
+    not re-pad one, so the checkpoint must have exactly that many (checked at load). Unused with padded_vocab_size."""
     max_position_embeddings: int | None = None
     """Longest sequence the model supports; generate_config.max_model_len may not exceed it."""
     rotary_base: float = 10000.0
@@ -88,6 +91,8 @@ class ModelArchConfig(Section):
                 col.add(key, f"must be >= 1 (or unset), got {v}")
         if self.num_query_groups < 1:
             col.add("num_query_groups", f"must be >= 1, got {self.num_query_groups}")
+        if self.make_vocab_size_divisible_by < 1:
+            col.add("make_vocab_size_divisible_by", f"must be >= 1, got {self.make_vocab_size_divisible_by}")
         heads, hidden = self.num_attention_heads, self.hidden_size
         if heads and heads >= 1 and not col.is_bad("num_attention_heads", "num_query_groups"):
             if self.group_query_attention and self.num_query_groups >= 1 and heads % self.num_query_groups:
@@ -121,6 +126,14 @@ class ModelArchConfig(Section):
     @property
     def uses_rope(self) -> bool:
         return self.position_embedding_type == "rope" or self.use_rotary_position_embeddings
+
+    def vocab_rows(self, tokenizer_size: int, tp: int) -> int:
+        """The embedding's and output layer's rows at tensor parallel size `tp`: padded_vocab_size, else megatron's
+        padding of the tokenizer's `tokenizer_size` tokens up to a multiple of make_vocab_size_divisible_by x tp."""
+        if self.padded_vocab_size is not None:
+            return int(self.padded_vocab_size)
+        multiple = self.make_vocab_size_divisible_by * tp
+        return -(-tokenizer_size // multiple) * multiple
 
     @property
     def num_kv_heads(self) -> int:

@@ -101,6 +101,12 @@ class RLConfig(Section):
         if gen.dtype != mt.dtype:
             col.note(f"generate_config.dtype={gen.dtype} differs from the training dtype {mt.dtype}: rollout "
                      "logprobs will differ from the trainer's (rollout_is_threshold can correct for it)")  # fmt: skip
+        if gen.rollout_mode == "server" and rl.async_mode == "bounded":
+            col.add("generate_config.rollout_mode", "'server' does not combine with rl_config.async_mode bounded: "
+                    "bounded's samplers generate with engines of their own (async_sampler_engine) and the trainer "
+                    "publishes its weights to them, never to the rollout servers, so the servers would generate "
+                    "nothing; run mindrl-sampler processes on the rollout hosts (async_transport: zmq), or keep the "
+                    "servers with async_mode sync or one_step_off")  # fmt: skip
         if mt.stage == "ray_dapo" and rl.sync_ref_model:
             col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
                     "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip

@@ -1,5 +1,6 @@
-"""An asynchronous sampler: leases prompts from the trainer, generates with the newest weights it has, scores the
-responses and sends each prompt's group as experiences, over a transport's `SamplerEnd`."""
+"""An asynchronous sampler: leases prompts from the trainer, generates with the newest weights it has and sends each
+prompt's group as experiences, over a transport's `SamplerEnd`. The trainer scores them (one place applies
+rl_config's verifiers, weights and timeouts)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from mindrl.data.prompt_ledger import Lease
-from mindrl.rollout.base import RolloutEngine, RolloutSample, SamplingConfig
+from mindrl.rollout.base import RolloutEngine, SamplingConfig
 from mindrl.serving.experience import FINISH_REASONS, GEN_SECONDS, REF_SECONDS, RUN_ID, Experience
 from mindrl.serving.transport import SamplerEnd
 
-PromptSource = Callable[[int], tuple[Sequence[int], Any]]
-"""dataset index -> (prompt token ids, label)."""
-Scorer = Callable[[Sequence[RolloutSample], Any], list[dict[str, float]]]
-"""(one prompt's samples, its label) -> per sample, the score of each verifier."""
+PromptSource = Callable[[int], Sequence[int]]
+"""dataset index -> prompt token ids."""
 Reference = Callable[[Sequence[int], Sequence[Sequence[int]]], list[np.ndarray]]
 """(prompt ids, one group's response ids) -> per response, its tokens' reference logprobs (`HFReference.logprobs`)."""
 
@@ -31,7 +29,6 @@ class Sampler:
     engine: RolloutEngine
     prompts: PromptSource
     sampling: SamplingConfig
-    score: Scorer
     seed: int = 0
     lease_size: int = 1
     timeout_s: float = 60.0
@@ -61,7 +58,7 @@ class Sampler:
         return (self.seed * 1_000_003 + lease.epoch * 7919 + lease.prompt_index * self.sampling.n) % (2**31)
 
     def step(self) -> int:
-        """One round: newest weights, up to lease_size prompts, generated together in one engine call, scored and sent
+        """One round: newest weights, up to lease_size prompts, generated together in one engine call and sent
         (blocking while the trainer's queue is full). Returns the groups sent (0: nothing published or nothing to
         lease). A send that times out raises TransportTimeout; its group and those after it are kept (`unsent`) and
         sent first next round, so no leased prompt is lost while the trainer is away."""
@@ -89,14 +86,14 @@ class Sampler:
         carries its share of the call's seconds, so a sampler's tokens/s sums to the call's."""
         prompts = [self.prompts(lease.prompt_index) for lease in leases]
         t0 = time.perf_counter()
-        outs = self.engine.generate([list(ids) for ids, _ in prompts], self.sampling,
+        outs = self.engine.generate([list(ids) for ids in prompts], self.sampling,
                                     seeds=[self.seed_of(lease) for lease in leases])  # fmt: skip
         gen_s = (time.perf_counter() - t0) / len(leases)
         meta = {GEN_SECONDS: gen_s, **({RUN_ID: self.run_id} if self.run_id else {})}
         refs: list[list] = [[None] * len(samples) for samples in outs]
         metas = [dict(meta) for _ in outs]
         if self.reference is not None:  # one forward per group
-            for k, ((ids, _), samples) in enumerate(zip(prompts, outs)):
+            for k, (ids, samples) in enumerate(zip(prompts, outs)):
                 t1 = time.perf_counter()
                 refs[k] = self.reference(list(ids), [list(s.token_ids) for s in samples])
                 metas[k][REF_SECONDS] = time.perf_counter() - t1
@@ -107,7 +104,7 @@ class Sampler:
                     response_ids=list(s.token_ids),
                     behaviour_logprobs=np.asarray(s.logprobs, dtype=np.float64),
                     ref_logprobs=ref,
-                    rewards=r,
+                    rewards={},  # the trainer scores
                     finish_reason=s.finish_reason if s.finish_reason in FINISH_REASONS else "abort",
                     prompt_index=lease.prompt_index,
                     epoch=lease.epoch,
@@ -115,9 +112,9 @@ class Sampler:
                     weight_version=self.version,
                     meta=dict(group_meta),
                 )
-                for s, r, ref in zip(samples, self.score(samples, label), group_ref)
+                for s, ref in zip(samples, group_ref)
             ]
-            for lease, (ids, label), samples, group_ref, group_meta in zip(leases, prompts, outs, refs, metas)
+            for lease, ids, samples, group_ref, group_meta in zip(leases, prompts, outs, refs, metas)
         ]
 
     def run(self, stop: threading.Event, idle_s: float = 0.05) -> None:

@@ -1,4 +1,4 @@
-"""A sampler built from a `SamplerSpec` (the dataset's rows as prompts, the rule verifiers as scorers), and the Ray
+"""A sampler built from a `SamplerSpec` (the dataset's rows as prompts), and the Ray
 actor that runs one inside the trainer's cluster on the Ray transport (rl_config.async_samplers)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from mindrl.serving.sampler import Sampler
 from mindrl.serving.transport import SamplerEnd, TransportTimeout
@@ -18,14 +18,13 @@ logger = logging.getLogger(__name__)
 @dataclass
 class SamplerSpec:
     """What a sampler generates from: `model` (HF dir: config and tokenizer; the weights come from the trainer),
-    the preprocessed dataset at `data_path`, and how it samples and scores."""
+    the preprocessed dataset at `data_path`, and how it samples (the trainer scores the responses)."""
 
     model: str
     data_path: str
     max_prompt_length: int
     n: int
     max_tokens: int
-    verifiers: list[str] = field(default_factory=lambda: ["acc_for_ppo"])
     engine: str = "hf"
     temperature: float = 1.0
     top_p: float = 1.0
@@ -37,24 +36,15 @@ class SamplerSpec:
 
 
 def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
-    """(the Sampler, its engine) of `spec` on the transport end `end`. Raises KeyError / ValueError /
-    FileNotFoundError for an unknown verifier or a dataset that cannot be read."""
+    """(the Sampler, its engine) of `spec` on the transport end `end`. Raises ValueError / FileNotFoundError for a
+    dataset that cannot be read."""
     from mindrl.data.prompt_dataset import PromptDataset
-    from mindrl.data.tokenizer import load_tokenizer
-    from mindrl.rewards.verifiers import get_verifier
     from mindrl.rollout import RolloutConfig, SamplingConfig
 
-    verifiers = {name: get_verifier(name) for name in spec.verifiers}
-    dataset = PromptDataset(spec.data_path, spec.max_prompt_length, ("labels",))
-    tokenizer = load_tokenizer(spec.model)
+    dataset = PromptDataset(spec.data_path, spec.max_prompt_length, ("labels",))  # the trainer's data, with labels
 
-    def prompt(i: int):
-        row = dataset[i]
-        return row["input_ids"].tolist(), tokenizer.decode(row["labels"].tolist(), skip_special_tokens=True)
-
-    def score(samples, label):
-        texts = [tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
-        return [{name: float(v(text, label)) for name, v in verifiers.items()} for text in texts]
+    def prompt(i: int) -> list[int]:
+        return dataset[i]["input_ids"].tolist()
 
     config = RolloutConfig(model=spec.model, dtype="float32", max_model_len=spec.max_prompt_length + spec.max_tokens)
     if spec.engine == "hf":
@@ -65,7 +55,7 @@ def build_sampler(sampler_id: str, end: SamplerEnd, spec: SamplerSpec):
         raise ValueError(f"sampler engine {spec.engine!r}: choose hf or vllm")
     engine = Engine(config)
     sampling = SamplingConfig(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p)
-    sampler = Sampler(sampler_id, end, engine, prompt, sampling, score, spec.seed, spec.lease_size, spec.timeout_s)
+    sampler = Sampler(sampler_id, end, engine, prompt, sampling, spec.seed, spec.lease_size, spec.timeout_s)
     if spec.ref_model is not None:
         from mindrl.serving.reference import HFReference
 

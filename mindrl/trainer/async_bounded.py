@@ -135,7 +135,7 @@ def bounded(cfg, num_prompts: int) -> Bounded | None:
 
 
 def sampler_spec(cfg):
-    """The sampler actors' `SamplerSpec`: the run's dataset, model dir, verifiers and sampling, paths made absolute
+    """The sampler actors' `SamplerSpec`: the run's dataset, model dir and sampling, paths made absolute
     (actors may start in another directory)."""
     from mindrl.serving.sampler_actor import SamplerSpec
 
@@ -147,7 +147,6 @@ def sampler_spec(cfg):
         max_prompt_length=rl.max_prompt_length,
         n=rl.n_samples_per_prompt,
         max_tokens=s.max_tokens,
-        verifiers=list(rl.verifier_function or ["acc_for_ppo"]),
         engine=rl.async_sampler_engine,
         temperature=s.temperature,
         top_p=s.top_p,

@@ -23,7 +23,8 @@ __all__ = ["GEN_SECONDS", "Intake", "make_batch", "sampler_tps"]
 @dataclass
 class Intake:
     """Takes `groups` prompts' experience groups per batch from `end`, refusing (and re-issuing) those sampled with
-    weights more than `max_staleness` versions older than the trainer's."""
+    weights more than `max_staleness` versions older than the trainer's. A group that carries rewards stops the run:
+    the trainer scores every response itself, so a sampler's own scores would be ignored."""
 
     end: TrainerEnd
     groups: int
@@ -47,6 +48,7 @@ class Intake:
                 )
             got += self.end.receive(self.groups - len(got), min(left, self.poll_s))
         waited = time.monotonic() - t0
+        _refuse_scored(got)
         lag = staleness(version, torch.tensor([e.weight_version for g in got for e in g])).double()
         metrics = {
             "async/staleness/mean": lag.mean().item(),
@@ -63,6 +65,17 @@ class Intake:
         if ref_s:  # async_sampler_ref: the samplers' reference passes of this batch's groups, summed
             metrics["async/sampler_ref_s"] = sum(ref_s)
         return got, metrics
+
+
+def _refuse_scored(groups: Sequence[Sequence[Experience]]) -> None:
+    scored = next((e for g in groups for e in g if e.rewards), None)
+    if scored is not None:
+        raise ValueError(
+            f"sampler {scored.sampler_id!r} sent rewards for verifiers {sorted(scored.rewards)} (prompt_index "
+            f"{scored.prompt_index}): samplers do not score; the trainer scores every response with its own "
+            "rl_config.verifier_function, verifier_weight and verifier_timeout, so a sampler's scores would be ignored "
+            "and could disagree with them; send rewards={} (as mindrl-sampler does)"
+        )
 
 
 def sampler_tps(groups: Sequence[Sequence[Experience]]) -> dict[str, float]:

@@ -559,7 +559,7 @@ class PPOTrainer:
             logger.warning(
                 "iteration %d: %d update(s) skipped for non-finite loss or gradients", self.iteration, skipped
             )
-        if self.skipped_in_a_row >= limit:
+        if limit > 0 and self.skipped_in_a_row >= limit:  # 0: never abort
             raise TrainingAborted(
                 f"{self.skipped_in_a_row} iterations in a row produced non-finite losses or gradients (limit "
                 f"rl_config.max_consecutive_skipped_updates={limit}); lower the learning rate or check the data"

@@ -249,3 +249,8 @@ def test_sections_built_directly_raise_at_once():
     with pytest.raises(ConfigError) as e:
         RoleConfig(lr=None, micro_batch_size="4")  # type: ignore[arg-type]
     assert {i.key for i in e.value.issues} == {"actor_config.lr", "actor_config.load", "actor_config.micro_batch_size"}
+
+
+def test_make_vocab_size_divisible_by_must_be_positive():
+    issue(errors("grpo_tiny_cpu", "model.tiny_qwen2.make_vocab_size_divisible_by=0"),
+          "model.tiny_qwen2.make_vocab_size_divisible_by", "must be >= 1, got 0")  # fmt: skip

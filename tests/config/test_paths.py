@@ -91,3 +91,32 @@ def test_runtime_env_path_checked_at_load(assets, tmp_path):
     good.write_text("env_vars:\n  A: '1'\n")
     cfg = load_config("ppo_tiny_cpu", overrides=[*asset_overrides(assets), f"rl_config.runtime_env_path={good}"])
     assert cfg.rl_config.runtime_env_path == str(good)
+
+
+def _tokenizer(path: Path, size: int) -> str:
+    """An HF tokenizer dir of `size` tokens (len(tokenizer) == size)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(size)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(path)
+    return str(path)
+
+
+def test_make_vocab_size_divisible_by_pads_the_tokenizer(assets, tmp_path):
+    """padded_vocab_size unset: the rows are megatron's (the tokenizer's size up to a multiple of
+    make_vocab_size_divisible_by x TP), and a checkpoint with other rows is an error naming the key."""
+    tok = _tokenizer(tmp_path / "tok", 1000)
+    unset = [*asset_overrides(assets, critic=False), f"megatron_training.tokenizer_name_or_path={tok}",
+             "model.tiny_qwen2.padded_vocab_size=null"]  # fmt: skip
+    cfg = load_config("grpo_tiny_cpu", overrides=[*unset, "model.tiny_qwen2.make_vocab_size_divisible_by=96"],
+                      check_paths=False)  # fmt: skip
+    assert cfg.actor_config.tp == 2 and cfg.model.vocab_rows(1000, cfg.actor_config.tp) == 1152  # 6 x 96 x 2
+    load_config("grpo_tiny_cpu", overrides=[*unset, "model.tiny_qwen2.make_vocab_size_divisible_by=128"])  # 1024 rows
+    err = _err("grpo_tiny_cpu", [*unset, "model.tiny_qwen2.make_vocab_size_divisible_by=1"])  # the file's value
+    msg = _messages(err, "model.tiny_qwen2.make_vocab_size_divisible_by")
+    assert "pads the tokenizer's 1000 tokens to 1000 rows" in msg and "= 1 x 2" in msg
+    assert "actor_config.load=" in msg and "has 1024" in msg and "set padded_vocab_size: 1024" in msg
+    given = load_config("grpo_tiny_cpu", overrides=[*asset_overrides(assets, critic=False),
+                        "model.tiny_qwen2.make_vocab_size_divisible_by=1"])  # fmt: skip
+    assert given.model.vocab_rows(1000, 2) == 1024  # padded_vocab_size given: megatron derives nothing

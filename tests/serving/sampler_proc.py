@@ -41,7 +41,7 @@ def main() -> None:
                     prompt_ids=np.array([lease.prompt_index + 1, 7], dtype=np.int32),
                     response_ids=rng.integers(0, 100, size=3 + k, dtype=np.int32),
                     behaviour_logprobs=-rng.random(3 + k, dtype=np.float32),
-                    rewards={"acc": float(k)},
+                    rewards={},
                     finish_reason="stop",
                     prompt_index=lease.prompt_index,
                     epoch=lease.epoch,

@@ -48,10 +48,6 @@ def engine(model_dir):
     return OneAtATime(HFEngine(RolloutConfig(model=model_dir, dtype="float32", max_model_len=64, max_num_seqs=4)))
 
 
-def score(samples, label):
-    return [{"len": float(len(s.token_ids)), "label": float(label)} for s in samples]
-
-
 def test_two_samplers_feed_one_trainer(tiny_models):
     torch.set_num_threads(1)
     model = tiny_models["untied"]
@@ -67,8 +63,8 @@ def test_two_samplers_feed_one_trainer(tiny_models):
     stop, threads, samplers = threading.Event(), [], []
     try:
         for sid in ("s0", "s1"):
-            s = Sampler(sid, ZmqSamplerEnd(sid, "127.0.0.1", *ports), engine(model), lambda i: (PROMPTS[i], i),
-                        SAMPLING, score, seed=5)  # fmt: skip
+            s = Sampler(sid, ZmqSamplerEnd(sid, "127.0.0.1", *ports), engine(model), PROMPTS.__getitem__,
+                        SAMPLING, seed=5)  # fmt: skip
             samplers.append(s)
             threads.append(threading.Thread(target=s.run, args=(stop,), daemon=True))
         for t in threads:
@@ -98,7 +94,7 @@ def test_two_samplers_feed_one_trainer(tiny_models):
         for e, w in zip(group, want):
             assert e.response_ids.tolist() == list(w.token_ids)
             assert e.behaviour_logprobs.tolist() == [float(x) for x in w.logprobs]
-            assert e.rewards == {"len": float(len(w.token_ids)), "label": float(lease.prompt_index)}
+            assert e.rewards == {}  # the trainer scores: one place applies its verifiers, weights and timeouts
     ref.shutdown()
 
 
@@ -115,7 +111,7 @@ def test_groups_whose_send_times_out_are_sent_first_next_round(tiny_models):
     sync_port, data_port = free_port(), free_port()
     trainer = ZmqTrainerEnd(PromptLedger(len(PROMPTS), seed=1), "127.0.0.1", free_port(), sync_port)
     end = ZmqSamplerEnd("s0", "127.0.0.1", data_port, sync_port)  # nothing bound on data_port yet
-    s = Sampler("s0", end, engine(tiny_models["untied"]), lambda i: (PROMPTS[i], i), SAMPLING, score, lease_size=2,
+    s = Sampler("s0", end, engine(tiny_models["untied"]), PROMPTS.__getitem__, SAMPLING, lease_size=2,
                 timeout_s=0.5)  # fmt: skip
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -136,3 +132,15 @@ def test_groups_whose_send_times_out_are_sent_first_next_round(tiny_models):
         end.close()
         s.engine.shutdown()
         trainer.close()
+
+
+def test_mindrl_sampler_refuses_verifier(capsys):
+    """A sampler does not score (the trainer does, with its rl_config.verifier_function): --verifier is refused with
+    that reason, before anything starts."""
+    from mindrl.cli.sampler import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--sampler-id", "s0", "--host", "127.0.0.1", "--model", "m", "--data-path", "d", "--verifier", "acc"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--verifier acc: samplers do not score" in err and "rl_config.verifier_function" in err

@@ -28,8 +28,7 @@ def test_sampler_sends_the_reference_logprobs(tiny_models):
     ref32 = HFReference(model, SAMPLING.temperature)
     ref64 = HFReference(model, SAMPLING.temperature, dtype=torch.float64)
     engine.load_weights(ref32.model.state_dict().items())  # as the trainer's published version 0 would
-    s = Sampler("s0", None, engine, lambda i: (PROMPTS[i], i), SAMPLING, lambda samples, label: [{}] * len(samples),
-                seed=3, version=0, reference=ref32.logprobs)  # fmt: skip
+    s = Sampler("s0", None, engine, PROMPTS.__getitem__, SAMPLING, seed=3, version=0, reference=ref32.logprobs)
     try:
         groups = s.sample_many([Lease(i, 0) for i in range(len(PROMPTS))])
     finally:

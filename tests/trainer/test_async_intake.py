@@ -22,7 +22,7 @@ N = 2
 
 def group(lease, sampler_id, version, ref=False):
     return [
-        Experience([5, lease.prompt_index + 1], np.arange(3 + k) + 7, -np.full(3 + k, 0.25 * (k + 1)), {"acc": 1.0},
+        Experience([5, lease.prompt_index + 1], np.arange(3 + k) + 7, -np.full(3 + k, 0.25 * (k + 1)), {},
                    "stop", lease.prompt_index, lease.epoch, sampler_id, version,
                    ref_logprobs=-np.full(3 + k, 0.5) if ref else None, meta={GEN_SECONDS: 0.5})
         for k in range(N)
@@ -96,6 +96,26 @@ def test_bounded_intake_two_samplers_one_lagging_and_stopped():
     assert stale_dropped >= N and trainer.stats.dropped_stale == stale_dropped  # at least the lagging group
     assert ledger.reissued >= 2 and ledger.epochs_closed == 1
     assert {(x.epoch, x.prompt_index) for x in held} <= set(trained) and "lag" not in samplers  # from the fast one
+
+
+def test_a_group_with_rewards_stops_the_intake():
+    """The trainer scores every response with its own verifiers: a sampler that scores too (its verifiers may not be
+    the trainer's) is an error naming it, not scores silently recomputed."""
+    ports = (free_port(), free_port())
+    trainer = ZmqTrainerEnd(PromptLedger(4, seed=0), "127.0.0.1", *ports)
+    sampler = ZmqSamplerEnd("scoring", "127.0.0.1", *ports)
+    try:
+        trainer.publish_weights(0, {"w": torch.zeros(2)})
+        (lease,) = sampler.lease(1, timeout_s=10)
+        scored = group(lease, "scoring", 0)
+        scored[1].rewards = {"acc": 1.0}
+        sampler.send(scored, timeout_s=10)
+        with pytest.raises(ValueError, match=r"sampler 'scoring' sent rewards for verifiers \['acc'\]") as e:
+            Intake(trainer, groups=1, max_staleness=0, timeout_s=30, poll_s=0.2).take(0)
+        assert "rl_config.verifier_function" in str(e.value)
+    finally:
+        sampler.close()
+        trainer.close()
 
 
 def test_give_back_re_issues_first_and_only_once():

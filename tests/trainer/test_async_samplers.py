@@ -1,4 +1,4 @@
-"""`mindrl-sampler` processes (HF engine, the tiny model, the rule verifier) feeding the bounded intake over ZeroMQ on
+"""`mindrl-sampler` processes (HF engine, the tiny model) feeding the bounded intake over ZeroMQ on
 loopback: the first is SIGKILLed after the first batch and the second takes over; the dead one's in-flight prompts are
 re-issued, and every prompt is trained exactly once, none more than max_staleness versions old."""
 
@@ -63,7 +63,7 @@ def test_two_sampler_processes_one_killed(assets, tmp_path):
             for g in groups:
                 trained.append((g[0].epoch, g[0].prompt_index))
                 by_sampler[g[0].sampler_id] += 1
-                assert set(g[0].rewards) == {"acc_for_ppo"} and g[0].finish_reason in ("stop", "length")
+                assert g[0].rewards == {} and g[0].finish_reason in ("stop", "length")
             version += 1
             trainer.publish_weights(version, weights(assets, version))
             if killed_in_flight is None:  # after the first batch, all A's: kill it mid-run

@@ -39,6 +39,14 @@ def test_aborts_after_k_consecutive_skipped_iterations():
         t._check_skipped({"actor/skipped_updates": 1.0})
 
 
+def test_zero_limit_never_aborts():
+    t = _bare_trainer(limit=0)  # documented as "0: never abort"
+    for _ in range(5):
+        t._check_skipped({"actor/skipped_updates": 1.0})
+    t._check_skipped({"actor/skipped_updates": 0.0})
+    assert t.skipped_in_a_row == 0
+
+
 def test_batch_layout_left_pads_prompts_and_right_pads_responses():
     samples = [
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
