@@ -4,12 +4,9 @@ trainer run, opened from rl_config's MindSpeed-RL keys and closed with every bac
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-logger = logging.getLogger("mindrl.trainer")
 
 SWANLAB_DEFAULT_DIR = "swanlog"  # under run_dir when swanlab_save_dir is ''
 
@@ -71,7 +68,6 @@ class WandbRun(TrackerRun):
         os.makedirs(spec.save_dir, exist_ok=True)
         self._wandb = wandb
         self._run = wandb.init(project=spec.project or None, name=spec.name or None, dir=spec.save_dir, config=config)
-        self.dir = self._run.dir  # <save_dir>/wandb/<offline-run|run>-<time>-<id>/files
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         self._run.log(dict(values), step=step)

@@ -19,6 +19,7 @@ from mindrl.config.rl import ResourceConfig, RLSectionConfig
 from mindrl.preflight import load_config
 from mindrl.trainer.metrics import MetricsLogger
 from mindrl.trainer.trackers import trackers_from_config
+from tests.trainer.rl_helpers import straight_run
 
 # Three iterations of metrics as the trainer logs them: tensors and floats, a NaN, and the name shapes mindrl uses
 # ('/' groups, '@' in pass@k, '.' in the memory ledger's model.term).
@@ -137,8 +138,8 @@ def test_wandb_save_dir_defaults_to_the_run_dir(tmp_path, wandb_offline):
 
 # ------------------------------------------------------------------------------------------------ SwanLab
 def _swanlab_scalars(run_file: str) -> dict[tuple[int, str], float]:
-    """The scalars of a `.swanlab` file, read with SwanLab's own reader and record schema (what `swanlab sync`
-    uploads)."""
+    """The scalars mindrl logged to a `.swanlab` file, read with SwanLab's own reader and record schema (what
+    `swanlab sync` uploads); SwanLab's own system metrics (`__swanlab__.cpu.pct`, ...) left out."""
     from swanlab.proto.swanlab.record.v1.record_pb2 import Record
     from swanlab.sdk.internal.core_python.store import DataStoreReader
 
@@ -148,7 +149,7 @@ def _swanlab_scalars(run_file: str) -> dict[tuple[int, str], float]:
         for raw in reader:
             record = Record()
             record.ParseFromString(raw)
-            if record.HasField("scalar"):
+            if record.HasField("scalar") and not record.scalar.key.startswith("__swanlab__"):  # not its CPU monitor
                 out[(record.scalar.step, record.scalar.key)] = record.scalar.value.number
     finally:
         reader.close()
@@ -173,6 +174,17 @@ def test_swanlab_save_dir_defaults_under_the_run_dir(tmp_path):
     _log_steps(tmp_path / "run", rl)
     (run_file,) = glob.glob(str(tmp_path / "run" / "swanlog" / "run-*" / "run-*.swanlab"))
     assert _same(_swanlab_scalars(run_file), _expected())
+
+
+@pytest.mark.slow  # reads the straight GRPO run (shared): Ray and worker processes, unless another test started it
+def test_swanlab_gets_every_metric_of_a_trainer_run(assets, tmp_path_factory):
+    """The trainer opens SwanLab from its config (rl_helpers.TRACKED) and every metric of every iteration arrives as
+    metrics.jsonl has it (null there: NaN here)."""
+    run = straight_run("grpo", assets, tmp_path_factory)
+    (run_file,) = glob.glob(str(run.run_dir / "swanlog" / "run-*" / "run-*.swanlab"))
+    want = {(row["iteration"], k): (math.nan if v is None else v) for row in run.lines for k, v in row.items()}
+    want = {k: v for k, v in want.items() if k[1] != "iteration"}
+    assert len(want) > 100 and _same(_swanlab_scalars(run_file), want)
 
 
 # ------------------------------------------------------------------------------------------------ errors
