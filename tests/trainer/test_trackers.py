@@ -176,6 +176,20 @@ def test_swanlab_save_dir_defaults_under_the_run_dir(tmp_path):
     assert _same(_swanlab_scalars(run_file), _expected())
 
 
+def test_cloud_without_login_fails_at_start_and_closes_the_other_tracker(tmp_path, wandb_offline, monkeypatch):
+    """SwanLab cloud with no API key fails at once (never an interactive login prompt, no network), and the wandb
+    run opened before it is finished with its service process stopped."""
+    pytest.importorskip("swanlab")
+    monkeypatch.delenv("SWANLAB_API_KEY", raising=False)
+    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab_home"))  # no saved login of the user's
+    monkeypatch.chdir(tmp_path)  # nor one in the working directory's .swanlab
+    rl = _rl(use_wandb=True, use_swanlab=True, swanlab_mode="cloud", swanlab_project="p")
+    with _Leaks() as leaks, pytest.raises(RuntimeError, match="no API key"):
+        MetricsLogger(str(tmp_path / "run"), 3, use_tensorboard=False, trackers=trackers_from_config(rl, "run"))
+    assert glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "run-*.wandb"))  # wandb had started
+    assert leaks.new_pids == [] and leaks.new_threads == [], (leaks.new_pids, leaks.new_threads)
+
+
 @pytest.mark.slow  # reads the straight GRPO run (shared): Ray and worker processes, unless another test started it
 def test_swanlab_gets_every_metric_of_a_trainer_run(assets, tmp_path_factory):
     """The trainer opens SwanLab from its config (rl_helpers.TRACKED) and every metric of every iteration arrives as
