@@ -4,6 +4,7 @@ tokenizers, Ray's runtime env file), reported to the loader's collector so one C
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from collections.abc import Sequence
 
@@ -33,7 +34,8 @@ def load_config(
 ) -> RLConfig:
     """`mindrl.config.load_config`, plus (unless check_paths is False) the path checks of `check_paths`; one
     ConfigError lists every problem."""
-    return loader.load_config(config_name, config_path, overrides, checks=(check_rl_paths,) if check_paths else ())
+    checks = (check_trackers, check_rl_paths) if check_paths else (check_trackers,)
+    return loader.load_config(config_name, config_path, overrides, checks=checks)
 
 
 def load_sft_config(
@@ -115,6 +117,34 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
     ):
         if path and not (key.startswith("generate") and path == mt.tokenizer_name_or_path):
             _check_tokenizer(col, key, path)
+
+
+# WANDB_MODE values wandb accepts (its Settings.mode).
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken install, or a module entry without a spec
+        return False
+
+
+def check_trackers(cfg: RLConfig, col: Collector) -> None:
+    """The trackers' packages are installed and wandb's mode is one it knows: found at load, not when the trainer
+    has started its workers and opens the metrics sinks."""
+    rl = cfg.rl_config
+    for kind in ("wandb", "swanlab"):
+        if getattr(rl, f"use_{kind}") and not _installed(kind):
+            col.add(f"rl_config.use_{kind}", f"is true but the `{kind}` package is not installed: "
+                    f"`pip install {kind}`, or set use_{kind}: false")  # fmt: skip
+    mode = os.environ.get("WANDB_MODE")
+    if rl.use_wandb and mode is not None and mode not in WANDB_MODES:
+        col.add("rl_config.use_wandb", f"the environment's WANDB_MODE={mode!r} is not a wandb mode (one of "
+                f"{', '.join(WANDB_MODES)}; offline writes the run locally)")  # fmt: skip
+    if rl.use_swanlab and rl.swanlab_mode == "local" and _installed("swanlab") and not _installed("swanboard"):
+        col.add("rl_config.swanlab_mode", "'local' needs SwanLab's dashboard package: "
+                "`pip install \"swanlab[dashboard]\"`, or use swanlab_mode: offline (files only, no dashboard)")  # fmt: skip
 
 
 def _older_iteration_spec(path: str):

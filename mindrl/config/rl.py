@@ -39,6 +39,9 @@ a small host; docs/async.md has the figures)."""
 ASYNC_IS_THRESHOLD = 2.0
 """The importance-ratio truncation of an asynchronous mode when rollout_is_threshold is unset."""
 
+# rl_config.swanlab_mode: MindSpeed-RL's 'local' and 'cloud', swanlab's own 'online' (= cloud) and 'offline'.
+SWANLAB_MODES = ("offline", "local", "cloud", "online")
+
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
 
 
@@ -96,10 +99,6 @@ class RLSectionConfig(Section):
         "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
         "beta": "handed to the losses by MindSpeed-RL but read by none of its PPO/GRPO losses",
         **dict.fromkeys(
-            ["swanlab_mode", "swanlab_project", "swanlab_exp_name", "swanlab_save_dir"],
-            "SwanLab logging is not supported (use_swanlab must be false)",
-        ),
-        **dict.fromkeys(
             ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
         ),
         "require_max_age_all_finished": "mindrl always finishes a response within partial_rollout_max_split "
@@ -113,7 +112,6 @@ class RLSectionConfig(Section):
         ),
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
-        "use_swanlab": ((False,), "SwanLab logging; use use_tensorboard or use_wandb"),
         "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
         "share_backbone": ((False,), "a LoRA actor sharing the reference backbone"),
         "is_multimodal": ((False,), "multimodal models"),
@@ -300,15 +298,29 @@ class RLSectionConfig(Section):
     `reward_clip_range`); None: no clipping."""
     # -- logging -------------------------------------------------------------------------------------
     use_tensorboard: bool = False
-    """Write TensorBoard events under run_dir/tensorboard (kept on with use_wandb, unlike MindSpeed-RL)."""
+    """Write TensorBoard events under run_dir/tensorboard (kept on with use_wandb or use_swanlab, unlike
+    MindSpeed-RL)."""
     use_wandb: bool = False
-    """Log to Weights & Biases (needs the wandb package)."""
+    """Log to Weights & Biases (needs the wandb package). Offline: set WANDB_MODE=offline in the environment (the run
+    is written locally; `wandb sync` uploads it later); online needs `wandb login` or WANDB_API_KEY first."""
     wandb_project: str = ""
-    """wandb project."""
+    """wandb project; '' means wandb's default."""
     wandb_exp_name: str = ""
-    """wandb run name."""
+    """wandb run name; '' lets wandb pick one."""
     wandb_save_dir: str = ""
-    """Local wandb directory; '' means run_dir."""
+    """Where the wandb run's files go (wandb writes them under <dir>/wandb/); '' means run_dir."""
+    use_swanlab: bool = False
+    """Log to SwanLab (needs the swanlab package)."""
+    swanlab_mode: str = ""
+    """Required with use_swanlab: 'offline' (files only; `swanlab sync` uploads them later), 'local' (files for
+    `swanlab watch`; needs `pip install "swanlab[dashboard]"`) or 'cloud' (also spelled 'online'; `swanlab login`
+    first, or the run fails at start instead of prompting)."""
+    swanlab_project: str = ""
+    """SwanLab project; required with use_swanlab."""
+    swanlab_exp_name: str = ""
+    """SwanLab experiment name; '' lets SwanLab pick one."""
+    swanlab_save_dir: str = ""
+    """Where SwanLab writes its run folder (run-<time>-<id>/); '' means run_dir/swanlog."""
     # -- mindrl additions ------------------------------------------------------------------------------
     loss_agg_mode: str = "token-mean"
     """How per-token losses become one number (mindrl.algorithms.LOSS_AGG_MODES)."""
@@ -484,10 +496,22 @@ class RLSectionConfig(Section):
             col.add("logprob_diff_warn", f"must be > 0, got {self.logprob_diff_warn}")
         self._validate_val(col)
         self._validate_async(col)
+        self._validate_trackers(col)
         n = self.actor_resource.num_npus
         if self.num_cpu_devices is not None and n is not None and self.num_cpu_devices < n:
             col.add("num_cpu_devices", f"{self.num_cpu_devices} stand-in devices cannot hold "
                     f"actor_resource.num_npus={n}")  # fmt: skip
+
+    def _validate_trackers(self, col: Collector) -> None:
+        """SwanLab's mode and project (the packages themselves are checked by mindrl.preflight)."""
+        if not self.use_swanlab:
+            return
+        if self.swanlab_mode not in SWANLAB_MODES:
+            got = f"got {self.swanlab_mode!r}" if self.swanlab_mode else "it is unset"
+            col.add("swanlab_mode", f"use_swanlab needs one of {', '.join(SWANLAB_MODES)}, {got}"
+                    + did_you_mean(self.swanlab_mode, SWANLAB_MODES))  # fmt: skip
+        if not self.swanlab_project:
+            col.add("swanlab_project", "is required with use_swanlab (the SwanLab project the run is filed under)")
 
     def _validate_placement(self, col: Collector) -> None:
         """The switches against the mode and each other; the roles' presence is checked in RLConfig."""

@@ -1,5 +1,5 @@
-"""The trainer's logging sinks (console, metrics.jsonl, TensorBoard, wandb, rollouts.jsonl) and the pure metric helpers
-the loop calls; only the driver logs. Metric names: docs/metrics.md."""
+"""The trainer's logging sinks (console, metrics.jsonl, TensorBoard, wandb/SwanLab, rollouts.jsonl) and the pure metric
+helpers the loop calls; only the driver logs. Metric names: docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from mindrl.config.placement import job_devices
+from mindrl.trainer.trackers import TrackerRun, TrackerSpec, import_tracker, open_tracker
 from mindrl.workers.results import DeviceLedger
 
 logger = logging.getLogger("mindrl.trainer")
@@ -151,13 +152,14 @@ _VAL_NOT_VERIFIERS = ("reward", "response_length", "sampled_response_length")
 
 # ------------------------------------------------------------------------------------------------ sinks
 class MetricsLogger:
-    """Per-iteration metrics to the console, `run_dir/metrics.jsonl`, TensorBoard and (optionally) wandb.
+    """Per-iteration metrics to the console, `run_dir/metrics.jsonl`, TensorBoard and the trackers (wandb, SwanLab).
 
     Every `log` call is flushed (and fsynced) before it returns, so a crash loses nothing that was logged.
 
     Resume: `start_iteration` is the iteration the run restarts after (the checkpoint's iteration; 0 for a
     fresh run). Lines of metrics.jsonl with a later iteration are removed on open, so the resumed run appends
-    without duplicates; TensorBoard events with a later step are hidden through SummaryWriter's `purge_step`.
+    without duplicates; TensorBoard events with a later step are hidden through SummaryWriter's `purge_step`; each
+    tracker starts a new run whose steps go on from the checkpoint's iteration.
     A fresh run (start_iteration=0) in an old run dir therefore starts from an empty metrics.jsonl (an earlier run's
     row 0, its evaluation before training, goes too). The ETA is seeded with the timing/all of the kept iterations.
 
@@ -170,9 +172,7 @@ class MetricsLogger:
         run_dir: str,
         total_iterations: int,
         use_tensorboard: bool = True,
-        use_wandb: bool = False,
-        wandb_project: str | None = None,
-        wandb_run_name: str | None = None,
+        trackers: Sequence[TrackerSpec] = (),
         config: dict | None = None,
         console: bool = True,
         start_iteration: int = 0,
@@ -182,22 +182,11 @@ class MetricsLogger:
         self.console = console
         self._iteration_seconds: list[float] = []
         self._tb = None
-        self._wandb_run = None
+        self._trackers: list[TrackerRun] = []
         self._file = None
-
-        wandb = None
-        if use_wandb:  # checked first: a missing package must fail before any file is touched
-            try:
-                import wandb
-            except ImportError as e:
-                raise ImportError(
-                    "rl_config.use_wandb is true but the `wandb` package is not installed: "
-                    "`pip install wandb`, or set rl_config.use_wandb: false"
-                ) from e
+        packages = [import_tracker(spec) for spec in trackers]  # first: a missing package fails before any file
 
         os.makedirs(run_dir, exist_ok=True)
-        if wandb is not None:
-            self._wandb_run = wandb.init(project=wandb_project, name=wandb_run_name, config=config, dir=run_dir)
         self.path = os.path.join(run_dir, METRICS_FILE)
 
         def seed_eta(row: dict) -> None:
@@ -213,8 +202,10 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(os.path.join(run_dir, TENSORBOARD_DIR), purge_step=last_kept + 1)
+            for spec, package in zip(trackers, packages, strict=True):
+                self._trackers.append(open_tracker(spec, package, config))
         except BaseException:
-            self.close()  # do not leave a wandb run open behind a failed construction
+            self.close()  # do not leave a tracker run (and its processes) open behind a failed construction
             raise
 
     # -------------------------------------------------------------------------------------------- logging
@@ -235,8 +226,8 @@ class MetricsLogger:
             for k, v in values.items():  # TensorBoard draws NaN/Inf honestly, so they go in as they are
                 self._tb.add_scalar(k, v, iteration)
             self._tb.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log(values, step=iteration)
+        for tracker in self._trackers:  # NaN/Inf as they are, like TensorBoard
+            tracker.log(values, iteration)
 
         if "timing/all" in values and math.isfinite(values["timing/all"]):
             self._iteration_seconds.append(values["timing/all"])
@@ -278,9 +269,12 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception:  # one tracker failing to finish must not keep the others (and their processes) open
+                logger.exception("closing %s failed", type(tracker).__name__)
 
     def __enter__(self) -> MetricsLogger:
         return self

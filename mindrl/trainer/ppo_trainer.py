@@ -40,6 +40,7 @@ from mindrl.trainer.rollout import (
     RolloutSource,
     connect_servers,
 )
+from mindrl.trainer.trackers import trackers_from_config
 from mindrl.workers import from_config
 from mindrl.workers.group import WorkerError, WorkerGroup, start_ray, stop_ray
 from mindrl.workers.profiling import announce_iteration
@@ -160,9 +161,7 @@ class PPOTrainer:
             self.run_dir,
             mt.train_iters,
             use_tensorboard=rl.use_tensorboard,
-            use_wandb=rl.use_wandb,
-            wandb_project=rl.wandb_project,
-            wandb_run_name=rl.wandb_exp_name,
+            trackers=trackers_from_config(rl, self.run_dir),
             config=self.cfg.to_dict(),
             start_iteration=self.iteration,
             # print the line only where the logger does not already show it (mindrl-train configures logging)

@@ -167,16 +167,19 @@ STRAIGHT_EXTRA = {
     "ppo": ["rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=1e-9", "rl_config.kl_horizon=10", *PROFILE],
     "grpo": ["rl_config.mini_batch_size=4", "rl_config.epochs=2", "rl_config.rollout_is_threshold=2.0", *PROFILE],
 }
+# The straight GRPO run also logs to SwanLab offline (test_trackers reads its file against metrics.jsonl); the trackers
+# do not change the numbers, so the runs compared against it leave them off.
+TRACKED = {"grpo": ["rl_config.use_swanlab=true", "rl_config.swanlab_mode=offline", "rl_config.swanlab_project=mindrl"]}
 _STRAIGHT: dict[str, SharedRun] = {}
 
 
 def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
-    """`{algo}_tiny_cpu` for 4 iterations, saved at 2 and 4 (TensorBoard on)."""
+    """`{algo}_tiny_cpu` for 4 iterations, saved at 2 and 4 (TensorBoard on; GRPO: SwanLab offline too)."""
     if algo not in _STRAIGHT:
         run_dir = tmp_path_factory.mktemp(f"straight_{algo}")
         cfg = _config(
             f"{algo}_tiny_cpu", assets, run_dir, "megatron_training.train_iters=4", "megatron_training.save_interval=2",
-            *STRAIGHT_EXTRA[algo],
+            *STRAIGHT_EXTRA[algo], *TRACKED.get(algo, []),
         )  # fmt: skip
         _, results, lines, rollouts = _train(cfg)
         _STRAIGHT[algo] = SharedRun(cfg, results, lines, rollouts, run_dir)
