@@ -167,3 +167,15 @@ def _module_leaves_no_trace(request):
                 leaks.append(f"  {key}: test-registered entries left behind: {foreign}")
     if leaks:
         pytest.fail(f"{request.node.nodeid} left the process changed:\n" + "\n".join(leaks), pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_ray_ends_with_its_module(_module_leaves_no_trace):
+    """The Ray that a module's trainer runs share (tests/trainer/rl_helpers.py) stops when the module ends: torn down
+    before `_module_leaves_no_trace` takes its snapshot (it depends on it)."""
+    import sys
+
+    yield
+    helpers = sys.modules.get("tests.trainer.rl_helpers")
+    if helpers is not None:
+        helpers.release_shared_ray()

@@ -79,9 +79,48 @@ def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic
     return load_config(name, overrides=[*paths, *overrides])
 
 
+# ---- one Ray per test module for its trainer runs ------------------------------------------------------------
+# A private Ray costs ~4 s to start and ~1 s to stop on 2 cores, CPU bound, per trainer run. The runs of one module
+# share one instead: the trainer uses a Ray it finds initialised (the documented "caller's Ray" path: it removes its
+# placement group and actors, and leaves Ray up), and tests/conftest.py stops it when the module ends, before the
+# module's leak check. Modules that check that a run leaves no Ray behind keep a private one per run.
+PRIVATE_RAY_MODULES = {
+    "tests/trainer/test_ppo_e2e.py",  # _no_leftovers: Ray is down after the run
+    "tests/trainer/test_remote_rollout.py",  # a refused start leaves Ray down
+    "tests/trainer/test_faults.py",  # kills the driver's Ray processes
+}
+SHARED_RAY_DEVICES = 16  # more device bundles than any test's run reserves
+_SHARED_RAY: dict[str, str] = {}
+
+
+def _share_ray_in_this_module() -> None:
+    import ray
+
+    module = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[0]
+    if not module or module in PRIVATE_RAY_MODULES or ray.is_initialized():
+        return
+    from mindrl.workers.group import start_ray
+
+    start_ray(None, SHARED_RAY_DEVICES)
+    _SHARED_RAY["module"] = module
+
+
+def release_shared_ray() -> None:
+    """Stop the module's shared Ray (tests/conftest.py, at the end of each module), restoring the environment."""
+    if _SHARED_RAY.pop("module", None) is None:
+        return
+    import ray
+
+    from mindrl.workers.group import stop_ray
+
+    if ray.is_initialized():
+        stop_ray()
+
+
 def _train(cfg):
     from mindrl.trainer.ppo_trainer import train
 
+    _share_ray_in_this_module()
     run_dir, results = train(cfg)
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     rollouts = [json.loads(x) for x in open(os.path.join(run_dir, "rollouts.jsonl"))]
