@@ -73,9 +73,10 @@ class RLSectionConfig(Section):
 
     SECTION: ClassVar[str] = "rl_config"
     IGNORED: ClassVar[dict[str, str]] = {
-        "blocking": "mindrl's driver always waits for each stage (MindSpeed-RL's integrated mode needs true)",
-        "guarantee_order": "mindrl keeps sample order by construction",
-        "async_engine": "asynchronous TransferDock generation; mindrl's rollout is synchronous",
+        "blocking": "whether MindSpeed-RL's driver waits for each stage (its integrated mode needs true); the "
+        "results are the same, and mindrl's driver always waits",
+        "guarantee_order": "false lets TransferDock hand rows out in any order (a throughput option); mindrl keeps the "
+        "sample order, which both values allow",
         "num_cpus_for_local_task": "Ray CPU reservations are derived by mindrl",
         "num_cpus_for_placement_group": "Ray CPU reservations are derived by mindrl",
         "hccl_buffersize": "an HCCL tuning knob; set HCCL_BUFFSIZE in the environment on Ascend",
@@ -90,26 +91,25 @@ class RLSectionConfig(Section):
             ],
             _TRANSFER_DOCK,
         ),
-        "log_max_throughput": "mindrl computes throughput from mean lengths, never the max",
-        "tp_split_expert": "a mixture-of-experts option; mindrl builds dense models only",
-        "advantage_whiten": "unused by MindSpeed-RL; mindrl whitens GAE advantages and normalises group ones",
-        "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
+        "tp_split_expert": "a mixture-of-experts option, read only with num_experts, which mindrl requires unset",
+        "advantage_whiten": "carried by MindSpeed-RL's config class but read by none of its trainers; mindrl whitens "
+        "GAE advantages and normalises group ones, as MindSpeed-RL does",
+        "num_samples_per_step": "carried by MindSpeed-RL's config class but read by none of its trainers",
         "beta": "handed to the losses by MindSpeed-RL but read by none of its PPO/GRPO losses",
         **dict.fromkeys(
             ["swanlab_mode", "swanlab_project", "swanlab_exp_name", "swanlab_save_dir"],
             "SwanLab logging is not supported (use_swanlab must be false)",
         ),
         **dict.fromkeys(
-            ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
+            ["vit_forward_micro_batch_size", "reuse_image_embeds"],
+            "a multimodal option, read only with is_multimodal, which mindrl requires false",
         ),
-        "require_max_age_all_finished": "mindrl always finishes a response within partial_rollout_max_split "
-        "iterations (MindSpeed-RL's true)",
         **dict.fromkeys(
             [
                 "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
                 "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format",
             ],
-            "a multi-turn tool-use option; active only with multi_turn_enable, which is not supported",
+            "a multi-turn tool-use option, read only with multi_turn_enable, which mindrl requires false",
         ),
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
@@ -119,6 +119,18 @@ class RLSectionConfig(Section):
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
+        "async_engine": (
+            (False,),
+            "vLLM's asynchronous engine, which with partial rollout also changes which responses an iteration finishes",
+        ),
+        "log_max_throughput": (
+            (False,),
+            "throughput from the longest lengths (mindrl's e2e_tps uses the mean lengths)",
+        ),
+        "require_max_age_all_finished": (
+            (True,),
+            "responses left unfinished after partial_rollout_max_split iterations",
+        ),
     }
 
     # -- placement -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.iterations import critic_dir
 from mindrl.checkpoint.resume import ResumePoint
 from mindrl.config.settings import OptimSettings
+from mindrl.platform import DETERMINISTIC_ENV, current_platform
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.resharding.residency import ResidencySchedule
@@ -23,6 +24,16 @@ from mindrl.workers.settings import (
     PPOLossSettings,
     RewardModelSettings,
 )
+
+
+def worker_env(cfg) -> dict[str, str]:
+    """Environment variables every worker process of the run starts with, beyond the platform's defaults: with
+    megatron_training.npu_deterministic, the platform's deterministic switches and MINDRL_DETERMINISTIC (the process
+    then turns on torch's deterministic algorithms before its first kernel)."""
+    if not cfg.megatron_training.npu_deterministic:
+        return {}
+    platform = current_platform()
+    return {**platform.deterministic_env(), DETERMINISTIC_ENV: "1"}
 
 
 def rollout_size(cfg) -> int:

@@ -290,7 +290,7 @@ def worker_threads(pg, world_size: int) -> list[int]:
 class WorkerGroup:
     """`world_size` ranks of one model, one per bundle of `pg` from bundle `first_bundle` on (separate placement: a
     role's own devices), each claiming `fraction` of its device, with `threads` torch threads (one count for all
-    ranks, or one per rank)."""
+    ranks, or one per rank), their processes started with `env` besides the job's runtime env."""
 
     def __init__(
         self,
@@ -301,6 +301,7 @@ class WorkerGroup:
         fraction: float,
         threads: int | list[int] = 1,
         first_bundle: int = 0,
+        env: dict[str, str] | None = None,
     ):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -308,6 +309,8 @@ class WorkerGroup:
         self.name = name
         self.cls = cls
         options = current_platform().ray_actor_options(fraction)
+        if env:  # merged over the job's env_vars by Ray
+            options["runtime_env"] = {"env_vars": dict(env)}
         remote = ray.remote(**options)(cls)
         self.actors = [
             remote.options(
