@@ -14,7 +14,7 @@ from typing import Any
 
 from mindrl.batch import shard_rows
 from mindrl.launch import is_peer_failure
-from mindrl.platform import current_platform
+from mindrl.platform import DETERMINISTIC_ENV, current_platform
 from mindrl.workers.dispatch import Dispatch, dispatch_mode
 from mindrl.workers.ray_daemons import DriverLogMonitor
 
@@ -322,8 +322,15 @@ class WorkerGroup:
         self.pids: list[int | None] = [None] * world_size
         addr, port = self.call_one(0, "node_address")
         per_rank = threads if isinstance(threads, list) else [threads] * world_size
-        self.pids = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
+        joined = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
+        self.pids = [pid for pid, _ in joined]
         self.infos: list = []
+        if env and env.get(DETERMINISTIC_ENV) == "1":  # asked for: a rank that did not turn it on fails the start
+            off = [label for label, (_, on) in zip(self.labels(), joined) if not on]
+            if off:
+                self.shutdown()
+                raise WorkerError(f"{name}: {', '.join(off)} started without deterministic computation although its "
+                                  f"environment sets {DETERMINISTIC_ENV}=1")  # fmt: skip
 
     @property
     def world_size(self) -> int:
