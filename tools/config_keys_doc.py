@@ -17,6 +17,7 @@ BEGIN = "<!-- key table: written by tools/config_keys_doc.py from the config cla
 END = "<!-- key table end -->"
 ANY = "any value"
 MEGATRON = "megatron"
+PREPROCESS = "mindrl-preprocess (dataset YAML)"
 
 
 def _value(v: Any) -> str:
@@ -59,6 +60,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     from mindrl.config.reward_model import RMTrainingConfig
     from mindrl.config.rl import RLSectionConfig
     from mindrl.config.sft import SFTTrainingConfig
+    from mindrl.data.preprocess_config import IGNORED_MINDSPEED_KEYS, ONE_VALUE_KEYS
 
     out: dict[tuple[str, str], tuple[str, str]] = {}
     for key, why in MEGATRON_IGNORED.items():
@@ -76,6 +78,11 @@ def rows() -> list[tuple[str, str, str, str]]:
             out[key, where] = (accepted, why)
     for key, why in IGNORED_SECTIONS.items():
         out[key, "(a whole section)"] = (ANY, why)
+    for key, why in IGNORED_MINDSPEED_KEYS.items():
+        out[key, PREPROCESS] = (ANY, why)
+    for key, (value, handlers, what) in ONE_VALUE_KEYS.items():
+        accepted = f"`{_value(value)}` only" + (f" with {', '.join(handlers)}" if handlers else "")
+        out[key, PREPROCESS] = (accepted, f"refused otherwise: {what}")
     # The offline trainers' megatron_training: a row per key, naming the trainers that share it.
     offline = {
         "mindrl-sft": SFTTrainingConfig,
