@@ -31,9 +31,7 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     # MindSpeed-LLM arguments that SFT launch scripts pass but that mean nothing here: accepted and listed.
     IGNORED: ClassVar[Mapping[str, str]] = {
         **dict.fromkeys(["is_instruction_dataset", "prompt_type", "tokenizer_type", "tokenizer_not_use_fast"], _DATA),
-        **dict.fromkeys(
-            ["no_shared_storage", "num_workers", "reset_position_ids", "full_shuffle_instruction_dataset"], _DATA
-        ),  # fmt: skip
+        **dict.fromkeys(["no_shared_storage", "num_workers", "reset_position_ids"], _DATA),  # fmt: skip
         **dict.fromkeys(
             ["use_flash_attn", "use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb"], _KERNEL
         ),  # fmt: skip
@@ -52,6 +50,10 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
         "no_load_optim": ((True,), "loading the optimizer state from load (mindrl-sft starts a fresh optimizer)"),
         "no_load_rng": ((True,), "loading the RNG state from load (mindrl-sft seeds from seed)"),
         "use_mcore_models": ((True,), "megatron's legacy (non-core) models"),
+        "full_shuffle_instruction_dataset": (
+            (False,),
+            "a shuffle of the whole dataset across epochs (mindrl-sft shuffles each epoch by the seed)",
+        ),
     }
 
     stage: str = "sft"
