@@ -79,7 +79,6 @@ class RLSectionConfig(Section):
         "sample order, which both values allow",
         "num_cpus_for_local_task": "Ray CPU reservations are derived by mindrl",
         "num_cpus_for_placement_group": "Ray CPU reservations are derived by mindrl",
-        "hccl_buffersize": "an HCCL tuning knob; set HCCL_BUFFSIZE in the environment on Ascend",
         **dict.fromkeys(
             [
                 "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size",
@@ -349,6 +348,9 @@ class RLSectionConfig(Section):
     runtime_env_path: str | None = None
     """YAML file whose `env_vars` every Ray worker gets (MindSpeed-RL's key). None: $MINDRL_RUNTIME_ENV, else the
     shipped configs/envs/runtime_env.yaml. The driver's own environment wins for the file's keys."""
+    hccl_buffersize: int | None = None
+    """MiB of each HCCL communication buffer on Ascend (MindSpeed-RL's key: HCCL_BUFFSIZE of every worker); other
+    platforms have no HCCL and ignore it. None: HCCL's default (or HCCL_BUFFSIZE from the environment)."""
     num_cpu_devices: int | None = None
     """CPU stand-in devices to expose when running on CPU; None: actor_resource.num_npus."""
     # -- held-out evaluation (mindrl additions; docs/evaluation.md) --------------------------------------
@@ -489,6 +491,8 @@ class RLSectionConfig(Section):
                     "yet; set partial_rollout_max_split: 1 or async_mode: sync")  # fmt: skip
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
+        if self.hccl_buffersize is not None and self.hccl_buffersize < 1:
+            col.add("hccl_buffersize", f"must be >= 1 (MiB) or null, got {self.hccl_buffersize}")
         for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):
             if getattr(self, key) < 0:
                 col.add(key, f"must be >= 0, got {getattr(self, key)}")

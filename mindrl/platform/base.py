@@ -113,6 +113,11 @@ class Platform:
         communicators). Python's string hashing is fixed on every platform, so set and dict orders repeat too."""
         return {"PYTHONHASHSEED": "0"}
 
+    def collective_buffer_env(self, mib: int) -> dict[str, str]:
+        """Environment variables that give this platform's collectives `mib` MiB communication buffers
+        (rl_config.hccl_buffersize); none where the backend has no such setting."""
+        return {}
+
     def enable_determinism(self) -> None:
         """Deterministic computation in this process from now on: this platform's `deterministic_env` (overriding
         the environment: the config asked for it) and torch's deterministic algorithms (an op without a deterministic

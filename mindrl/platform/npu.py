@@ -47,6 +47,9 @@ class NpuPlatform(AcceleratorPlatform):
             "ATB_LLM_LCOC_ENABLE": "0",
         }
 
+    def collective_buffer_env(self, mib: int) -> dict[str, str]:
+        return {"HCCL_BUFFSIZE": str(mib)}
+
     def weight_channel_group(self, store, rank: int, world_size: int, timeout_s: float):
         import datetime
 

@@ -69,3 +69,14 @@ def test_the_config_key_gives_every_worker_the_switches():
     assert env == {**current_platform().deterministic_env(), DETERMINISTIC_ENV: "1"}
     # MindSpeed-RL's key is a global one: written in actor_config it reaches the run too
     assert worker_env(load_config("grpo_tiny_cpu", overrides=["actor_config.npu_deterministic=true"]))
+
+
+def test_hccl_buffersize_reaches_the_workers_on_ascend_only():
+    from mindrl.config import load_config
+    from mindrl.platform import current_platform
+    from mindrl.workers.from_config import worker_env
+
+    assert NpuPlatform().collective_buffer_env(640) == {"HCCL_BUFFSIZE": "640"}
+    assert CpuPlatform().collective_buffer_env(640) == CudaPlatform().collective_buffer_env(640) == {}
+    cfg = load_config("grpo_tiny_cpu", overrides=["rl_config.hccl_buffersize=640"])
+    assert worker_env(cfg) == current_platform().collective_buffer_env(640)
