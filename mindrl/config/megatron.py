@@ -169,7 +169,6 @@ MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
         (True,),
         "gradient accumulation and all-reduce in 16 bits (mindrl keeps gradients in fp32)",
     ),
-    "num_layers_per_virtual_pipeline_stage": ((None,), "the interleaved (virtual) pipeline schedule"),
     "full_shuffle_instruction_dataset": (
         (False,),
         "a shuffle of the whole dataset across epochs (mindrl shuffles each epoch by the seed, or not at all with "
@@ -344,6 +343,9 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
     """None: megatron_training.use_distributed_optimizer (resolved at load)."""
     sequence_parallel: bool | None = None
     """None: megatron_training.sequence_parallel (resolved at load)."""
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    """Megatron's interleaved pipeline schedule (VPP), which mindrl does not run: accepted only as one chunk per stage,
+    num_layers / PP (or unset)."""
     num_layer_list: str | list[int] | None = None
     """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers summing to num_layers.
     mindrl splits the layers evenly: an uneven list is accepted with a warning (the trained model is the same; each

@@ -195,8 +195,17 @@ class RLConfig(Section):
 
     @staticmethod
     def _check_layer_list(col: Collector, role: str, rc: RoleConfig, num_layers: int, where: str) -> None:
-        """num_layer_list against the layout: PP entries summing to num_layers (MindSpeed-RL's rule); mindrl runs the
-        even split, so an uneven list is a warning."""
+        """num_layers_per_virtual_pipeline_stage and num_layer_list against the layout. mindrl runs one chunk of
+        num_layers / PP layers per stage: VPP is refused unless it says the same; num_layer_list must give PP entries
+        summing to num_layers (MindSpeed-RL's rule), and an uneven one is a warning."""
+        vpp, vpp_key = rc.num_layers_per_virtual_pipeline_stage, f"{role}.num_layers_per_virtual_pipeline_stage"
+        if vpp is not None and not col.is_bad(vpp_key):
+            if vpp == num_layers // rc.pp:
+                col.ignore(vpp_key, "one chunk per pipeline stage, as mindrl runs")
+            else:
+                col.add(vpp_key, f"{vpp} is not supported by mindrl (the interleaved pipeline schedule): it runs one "
+                        f"chunk of {where}.num_layers / PP = {num_layers} / {rc.pp} layers per stage; remove it or "
+                        f"set it to {num_layers // rc.pp}")  # fmt: skip
         given, key = rc.num_layer_list, f"{role}.num_layer_list"
         if given is None or col.is_bad(key):
             return

@@ -20,7 +20,7 @@ def test_the_docs_key_table_is_the_codes():
     block = config_keys_doc.current_block(open(config_keys_doc.DOC).read())
     assert block is not None, "docs/config.md lost the key table's markers"
     assert block == config_keys_doc.render(), "docs/config.md's key table is stale: run python tools/config_keys_doc.py"
-    for key in ("npu_deterministic", "num_layer_list"):  # both do something now: not in the table
+    for key in ("npu_deterministic", "num_layer_list", "num_layers_per_virtual_pipeline_stage", "hccl_buffersize"):
         assert f"| `{key}` |" not in block
 
 
@@ -41,7 +41,6 @@ ONE_VALUE = [
     ("megatron_training.attention_softmax_in_fp32", "true", "false"),
     ("megatron_training.use_mcore_models", "true", "false"),
     ("actor_config.accumulate_allreduce_grads_in_fp32", "true", "false"),
-    ("actor_config.num_layers_per_virtual_pipeline_stage", "null", "1"),
     ("megatron_training.full_shuffle_instruction_dataset", "false", "true"),
     ("rl_config.async_engine", "false", "true"),
     ("rl_config.log_max_throughput", "false", "true"),
@@ -62,7 +61,7 @@ def test_a_key_with_mindrls_value_only_refuses_the_others():
         assert f"[override '+{key}={bad}']" in text
 
 
-def test_num_layer_list(caplog):
+def test_num_layer_list_and_vpp(caplog):
     name, key = "grpo_qwen25_32b_A3", "actor_config.num_layer_list"  # PP=4 over 64 layers
     even = load_config(name, overrides=[f"{key}='16,16,16,16'"])
     assert key in even.ignored_keys
@@ -70,6 +69,10 @@ def test_num_layer_list(caplog):
         uneven = load_config(name)  # MindSpeed-RL's own 16,17,16,15 loads, with a warning naming the split run
     assert uneven.actor_config.num_layer_list == "16,17,16,15" and key in uneven.ignored_keys
     assert any("16 per stage" in r.getMessage() and key in r.getMessage() for r in caplog.records)
+    vpp = "actor_config.num_layers_per_virtual_pipeline_stage"
+    assert vpp in load_config(name, overrides=[f"+{vpp}=16"]).ignored_keys  # one chunk per stage: what mindrl runs
+    with pytest.raises(ConfigError, match=rf"{vpp}: 8 is not supported .*interleaved.*set it to 16"):
+        load_config(name, overrides=[f"+{vpp}=8"])
     for bad in ("'16,16,16'", "'16,16,16,17'", "'32,32,0,0'", "'a,b,c,d'"):
         with pytest.raises(ConfigError, match=rf"{key}: .*(64 in all|comma-separated)"):
             load_config(name, overrides=[f"{key}={bad}"])
