@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from mindrl.kernels import current_kernels
-from mindrl.platform import current_platform
+from mindrl.platform import current_platform, determinism_requested
 from mindrl.platform.orphans import exit_with_parent
 
 
@@ -50,8 +50,11 @@ def join_world(
     """How every rank starts, whoever spawned it (a Ray worker group, `RankPool`, the rollout server's TP replicas):
     its coordinates in the environment (LOCAL_RANK: the platform's, unless already set), its torch threads, for a
     megatron rank the platform's adaptation and the kernels, then the default process group with the platform's
-    backend (hccl / nccl / gloo) on its device."""
+    backend (hccl / nccl / gloo) on its device. A process started with MINDRL_DETERMINISTIC=1 first turns on
+    deterministic computation (`Platform.enable_determinism`)."""
     platform = current_platform()
+    if determinism_requested():  # before the first kernel and communicator of this process
+        platform.enable_determinism()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     os.environ.setdefault("LOCAL_RANK", str(platform.local_rank(rank)))
     if threads is not None:

@@ -58,9 +58,10 @@ class GenerateConfig(Section, EngineSettings):
     SECTION: ClassVar[str] = "generate_config"
     IGNORED: ClassVar[dict[str, str]] = {
         "num_scheduler_steps": "vLLM's multi-step scheduling no longer exists (vLLM V1 schedules every step)",
-        "torchair_graph": "an Ascend graph mode for DeepSeek-V3",
-        "ascend_scheduler_config_enabled": "a vLLM-Ascend scheduler switch",
-        "data_parallel_size": "derived: actor_resource.num_npus / infer_tensor_parallel_size",
+        "torchair_graph": "an Ascend graph-capture mode of vLLM-Ascend (a performance switch)",
+        "ascend_scheduler_config_enabled": "a vLLM-Ascend scheduler switch (a performance switch)",
+        "data_parallel_size": "derived, as MindSpeed-RL derives it (overwriting a written value): "
+        "actor_resource.num_npus / infer_tensor_parallel_size",
         "limit_mm_image_per_prompt": "a multimodal option; mindrl is text-only",
         "limit_mm_video_per_prompt": "a multimodal option; mindrl is text-only",
         "eplb_token_collects": "an expert load-balancing option; mindrl builds dense models only",

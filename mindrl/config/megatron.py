@@ -18,11 +18,18 @@ CP_ALGORITHMS = ("megatron_cp_algo",)
 """context_parallel_algo values mindrl runs (`mindrl.models.context_parallel`)."""
 
 _FUSION = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
-_MEMORY = "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl"
+_MEMORY = (
+    "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl (mindrl-plan "
+    "sizes the run without it)"
+)
 _DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
-_MOE = "a mixture-of-experts / MLA option; mindrl builds dense models only (num_experts must be unset)"
+_MOE = (
+    "a mixture-of-experts / MLA option, read only with num_experts / multi_latent_attention, which mindrl requires "
+    "unset (dense models), as megatron ignores it then"
+)
 _DPO = "a DPO option; not used by PPO/GRPO"
-_LOG = "a logging/eval option of megatron's own training loop, which mindrl's trainer replaces"
+_LOG = "a logging option of megatron's own training loop, which mindrl's trainer replaces (it logs every iteration)"
+_UNREAD = "carried by MindSpeed-RL's config class but read by none of its RL trainers"
 
 MEGATRON_IGNORED: dict[str, str] = {
     **dict.fromkeys(
@@ -45,11 +52,10 @@ MEGATRON_IGNORED: dict[str, str] = {
         ],
         _FUSION,
     ),
-    "attention_softmax_in_fp32": "mindrl always computes the attention softmax in fp32",
-    "npu_deterministic": "an Ascend determinism switch; mindrl sets determinism through the platform layer",
-    "use_mcore_models": "mindrl always builds megatron-core models",
-    "transformer_impl": "mindrl builds megatron's local transformer spec on every platform",
-    "spec": "mindrl builds megatron's local transformer spec on every platform",
+    "transformer_impl": "which kernels megatron's layers use (local / Transformer Engine); mindrl builds megatron's "
+    "local spec and the platform picks the kernels",
+    "spec": "a MindSpeed-LLM layer-spec module; mindrl builds the layers from the model keys (qk_layernorm, add_qkv_bias, "
+    "...), which are checked against the checkpoint",
     "distributed_backend": "the platform picks the torch.distributed backend (hccl / nccl / gloo)",
     **dict.fromkeys(
         [
@@ -58,47 +64,43 @@ MEGATRON_IGNORED: dict[str, str] = {
             "reuse_fp32_param",
             "overlap_grad_reduce",
             "overlap_param_gather",
-            "accumulate_allreduce_grads_in_fp32",
             "ddp_bucket_size",
-            "num_layers_per_virtual_pipeline_stage",
         ],
         _MEMORY,
     ),
-    "num_layer_list": "an uneven split of layers over pipeline stages; mindrl splits them evenly "
-    "(num_layers must be divisible by pipeline_model_parallel_size)",
+    **dict.fromkeys(["no_shared_storage", "is_instruction_dataset", "num_workers"], _DATA),
     **dict.fromkeys(
-        [
-            "no_shared_storage",
-            "no_pad_to_seq_lengths",
-            "pad_to_multiple_of",
-            "reset_position_ids",
-            "reset_attention_mask",
-            "attention_mask_type",
-            "full_shuffle_instruction_dataset",
-            "is_instruction_dataset",
-            "dataloader_type",
-            "num_workers",
-            "tokenizer_not_use_fast",
-            "tokenizer_padding_side",
-            "prompt_type",
-            "prompt_type_path",
-        ],
-        _DATA,
+        ["no_pad_to_seq_lengths", "pad_to_multiple_of"],
+        "how far rows are padded; padding is masked out of every result, and mindrl pads each batch to its own "
+        "longest row",
     ),
     **dict.fromkeys(
-        [
-            "log_interval",
-            "log_throughput",
-            "enable_high_availability",
-            "load_checkpoint_loosely",
-            "use_tp_pp_dp_mapping",
-            "do_sample",
-            "use_kv_cache",
-            "algorithm",
-            "no_check_for_nan_in_loss_and_grad",
-        ],
-        _LOG,
+        ["reset_position_ids", "reset_attention_mask"],
+        "what packing needs (positions and attention restarting at each packed row); mindrl's use_remove_padding "
+        "does both by itself",
     ),
+    "attention_mask_type": "how the causal mask reaches the NPU's fused attention kernel; mindrl's attention is causal "
+    "within each row",
+    "tokenizer_not_use_fast": "the slow and fast Hugging Face tokenizers of a model give the same ids; mindrl loads the "
+    "fast one",
+    "tokenizer_padding_side": "mindrl pads prompts and responses itself (prompts on the left for the rollout)",
+    **dict.fromkeys(
+        ["prompt_type", "prompt_type_path"],
+        "the chat template, applied when the prompts are preprocessed (mindrl-preprocess's prompt_type); MindSpeed-RL's "
+        "RL trainers do not apply it again either",
+    ),
+    "dataloader_type": "read by MindSpeed-RL's SFT/DPO loops only; its RL trainers iterate their prompt loader, as "
+    "mindrl does",
+    **dict.fromkeys(["log_interval", "log_throughput"], _LOG),
+    "enable_high_availability": "Ascend MindIO's in-memory checkpoint recovery; mindrl recovers by resuming from its "
+    "last checkpoint",
+    "load_checkpoint_loosely": "mindrl always loads strictly: a checkpoint that lacks a weight of the model fails the "
+    "load instead of leaving it random",
+    "use_tp_pp_dp_mapping": "the rank order of megatron's process groups (where each group's ranks sit); the results are "
+    "the same",
+    "no_check_for_nan_in_loss_and_grad": "mindrl always checks: a non-finite gradient skips the update, and "
+    "rl_config.max_consecutive_skipped_updates of them in a row abort the run",
+    **dict.fromkeys(["do_sample", "use_kv_cache", "algorithm"], _UNREAD),
     **dict.fromkeys(
         [
             "moe_tp_extend_ep",
@@ -137,13 +139,13 @@ MEGATRON_IGNORED: dict[str, str] = {
             "rope_scaling_mscale_all_dim",
             "rope_scaling_original_max_position_embeddings",
         ],
-        "a YaRN RoPE-scaling parameter; YaRN is not supported (rope_scaling_type)",
+        "a YaRN RoPE-scaling parameter, read only with rope_scaling_type: yarn, which mindrl refuses",
     ),  # fmt: skip
     "eval_iters": "megatron's batches per evaluation; mindrl's held-out evaluation takes rl_config.val_max_prompts",
     **dict.fromkeys(["dpo_loss_type", "ref_model", "refer_model_iter"], _DPO),
     **dict.fromkeys(
         ["lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"],
-        "a LoRA option; LoRA is not supported (lora_target_modules must be unset)",
+        "a LoRA option, read only with lora_target_modules, which mindrl requires unset",
     ),
 }
 
@@ -161,6 +163,17 @@ MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "pretrained_checkpoint": ((None,), "a separate pretrained checkpoint; put the start checkpoint in load"),
     "is_pairwise_dataset": ((False,), "pairwise (DPO) datasets"),
     "skip_train": ((False,), "evaluation-only runs"),
+    "use_mcore_models": ((True,), "megatron's legacy (non-core) models"),
+    "attention_softmax_in_fp32": ((True,), "the attention softmax in 16 bits (mindrl computes it in fp32)"),
+    "accumulate_allreduce_grads_in_fp32": (
+        (True,),
+        "gradient accumulation and all-reduce in 16 bits (mindrl keeps gradients in fp32)",
+    ),
+    "full_shuffle_instruction_dataset": (
+        (False,),
+        "a shuffle of the whole dataset across epochs (mindrl shuffles each epoch by the seed, or not at all with "
+        "no_shuffle)",
+    ),
 }
 
 
@@ -229,6 +242,12 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
     """Must be 0, as attention_dropout."""
     init_method_std: float = ignored_field(0.02, "weights always come from a checkpoint (load)")
     """Accepted for compatibility; weights always come from a checkpoint."""
+    npu_deterministic: bool = False
+    """Deterministic computation (MindSpeed-RL's name, on every platform): every worker process starts with the
+    platform's deterministic switches (HCCL_DETERMINISTIC on Ascend; CUBLAS_WORKSPACE_CONFIG and NCCL's ring algorithm
+    on CUDA; fixed OpenMP threads on CPU) and turns on torch's deterministic algorithms before its first kernel. With
+    the seeded data order and rollout, two runs of one config then give the same metrics and checkpoints bit for bit
+    (docs/config.md, Determinism)."""
 
     def validate(self, col: Collector) -> None:
         for key in ("global_batch_size", "train_iters"):
@@ -324,6 +343,13 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
     """None: megatron_training.use_distributed_optimizer (resolved at load)."""
     sequence_parallel: bool | None = None
     """None: megatron_training.sequence_parallel (resolved at load)."""
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    """Megatron's interleaved pipeline schedule (VPP), which mindrl does not run: accepted only as one chunk per stage,
+    num_layers / PP (or unset)."""
+    num_layer_list: str | list[int] | None = None
+    """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers summing to num_layers.
+    mindrl splits the layers evenly: an uneven list is accepted with a warning (the trained model is the same; each
+    stage's memory is the even split's, which mindrl-plan sizes)."""
 
     def validate(self, col: Collector) -> None:
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",

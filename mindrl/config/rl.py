@@ -76,12 +76,12 @@ class RLSectionConfig(Section):
 
     SECTION: ClassVar[str] = "rl_config"
     IGNORED: ClassVar[dict[str, str]] = {
-        "blocking": "mindrl's driver always waits for each stage (MindSpeed-RL's integrated mode needs true)",
-        "guarantee_order": "mindrl keeps sample order by construction",
-        "async_engine": "asynchronous TransferDock generation; mindrl's rollout is synchronous",
+        "blocking": "whether MindSpeed-RL's driver waits for each stage (its integrated mode needs true); the "
+        "results are the same, and mindrl's driver always waits",
+        "guarantee_order": "false lets TransferDock hand rows out in any order (a throughput option); mindrl keeps the "
+        "sample order, which both values allow",
         "num_cpus_for_local_task": "Ray CPU reservations are derived by mindrl",
         "num_cpus_for_placement_group": "Ray CPU reservations are derived by mindrl",
-        "hccl_buffersize": "an HCCL tuning knob; set HCCL_BUFFSIZE in the environment on Ascend",
         **dict.fromkeys(
             [
                 "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size",
@@ -93,22 +93,21 @@ class RLSectionConfig(Section):
             ],
             _TRANSFER_DOCK,
         ),
-        "log_max_throughput": "mindrl computes throughput from mean lengths, never the max",
-        "tp_split_expert": "a mixture-of-experts option; mindrl builds dense models only",
-        "advantage_whiten": "unused by MindSpeed-RL; mindrl whitens GAE advantages and normalises group ones",
-        "num_samples_per_step": "unused by MindSpeed-RL's PPO/GRPO trainers",
+        "tp_split_expert": "a mixture-of-experts option, read only with num_experts, which mindrl requires unset",
+        "advantage_whiten": "carried by MindSpeed-RL's config class but read by none of its trainers; mindrl whitens "
+        "GAE advantages and normalises group ones, as MindSpeed-RL does",
+        "num_samples_per_step": "carried by MindSpeed-RL's config class but read by none of its trainers",
         "beta": "handed to the losses by MindSpeed-RL but read by none of its PPO/GRPO losses",
         **dict.fromkeys(
-            ["vit_forward_micro_batch_size", "reuse_image_embeds"], "a multimodal option; mindrl is text-only"
+            ["vit_forward_micro_batch_size", "reuse_image_embeds"],
+            "a multimodal option, read only with is_multimodal, which mindrl requires false",
         ),
-        "require_max_age_all_finished": "mindrl always finishes a response within partial_rollout_max_split "
-        "iterations (MindSpeed-RL's true)",
         **dict.fromkeys(
             [
                 "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
                 "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format",
             ],
-            "a multi-turn tool-use option; active only with multi_turn_enable, which is not supported",
+            "a multi-turn tool-use option, read only with multi_turn_enable, which mindrl requires false",
         ),
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
@@ -117,6 +116,18 @@ class RLSectionConfig(Section):
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
+        "async_engine": (
+            (False,),
+            "vLLM's asynchronous engine, which with partial rollout also changes which responses an iteration finishes",
+        ),
+        "log_max_throughput": (
+            (False,),
+            "throughput from the longest lengths (mindrl's e2e_tps uses the mean lengths)",
+        ),
+        "require_max_age_all_finished": (
+            (True,),
+            "responses left unfinished after partial_rollout_max_split iterations",
+        ),
     }
 
     # -- placement -----------------------------------------------------------------------------------
@@ -349,6 +360,9 @@ class RLSectionConfig(Section):
     runtime_env_path: str | None = None
     """YAML file whose `env_vars` every Ray worker gets (MindSpeed-RL's key). None: $MINDRL_RUNTIME_ENV, else the
     shipped configs/envs/runtime_env.yaml. The driver's own environment wins for the file's keys."""
+    hccl_buffersize: int | None = None
+    """MiB of each HCCL communication buffer on Ascend (MindSpeed-RL's key: HCCL_BUFFSIZE of every worker); other
+    platforms have no HCCL and ignore it. None: HCCL's default (or HCCL_BUFFSIZE from the environment)."""
     num_cpu_devices: int | None = None
     """CPU stand-in devices to expose when running on CPU; None: actor_resource.num_npus."""
     # -- held-out evaluation (mindrl additions; docs/evaluation.md) --------------------------------------
@@ -489,6 +503,8 @@ class RLSectionConfig(Section):
                     "yet; set partial_rollout_max_split: 1 or async_mode: sync")  # fmt: skip
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
+        if self.hccl_buffersize is not None and self.hccl_buffersize < 1:
+            col.add("hccl_buffersize", f"must be >= 1 (MiB) or null, got {self.hccl_buffersize}")
         for key in ("log_rollouts_interval", "max_consecutive_skipped_updates"):
             if getattr(self, key) < 0:
                 col.add(key, f"must be >= 0, got {getattr(self, key)}")

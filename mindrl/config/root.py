@@ -171,6 +171,7 @@ class RLConfig(Section):
         if arch.name and arch.num_layers and arch.num_layers % pp:
             col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers}")
         elif arch.name and arch.num_layers:
+            self._check_layer_list(col, role, rc, arch.num_layers, where)
             general = rc.recompute_problems()
             for key, message in rc.recompute_problems(arch.num_layers // pp):
                 if (key, message) not in general:
@@ -197,6 +198,38 @@ class RLConfig(Section):
         if mini is not None and not gbs % mini and (mini * n) % (dp * mbs):
             col.add(f"{role}.micro_batch_size", f"a mini-batch of mini_batch_size x n_samples_per_prompt = {mini} x "
                     f"{n} = {mini * n} responses must be divisible by DP x micro_batch_size = {dp} x {mbs} = {dp * mbs}")  # fmt: skip
+
+    @staticmethod
+    def _check_layer_list(col: Collector, role: str, rc: RoleConfig, num_layers: int, where: str) -> None:
+        """num_layers_per_virtual_pipeline_stage and num_layer_list against the layout. mindrl runs one chunk of
+        num_layers / PP layers per stage: VPP is refused unless it says the same; num_layer_list must give PP entries
+        summing to num_layers (MindSpeed-RL's rule), and an uneven one is a warning."""
+        vpp, vpp_key = rc.num_layers_per_virtual_pipeline_stage, f"{role}.num_layers_per_virtual_pipeline_stage"
+        if vpp is not None and not col.is_bad(vpp_key):
+            if vpp == num_layers // rc.pp:
+                col.ignore(vpp_key, "one chunk per pipeline stage, as mindrl runs")
+            else:
+                col.add(vpp_key, f"{vpp} is not supported by mindrl (the interleaved pipeline schedule): it runs one "
+                        f"chunk of {where}.num_layers / PP = {num_layers} / {rc.pp} layers per stage; remove it or "
+                        f"set it to {num_layers // rc.pp}")  # fmt: skip
+        given, key = rc.num_layer_list, f"{role}.num_layer_list"
+        if given is None or col.is_bad(key):
+            return
+        try:
+            layers = [int(x) for x in given.split(",")] if isinstance(given, str) else list(given)
+        except ValueError:
+            col.add(key, f"{given!r} is not a comma-separated list of layer counts like '16,16,16,16'")
+            return
+        pp, even = rc.pp, num_layers // rc.pp
+        if len(layers) != pp or sum(layers) != num_layers or min(layers) < 1:
+            col.add(key, f"{given!r} must give each of the PP={pp} stages >= 1 layer, {num_layers} in all "
+                    f"({where}.num_layers)")  # fmt: skip
+        elif layers == [even] * pp:
+            col.ignore(key, "the even split mindrl makes")
+        else:
+            col.ignore(key, "an uneven split of the layers over the pipeline stages; mindrl splits them evenly")
+            col.note(f"{key}={given!r}: mindrl splits the {num_layers} layers evenly, {even} per stage (the trained "
+                     "model is the same; each stage's memory is the even split's, which mindrl-plan sizes)")  # fmt: skip
 
     def _check_reward_model(self, col: Collector, world: int | None) -> None:
         """reward_config against the rest: co-located on the actor's devices (MindSpeed-RL refuses reward_config in

@@ -16,7 +16,6 @@ from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSett
 SECTION = "megatron_training"
 _DATA = "the data is already tokenised and templated by mindrl-preprocess"
 _KERNEL = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
-_ALWAYS = "mindrl always does this"
 
 
 @dataclass
@@ -32,18 +31,29 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     # MindSpeed-LLM arguments that SFT launch scripts pass but that mean nothing here: accepted and listed.
     IGNORED: ClassVar[Mapping[str, str]] = {
         **dict.fromkeys(["is_instruction_dataset", "prompt_type", "tokenizer_type", "tokenizer_not_use_fast"], _DATA),
-        **dict.fromkeys(
-            ["no_shared_storage", "num_workers", "reset_position_ids", "full_shuffle_instruction_dataset"], _DATA
-        ),  # fmt: skip
+        **dict.fromkeys(["no_shared_storage", "num_workers", "reset_position_ids"], _DATA),  # fmt: skip
         **dict.fromkeys(
             ["use_flash_attn", "use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb"], _KERNEL
         ),  # fmt: skip
-        **dict.fromkeys(["finetune", "use_mcore_models"], _ALWAYS),
         **dict.fromkeys(
-            ["no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng"],
-            "mindrl-sft loads and saves the model only (a fresh optimizer, no resume)",
+            ["no_save_optim", "no_save_rng"],
+            "mindrl-sft saves the model only (a run starts from weights alone: finetune)",
         ),
         "distributed_backend": "the platform picks the torch.distributed backend (hccl / nccl / gloo)",
+    }
+    # Accepted only with the value that says what mindrl-sft does: it loads the weights alone and starts at step 0.
+    UNSUPPORTED: ClassVar[Mapping[str, tuple[tuple[Any, ...], str]]] = {
+        "finetune": (
+            (True,),
+            "resuming a run's step, optimizer and RNG from load (mindrl-sft starts from the weights)",
+        ),
+        "no_load_optim": ((True,), "loading the optimizer state from load (mindrl-sft starts a fresh optimizer)"),
+        "no_load_rng": ((True,), "loading the RNG state from load (mindrl-sft seeds from seed)"),
+        "use_mcore_models": ((True,), "megatron's legacy (non-core) models"),
+        "full_shuffle_instruction_dataset": (
+            (False,),
+            "a shuffle of the whole dataset across epochs (mindrl-sft shuffles each epoch by the seed)",
+        ),
     }
 
     stage: str = "sft"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+import numpy as np
+
 from mindrl.data.handlers import EncodedChunk, Handler, get_handler_class
 from mindrl.data.preprocess_config import ConfigError, PreprocessConfig
 from mindrl.data.readers import InputError, InputFile, RawRow, discover_inputs, iter_rows
@@ -46,6 +48,7 @@ class PreprocessReport:
     rows_read: int = 0
     rows_written: int = 0
     rows_skipped: int = 0
+    rows_too_long: int = 0  # good rows dropped by seq_length (not counted in rows_skipped)
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     first_skipped: list[SkippedRow] = field(default_factory=list)
     output_files: list[str] = field(default_factory=list)
@@ -204,6 +207,9 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
                 reasons[reason] += 1
                 if len(report.first_skipped) < MAX_REPORTED_ROWS:
                     report.first_skipped.append(skipped)
+            if cfg.seq_length is not None:
+                enc, too_long = _drop_long(enc, keys, cfg.seq_length)
+                report.rows_too_long += too_long
             for key in keys:
                 flat, lengths = enc.flat[key], enc.lengths[key]
                 offsets = itertools.accumulate(lengths, initial=0)
@@ -222,8 +228,12 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
                     flush=True,
                 )
         if report.rows_written == 0:
+            too_long = (
+                f"; {report.rows_too_long} had seq_length={cfg.seq_length} tokens or more" if cfg.seq_length else ""
+            )
             raise InputError(
                 f"no usable rows in {cfg.input}: all {report.rows_read} were skipped; reasons: {dict(reasons)}"
+                + too_long
             )
         for key in keys:
             builders[key].finalize(finals[key] + ".idx" + tmp_tag)
@@ -251,6 +261,25 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
     return report
 
 
+def _drop_long(enc: EncodedChunk, keys: list[str], seq_length: int) -> tuple[EncodedChunk, int]:
+    """`enc` without its rows that have a document of seq_length tokens or more (MindSpeed-RL drops them when it
+    preprocesses), and how many rows those were."""
+    long = np.zeros(len(enc.good), dtype=bool)
+    for key in keys:
+        long |= np.asarray(enc.lengths[key]) >= seq_length
+    if not long.any():
+        return enc, 0
+    flat, lengths = {}, {}
+    for key in keys:
+        n = np.asarray(enc.lengths[key])
+        starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+        parts = [enc.flat[key][a : a + b] for a, b, drop in zip(starts, n, long) if not drop]
+        flat[key] = np.concatenate(parts) if parts else enc.flat[key][:0]
+        lengths[key] = n[~long]
+    good = [g for g, drop in zip(enc.good, long) if not drop]
+    return EncodedChunk(flat, lengths, good, enc.bad), int(long.sum())
+
+
 def _is_parquet(files: list[InputFile], raw: RawRow) -> bool:
     return files[raw.file_index].kind == "parquet"
 
@@ -261,6 +290,8 @@ def summary(report: PreprocessReport) -> str:
         f"{report.rows_skipped} skipped in {report.seconds:.1f}s ({report.setup_seconds:.1f}s setup, "
         f"then {report.rows_per_s:.0f} rows/s)"
     ]
+    if report.rows_too_long:
+        lines.append(f"  dropped {report.rows_too_long}: a document of seq_length tokens or more")
     for reason, n in report.skipped_by_reason.items():
         lines.append(f"  skipped {n}: {reason}")
     for s in report.first_skipped[:5]:

@@ -12,25 +12,31 @@ import yaml
 
 from mindrl.data.handlers import MAP_KEY_NAMES
 
-# Keys that MindSpeed-LLM/RL dataset YAMLs may carry but that mean nothing for RL prompt preprocessing:
-# accepted (so existing configs load) and reported as ignored, never silently obeyed or rejected.
-IGNORED_MINDSPEED_KEYS = frozenset(
-    {
-        "seq_length",
-        "pack",
-        "neat_pack",
-        "append_eod",
-        "tokenizer_not_use_fast",
-        "n_subs",
-        "split_sentences",
-        "keep_newlines",
-        "json_keys",
-        "overwrite_cache",
-        "cache_dir",
-        "enable_thinking",
-        "script_data_dir",
-    }
-)
+# Keys of MindSpeed-RL's dataset YAMLs that cannot change what is written here: accepted (so its configs load) and
+# listed as ignored, with the reason. docs/data.md lists them.
+IGNORED_MINDSPEED_KEYS: dict[str, str] = {
+    "neat_pack": "read only with pack, which mindrl refuses",
+    "keep_newlines": "read only with split_sentences, which mindrl refuses",
+    "tokenizer_not_use_fast": "a model's slow and fast tokenizers give the same ids; mindrl loads the fast one",
+    "n_subs": "how MindSpeed-RL splits the input over its processes; workers does that here",
+    "json_keys": "each handler sets its own documents, in MindSpeed-RL too (handler_name decides them)",
+    "overwrite_cache": "Hugging Face datasets' cache of the raw rows; mindrl reads the input files directly",
+    "cache_dir": "Hugging Face datasets' cache of the raw rows; mindrl reads the input files directly",
+    "script_data_dir": "Hugging Face dataset loading scripts; mindrl reads .json, .jsonl and .parquet files",
+}
+# Keys accepted only with mindrl's value, where a handler reads them (None: every handler): key -> (that value, the
+# handlers, what another value would turn on). With a handler that does not read it (MindSpeed-RL's doesn't either),
+# any value is ignored.
+ONE_VALUE_KEYS: dict[str, tuple[Any, tuple[str, ...] | None, str]] = {
+    "pack": (False, None, "packing rows into sequences of seq_length tokens"),
+    "split_sentences": (False, None, "one document per sentence (pretraining data)"),
+    "append_eod": (False, ("AlpacaStyleInstructionHandler",), "an end-of-document token after each SFT sample"),
+    "enable_thinking": (
+        False,
+        ("AlpacaStylePairwiseHandler",),
+        "the thinking template's empty thought at the start of each response instead of the prompt's end",
+    ),
+}
 SUPPORTED_TOKENIZER_TYPES = ("HuggingFaceTokenizer",)
 
 
@@ -68,6 +74,9 @@ class PreprocessConfig:
     """Another templates file; empty = configs/model/templates.json."""
     chunk_rows: int = 256
     """Rows per tokenisation task; affects speed only, never the output."""
+    seq_length: int | None = None
+    """Rows with a document of seq_length tokens or more are dropped and counted in the report (MindSpeed-RL's rule);
+    None keeps every row."""
 
     def validate(self, where: str = "config") -> None:
         for name in ("input", "tokenizer_name_or_path", "output_prefix"):
@@ -77,6 +86,10 @@ class PreprocessConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{where}: '{name}' must be an integer >= 1, got {v!r}")
+        if self.seq_length is not None and (
+            isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 1
+        ):
+            raise ConfigError(f"{where}: 'seq_length' must be an integer >= 1 (or null), got {self.seq_length!r}")
         if not isinstance(self.strict, bool):
             raise ConfigError(f"{where}: 'strict' must be true or false, got {self.strict!r}")
         if self.tokenizer_type not in SUPPORTED_TOKENIZER_TYPES:
@@ -114,7 +127,14 @@ def _close(name: str, known: Any) -> str:
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
-def _apply(values: dict[str, Any], cfg_fields: set[str], source: str, out: dict[str, Any], ignored: list[str]) -> None:
+def _apply(
+    values: dict[str, Any],
+    cfg_fields: set[str],
+    source: str,
+    out: dict[str, Any],
+    ignored: list[str],
+    one_value: dict[str, tuple[Any, str]],
+) -> None:
     for key, value in values.items():
         if not isinstance(key, str):  # YAML reads `1:` or `null:` as a number / None
             raise ConfigError(f"{source}: key {key!r} is not a name; keys are strings like 'input'")
@@ -122,6 +142,8 @@ def _apply(values: dict[str, Any], cfg_fields: set[str], source: str, out: dict[
             out[key] = value
         elif key in IGNORED_MINDSPEED_KEYS:
             ignored.append(f"{key} ({source})")
+        elif key in ONE_VALUE_KEYS:
+            one_value[key] = (value, source)  # judged once the handler is known
         else:
             raise ConfigError(
                 f"{source}: unknown key '{key}'{_close(key, cfg_fields)}; known keys: {', '.join(sorted(cfg_fields))}"
@@ -146,6 +168,7 @@ def load_preprocess_config(path: str | None, overrides: list[str] = ()) -> tuple
     cfg_fields = {f.name for f in fields(PreprocessConfig)}
     values: dict[str, Any] = {}
     ignored: list[str] = []
+    one_value: dict[str, tuple[Any, str]] = {}
     if path is not None:
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path}")
@@ -160,11 +183,18 @@ def load_preprocess_config(path: str | None, overrides: list[str] = ()) -> tuple
                 raise ConfigError(f"{path}: nested too deeply to be a config") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
-        _apply(data, cfg_fields, path, values, ignored)
+        _apply(data, cfg_fields, path, values, ignored, one_value)
     for text in overrides:
         key, value = parse_override(text)
-        _apply({key: value}, cfg_fields, f"override '{text}'", values, ignored)
+        _apply({key: value}, cfg_fields, f"override '{text}'", values, ignored, one_value)
     # YAML reads `input: 123` or `output_prefix: null` as non-strings; say so rather than crash later.
     cfg = PreprocessConfig(**values)
     cfg.validate(path or "overrides")
+    for key, (value, source) in one_value.items():
+        wanted, handlers, what = ONE_VALUE_KEYS[key]
+        if value != wanted and (handlers is None or cfg.handler_name in handlers):
+            shown = str(wanted).lower() if isinstance(wanted, bool) else repr(wanted)
+            raise ConfigError(f"{source}: {key}: {value!r} is not supported by mindrl ({what}); remove it or set it "
+                              f"to {shown}")  # fmt: skip
+        ignored.append(f"{key} ({source})")
     return cfg, ignored

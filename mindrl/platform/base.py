@@ -14,6 +14,10 @@ from mindrl.platform.orphans import checkpoint_results_queue, write_buckets_in_p
 _APPLIED: set[str] = set()
 _LOCK = threading.Lock()
 
+DETERMINISTIC_ENV = "MINDRL_DETERMINISTIC"
+"""Set to 1 in a worker's environment (megatron_training.npu_deterministic): the process turns on deterministic
+computation (`Platform.enable_determinism`) before its first kernel."""
+
 
 class Platform:
     """Where this process runs. Subclasses set the class attributes and implement the device calls."""
@@ -103,6 +107,25 @@ class Platform:
         (configs/envs/runtime_env.yaml, the shell, an explicit runtime_env: `mindrl.workers.runtime_env`)."""
         return {}
 
+    def deterministic_env(self) -> dict[str, str]:
+        """Environment variables that make this platform's kernels and collectives give the same bits run after run,
+        for a process to start with (libraries read them when they first initialise: the BLAS handle, the
+        communicators). Python's string hashing is fixed on every platform, so set and dict orders repeat too."""
+        return {"PYTHONHASHSEED": "0"}
+
+    def collective_buffer_env(self, mib: int) -> dict[str, str]:
+        """Environment variables that give this platform's collectives `mib` MiB communication buffers
+        (rl_config.hccl_buffersize); none where the backend has no such setting."""
+        return {}
+
+    def enable_determinism(self) -> None:
+        """Deterministic computation in this process from now on: this platform's `deterministic_env` (overriding
+        the environment: the config asked for it) and torch's deterministic algorithms (an op without a deterministic
+        implementation then raises instead of varying). Call before the first kernel and communicator."""
+        os.environ.update(self.deterministic_env())
+        os.environ[DETERMINISTIC_ENV] = "1"
+        torch.use_deterministic_algorithms(True)
+
     def ray_actor_options(self, fraction: float) -> dict:
         """Ray actor options that claim `fraction` of one device of this platform's placement-group bundle."""
         return {"num_cpus": 0, "resources": {self.ray_resource: fraction}}
@@ -181,11 +204,16 @@ def _in_process_checkpoint_writes() -> None:
     filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(write_buckets_in_process)
 
 
-def env_switch(name: str) -> bool:
-    """An on/off environment switch of mindrl's: unset or 1 is on, 0 is off, anything else is a ValueError naming the
+def determinism_requested() -> bool:
+    """Whether this process was started to compute deterministically (DETERMINISTIC_ENV is 1)."""
+    return env_switch(DETERMINISTIC_ENV, default="0")
+
+
+def env_switch(name: str, default: str = "1") -> bool:
+    """An on/off environment switch of mindrl's: unset is `default`, 1 is on, 0 is off, anything else is a ValueError naming the
     variable (a misspelt "false" must not leave a feature silently on). Read at every call, so that a worker's
     environment, a test or an A/B in one process decides."""
-    value = os.environ.get(name, "1").strip()
+    value = os.environ.get(name, default).strip()
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r} must be 0 or 1")
     return value == "1"

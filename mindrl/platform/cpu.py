@@ -117,6 +117,12 @@ class CpuPlatform(Platform):
             "MINDRL_BLOCKED_IMPORTS": "triton,pyarrow",
         }
 
+    def deterministic_env(self) -> dict[str, str]:
+        # torch's CPU kernels and gloo's ring add in a fixed order for a fixed thread count and world; OpenMP's dynamic
+        # adjustment could hand a parallel region fewer threads on a loaded host, and with them another split of a
+        # reduction.
+        return {**super().deterministic_env(), "OMP_DYNAMIC": "false"}
+
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": fraction}
 

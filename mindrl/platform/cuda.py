@@ -16,6 +16,17 @@ class CudaPlatform(AcceleratorPlatform):
     planner_device = "h100"
     attention_operands = "native"  # flash / memory-efficient SDPA: bf16 operands, fp32 softmax inside
 
+    def deterministic_env(self) -> dict[str, str]:
+        # cuBLAS picks reduction splits by workspace unless it has a fixed one (torch's deterministic mode raises
+        # without it); NCCL's ring all-reduce adds in one fixed order for a given world, where NVLS / tree variants
+        # may change with message size and topology; Transformer Engine's non-deterministic kernels stay off.
+        return {
+            **super().deterministic_env(),
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+            "NCCL_ALGO": "Ring",
+            "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+        }
+
     def ray_actor_options(self, fraction: float) -> dict:
         return {"num_cpus": 0, "num_gpus": fraction}
 

@@ -35,6 +35,21 @@ class NpuPlatform(AcceleratorPlatform):
 
         return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
 
+    def deterministic_env(self) -> dict[str, str]:
+        # HCCL / LCCL reduce in a fixed order; the matmul and ATB kernels keep their K-split order fixed and their
+        # communication-overlapped variants off (the switches MindSpeed-RL's deterministic mode sets).
+        return {
+            **super().deterministic_env(),
+            "HCCL_DETERMINISTIC": "true",
+            "LCCL_DETERMINISTIC": "1",
+            "CLOSE_MATMUL_K_SHIFT": "1",
+            "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+            "ATB_LLM_LCOC_ENABLE": "0",
+        }
+
+    def collective_buffer_env(self, mib: int) -> dict[str, str]:
+        return {"HCCL_BUFFSIZE": str(mib)}
+
     def weight_channel_group(self, store, rank: int, world_size: int, timeout_s: float):
         import datetime
 

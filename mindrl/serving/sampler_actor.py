@@ -73,8 +73,11 @@ class SamplerActor:
     def __init__(self, sampler_id: str, hub, spec: dict, threads: int = 1):
         import torch
 
+        from mindrl.platform import current_platform, determinism_requested
         from mindrl.serving.transport import RaySamplerEnd
 
+        if determinism_requested():  # before the engine's first kernel
+            current_platform().enable_determinism()
         torch.set_num_threads(threads)
         self.sampler_id = sampler_id
         self.sampler, self.engine, _ = build_sampler(sampler_id, RaySamplerEnd(sampler_id, hub), SamplerSpec(**spec))

@@ -104,8 +104,12 @@ class PPOTrainer:
         self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
         if cfg.generate_config.rollout_mode == "server":
             self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
+        env = from_config.worker_env(cfg)  # every Ray worker of the job, samplers included
         self.started_ray = start_ray(
-            rl.ray_address, worker_groups.total_devices(cfg), runtime_env_path=rl.runtime_env_path
+            rl.ray_address,
+            worker_groups.total_devices(cfg),
+            runtime_env={"env_vars": env} if env else None,
+            runtime_env_path=rl.runtime_env_path,
         )
         self.groups: list = []
         try:

@@ -8,6 +8,7 @@ from typing import Any
 
 from mindrl.config.errors import ConfigError, Issue
 from mindrl.config.placement import device_groups, job_devices
+from mindrl.workers import from_config
 from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.group import WorkerGroup, device_placement_group, worker_threads
 from mindrl.workers.integrated_worker import IntegratedWorker
@@ -72,6 +73,7 @@ def build_groups(cfg, pg, has_reward: bool, created: list) -> ModelGroups:
     rl = cfg.rl_config
     groups = device_groups(rl, rl.needs_reference, rl.needs_critic, has_reward)
     threads = worker_threads(pg, sum(g.size for g in groups))  # a node's cores shared among the job's ranks on it
+    env = from_config.worker_env(cfg)  # also in the job's runtime env, which a Ray started elsewhere lacks
     out = ModelGroups(pg, None)  # type: ignore[arg-type]
     for g in groups:
         # The engines run in the actor's processes unless they have devices of their own; so does a reference
@@ -81,7 +83,8 @@ def build_groups(cfg, pg, has_reward: bool, created: list) -> ModelGroups:
         share = 1.0 / len(roles) if not rl.use_integrated_worker else None
         for role in roles:
             fraction = share or (0.5 if role == "actor" else 0.5 / (len(roles) - 1))
-            group = WorkerGroup(WORKER[role], role, pg, g.size, fraction, threads[g.first : g.first + g.size], g.first)
+            group = WorkerGroup(WORKER[role], role, pg, g.size, fraction, threads[g.first : g.first + g.size], g.first,
+                                env=env)  # fmt: skip
             created.append(group)
             out.first_device[role] = g.first
             setattr(out, {"reward": "reward_model"}.get(role, role), group)

@@ -9,6 +9,7 @@ from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.iterations import critic_dir
 from mindrl.checkpoint.resume import ResumePoint
 from mindrl.config.settings import OptimSettings
+from mindrl.platform import DETERMINISTIC_ENV, current_platform
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
 from mindrl.resharding.residency import ResidencySchedule
@@ -23,6 +24,19 @@ from mindrl.workers.settings import (
     PPOLossSettings,
     RewardModelSettings,
 )
+
+
+def worker_env(cfg) -> dict[str, str]:
+    """Environment variables every worker process of the run starts with, beyond the platform's defaults: the
+    collectives' buffer size (rl_config.hccl_buffersize) and, with megatron_training.npu_deterministic, the platform's
+    deterministic switches and MINDRL_DETERMINISTIC (the process then turns on torch's deterministic algorithms
+    before its first kernel)."""
+    platform, env = current_platform(), {}
+    if cfg.rl_config.hccl_buffersize is not None:
+        env.update(platform.collective_buffer_env(cfg.rl_config.hccl_buffersize))
+    if cfg.megatron_training.npu_deterministic:
+        env.update({**platform.deterministic_env(), DETERMINISTIC_ENV: "1"})
+    return env
 
 
 def rollout_size(cfg) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from mindrl.batch import shard_rows
 from mindrl.launch import is_peer_failure
-from mindrl.platform import current_platform
+from mindrl.platform import DETERMINISTIC_ENV, current_platform
 from mindrl.workers.dispatch import Dispatch, dispatch_mode
 from mindrl.workers.ray_daemons import DriverLogMonitor
 
@@ -290,7 +290,7 @@ def worker_threads(pg, world_size: int) -> list[int]:
 class WorkerGroup:
     """`world_size` ranks of one model, one per bundle of `pg` from bundle `first_bundle` on (separate placement: a
     role's own devices), each claiming `fraction` of its device, with `threads` torch threads (one count for all
-    ranks, or one per rank)."""
+    ranks, or one per rank), their processes started with `env` besides the job's runtime env."""
 
     def __init__(
         self,
@@ -301,6 +301,7 @@ class WorkerGroup:
         fraction: float,
         threads: int | list[int] = 1,
         first_bundle: int = 0,
+        env: dict[str, str] | None = None,
     ):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -308,6 +309,8 @@ class WorkerGroup:
         self.name = name
         self.cls = cls
         options = current_platform().ray_actor_options(fraction)
+        if env:  # merged over the job's env_vars by Ray
+            options["runtime_env"] = {"env_vars": dict(env)}
         remote = ray.remote(**options)(cls)
         self.actors = [
             remote.options(
@@ -319,8 +322,15 @@ class WorkerGroup:
         self.pids: list[int | None] = [None] * world_size
         addr, port = self.call_one(0, "node_address")
         per_rank = threads if isinstance(threads, list) else [threads] * world_size
-        self.pids = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
+        joined = self.call("init_world", [(i, world_size, addr, port, per_rank[i]) for i in range(world_size)])
+        self.pids = [pid for pid, _ in joined]
         self.infos: list = []
+        if env and env.get(DETERMINISTIC_ENV) == "1":  # asked for: a rank that did not turn it on fails the start
+            off = [label for label, (_, on) in zip(self.labels(), joined) if not on]
+            if off:
+                self.shutdown()
+                raise WorkerError(f"{name}: {', '.join(off)} started without deterministic computation although its "
+                                  f"environment sets {DETERMINISTIC_ENV}=1")  # fmt: skip
 
     @property
     def world_size(self) -> int:

@@ -43,7 +43,10 @@ class MegatronRank:
     def node_address(self) -> tuple[str, int]:
         return node_address()
 
-    def init_world(self, rank: int, world_size: int, master_addr: str, master_port: int, threads: int = 1) -> int:
+    def init_world(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, threads: int = 1
+    ) -> tuple[int, bool]:
+        """Join the model's world; returns (this process's pid, whether it computes deterministically)."""
         from mindrl.launch import join_world
 
         join_world(rank, world_size, master_addr, master_port, timeout_s=1800, threads=threads)
@@ -51,7 +54,7 @@ class MegatronRank:
         self.profiler = StageProfiler(None, rank)  # setup() configures it from the settings' `profile`
         self.ledger: dict[str, dict[str, dict[str, int]]] = {}  # phase -> model -> term -> bytes (memory_ledger)
         self.phase: str | None = None  # the phase of the iteration (enter_phase); None before the first
-        return os.getpid()
+        return os.getpid(), torch.are_deterministic_algorithms_enabled()
 
     def init_layout(self, tp: int, pp: int, seed: int, cp: int = 1) -> RankInfo:
         from megatron.core import parallel_state as ps

@@ -98,8 +98,9 @@ def test_ignored_keys_logged_once(caplog):
     for key in cfg.ignored_keys:
         assert msg.count(key + ",") + msg.endswith(key) == 1, key
     for key in ("megatron_training.use_flash_attn", "megatron_training.use_fused_rmsnorm", "rl_config.blocking",
-                "rl_config.hccl_buffersize", "generate_config.trust_remote_code"):  # fmt: skip
+                "rl_config.reward_dispatch_size", "generate_config.trust_remote_code"):  # fmt: skip
         assert key in cfg.ignored_keys
+    assert cfg.rl_config.hccl_buffersize == 64 and "rl_config.hccl_buffersize" not in cfg.ignored_keys
     assert len(cfg.ignored_keys) == len(set(cfg.ignored_keys))
 
 

@@ -226,10 +226,10 @@ def test_shipped_deepscaler_yaml_has_the_mindspeed_keys():
 
 def test_overrides_are_typed_and_unknown_keys_named(tmp_path):
     y = tmp_path / "c.yaml"
-    y.write_text("input: a.json\ntokenizer_name_or_path: t\noutput_prefix: o\nseq_length: 1024\n")
+    y.write_text("input: a.json\ntokenizer_name_or_path: t\noutput_prefix: o\nseq_length: 1024\nn_subs: 4\n")
     cfg, ignored = load_preprocess_config(str(y), ["workers=2", "strict=true", "map_keys={prompt: q}"])
-    assert (cfg.workers, cfg.strict, cfg.map_keys) == (2, True, {"prompt": "q"})
-    assert ignored == [f"seq_length ({y})"]
+    assert (cfg.workers, cfg.strict, cfg.map_keys, cfg.seq_length) == (2, True, {"prompt": "q"}, 1024)
+    assert ignored == [f"n_subs ({y})"]
     with pytest.raises(ConfigError, match=r"override 'worker=2': unknown key 'worker' \(did you mean 'workers'"):
         load_preprocess_config(str(y), ["worker=2"])
     y.write_text("input: a.json\ntokenizer_name_or_path: t\noutput_prefix: o\nhandler: X\n")
@@ -299,3 +299,37 @@ def test_pretty_printed_single_object_gets_a_hint(tmp_path):
     p.write_text('{\n  "problem": "a"\n}\n')
     with pytest.raises(InputError, match="expected a JSON list, or one JSON object per line"):
         list(iter_rows(discover_inputs(str(p))))
+
+
+def test_seq_length_drops_long_rows_as_mindspeed_does(packed, deepscaler_json, tok_dir, tmp_path):
+    """A row with a document of seq_length tokens or more is dropped and counted; the others are written unchanged."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    out, full, _ = packed
+    ids = IndexedDataset(str(out / "w1_packed_input_ids_document"))
+    labels = IndexedDataset(dataset_prefix(str(out / "w1"), "labels"))
+    cut = int(sorted(len(x) for x in ids)[len(ids) // 2])  # about half the prompts reach it
+    keep = [j for j in range(len(ids)) if len(ids[j]) < cut and len(labels[j]) < cut]
+    report, log = _run(_cfg(deepscaler_json, tok_dir, tmp_path / "cut", seq_length=cut))
+    assert 0 < report.rows_too_long == full.rows_written - len(keep) and report.rows_written == len(keep)
+    assert report.rows_skipped == full.rows_skipped and f"dropped {report.rows_too_long}" in log
+    short = IndexedDataset(str(tmp_path / "cut_packed_input_ids_document"))
+    assert [short[i].tolist() for i in range(len(short))] == [ids[j].tolist() for j in keep]
+
+
+def test_mindspeed_keys_accepted_with_mindrls_value_only(tmp_path):
+    base = ["input=a", "tokenizer_name_or_path=t", "output_prefix=o"]
+    _, ignored = load_preprocess_config(None, [*base, "pack=false", "split_sentences=false", "append_eod=true",
+                                               "enable_thinking=true"])  # fmt: skip
+    # the R1 handler reads neither append_eod nor enable_thinking, in MindSpeed-RL either
+    assert [i.split(" ")[0] for i in ignored] == ["pack", "split_sentences", "append_eod", "enable_thinking"]
+    refused = {
+        "pack=true": "packing rows",
+        "split_sentences=true": "one document per sentence",
+        "handler_name=AlpacaStyleInstructionHandler append_eod=true": "end-of-document token",
+        "handler_name=AlpacaStylePairwiseHandler enable_thinking=true": "empty thought",
+    }
+    for overrides, what in refused.items():
+        key = overrides.split()[-1].split("=")[0]
+        with pytest.raises(ConfigError, match=rf"override '{key}=true': {key}: True is not supported .*{what}.*false"):
+            load_preprocess_config(None, [*base, *overrides.split()])

@@ -196,7 +196,8 @@ class SharedRun:
 # The straight 4-iteration runs (checkpoints at 2 and 4) that test_resume's resumes are compared against; they are
 # also test_ppo_e2e's PPO run (an adaptive KL controller) and GRPO run (off-policy: 2 mini-batches x 2 epochs, old
 # logprobs recomputed, truncated importance sampling) for the metrics contract; the GRPO run is also
-# test_residency_e2e's off-policy ledger run. Read-only: copy to modify.
+# test_residency_e2e's off-policy ledger run, and the PPO run the first of test_determinism_e2e's two identical runs.
+# Read-only: copy to modify.
 # Both straight runs profile every stage of iteration 3 on rank 1 (test_ppo_e2e checks the traces; the numbers the
 # resume tests compare do not depend on it).
 PROFILE = ["profiler_config.integrated.profile=true", "profiler_config.integrated.profile_step_start=3",
