@@ -299,14 +299,16 @@ def _rms_norm_in_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
 
 def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The HF model's logits, or per-token scores for a sequence-classification model, in `dtype`. In fp64 its
-    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64."""
+    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64. A MoE
+    model runs transformers' eager per-expert loop (its grouped-GEMM default refuses fp64) in every dtype."""
     import functools
 
     import transformers
 
     spec = ModelSpec.from_hf_dir(hf_dir)
     cls = getattr(transformers, spec.architecture)
-    model = cls.from_pretrained(hf_dir, dtype=dtype).eval()
+    extra = {"experts_implementation": "eager"} if spec.is_moe else {}
+    model = cls.from_pretrained(hf_dir, dtype=dtype, **extra).eval()
     if dtype == torch.float64:
         for module in model.modules():
             if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):

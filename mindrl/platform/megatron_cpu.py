@@ -43,6 +43,11 @@ _MEGATRON_MODULES = (
     "megatron.core.dist_checkpointing.strategies.torch",
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.utils",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.moe_layer",
 )
 
 
@@ -335,6 +340,12 @@ def adapt_megatron() -> None:
     layers = sys.modules["megatron.core.tensor_parallel.layers"]
     layers.fused_weight_gradient_mlp_cuda = CpuWgradAccumulation
     layers._grad_accum_fusion_available = True
+
+    # The MoE router's gating GEMM tests `te_general_gemm is not None`, a name megatron defines only when Transformer
+    # Engine imports: without TE it raises NameError; None selects its torch.mm path.
+    moe_utils = sys.modules["megatron.core.transformer.moe.moe_utils"]
+    if not getattr(moe_utils, "HAVE_TE", False):
+        moe_utils.te_general_gemm = None
 
     # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.
     from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
