@@ -260,7 +260,10 @@ def mcore2hf(
 
 # ------------------------------------------------------------------------------------- check
 # Fields that change the models' shapes: if they differ, the logits cannot be compared at all.
-_SHAPE_FIELDS = ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+_SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "num_experts", "moe_ffn_hidden_size", "moe_layers",
+)  # fmt: skip
 
 
 def _logits_rank(
@@ -297,10 +300,21 @@ def _rms_norm_in_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
 
 
+def _router_in_dtype(module: torch.nn.Module, hidden_states: torch.Tensor):
+    """transformers' Qwen3-MoE top-k router (`Qwen3MoeTopKRouter.forward`) with its softmax in the input's dtype."""
+    hidden_states = hidden_states.reshape(-1, module.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, module.weight)
+    top, index = torch.topk(torch.softmax(logits, dim=-1), module.top_k, dim=-1)
+    if module.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, index
+
+
 def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The HF model's logits, or per-token scores for a sequence-classification model, in `dtype`. In fp64 its
-    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64. A MoE
-    model runs transformers' eager per-expert loop (its grouped-GEMM default refuses fp64) in every dtype."""
+    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64, and so
+    does a MoE router's softmax. A MoE model runs transformers' eager per-expert loop (its grouped-GEMM default
+    refuses fp64) in every dtype."""
     import functools
 
     import transformers
@@ -313,6 +327,8 @@ def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.
         for module in model.modules():
             if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
                 module.forward = functools.partial(_rms_norm_in_dtype, module)
+            if type(module).__name__ == "Qwen3MoeTopKRouter":
+                module.forward = functools.partial(_router_in_dtype, module)
     with torch.no_grad():
         if spec.is_value_model:
             hidden = model.model(input_ids=input_ids).last_hidden_state

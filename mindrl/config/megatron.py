@@ -20,7 +20,7 @@ CP_ALGORITHMS = ("megatron_cp_algo",)
 _FUSION = "a kernel fusion / performance switch; mindrl chooses kernels per platform"
 _MEMORY = "a memory or overlap optimisation that leaves the math unchanged; not implemented by mindrl"
 _DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
-_MOE = "a mixture-of-experts / MLA option; mindrl builds dense models only (num_experts must be unset)"
+_MOE = "a mixture-of-experts / MLA option; mindrl trains dense models only (num_experts must be unset): Qwen3-MoE checkpoints convert and run forward, not in training (docs/moe.md)"
 _DPO = "a DPO option; not used by PPO/GRPO"
 _LOG = "a logging/eval option of megatron's own training loop, which mindrl's trainer replaces"
 
@@ -149,7 +149,7 @@ MEGATRON_IGNORED: dict[str, str] = {
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
-    "num_experts": ((None, 0), "mixture-of-experts layers"),
+    "num_experts": ((None, 0), "mixture-of-experts training (Qwen3-MoE: conversion and forward only, docs/moe.md)"),
     "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
     "attention_bias": ((False,), "biases on every attention projection"),
     "noop_layers": ((None,), "no-op layers"),

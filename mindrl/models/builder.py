@@ -20,6 +20,7 @@ from mindrl.config.settings import RecomputeSettings
 from mindrl.models.attention import SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
+from mindrl.models.moe import install_fp64_routing
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
 
@@ -147,6 +148,8 @@ def build_model(
         perform_initialization=perform_initialization,
         **config_overrides,
     )
+    if config.num_moe_experts:
+        install_fp64_routing()
     critic = role == "critic"
     model = GPTModel(
         config=config,

@@ -1,6 +1,7 @@
 """A tiny Qwen3-MoE (8 experts, top-2 with renormalised weights, layer 1 dense through `mlp_only_layers`) on
 megatron-core's own MoE layer: the HF config maps to megatron's MoE fields, HF -> megatron -> HF is bit-exact, and
-megatron's logits land as close to the exact (fp64) ones as HF's own fp32 forward does."""
+megatron's logits land as close to the exact (fp64) ones as HF's own fp32 forward does; in fp64 they pass
+`mindrl-convert check`."""
 
 from __future__ import annotations
 
@@ -135,8 +136,14 @@ def test_logits_match_hf_within_its_own_fp32_error(pool, saved_tp2, reference, t
         f"router top-k margin {margin:.3g}, its fp32 error {router_err:.3g}"
     )
     assert diff <= 4 * gap
-    # In fp64 both sides still take the router softmax in fp32 (megatron and transformers alike).
-    assert diff64 <= gap / 10
+    assert diff64 <= convert.GAP_FRACTION * gap  # `mindrl-convert check`'s default bound
+
+
+def test_convert_check_passes_its_default(moe_hf, saved_tp2, pool):
+    """`check` in fp64: the routers' softmax in fp64 on both sides (megatron's and transformers' take it in fp32)."""
+    res = convert.check(moe_hf, saved_tp2, 2, 1, pool=pool)
+    print(f"check TP2: fp64 |megatron - HF| {res.max_abs_diff:.3g}, tol {res.tol:.3g}")
+    assert res.ok and res.max_abs_output > 0.1
 
 
 def test_experts_matter(moe_hf, reference, tmp_path):
