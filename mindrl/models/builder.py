@@ -140,6 +140,8 @@ def build_model(
         config_overrides.setdefault("bias_activation_fusion", False)  # megatron refuses both
     # Context parallelism from the parallel state: megatron's rotary table then keeps this rank's chunks.
     config_overrides.setdefault("context_parallel_size", ps.get_context_parallel_world_size())
+    if spec.is_moe:  # each rank builds its EP rank's experts only
+        config_overrides.setdefault("expert_model_parallel_size", ps.get_expert_model_parallel_world_size())
     config = spec.transformer_config(
         tp,
         pp,

@@ -186,11 +186,15 @@ class ModelSpec:
         return [int(i in self.moe_layers) for i in range(self.num_layers)]
 
     # ---------------------------------------------------------------------------------- layouts
-    def validate_layout(self, tp: int, pp: int) -> None:
-        """Raise a ModelConfigError naming every dimension that TP / PP does not divide."""
-        if tp < 1 or pp < 1:
-            raise ModelConfigError(f"TP and PP must be >= 1, got TP={tp} PP={pp}")
+    def validate_layout(self, tp: int, pp: int, ep: int = 1) -> None:
+        """Raise a ModelConfigError naming every dimension that TP / PP / EP does not divide."""
+        if tp < 1 or pp < 1 or ep < 1:
+            raise ModelConfigError(f"TP, PP and EP must be >= 1, got TP={tp} PP={pp} EP={ep}")
         problems = []
+        if ep > 1 and not self.is_moe:
+            problems.append(f"EP={ep} needs a mixture-of-experts model")
+        elif self.num_experts % ep:
+            problems.append(f"EP={ep} does not divide num_experts={self.num_experts}")
         for what, n in (
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),

@@ -154,12 +154,17 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
     return shapes[leaf]
 
 
-def global_name(local_name: str, layer_offset: int) -> str:
-    """Megatron names number layers per pipeline stage; the map uses global numbers."""
+def global_name(local_name: str, layer_offset: int, expert_offset: int = 0) -> str:
+    """Megatron names number layers per pipeline stage and experts per expert-parallel rank; the map uses global
+    numbers."""
     m = _LAYER_RE.match(local_name)
     if not m:
         return local_name
-    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"
+    suffix = m.group(2)
+    e = _EXPERT_RE.match(suffix)
+    if e and expert_offset:
+        suffix = f"mlp.experts.local_experts.{int(e.group(1)) + expert_offset}.{e.group(2)}.weight"
+    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{suffix}"
 
 
 # ------------------------------------------------------------------------- HF <-> megatron full

@@ -105,34 +105,41 @@ def test_bad_moe_configs_name_the_field(moe_hf, change, field):
         ModelSpec.from_hf_config(cfg, source="moe/config.json")
 
 
-def test_tp_must_divide_the_expert_width(moe_hf):
+def test_layouts_must_divide_the_experts(moe_hf, pool, tmp_path):
+    spec = ModelSpec.from_hf_dir(moe_hf)
     with pytest.raises(ModelConfigError, match="moe_intermediate_size"):
-        ModelSpec.from_hf_dir(moe_hf).validate_layout(128, 1)
+        spec.validate_layout(128, 1)
+    with pytest.raises(ModelConfigError, match="num_experts=8"):
+        spec.validate_layout(1, 1, ep=3)
+    with pytest.raises(ValueError, match="EP=4"):  # 4 ranks at TP2 leave 2 DP ranks
+        convert.hf2mcore(moe_hf, str(tmp_path / "m"), 2, 1, pool=pool, ep=4)
+    assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1)])
-def test_round_trip_is_bit_exact(moe_hf, pool, tmp_path, tp, pp):
-    convert.hf2mcore(moe_hf, str(tmp_path / "mcore"), tp, pp, pool=pool)
+@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1), (2, 1, 1), (1, 1, 2), (2, 1, 2)])
+def test_round_trip_is_bit_exact(moe_hf, pool, tmp_path, tp, pp, ep):
+    """Saved from TP x EP ranks (each EP rank writes its own experts), written back to HF from one rank."""
+    convert.hf2mcore(moe_hf, str(tmp_path / "mcore"), tp, pp, pool=pool, ep=ep)
     spec, meta = mcore_ckpt.read_model_meta(str(tmp_path / "mcore"))
     assert (meta["tp"], meta["pp"], spec.family, spec.moe_layers) == (tp, pp, "qwen3_moe", (0, 2))
     convert.mcore2hf(str(tmp_path / "mcore"), str(tmp_path / "hf"), pool=pool)
     assert_bit_exact(moe_hf, str(tmp_path / "hf"))
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_logits_match_hf_within_its_own_fp32_error(pool, saved_tp2, reference, tp):
-    """Saved at TP2, loaded at TP1 / TP2. The bound is measured here: HF's own fp32 forward vs the exact (fp64) one.
+@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_logits_match_hf_within_its_own_fp32_error(pool, saved_tp2, reference, tp, ep):
+    """Saved at TP2, loaded at TP1 / TP2, each at EP1 / EP2 (tokens exchanged by the all-to-all dispatcher). The bound is measured here: HF's own fp32 forward vs the exact (fp64) one.
     Top-k routing is discontinuous, so the router's smallest top-k margin on these tokens must dwarf fp32's error:
     otherwise a token could take other experts on rounding alone."""
     ids, exact, hf32, margin, router_err = reference
     gap = (hf32.double() - exact).abs().max().item()
     assert exact.abs().max() > 0.1 and gap > 0
     assert margin > 100 * router_err, f"router top-k margin {margin:.3g} vs its fp32 error {router_err:.3g}: a near tie"
-    ours = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids)
-    ours64 = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids, dtype="float64")
+    ours = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids, ep=ep)
+    ours64 = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids, dtype="float64", ep=ep)
     diff, diff64 = (ours.double() - exact).abs().max().item(), (ours64 - exact).abs().max().item()
     print(
-        f"TP{tp}: fp32 |megatron - exact| {diff:.3g}, fp64 {diff64:.3g}, HF fp32 gap {gap:.3g}; "
+        f"TP{tp} EP{ep}: fp32 |megatron - exact| {diff:.3g}, fp64 {diff64:.3g}, HF fp32 gap {gap:.3g}; "
         f"router top-k margin {margin:.3g}, its fp32 error {router_err:.3g}"
     )
     assert diff <= 4 * gap
@@ -140,9 +147,10 @@ def test_logits_match_hf_within_its_own_fp32_error(pool, saved_tp2, reference, t
 
 
 def test_convert_check_passes_its_default(moe_hf, saved_tp2, pool):
-    """`check` in fp64: the routers' softmax in fp64 on both sides (megatron's and transformers' take it in fp32)."""
-    res = convert.check(moe_hf, saved_tp2, 2, 1, pool=pool)
-    print(f"check TP2: fp64 |megatron - HF| {res.max_abs_diff:.3g}, tol {res.tol:.3g}")
+    """`check` in fp64 at TP2 x EP2: the routers' softmax in fp64 on both sides (megatron's and transformers' take
+    it in fp32)."""
+    res = convert.check(moe_hf, saved_tp2, 2, 1, pool=pool, ep=2)
+    print(f"check TP2 EP2: fp64 |megatron - HF| {res.max_abs_diff:.3g}, tol {res.tol:.3g}")
     assert res.ok and res.max_abs_output > 0.1
 
 
