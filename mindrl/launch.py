@@ -73,8 +73,9 @@ def join_world(
     )
 
 
-def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, cp: int = 1) -> None:
-    """(Re)initialise megatron's parallel state for TP x CP x PP (DP = world / (TP*CP*PP)) and seed its RNGs.
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, cp: int = 1, ep: int = 1) -> None:
+    """(Re)initialise megatron's parallel state for TP x CP x PP (DP = world / (TP*CP*PP)), with EP expert-parallel
+    ranks (carved out of DP x CP, as megatron does) for MoE layers, and seed its RNGs.
 
     Re-initialising with the same layout only reseeds, so a long-lived rank can switch layouts cheaply.
     """
@@ -84,13 +85,17 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, cp: int = 1)
     world = torch.distributed.get_world_size()
     if ps.model_parallel_is_initialized():
         same = ps.get_tensor_model_parallel_world_size() == tp and ps.get_pipeline_model_parallel_world_size() == pp
+        same = same and ps.get_expert_model_parallel_world_size() == ep
         if not same or ps.get_context_parallel_world_size() != cp:
             destroy_model_parallel()
     if world % (tp * cp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*CP*PP = {tp}*{cp}*{pp}")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            expert_model_parallel_size=ep,
         )
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

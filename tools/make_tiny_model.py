@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a tiny HF Qwen2- (default), Llama- or Qwen3-architecture checkpoint and a locally trained Qwen2-style BPE
+"""Write a tiny HF Qwen2- (default), Llama-, Qwen3- or Qwen3-MoE-architecture checkpoint and a locally trained Qwen2-style BPE
 tokenizer.
 
 No network: the tokenizer is trained on a synthetic math corpus generated here, and the weights are
@@ -10,6 +10,7 @@ shows up as a logit difference.
     python tools/make_tiny_model.py --out /tmp/tiny-rm --orm       # Qwen2ForSequenceClassification, 1 label
     python tools/make_tiny_model.py --out /tmp/tiny-llama --arch llama --rope-scaling-factor 8   # Llama-3.1 RoPE
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3   # QK norm, head_dim 64 != hidden/heads
+    python tools/make_tiny_model.py --out /tmp/tiny-moe --arch qwen3_moe --num-layers 3 --mlp-only-layers 1
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ QWEN3_HEAD_DIM = 64
 """--arch qwen3's default head_dim: twice hidden/heads at the default sizes, decoupled as in Qwen3-32B (128 vs 80)."""
 
 
-ARCHS = ("qwen2", "llama", "qwen3")
+ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe")
+QWEN3_ARCHS = ("qwen3", "qwen3_moe")
 # The fixed part of a Llama-3.1 "llama3" rope_scaling block (only the factor varies).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -70,9 +72,20 @@ class TinyModelSpec:
     seed: int = 0
     orm: bool = False
     arch: str = "qwen2"
-    """"qwen2" (q/k/v biases), "llama" (no biases anywhere) or "qwen3" (no biases, RMSNorm on each q/k head)."""
+    """"qwen2" (q/k/v biases), "llama" (no biases anywhere), "qwen3" (no biases, RMSNorm on each q/k head) or
+    "qwen3_moe" (Qwen3's attention, mixture-of-experts MLPs)."""
     head_dim: int | None = None
-    """Per-head size; None: hidden/heads (qwen2, llama), QWEN3_HEAD_DIM (qwen3). Qwen3 only may decouple it."""
+    """Per-head size; None: hidden/heads (qwen2, llama), QWEN3_HEAD_DIM (qwen3*). Qwen3 only may decouple it."""
+    num_experts: int = 8
+    """qwen3_moe only: routed experts per MoE layer."""
+    num_experts_per_tok: int = 2
+    """qwen3_moe only: the router's top k."""
+    moe_intermediate_size: int = 64
+    """qwen3_moe only: each expert's SwiGLU width."""
+    mlp_only_layers: tuple[int, ...] = ()
+    """qwen3_moe only: layers with a dense MLP (intermediate_size) in place of the experts."""
+    norm_topk_prob: bool = True
+    """qwen3_moe only: renormalise the top-k routing weights (as Qwen3-30B-A3B does)."""
     rope_scaling_factor: float | None = None
     """Llama only: Llama-3.1 ("llama3") RoPE scaling with this factor (None: plain RoPE)."""
 
@@ -85,17 +98,25 @@ class TinyModelSpec:
             raise ValueError(f"--hidden-size {self.hidden_size} must be divisible by --num-heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"--num-heads {self.num_heads} must be divisible by --num-kv-heads {self.num_kv_heads}")
-        if self.head_dim is not None and self.arch != "qwen3":
+        if self.head_dim is not None and self.arch not in QWEN3_ARCHS:
             raise ValueError("--head-dim needs --arch qwen3 (Qwen2 and Llama checkpoints use hidden/heads)")
         if self.resolved_head_dim() < 32:
             raise ValueError(f"head_dim = {self.resolved_head_dim()}; vLLM-CPU needs head_dim >= 32")
+        if self.arch == "qwen3_moe" and self.orm:
+            raise ValueError("--orm needs a dense --arch: transformers has no Qwen3-MoE sequence classifier")
+        if self.arch == "qwen3_moe" and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"--num-experts-per-tok must be in 1..{self.num_experts}")
+        if any(not 0 <= i < self.num_layers for i in self.mlp_only_layers):
+            raise ValueError(
+                f"--mlp-only-layers {list(self.mlp_only_layers)} must be layer indices < {self.num_layers}"
+            )
         if self.vocab_size < 300:
             raise ValueError(f"--vocab-size {self.vocab_size} is too small: the byte-level BPE needs >= 300")
 
     def resolved_head_dim(self) -> int:
         if self.head_dim is not None:
             return self.head_dim
-        return QWEN3_HEAD_DIM if self.arch == "qwen3" else self.hidden_size // self.num_heads
+        return QWEN3_HEAD_DIM if self.arch in QWEN3_ARCHS else self.hidden_size // self.num_heads
 
 
 def synthetic_corpus(seed: int = 0, lines: int = 8000) -> list[str]:
@@ -160,9 +181,9 @@ def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False):
 def make_tokenizer(out: str, vocab_size: int, seed: int = 0, arch: str = "qwen2"):
     from transformers import PreTrainedTokenizerFast
 
-    template = QWEN3_TEMPLATE if arch == "qwen3" else CHATML_TEMPLATE
+    template = QWEN3_TEMPLATE if arch in QWEN3_ARCHS else CHATML_TEMPLATE
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(vocab_size, seed, think=arch == "qwen3"),
+        tokenizer_object=train_tokenizer(vocab_size, seed, think=arch in QWEN3_ARCHS),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
@@ -212,6 +233,8 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3ForSequenceClassification,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     spec = spec or TinyModelSpec()
@@ -247,6 +270,14 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
     elif spec.arch == "qwen3":
         cfg = Qwen3Config(**common, head_dim=spec.resolved_head_dim(), attention_bias=False, use_sliding_window=False)
         lm_cls, orm_cls = Qwen3ForCausalLM, Qwen3ForSequenceClassification
+    elif spec.arch == "qwen3_moe":
+        cfg = Qwen3MoeConfig(
+            **common, head_dim=spec.resolved_head_dim(), attention_bias=False, use_sliding_window=False,
+            num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size, mlp_only_layers=list(spec.mlp_only_layers),
+            norm_topk_prob=spec.norm_topk_prob, decoder_sparse_step=1,
+        )  # fmt: skip
+        lm_cls, orm_cls = Qwen3MoeForCausalLM, None
     else:
         cfg = Qwen2Config(**common, use_sliding_window=False)
         lm_cls, orm_cls = Qwen2ForCausalLM, Qwen2ForSequenceClassification
@@ -261,10 +292,13 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
     record = asdict(spec)
     if spec.arch == "qwen2":  # the Qwen2 record predates these fields: keep it byte-identical
         del record["arch"], record["rope_scaling_factor"]
-    if spec.arch != "qwen3":  # as are Llama's
+    if spec.arch not in QWEN3_ARCHS:  # as are Llama's
         del record["head_dim"]
     else:
         record["head_dim"] = spec.resolved_head_dim()
+    if spec.arch != "qwen3_moe":  # and the dense models'
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "norm_topk_prob"):
+            del record[key]
     with open(os.path.join(out, "tiny_model_spec.json"), "w") as f:
         json.dump(record, f, indent=2)
     return out
@@ -292,6 +326,13 @@ def main(argv: list[str] | None = None) -> None:
         "--head-dim", type=int, default=None,
         help=f"qwen3 only: per-head size (default {QWEN3_HEAD_DIM}, decoupled from hidden/heads as in Qwen3-32B)",
     )  # fmt: skip
+    p.add_argument("--num-experts", type=int, default=d.num_experts, help="qwen3_moe only: experts per MoE layer")
+    p.add_argument("--num-experts-per-tok", type=int, default=d.num_experts_per_tok, help="qwen3_moe only: top k")
+    p.add_argument("--moe-intermediate-size", type=int, default=d.moe_intermediate_size, help="qwen3_moe only")
+    p.add_argument(
+        "--mlp-only-layers", type=lambda v: tuple(int(i) for i in v.split(",") if i), default=(),
+        help="qwen3_moe only: comma-separated layer indices that keep a dense MLP",
+    )  # fmt: skip
     p.add_argument(
         "--rope-scaling-factor", type=float, default=None, help="llama only: Llama-3.1 'llama3' RoPE scaling factor"
     )
@@ -310,13 +351,17 @@ def main(argv: list[str] | None = None) -> None:
         arch=a.arch,
         rope_scaling_factor=a.rope_scaling_factor,
         head_dim=a.head_dim,
+        num_experts=a.num_experts,
+        num_experts_per_tok=a.num_experts_per_tok,
+        moe_intermediate_size=a.moe_intermediate_size,
+        mlp_only_layers=a.mlp_only_layers,
     )
     try:
         make_tiny_model(a.out, spec)
     except ValueError as e:
         p.error(str(e))
     n = sum(1 for _ in open(os.path.join(a.out, "config.json")))
-    name = {"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3"}[a.arch]
+    name = {"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE"}[a.arch]
     print(f"wrote {'ORM ' if a.orm else ''}tiny {name} model + tokenizer to {a.out} ({n} config lines)")
 
 

@@ -44,22 +44,27 @@ def _check_orm_flag(spec: ModelSpec, orm: bool, where: str) -> None:
         )
 
 
-def _check_pool(pool, world_size: int) -> None:
-    """The caller's pool must be a multiple of TP*PP (extra ranks are DP replicas); checked before any output."""
+def _check_pool(pool, world_size: int, ep: int = 1) -> None:
+    """The caller's pool must be a multiple of TP*PP (extra ranks are DP replicas) and its DP ranks of EP; checked
+    before any output."""
     if pool is not None and pool.world_size % world_size:
         raise ValueError(f"pool of {pool.world_size} ranks cannot host TP*PP = {world_size}")
+    if pool is not None and (pool.world_size // world_size) % ep:
+        raise ValueError(
+            f"pool of {pool.world_size} ranks: its {pool.world_size // world_size} DP ranks cannot host EP={ep}"
+        )
 
 
 @contextlib.contextmanager
-def _ranks(pool, world_size: int):
-    """The caller's pool or a new one of world_size ranks."""
+def _ranks(pool, world_size: int, ep: int = 1):
+    """The caller's pool or a new one of world_size x ep ranks."""
     from mindrl.launch import RankPool
 
     if pool is not None:
-        _check_pool(pool, world_size)
+        _check_pool(pool, world_size, ep)
         yield pool
         return
-    with RankPool(world_size) as new_pool:
+    with RankPool(world_size * ep) as new_pool:
         yield new_pool
 
 
@@ -118,7 +123,7 @@ def _peak_rss() -> int:
 
 
 # ------------------------------------------------------------------------------------- hf2mcore
-def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, dtype: str) -> dict:
+def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, dtype: str, ep: int = 1) -> dict:
     from megatron.core import parallel_state as ps
     from tqdm import tqdm
 
@@ -126,18 +131,19 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
     from mindrl.models.builder import build_model
     from mindrl.models.weight_map import full_to_local, global_name, hf_to_full
 
-    init_model_parallel(tp, pp)
+    init_model_parallel(tp, pp, ep=ep)
     rss_before = _peak_rss()  # interpreter + torch + megatron, before any weight exists
     spec = ModelSpec.from_dict(spec_dict)
     model = build_model(spec, _role(spec), dtype=dtype, perform_initialization=False)
     reader = HFCheckpoint(hf_dir)
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     offset = pp_rank * (spec.num_layers // pp)
+    expert_offset = ps.get_expert_model_parallel_rank() * (spec.num_experts // ep)
     params = list(model.named_parameters())
     show = torch.distributed.get_rank() == 0
     with torch.no_grad():
         for name, param in tqdm(params, desc="hf2mcore rank 0", disable=not show, unit="tensor"):
-            mapping = param_mapping(spec, global_name(name, offset))
+            mapping = param_mapping(spec, global_name(name, offset, expert_offset))
             full = hf_to_full(spec, mapping, [reader.get(n) for n in mapping.hf_names])
             local = full_to_local(mapping, full, tp_rank, tp)
             if tuple(local.shape) != tuple(param.shape):
@@ -152,22 +158,22 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
 
 def hf2mcore(
     hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1, orm: bool = False, dtype: str | None = None,
-    overwrite: bool = False, pool=None,
+    overwrite: bool = False, pool=None, ep: int = 1,
 ) -> ConversionStats:  # fmt: skip
-    """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP ranks."""
+    """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP (x EP for a MoE model) ranks."""
     t0 = time.perf_counter()
     spec = ModelSpec.from_hf_dir(hf_dir)
     _check_orm_flag(spec, orm, hf_dir)
-    spec.validate_layout(tp, pp)
+    spec.validate_layout(tp, pp, ep)
     dtype = str(torch_dtype(dtype or spec.dtype)).replace("torch.", "")
     validate_hf_checkpoint(hf_dir, spec)
-    _check_pool(pool, tp * pp)
+    _check_pool(pool, tp * pp, ep)
     partial = _prepare_out_dir(save_dir, overwrite, hf_dir)
     it_dir = mcore_ckpt.iteration_dir(partial, mcore_ckpt.RELEASE)
     os.makedirs(it_dir)
     try:
-        with _ranks(pool, tp * pp) as ranks:
-            results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype)
+        with _ranks(pool, tp * pp, ep) as ranks:
+            results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype, ep)
         mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
         carry_files(hf_dir, os.path.join(partial, mcore_ckpt.HF_FILES))
         mcore_ckpt.write_tracker(partial, mcore_ckpt.RELEASE)
@@ -260,18 +266,21 @@ def mcore2hf(
 
 # ------------------------------------------------------------------------------------- check
 # Fields that change the models' shapes: if they differ, the logits cannot be compared at all.
-_SHAPE_FIELDS = ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+_SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "num_experts", "moe_ffn_hidden_size", "moe_layers",
+)  # fmt: skip
 
 
 def _logits_rank(
     load_dir: str, tp: int, pp: int, input_ids: torch.Tensor, sp: bool, hf_config: str | None = None,
-    dtype: str = "float32",
+    dtype: str = "float32", ep: int = 1,
 ) -> torch.Tensor | None:  # fmt: skip
     from megatron.core import parallel_state as ps
 
     from mindrl.models.forward import forward_outputs
 
-    _, _, model = loading.build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sp, hf_config=hf_config)
+    _, _, model = loading.build_and_load(load_dir, tp, pp, dtype, sequence_parallel=sp, hf_config=hf_config, ep=ep)
     out = forward_outputs(model, input_ids)
     keep = out is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     return out if keep else None
@@ -286,10 +295,11 @@ def megatron_outputs(
     sequence_parallel: bool = False,
     hf_config: str | None = None,
     dtype: str = "float32",
+    ep: int = 1,
 ) -> torch.Tensor:
-    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP in `dtype`, computed on `pool`.
+    """Logits (actor) or per-token values (critic) of the checkpoint at TP x PP (x EP) in `dtype`, computed on `pool`.
     hf_config: the HF model dir describing a legacy (mp_rank_*) checkpoint."""
-    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel, hf_config, dtype)
+    results = pool.run(_logits_rank, load_dir, tp, pp, input_ids, sequence_parallel, hf_config, dtype, ep)
     return next(r for r in results if r is not None)
 
 
@@ -297,20 +307,35 @@ def _rms_norm_in_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
 
 
+def _router_in_dtype(module: torch.nn.Module, hidden_states: torch.Tensor):
+    """transformers' Qwen3-MoE top-k router (`Qwen3MoeTopKRouter.forward`) with its softmax in the input's dtype."""
+    hidden_states = hidden_states.reshape(-1, module.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, module.weight)
+    top, index = torch.topk(torch.softmax(logits, dim=-1), module.top_k, dim=-1)
+    if module.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, index
+
+
 def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The HF model's logits, or per-token scores for a sequence-classification model, in `dtype`. In fp64 its
-    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64."""
+    RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64, and so
+    does a MoE router's softmax. A MoE model runs transformers' eager per-expert loop (its grouped-GEMM default
+    refuses fp64) in every dtype."""
     import functools
 
     import transformers
 
     spec = ModelSpec.from_hf_dir(hf_dir)
     cls = getattr(transformers, spec.architecture)
-    model = cls.from_pretrained(hf_dir, dtype=dtype).eval()
+    extra = {"experts_implementation": "eager"} if spec.is_moe else {}
+    model = cls.from_pretrained(hf_dir, dtype=dtype, **extra).eval()
     if dtype == torch.float64:
         for module in model.modules():
             if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
                 module.forward = functools.partial(_rms_norm_in_dtype, module)
+            if type(module).__name__ == "Qwen3MoeTopKRouter":
+                module.forward = functools.partial(_router_in_dtype, module)
     with torch.no_grad():
         if spec.is_value_model:
             hidden = model.model(input_ids=input_ids).last_hidden_state
@@ -343,7 +368,7 @@ class CheckResult:
 
 def check(
     hf_dir: str, load_dir: str, tp: int | None = None, pp: int | None = None, batch: int = 2, seq_len: int = 64,
-    seed: int = 0, pool=None, tol: float | None = None,
+    seed: int = 0, pool=None, tol: float | None = None, ep: int = 1,
 ) -> CheckResult:  # fmt: skip
     """Compare the checkpoint's logits (values) with HF's on random tokens, both models entirely in fp64. A converted
     model passes when its difference from HF is below GAP_FRACTION of fp32's own error on the same tokens (HF fp32 vs
@@ -371,12 +396,12 @@ def check(
     if not is_legacy:
         mcore_ckpt.check_files(mcore_ckpt.iteration_dir(load_dir, mcore_ckpt.read_tracker(load_dir)))
     tp, pp = tp or meta["tp"], pp or meta["pp"]
-    spec.validate_layout(tp, pp)
-    _check_pool(pool, tp * pp)
+    spec.validate_layout(tp, pp, ep)
+    _check_pool(pool, tp * pp, ep)
     input_ids = torch.randint(0, spec.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
-    with _ranks(pool, tp * pp) as ranks:
+    with _ranks(pool, tp * pp, ep) as ranks:
         ours = megatron_outputs(
-            ranks, load_dir, tp, pp, input_ids, hf_config=hf_dir if is_legacy else None, dtype="float64"
+            ranks, load_dir, tp, pp, input_ids, hf_config=hf_dir if is_legacy else None, dtype="float64", ep=ep
         )
     ref = hf_outputs(hf_dir, input_ids, torch.float64)
     gap = (hf_outputs(hf_dir, input_ids, torch.float32).double() - ref).abs().max().item()

@@ -22,6 +22,7 @@ def build_and_load(
     recompute: RecomputeSettings | None = None,
     value_head: bool = False,
     cp: int = 1,
+    ep: int = 1,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
     with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
@@ -29,7 +30,8 @@ def build_and_load(
     `hf_config` (an HF model dir) or the config.json in load_dir/hf_files. recompute: activation recomputation
     in training (None: none). value_head: build a critic (value-head model) whatever the checkpoint holds; from a
     causal LM that is its trunk with a fresh head (`value_model_spec`, `init_value_head`), and the returned spec
-    is the value model's. cp: the context-parallel size (the weights are replicated over it)."""
+    is the value model's. cp: the context-parallel size (the weights are replicated over it). ep: the expert-parallel
+    size of a MoE model (carved out of the data-parallel ranks)."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
@@ -39,7 +41,7 @@ def build_and_load(
                 f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
             )
         return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp)
-    init_model_parallel(tp, pp, cp=cp)
+    init_model_parallel(tp, pp, cp=cp, ep=ep)
     iteration = mcore_ckpt.read_tracker(load_dir) if iteration is None else iteration
     spec, meta = mcore_ckpt.read_model_meta(load_dir, iteration)
     fresh_head = value_head and meta["role"] != "critic"

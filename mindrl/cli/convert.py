@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--save-dir", required=True, help="megatron checkpoint directory to create (actor_config.load)")
     a.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     a.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    a.add_argument("--ep", type=int, default=1, help="expert-parallel size of a MoE model (default 1)")
     a.add_argument(
         "--orm",
         action="store_true",
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--load-dir", required=True)
     c.add_argument("--tp", type=int, help="load at this TP (default: as saved)")
     c.add_argument("--pp", type=int, help="load at this PP (default: as saved)")
+    c.add_argument("--ep", type=int, default=1, help="load a MoE model at this expert-parallel size (default 1)")
     c.add_argument(
         "--tol",
         type=float,
@@ -84,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "hf2mcore":
-            stats = convert.hf2mcore(args.hf_dir, args.save_dir, args.tp, args.pp, args.orm, args.dtype, args.overwrite)
+            stats = convert.hf2mcore(
+                args.hf_dir, args.save_dir, args.tp, args.pp, args.orm, args.dtype, args.overwrite, ep=args.ep
+            )
             print(
                 f"hf2mcore: {stats.num_params / 1e6:.1f}M params at TP{args.tp} PP{args.pp} -> {args.save_dir} "
                 f"in {stats.seconds:.1f} s; peak RSS per rank {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"
@@ -108,7 +112,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             res = convert.check(
-                args.hf_dir, args.load_dir, args.tp, args.pp, args.batch, args.seq_len, args.seed, tol=args.tol
+                args.hf_dir,
+                args.load_dir,
+                args.tp,
+                args.pp,
+                args.batch,
+                args.seq_len,
+                args.seed,
+                tol=args.tol,
+                ep=args.ep,
             )
             print(
                 json.dumps(

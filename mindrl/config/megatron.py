@@ -25,7 +25,8 @@ _MEMORY = (
 _DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
 _MOE = (
     "a mixture-of-experts / MLA option, read only with num_experts / multi_latent_attention, which mindrl requires "
-    "unset (dense models), as megatron ignores it then"
+    "unset in training (dense models; megatron ignores it then): Qwen3-MoE checkpoints convert and run forward only "
+    "(docs/moe.md)"
 )
 _DPO = "a DPO option; not used by PPO/GRPO"
 _LOG = "a logging option of megatron's own training loop, which mindrl's trainer replaces (it logs every iteration)"
@@ -151,7 +152,7 @@ MEGATRON_IGNORED: dict[str, str] = {
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
-    "num_experts": ((None, 0), "mixture-of-experts layers"),
+    "num_experts": ((None, 0), "mixture-of-experts training (Qwen3-MoE: conversion and forward only, docs/moe.md)"),
     "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
     "attention_bias": ((False,), "biases on every attention projection"),
     "noop_layers": ((None,), "no-op layers"),

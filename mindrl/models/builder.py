@@ -14,11 +14,13 @@ from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from mindrl.config.settings import RecomputeSettings
 from mindrl.models.attention import SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
+from mindrl.models.moe import install_fp64_routing
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
 
@@ -68,22 +70,37 @@ def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
     """Megatron's local (no Transformer Engine) layer spec with mindrl's SP-capable RMSNorm (also the per-head q/k norm
     with config.qk_layernorm); core attention as one
     fused SDPA call (sdpa=False keeps megatron's DotProductAttention, the reference for parity tests); the MLP's
-    SwiGLU as mindrl's fused module when config.use_te_activation_func is set (see build_model)."""
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    SwiGLU as mindrl's fused module when config.use_te_activation_func is set (see build_model). With
+    config.num_moe_experts, the layers that config.moe_layer_freq marks hold megatron's MoE layer (router + one MLP
+    per expert) in place of the dense MLP."""
+    dense = _one_layer_spec(config, None, sdpa)
+    num_layers = get_num_layers_to_build(config)
+    if config.num_moe_experts:
+        moe = _one_layer_spec(config, config.num_moe_experts, sdpa)
+        offset = get_transformer_layer_offset(config)
+        pattern = config.moe_layer_freq
+        layers = [moe if pattern[offset + i] else dense for i in range(num_layers)]
+    else:
+        layers = [dense] * num_layers
+    return ModuleSpec(
+        module=TransformerBlock,
+        submodules=TransformerBlockSubmodules(layer_specs=layers, layer_norm=RMSNorm),
+    )
+
+
+def _one_layer_spec(config, num_experts: int | None, sdpa: bool) -> ModuleSpec:
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm", num_experts=num_experts, moe_grouped_gemm=False)
     if sdpa:
         layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    mlp = layer.submodules.mlp.submodules.experts.submodules if num_experts else layer.submodules.mlp.submodules
     if config.use_te_activation_func:  # the MLP calls this module in place of its glu (no TE module in a local spec)
-        layer.submodules.mlp.submodules.activation_func = SwiGLU
+        mlp.activation_func = SwiGLU
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     if config.qk_layernorm:  # Qwen3: over each head's kv_channels; megatron sums their grads over TP by name
         layer.submodules.self_attention.submodules.q_layernorm = RMSNorm
         layer.submodules.self_attention.submodules.k_layernorm = RMSNorm
-    num_layers = get_num_layers_to_build(config)
-    return ModuleSpec(
-        module=TransformerBlock,
-        submodules=TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm),
-    )
+    return layer
 
 
 def build_model(
@@ -123,6 +140,8 @@ def build_model(
         config_overrides.setdefault("bias_activation_fusion", False)  # megatron refuses both
     # Context parallelism from the parallel state: megatron's rotary table then keeps this rank's chunks.
     config_overrides.setdefault("context_parallel_size", ps.get_context_parallel_world_size())
+    if spec.is_moe:  # each rank builds its EP rank's experts only
+        config_overrides.setdefault("expert_model_parallel_size", ps.get_expert_model_parallel_world_size())
     config = spec.transformer_config(
         tp,
         pp,
@@ -131,6 +150,8 @@ def build_model(
         perform_initialization=perform_initialization,
         **config_overrides,
     )
+    if config.num_moe_experts:
+        install_fp64_routing()
     critic = role == "critic"
     model = GPTModel(
         config=config,

@@ -1,5 +1,6 @@
-"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`, for Qwen2 / Qwen2.5, Llama and Qwen3 (dense)
-causal LMs or one-label `*ForSequenceClassification`; anything else fails here, naming the field, before any start."""
+"""HF config -> a validated `ModelSpec` -> megatron `TransformerConfig`, for Qwen2 / Qwen2.5, Llama, Qwen3 (dense) and
+Qwen3-MoE causal LMs or one-label `*ForSequenceClassification`; anything else fails here, naming the field, before any
+start."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForSequenceClassification": ("llama", True),
     "Qwen3ForCausalLM": ("qwen3", False),
     "Qwen3ForSequenceClassification": ("qwen3", True),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", False),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Llama-3.1 scaling constants that megatron's `rope_scaling=True` hard-codes.
@@ -59,6 +61,14 @@ class ModelSpec:
     dtype: str
     rope_scaling_factor: float | None = None  # Llama-3.1 style scaling, None = plain RoPE
     qk_layernorm: bool = False  # RMSNorm over each query / key head before RoPE (Qwen3)
+    # Mixture of experts (0 experts: a dense model). A MoE layer routes each token to `moe_router_topk` of
+    # `num_experts` SwiGLU experts of width `moe_ffn_hidden_size`; the others are dense MLPs of `ffn_hidden_size`.
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing probabilities to sum to 1
+    moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight in training
+    moe_layers: tuple[int, ...] = ()  # the global indices of the MoE layers
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ---------------------------------------------------------------------------------- loading
@@ -133,6 +143,8 @@ class ModelSpec:
             )
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").replace("torch.", "")
         torch_dtype(dtype)
+        num_layers = int(need("num_hidden_layers"))
+        moe = _moe_fields(cfg, num_layers, source) if family == "qwen3_moe" else {}
         return cls(
             architecture=arch,
             family=family,
@@ -140,7 +152,7 @@ class ModelSpec:
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             ffn_hidden_size=int(need("intermediate_size")),
-            num_layers=int(need("num_hidden_layers")),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -151,8 +163,9 @@ class ModelSpec:
             qkv_bias=family == "qwen2",
             dtype=dtype,
             rope_scaling_factor=rope_factor,
-            qk_layernorm=family == "qwen3",
+            qk_layernorm=family in ("qwen3", "qwen3_moe"),
             hf_config=dict(cfg),
+            **moe,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,20 +173,34 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        d = dict(d)
+        d["moe_layers"] = tuple(d.get("moe_layers", ()))  # a list once through JSON
         return cls(**d)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def moe_layer_pattern(self) -> list[int]:
+        """megatron's `moe_layer_freq` as a list: 1 for a MoE layer, 0 for a dense one, per global layer."""
+        return [int(i in self.moe_layers) for i in range(self.num_layers)]
+
     # ---------------------------------------------------------------------------------- layouts
-    def validate_layout(self, tp: int, pp: int) -> None:
-        """Raise a ModelConfigError naming every dimension that TP / PP does not divide."""
-        if tp < 1 or pp < 1:
-            raise ModelConfigError(f"TP and PP must be >= 1, got TP={tp} PP={pp}")
+    def validate_layout(self, tp: int, pp: int, ep: int = 1) -> None:
+        """Raise a ModelConfigError naming every dimension that TP / PP / EP does not divide."""
+        if tp < 1 or pp < 1 or ep < 1:
+            raise ModelConfigError(f"TP, PP and EP must be >= 1, got TP={tp} PP={pp} EP={ep}")
         problems = []
+        if ep > 1 and not self.is_moe:
+            problems.append(f"EP={ep} needs a mixture-of-experts model")
+        elif self.num_experts % ep:
+            problems.append(f"EP={ep} does not divide num_experts={self.num_experts}")
         for what, n in (
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),
             ("intermediate_size (ffn)", self.ffn_hidden_size),
             ("vocab_size", self.vocab_size),
-        ):
+        ) + ((("moe_intermediate_size (expert ffn)", self.moe_ffn_hidden_size),) if self.is_moe else ()):
             if n % tp:
                 problems.append(f"TP={tp} does not divide {what}={n}")
         if self.num_layers % pp:
@@ -234,5 +261,64 @@ class ModelSpec:
             init_method_std=float(self.hf_config.get("initializer_range", 0.02)),
             cuda_graph_scope=[],  # megatron's own default ("full") is deprecated and warns on every build
         )
+        if self.is_moe:
+            kwargs.update(self._moe_config())
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)
+
+    def _moe_config(self) -> dict[str, Any]:
+        """megatron's MoE fields. HF's Qwen3-MoE router takes the softmax over all experts, then the top k, then
+        (norm_topk_prob) divides them by their sum: that is a softmax over the top-k logits, megatron's default
+        order (moe_router_pre_softmax=False); without renormalisation it is megatron's pre-softmax order."""
+        return dict(
+            num_moe_experts=self.num_experts,
+            moe_router_topk=self.moe_router_topk,
+            moe_ffn_hidden_size=self.moe_ffn_hidden_size,
+            moe_router_score_function="softmax",
+            moe_router_pre_softmax=not self.norm_topk_prob,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=self.moe_aux_loss_coeff,
+            moe_layer_freq=self.moe_layer_pattern(),
+            # alltoall and allgather both run on gloo; alltoall is what the accelerators use at EP > 1.
+            moe_token_dispatcher_type="alltoall",
+            # Per-expert linears (SequentialMLP): the grouped GEMM needs a device kernel.
+            moe_grouped_gemm=False,
+            add_bias_linear=False,
+        )
+
+
+def _moe_fields(cfg: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
+    """A Qwen3-MoE config's MoE fields. Layer i is sparse when it is not in `mlp_only_layers` and (i + 1) is a
+    multiple of `decoder_sparse_step`, as transformers builds it."""
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    problems = []
+    if not isinstance(experts, int) or experts < 1:
+        problems.append(f"num_experts={experts!r} must be a positive integer")
+    topk = cfg.get("num_experts_per_tok")
+    if not isinstance(topk, int) or not 1 <= topk <= (experts if isinstance(experts, int) else topk):
+        problems.append(f"num_experts_per_tok={topk!r} must be an integer in 1..num_experts")
+    width = cfg.get("moe_intermediate_size")
+    if not isinstance(width, int) or width < 1:
+        problems.append(f"moe_intermediate_size={width!r} must be a positive integer")
+    step = cfg.get("decoder_sparse_step", 1)
+    if not isinstance(step, int) or step < 1:
+        problems.append(f"decoder_sparse_step={step!r} must be a positive integer")
+    dense = cfg.get("mlp_only_layers") or []
+    bad = [i for i in dense if not isinstance(i, int) or not 0 <= i < num_layers]
+    if bad:
+        problems.append(f"mlp_only_layers holds {bad}, not layer indices in 0..{num_layers - 1}")
+    if cfg.get("shared_expert_intermediate_size"):
+        problems.append("shared experts (shared_expert_intermediate_size) are not supported")
+    if problems:
+        raise ModelConfigError(f"{source}: " + "; ".join(problems))
+    moe_layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    if not moe_layers:
+        raise ModelConfigError(f"{source}: no MoE layer left (mlp_only_layers={dense}, decoder_sparse_step={step})")
+    return dict(
+        num_experts=experts,
+        moe_router_topk=topk,
+        moe_ffn_hidden_size=width,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        moe_aux_loss_coeff=float(cfg.get("router_aux_loss_coef", 0.0)),
+        moe_layers=moe_layers,
+    )

@@ -1,5 +1,6 @@
 """The HF <-> megatron weight map, the one place for the layout rules: names, fused layouts (QKV by query group,
-gate/up) and TP sharding, between HF, megatron *full* (TP=1) and megatron *local* (this TP rank's shard) tensors."""
+gate/up, each expert's gate/up) and TP sharding, between HF, megatron *full* (TP=1) and megatron *local* (this TP
+rank's shard) tensors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import torch
 from mindrl.models.hf_config import ModelSpec
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+# One expert's linear in a MoE layer (megatron's SequentialMLP; the index is global at expert parallel size 1).
+_EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_EXPERT_HF = {"linear_fc1": ("gate_proj.weight", "up_proj.weight"), "linear_fc2": ("down_proj.weight",)}
+_DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
+_ROUTER = "mlp.router.weight"
 
 # megatron per-layer suffix -> HF per-layer suffixes (under "model.layers.{i}.")
 _LAYER_MAP = {
@@ -56,6 +62,16 @@ def _is_qk_norm(suffix: str) -> bool:
 def param_mapping(spec: ModelSpec, mcore_name: str) -> ParamMapping:
     """The mapping for a megatron parameter name (with global layer index)."""
     m = _LAYER_RE.match(mcore_name)
+    if m and int(m.group(1)) in spec.moe_layers:
+        layer, suffix = int(m.group(1)), m.group(2)
+        e = _EXPERT_RE.match(suffix)
+        if e and int(e.group(1)) < spec.num_experts:
+            hf = tuple(f"model.layers.{layer}.mlp.experts.{e.group(1)}.{s}" for s in _EXPERT_HF[e.group(2)])
+            return ParamMapping(mcore_name, hf, _TP_SPLIT[f"mlp.{e.group(2)}.weight"])
+        if suffix == _ROUTER:
+            return ParamMapping(mcore_name, (f"model.layers.{layer}.mlp.gate.weight",), "replicated")
+        if suffix in _DENSE_MLP:
+            raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}: layer {layer} is a MoE layer")
     if m:
         layer, suffix = int(m.group(1)), m.group(2)
         if suffix not in _LAYER_MAP or (_is_qk_norm(suffix) and not spec.qk_layernorm):
@@ -83,6 +99,12 @@ def mcore_param_names(spec: ModelSpec) -> list[str]:
                 continue
             if _is_qk_norm(suffix) and not spec.qk_layernorm:
                 continue
+            if suffix in _DENSE_MLP and i in spec.moe_layers:
+                if suffix == _DENSE_MLP[0]:
+                    names.append(f"decoder.layers.{i}.{_ROUTER}")
+                    for e in range(spec.num_experts):
+                        names += [f"decoder.layers.{i}.mlp.experts.local_experts.{e}.{fc}.weight" for fc in _EXPERT_HF]
+                continue
             names.append(f"decoder.layers.{i}.{suffix}")
     names.append("decoder.final_layernorm.weight")
     if spec.is_value_model or not spec.tie_word_embeddings:
@@ -104,6 +126,10 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
     """The shape the tensor `hf_name` of an HF checkpoint of this model has (unpadded vocabulary)."""
     h, hd, ffn, v = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.vocab_size
     leaf = hf_name.split(".", 3)[-1] if hf_name.startswith("model.layers.") else hf_name
+    expert = re.match(r"^mlp\.experts\.\d+\.(.+)$", leaf)
+    if expert:  # one expert's SwiGLU, of the experts' own width
+        h_e = spec.moe_ffn_hidden_size
+        return {"gate_proj.weight": (h_e, h), "up_proj.weight": (h_e, h), "down_proj.weight": (h, h_e)}[expert.group(1)]
     shapes = {
         "model.embed_tokens.weight": (v, h),
         "lm_head.weight": (v, h),
@@ -123,16 +149,22 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
         "mlp.gate_proj.weight": (ffn, h),
         "mlp.up_proj.weight": (ffn, h),
         "mlp.down_proj.weight": (h, ffn),
+        "mlp.gate.weight": (spec.num_experts, h),
     }
     return shapes[leaf]
 
 
-def global_name(local_name: str, layer_offset: int) -> str:
-    """Megatron names number layers per pipeline stage; the map uses global numbers."""
+def global_name(local_name: str, layer_offset: int, expert_offset: int = 0) -> str:
+    """Megatron names number layers per pipeline stage and experts per expert-parallel rank; the map uses global
+    numbers."""
     m = _LAYER_RE.match(local_name)
     if not m:
         return local_name
-    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"
+    suffix = m.group(2)
+    e = _EXPERT_RE.match(suffix)
+    if e and expert_offset:
+        suffix = f"mlp.experts.local_experts.{int(e.group(1)) + expert_offset}.{e.group(2)}.weight"
+    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{suffix}"
 
 
 # ------------------------------------------------------------------------- HF <-> megatron full

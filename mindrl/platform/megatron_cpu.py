@@ -43,6 +43,11 @@ _MEGATRON_MODULES = (
     "megatron.core.dist_checkpointing.strategies.torch",
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.utils",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.moe_layer",
 )
 
 
@@ -305,6 +310,11 @@ class CpuWgradAccumulation:
     wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
 
 
+def _host_tensor(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron's `moe_utils.maybe_move_tensor_to_cpu` for tensors already on the host."""
+    return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+
 def adapt_megatron() -> None:
     """Adapt megatron-core to the CPU (once per process: `Platform.apply` calls it)."""
     global _TORCH_PROXY
@@ -335,6 +345,18 @@ def adapt_megatron() -> None:
     layers = sys.modules["megatron.core.tensor_parallel.layers"]
     layers.fused_weight_gradient_mlp_cuda = CpuWgradAccumulation
     layers._grad_accum_fusion_available = True
+
+    # The MoE router's gating GEMM tests `te_general_gemm is not None`, a name megatron defines only when Transformer
+    # Engine imports: without TE it raises NameError; None selects its torch.mm path.
+    moe_utils = sys.modules["megatron.core.transformer.moe.moe_utils"]
+    if not getattr(moe_utils, "HAVE_TE", False):
+        moe_utils.te_general_gemm = None
+    # The all-to-all dispatcher moves its split sizes to the host as numpy arrays (all_to_all_single takes a
+    # sequence of ints, not a tensor), but only when they are on a GPU: on the CPU they stayed tensors.
+    original_to_cpu = moe_utils.maybe_move_tensor_to_cpu
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("megatron.core") and getattr(mod, "maybe_move_tensor_to_cpu", None) is original_to_cpu:
+            mod.maybe_move_tensor_to_cpu = _host_tensor
 
     # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.
     from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer

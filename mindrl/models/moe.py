@@ -1,0 +1,41 @@
+"""Mixture-of-experts pieces around megatron-core's own MoE layer: the router's probabilities in fp64 when the model
+runs in fp64, so that the logits check (`mindrl.checkpoint.convert.check`) compares two exact forwards."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+_ROUTER_MODULE = "megatron.core.transformer.moe.router"
+
+
+def _fp64_softmax_routing(original, logits: torch.Tensor, topk: int, *args, **kwargs):
+    """megatron's top-k routing, with the probabilities of an fp64 softmax router recomputed in fp64 (megatron takes
+    that softmax in fp32 whatever the dtype): the experts chosen are megatron's own."""
+    probs, routing_map = original(logits, topk, *args, **kwargs)
+    options = dict(zip(("use_pre_softmax", "num_groups", "group_topk", "scaling_factor", "score_function"), args))
+    options.update(kwargs)
+    if logits.dtype != torch.float64 or options.get("score_function", "softmax") != "softmax":
+        return probs, routing_map
+    if options.get("use_pre_softmax"):
+        exact = torch.softmax(logits, dim=-1) * routing_map
+    else:  # the softmax over each token's selected logits only
+        exact = torch.softmax(logits.masked_fill(~routing_map, float("-inf")), dim=-1)
+    if options.get("scaling_factor"):
+        exact = exact * options["scaling_factor"]
+    return exact, routing_map
+
+
+def install_fp64_routing() -> None:
+    """Route fp64 models with fp64 probabilities (idempotent; other dtypes are routed by megatron unchanged)."""
+    import megatron.core.transformer.moe.router  # noqa: F401
+
+    router = sys.modules[_ROUTER_MODULE]
+    original = router.topk_routing_with_score_function
+    if getattr(original, "mindrl_fp64", False):
+        return
+    routing = functools.partial(_fp64_softmax_routing, original)
+    routing.mindrl_fp64 = True
+    router.topk_routing_with_score_function = routing

@@ -1,0 +1,175 @@
+"""A tiny Qwen3-MoE (8 experts, top-2 with renormalised weights, layer 1 dense through `mlp_only_layers`) on
+megatron-core's own MoE layer: the HF config maps to megatron's MoE fields, HF -> megatron -> HF is bit-exact, and
+megatron's logits land as close to the exact (fp64) ones as HF's own fp32 forward does; in fp64 they pass
+`mindrl-convert check`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mindrl.checkpoint import convert, mcore_ckpt
+from mindrl.models.hf_config import ModelConfigError, ModelSpec
+from tests.checkpoint.test_convert import assert_bit_exact
+
+# hidden 64, 4 heads / 2 KV heads of head_dim 32, experts of width 64; layers 0 and 2 are MoE layers.
+TINY_MOE = dict(
+    arch="qwen3_moe", hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=(1,), seed=41,
+)  # fmt: skip
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def moe_hf(tmp_path_factory) -> str:
+    from tools.make_tiny_model import make_tiny_model
+
+    return make_tiny_model(str(tmp_path_factory.mktemp("tiny_qwen3_moe") / "hf"), **TINY_MOE)
+
+
+@pytest.fixture(scope="module")
+def saved_tp2(moe_hf, tmp_path_factory, get_pool) -> str:
+    out = str(tmp_path_factory.mktemp("qwen3_moe_tp2") / "mcore")
+    convert.hf2mcore(moe_hf, out, 2, 1, pool=get_pool())
+    return out
+
+
+def router_probs(hf_dir: str, ids: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each MoE layer's routing probabilities (softmax over all experts), [tokens, experts], from HF's forward."""
+    import transformers
+
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=dtype, experts_implementation="eager")
+    with torch.no_grad():
+        logits = model(input_ids=ids, output_router_logits=True).router_logits
+    return [torch.softmax(r.double(), -1) for r in logits]
+
+
+@pytest.fixture(scope="module")
+def reference(moe_hf):
+    """(ids, HF fp64 logits, HF fp32 logits, the fp64 router's smallest top-k margin over all MoE layers and tokens,
+    the largest |fp32 - fp64| of a routing probability)."""
+    ids = torch.randint(0, 1021, (2, SEQ), generator=torch.Generator().manual_seed(7))
+    k = TINY_MOE["num_experts_per_tok"]
+    exact, fp32 = router_probs(moe_hf, ids, torch.float64), router_probs(moe_hf, ids, torch.float32)
+    margin = min((top[:, k - 1] - top[:, k]).min().item() for top in (p.topk(k + 1, -1).values for p in exact))
+    router_err = max((a - b).abs().max().item() for a, b in zip(exact, fp32))
+    return (
+        ids,
+        convert.hf_outputs(moe_hf, ids, torch.float64),
+        convert.hf_outputs(moe_hf, ids, torch.float32),
+        margin,
+        router_err,
+    )
+
+
+def test_config_maps_to_megatron_moe(moe_hf):
+    from mindrl.checkpoint.hf_io import HFCheckpoint
+    from mindrl.models.weight_map import expected_hf_names, mcore_param_names
+
+    spec = ModelSpec.from_hf_dir(moe_hf)
+    assert (spec.family, spec.qk_layernorm, spec.num_experts, spec.moe_router_topk, spec.moe_ffn_hidden_size) == (
+        "qwen3_moe", True, 8, 2, 64,
+    )  # fmt: skip
+    assert spec.moe_layers == (0, 2) and spec.norm_topk_prob and spec.moe_aux_loss_coeff == 0.001
+    assert ModelSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as a checkpoint's meta stores it
+    cfg = spec.transformer_config()
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size, cfg.ffn_hidden_size) == (8, 2, 64, 128)
+    assert (cfg.moe_router_score_function, cfg.moe_router_pre_softmax, cfg.moe_layer_freq) == (
+        "softmax",
+        False,
+        [1, 0, 1],
+    )
+    assert (cfg.moe_token_dispatcher_type, cfg.moe_grouped_gemm, cfg.moe_aux_loss_coeff) == ("alltoall", False, 0.001)
+    assert sorted(HFCheckpoint(moe_hf).keys()) == sorted(expected_hf_names(spec))
+    names = mcore_param_names(spec)
+    assert "decoder.layers.0.mlp.experts.local_experts.7.linear_fc2.weight" in names
+    assert "decoder.layers.1.mlp.linear_fc1.weight" in names and "decoder.layers.1.mlp.router.weight" not in names
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+        ({"mlp_only_layers": [3]}, "mlp_only_layers"),
+        ({"mlp_only_layers": [0, 1, 2]}, "no MoE layer"),
+        ({"shared_expert_intermediate_size": 64}, "shared_expert_intermediate_size"),
+        ({"moe_intermediate_size": None}, "moe_intermediate_size"),
+    ],
+)
+def test_bad_moe_configs_name_the_field(moe_hf, change, field):
+    with open(f"{moe_hf}/config.json") as f:
+        cfg = {**json.load(f), **change}
+    with pytest.raises(ModelConfigError, match=field):
+        ModelSpec.from_hf_config(cfg, source="moe/config.json")
+
+
+def test_layouts_must_divide_the_experts(moe_hf, pool, tmp_path):
+    spec = ModelSpec.from_hf_dir(moe_hf)
+    with pytest.raises(ModelConfigError, match="moe_intermediate_size"):
+        spec.validate_layout(128, 1)
+    with pytest.raises(ModelConfigError, match="num_experts=8"):
+        spec.validate_layout(1, 1, ep=3)
+    with pytest.raises(ValueError, match="EP=4"):  # 4 ranks at TP2 leave 2 DP ranks
+        convert.hf2mcore(moe_hf, str(tmp_path / "m"), 2, 1, pool=pool, ep=4)
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1), (2, 1, 1), (1, 1, 2), (2, 1, 2)])
+def test_round_trip_is_bit_exact(moe_hf, pool, tmp_path, tp, pp, ep):
+    """Saved from TP x EP ranks (each EP rank writes its own experts), written back to HF from one rank."""
+    convert.hf2mcore(moe_hf, str(tmp_path / "mcore"), tp, pp, pool=pool, ep=ep)
+    spec, meta = mcore_ckpt.read_model_meta(str(tmp_path / "mcore"))
+    assert (meta["tp"], meta["pp"], spec.family, spec.moe_layers) == (tp, pp, "qwen3_moe", (0, 2))
+    convert.mcore2hf(str(tmp_path / "mcore"), str(tmp_path / "hf"), pool=pool)
+    assert_bit_exact(moe_hf, str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_logits_match_hf_within_its_own_fp32_error(pool, saved_tp2, reference, tp, ep):
+    """Saved at TP2, loaded at TP1 / TP2, each at EP1 / EP2 (tokens exchanged by the all-to-all dispatcher). The bound is measured here: HF's own fp32 forward vs the exact (fp64) one.
+    Top-k routing is discontinuous, so the router's smallest top-k margin on these tokens must dwarf fp32's error:
+    otherwise a token could take other experts on rounding alone."""
+    ids, exact, hf32, margin, router_err = reference
+    gap = (hf32.double() - exact).abs().max().item()
+    assert exact.abs().max() > 0.1 and gap > 0
+    assert margin > 100 * router_err, f"router top-k margin {margin:.3g} vs its fp32 error {router_err:.3g}: a near tie"
+    ours = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids, ep=ep)
+    ours64 = convert.megatron_outputs(pool, saved_tp2, tp, 1, ids, dtype="float64", ep=ep)
+    diff, diff64 = (ours.double() - exact).abs().max().item(), (ours64 - exact).abs().max().item()
+    print(
+        f"TP{tp} EP{ep}: fp32 |megatron - exact| {diff:.3g}, fp64 {diff64:.3g}, HF fp32 gap {gap:.3g}; "
+        f"router top-k margin {margin:.3g}, its fp32 error {router_err:.3g}"
+    )
+    assert diff <= 4 * gap
+    assert diff64 <= convert.GAP_FRACTION * gap  # `mindrl-convert check`'s default bound
+
+
+def test_convert_check_passes_its_default(moe_hf, saved_tp2, pool):
+    """`check` in fp64 at TP2 x EP2: the routers' softmax in fp64 on both sides (megatron's and transformers' take
+    it in fp32)."""
+    res = convert.check(moe_hf, saved_tp2, 2, 1, pool=pool, ep=2)
+    print(f"check TP2 EP2: fp64 |megatron - HF| {res.max_abs_diff:.3g}, tol {res.tol:.3g}")
+    assert res.ok and res.max_abs_output > 0.1
+
+
+def test_experts_matter(moe_hf, reference, tmp_path):
+    """Swapping two experts' weights in a MoE layer moves HF's logits far above the parity bound: the parity above
+    covers which expert each weight maps to."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ids, exact, hf32, _, _ = reference
+    swapped = str(tmp_path / "swapped")
+    shutil.copytree(moe_hf, swapped)
+    tensors = load_file(f"{moe_hf}/model.safetensors")
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        a, b = (f"model.layers.2.mlp.experts.{e}.{proj}.weight" for e in (0, 1))
+        tensors[a], tensors[b] = tensors[b], tensors[a]
+    save_file(tensors, f"{swapped}/model.safetensors", metadata={"format": "pt"})
+    effect = (convert.hf_outputs(swapped, ids, torch.float64) - exact).abs().max().item()
+    gap = (hf32.double() - exact).abs().max().item()
+    print(f"max |swapped experts - original| logits {effect:.3g} vs fp32 gap {gap:.3g}")
+    assert effect > 1000 * gap
