@@ -65,7 +65,9 @@ def test_bf16_loop_learns(bf16_run):
     rewards = [m["acc_for_ppo_rewards/mean"] for m in lines]
     rise, se = reward_rise(rewards, WINDOW)
     # a flat run has noise in both windows; se = 0 only when both are constant, and then any rise is real
-    assert rise > Z_RISE * se and rise > 0, f"reward rose {rise:.3f} (se {se:.3f}): {[round(r, 3) for r in rewards]}"
+    report = f"reward rose {rise:.3f} (se {se:.3f}): {[round(r, 3) for r in rewards]}"
+    assert rise > Z_RISE * se and rise > 0, report
+    print(report)
 
 
 def _logprobs(model, rows) -> list:
