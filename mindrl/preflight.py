@@ -25,6 +25,7 @@ from mindrl.data.indexed import IndexedDataset
 from mindrl.data.preprocess import dataset_prefix
 from mindrl.data.tokenizer import load_tokenizer
 from mindrl.models.hf_config import ModelConfigError, ModelSpec
+from mindrl.platform import current_platform
 from mindrl.rollout.base import TOKENIZER_FILES, has_tokenizer
 from mindrl.workers.runtime_env import RuntimeEnvError, read_env_file
 
@@ -111,6 +112,9 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
         _check_dataset(col, "rl_config.val_data_path", rl.val_data_path, mt.dataset_additional_keys)
     if rl.runtime_env_path:
         _check_runtime_env(col, rl.runtime_env_path)
+    if "bfloat16" in (mt.dtype, cfg.generate_config.dtype) and (why := current_platform().bf16_in_software()):
+        col.note(f"megatron_training.bf16 / generate_config.dtype bfloat16: {why}; bf16 runs in software here, many "
+                 "times slower than float32 (docs/precision.md): set bf16: false and dtype: float32 on this host")  # fmt: skip
     for key, path in (
         ("megatron_training.tokenizer_name_or_path", mt.tokenizer_name_or_path),
         ("generate_config.tokenizer_name_or_path", cfg.generate_config.tokenizer_name_or_path),

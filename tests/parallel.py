@@ -10,7 +10,7 @@ SUFFIX = "@" + GROUP  # xdist --dist loadgroup sends the tests whose ids end in 
 
 # A test that requests one of these (directly or through another fixture) starts or uses the session's 4 gloo ranks
 # or a trainer run's assets (built on those ranks).
-SERIAL_FIXTURES = {"pool", "get_pool", "assets", "qwen3_assets", "smollm2_hf"}
+SERIAL_FIXTURES = {"pool", "get_pool", "assets", "qwen3_assets", "sft_assets", "smollm2_hf"}
 
 # Modules whose tests start processes of their own that use more than one core, or that look at the whole host.
 SERIAL_MODULES = {

@@ -233,3 +233,22 @@ def test_bench_async_summary_and_table():
     assert "7.0" in text.splitlines()[3]
     with pytest.raises(ValueError, match="no iteration after the 5 warm-up"):
         summarize(lines, "sync", warmup=5, n_rows=4)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_bench_vs_trl_dtype_reaches_the_mindrl_config(tmp_path, dtype):
+    """--dtype bf16 is megatron_training.bf16 with vLLM in bfloat16 on mindrl's side (and fp32 both off)."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from tools.bench_update import ModelShape
+    from tools.bench_vs_trl import _mindrl_config
+
+    a = SimpleNamespace(model="tiny", prompt_len=30, iterations=1, profile=False, prompts=4, n=2, lr=1e-6,
+                        mindrl_micro_batch_size=8, reward="format", temperature=1.0, rollout_compile=False,
+                        dtype=dtype)  # fmt: skip
+    with open(_mindrl_config(a, str(tmp_path), ModelShape(), 64, 0.0, 1, 1)) as f:
+        cfg = yaml.safe_load(f)
+    assert cfg["megatron_training"]["bf16"] is (dtype == "bf16")
+    assert cfg["generate_config"]["dtype"] == ("bfloat16" if dtype == "bf16" else "float32")

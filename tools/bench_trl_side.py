@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = GRPOConfig(
         output_dir=job["workdir"],
         use_cpu=True,
-        bf16=False,
+        bf16=job.get("dtype", "fp32") == "bf16",  # mixed precision: fp32 weights and optimizer, bf16 autocast
         fp16=False,
         learning_rate=job["lr"],
         lr_scheduler_type="constant",
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
             "torch": torch.__version__,
         },  # fmt: skip
         "gradient_checkpointing": cfg.gradient_checkpointing,
+        "bf16": cfg.bf16,
         "threads": torch.get_num_threads(),
     }
     with open(a.out, "w") as f:

@@ -255,7 +255,7 @@ def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: 
 
 
 def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
-                 profile: bool, top: int = 12) -> dict:  # fmt: skip
+                 profile: bool, top: int = 12, dtype: str = "float32") -> dict:  # fmt: skip
     """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled."""
     import torch
     from megatron.core import parallel_state as ps
@@ -267,7 +267,8 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
     from mindrl.workers.train_setup import OptimSettings, build_model_and_optimizer
 
     total = iterations + 1 + int(profile)
-    _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, 1, OptimSettings(lr=lr), total_steps=total)
+    _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, 1, OptimSettings(lr=lr), total_steps=total,
+                                                             dtype=dtype)  # fmt: skip
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
     loss = PPOLossSettings(kl_loss_coef=0.04 if kl else 0.0)
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch")
     p.add_argument("--iterations", type=int, default=3, help="timed updates per layout (after one warm-up)")
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the model's dtype (bfloat16: megatron bf16 with fp32 main params and gradients)")  # fmt: skip
     p.add_argument("--kl", action="store_true", help="a k3 KL term (coef 0.04) against given reference logprobs")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
     p.add_argument("--top", type=int, default=12, help="rows of the profile's table of ops (default 12)")
@@ -400,7 +403,7 @@ def main(argv: list[str] | None = None) -> dict:
                 convert.hf2mcore(hf, ckpt, tp, 1, overwrite=True, pool=pool)
             print(f"TP{tp}: {tp} rank(s) x {a.cores // tp} thread(s), {a.iterations} timed updates ...", flush=True)
             res = pool.run(_update_rank, ckpt, tp, batch, a.iterations, a.micro_batch_size, a.lr, a.kl,
-                           not a.no_profile, a.top)  # fmt: skip
+                           not a.no_profile, a.top, a.dtype)  # fmt: skip
         per_iter = [max(r["times"][i] for r in res) for i in range(a.iterations)]  # the slowest rank counts
         step_s = statistics.median(per_iter)
         row = {

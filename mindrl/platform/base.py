@@ -183,6 +183,10 @@ class Platform:
         """Default KV cache size for an in-process rollout engine; None: size it by gpu_memory_utilization."""
         return None
 
+    def bf16_in_software(self) -> str | None:
+        """Why bf16 would run in software here (a host without bf16 instructions), or None: bf16 is native."""
+        return None
+
     # ------------------------------------------------------------------------------------- adaptation
     def apply(self) -> None:
         """Adapt megatron-core to this device. Idempotent; call once per process before building models."""

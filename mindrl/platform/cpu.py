@@ -17,6 +17,18 @@ from mindrl.platform.megatron_cpu import adapt_megatron
 logger = logging.getLogger(__name__)
 
 
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The first core's feature flags (x86 `flags`, ARM `Features`); empty where the file cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 class CpuPlatform(Platform):
     name = "cpu"
     dist_backend = "gloo"
@@ -42,6 +54,14 @@ class CpuPlatform(Platform):
     # One gloo event-loop thread per group wakes every 10 ms and preempts the training's OpenMP threads on the cores
     # they fill; one shared transport device per process instead.
     shares_gloo_device = True
+
+    def bf16_in_software(self) -> str | None:
+        """x86 without AVX512-BF16 or AMX (AVX2 only, or AVX-512 before them), or an ARM core without the BF16
+        extension: torch's and vLLM's bf16 GEMMs then take generic paths, tens of times slower than fp32's."""
+        flags = cpu_flags()
+        if not flags or flags & {"avx512_bf16", "amx_bf16", "bf16"}:
+            return None
+        return "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or bf16 in /proc/cpuinfo)"
 
     def device(self, local_rank: int | None = None) -> torch.device:
         return torch.device("cpu")

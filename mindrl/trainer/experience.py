@@ -107,13 +107,15 @@ def token_metrics(role: str, counts: TokenCounts) -> dict[str, float]:
 
 def rollout_rows(batch: Batch, scored: Scores, tokenizer, verifier_names: Sequence[str]) -> list[dict]:
     """The sampled rows for rollouts.jsonl: prompt, response, label, reward (and each verifier's), length; with a
-    reward model also its raw score and the prompt's and response's token ids."""
+    reward model also its raw score; the prompt's and response's token ids and the rollout engine's logprob of each
+    response token (what the reward model scored, and what the trainer's logprobs are compared against, offline)."""
     prompts = tokenizer.batch_decode(batch.rows_meta["prompt_ids"], skip_special_tokens=False)
     lengths = batch["response_mask"].sum(-1).tolist()
     rows = sample_rows(prompts, scored, lengths, verifier_names)
-    if scored.model_scores is not None:  # the tokens the reward model scored, for checking its scores offline
-        for row, p, r in zip(rows, batch.rows_meta["prompt_ids"], batch.rows_meta["response_ids"]):
-            row["prompt_ids"], row["response_ids"] = list(p), list(r)
+    rollout_lp = batch["rollout_log_prob"]
+    for i, (row, p, r) in enumerate(zip(rows, batch.rows_meta["prompt_ids"], batch.rows_meta["response_ids"])):
+        row["prompt_ids"], row["response_ids"] = [int(t) for t in p], [int(t) for t in r]
+        row["rollout_log_prob"] = rollout_lp[i, : len(row["response_ids"])].tolist()
     return rows
 
 

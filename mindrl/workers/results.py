@@ -55,17 +55,27 @@ class TokenCounts:
 
 @dataclass(frozen=True)
 class LogprobDiff:
-    """|rollout logprob - trainer logprob| totals over the sampled tokens of an actor update's forward passes."""
+    """|rollout logprob - trainer logprob| totals over the sampled tokens of an actor update's forward passes, and
+    over its responses of |sum of the response's token differences| (the log of its sequence-level ratio)."""
 
     sum_abs: float
     count: float
     max_abs: float
+    seq_sum_abs: float = 0.0
+    seq_count: float = 0.0
+    seq_max_abs: float = 0.0
 
 
-def logprob_diff_summary(sum_abs: float, count: float, max_abs: float, warn: float) -> dict[str, float]:
-    """`rollout/logprob_diff_mean` / `_max` from |engine - actor| totals; warns loudly when the mean exceeds
-    `warn`: the rollout is then not sampling from the policy being trained."""
+def logprob_diff_summary(
+    sum_abs: float, count: float, max_abs: float, warn: float, seqs: tuple[float, float, float] | None = None
+) -> dict[str, float]:
+    """`rollout/logprob_diff_mean` / `_max` from |engine - actor| totals per token, and with `seqs` (sum, count,
+    max of the per-response |sum of differences|) `rollout/seq_logprob_diff_mean` / `_max`; warns loudly when the
+    token mean exceeds `warn`: the rollout is then not sampling from the policy being trained."""
     metrics = {"rollout/logprob_diff_mean": sum_abs / max(count, 1.0), "rollout/logprob_diff_max": max_abs}
+    if seqs is not None:
+        metrics["rollout/seq_logprob_diff_mean"] = seqs[0] / max(seqs[1], 1.0)
+        metrics["rollout/seq_logprob_diff_max"] = seqs[2]
     if metrics["rollout/logprob_diff_mean"] > warn:
         logging.getLogger("mindrl.hybrid_engine").warning(
             "rollout and actor disagree: mean |logprob diff| %.3g > %.3g (max %.3g). The rollout is not "

@@ -471,10 +471,10 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
     )
     # Exactly on-policy (no old-logprob recompute): the old policy is the current one, the ratio is 1.
     old = mb["old_log_prob"] if "old_log_prob" in mb else log_prob.detach()
-    is_weights = None
+    is_weights = is_metrics = None
     if s.rollout_is_threshold is not None:
         # against the behaviour logprobs: the engine's numerics, and with async_mode its older weights
-        is_weights, _ = truncated_importance_ratio(old, mb["rollout_log_prob"], mask, s.rollout_is_threshold)
+        is_weights, is_metrics = truncated_importance_ratio(old, mb["rollout_log_prob"], mask, s.rollout_is_threshold)
     if s.policy_loss_mode == "gspo":
         pg_loss, m = gspo_policy_loss(
             old, log_prob, mb["advantages"], mask, s.clip_ratio_low, s.clip_ratio_high, is_weights=is_weights, **agg
@@ -500,7 +500,9 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
         loss = loss + s.kl_loss_coef * kl
     # Token-weighted shares of the mini-batch (they sum to the mini-batch value over micro-batches and DP).
     share = mask.sum() / agg["global_num_tokens"]
-    diff = (log_prob.detach() - mb["rollout_log_prob"]).abs() * mask
+    signed = (log_prob.detach() - mb["rollout_log_prob"]) * mask
+    diff = signed.abs()
+    seq_diff = signed.sum(-1).abs()  # |log pi(y) - log mu(y)| of each whole response: its sequence-level ratio
     dp = agg["dp_size"]
     metrics = {
         "actor/pg_loss": pg_loss.detach() / dp,
@@ -511,9 +513,12 @@ def _actor_loss(mb: Batch, s: PPOLossSettings, agg: dict, num_micro: int, sliced
         "actor/ppo_kl": m["ppo_kl"] * share,
         "_diff_sum": diff.sum(),
         "_diff_max": diff.max() if diff.numel() else torch.zeros((), device=diff.device),
+        "_seq_diff_sum": seq_diff.sum(),
+        "_seq_diff_max": seq_diff.max() if seq_diff.numel() else torch.zeros((), device=diff.device),
     }
     if is_weights is not None:
         metrics["actor/is_weight_mean"] = masked_mean(is_weights, mask) * share
+        metrics["actor/is_truncated_frac"] = is_metrics["is_truncated_frac"] * share
     # The schedule divides by the number of micro-batches and DDP averages over DP: undo both, so the
     # gradient is that of the mini-batch loss normalised by its global token (or sequence) count.
     return loss * num_micro, {k: v.detach().clone() for k, v in metrics.items()}
@@ -578,6 +583,7 @@ def ppo_update(
     sums: dict[str, float] = {}
     grad_norms: list[float] = []
     diff_sum, diff_max, diff_count = 0.0, 0.0, 0.0
+    seq_sum, seq_max, seq_count = 0.0, 0.0, 0.0
     steps = skipped = 0
     token_counts = torch.zeros(4, dtype=torch.float64)  # computed, real, untrimmed, shared
     ddp.train()
@@ -619,6 +625,9 @@ def ppo_update(
                 diff_sum += values.pop("_diff_sum")
                 diff_max = max(diff_max, values.pop("_diff_max"))
                 diff_count += tokens
+                seq_sum += values.pop("_seq_diff_sum")
+                seq_max = max(seq_max, values.pop("_seq_diff_max"))
+                seq_count += seqs
             finite = all(math.isfinite(v) for v in values.values()) and _grads_finite(ddp)
             if not finite:
                 skipped += 1
@@ -637,7 +646,7 @@ def ppo_update(
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{role}/lr"] = float(optimizer.param_groups[0]["lr"])
     metrics[f"{role}/skipped_updates"] = float(skipped)
-    diff = LogprobDiff(diff_sum, diff_count, diff_max) if role == "actor" else None
+    diff = LogprobDiff(diff_sum, diff_count, diff_max, seq_sum, seq_count, seq_max) if role == "actor" else None
     token_counts = token_counts.to(current_platform().device())
     torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
     return UpdateResult(metrics, TokenCounts(*token_counts.tolist()), diff)

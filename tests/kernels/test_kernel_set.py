@@ -77,3 +77,14 @@ def test_the_rollout_kernel_switches(monkeypatch, name, offered):
     assert (kernels() is not None) == (fast.elementwise_kernels() is not None)
     monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
     assert kernels() is None
+
+
+def test_bf16_takes_torchs_path_on_every_cpu():
+    """No fast path of mindrl's is bf16-specific, so a CPU without bf16 instructions (AVX2 only) runs a bf16 loop through
+    torch's and vLLM's own bf16 code: each kernel covers fp32 host tensors only and declines bf16 ones."""
+    from mindrl.kernels.cpu_kernels import Kernels
+    from mindrl.models.fused import kernels_for
+
+    bf16, fp32 = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4)
+    assert not Kernels.takes(bf16) and not Kernels.takes(fp32, bf16) and Kernels.takes(fp32)
+    assert kernels_for(bf16) is None

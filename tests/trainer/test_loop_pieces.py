@@ -299,3 +299,28 @@ def test_dynamic_sampling_filters_on_the_reward_with_the_reward_models_score():
     assert metrics["train/filtered_groups"] == 5 and metrics["train/surplus_groups"] == 1
     assert timing["timing/reward_model"] == 0.5
     assert [r["reward_model_score"] for r in dropped if r["dynamic_sampling"] == "surplus"] == [0.0, 0.5]
+
+
+def test_the_rollout_gap_per_token_and_per_response():
+    """The driver's gap metrics from recomputed old logprobs: per token over valid tokens, per response the |sum| of
+    its differences (which cancel within a response), both as the worker computes them on-policy; and rollouts.jsonl
+    rows carry the tokens and the rollout logprobs they were computed from."""
+    from mindrl.trainer import experience
+    from mindrl.workers.results import TokenCounts, UpdateResult
+
+    samples = [[RolloutSample([5, 6], [-0.1, -0.2], "stop")], [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop")]]
+    batch = make_batch([[1, 2], [3]], samples, 1, 0)
+    # trainer - rollout: row 0: +0.1, -0.1 (they cancel); row 1: +0.3, 0, +0.2; padding carries garbage
+    batch["old_log_prob"] = batch["rollout_log_prob"] + torch.tensor([[0.1, -0.1, 5.0], [0.3, 0.0, 0.2]])
+    t = _bare_trainer(limit=3)
+    t.cfg.rl_config.logprob_diff_warn = 10.0
+    m = t._actor_metrics(batch, UpdateResult({}, TokenCounts(1.0, 1.0, 1.0, 0.0)))
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(0.7 / 5, abs=1e-6)
+    assert m["rollout/logprob_diff_max"] == pytest.approx(0.3, abs=1e-6)
+    assert m["rollout/seq_logprob_diff_mean"] == pytest.approx((0.0 + 0.5) / 2, abs=1e-6)
+    assert m["rollout/seq_logprob_diff_max"] == pytest.approx(0.5, abs=1e-6)
+    scored = Scores([1.0, 0.0], [[1.0], [0.0]], ["a", "b"], ["x", "y"], {})
+    rows = experience.rollout_rows(batch, scored, NS(batch_decode=lambda ids, **kw: ["p"] * len(ids)), ["acc"])
+    assert [r["response_ids"] for r in rows] == [[5, 6], [8, 9, 10]]
+    assert [r["prompt_ids"] for r in rows] == [[1, 2], [3]]
+    assert rows[1]["rollout_log_prob"] == pytest.approx([-0.4, -0.5, -0.6])

@@ -24,7 +24,7 @@ REQUIRED = [
     "actor/ppo_kl", "actor/entropy", "actor/lr", "actor/grad_norm", "critic/score/mean", "critic/advantages/mean",
     "critic/returns/mean", "response_length/mean", "response_length/max", "response_length/min",
     "prompt_length/mean", "acc_for_ppo_rewards/mean", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
-    "e2e_tps", "update_tps", "vllm_tps", "perf/computed_tokens", "perf/real_tokens", "perf/padding_ratio",
+    "rollout/seq_logprob_diff_mean", "rollout/seq_logprob_diff_max", "e2e_tps", "update_tps", "vllm_tps", "perf/computed_tokens", "perf/real_tokens", "perf/padding_ratio",
     "perf/shared_prompt_tokens",
 ]  # fmt: skip
 PPO_ONLY = ["critic/vf_loss", "critic/vf_clipfrac", "critic/lr", "critic/grad_norm", "critic/values/mean",
@@ -133,12 +133,14 @@ def test_grpo_tiny_runs_off_policy(assets, tmp_path_factory):
     assert (rl.mini_batch_size, rl.epochs, rl.rollout_is_threshold) == (4, 2, 2.0)
     assert not rl.needs_critic and rl.kl_coef_in_loss > 0 and not rl.on_policy
     assert len(lines) == 4
-    keys = ["actor/kl_loss", "timing/reference_model", "timing/old_log_p", "actor/is_weight_mean"]
+    keys = ["actor/kl_loss", "timing/reference_model", "timing/old_log_p", "actor/is_weight_mean",
+            "actor/is_truncated_frac"]  # fmt: skip
     _check_metrics(lines, cfg, REQUIRED + keys)
     for m in lines:
         assert m["actor/kl_loss"] >= 0
         assert m["actor/ppo_kl"] != 0  # later steps see the updated policy against the old one
         assert 0.5 < m["actor/is_weight_mean"] < 1.5  # pi_old / pi_rollout ~ 1 in fp32
+        assert m["actor/is_truncated_frac"] == 0.0  # fp32: no ratio comes near the threshold 2
     _check_profiles(run.run_dir, ["actor_generate", "actor_compute_log_prob", "reference_compute_log_prob",
                                   "actor_update"])  # fmt: skip
     _no_leftovers()

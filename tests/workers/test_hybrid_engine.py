@@ -94,3 +94,14 @@ def test_logprob_diff_warning_threshold(caplog, sum_abs, count, max_abs, warn, w
         ]
     else:
         assert messages == []
+
+
+def test_logprob_diff_per_response():
+    """With the per-response totals the summary adds their mean and max; a response whose token differences cancel
+    has a small sequence gap however large its tokens' (the ratio of the whole response is what it measures)."""
+    from mindrl.workers.results import logprob_diff_summary
+
+    metrics = logprob_diff_summary(0.6, 3.0, 0.3, 1.0, seqs=(0.25, 2.0, 0.2))
+    assert metrics["rollout/seq_logprob_diff_mean"] == pytest.approx(0.125)
+    assert metrics["rollout/seq_logprob_diff_max"] == 0.2
+    assert "rollout/seq_logprob_diff_mean" not in logprob_diff_summary(0.6, 3.0, 0.3, 1.0)
