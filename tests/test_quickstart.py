@@ -37,8 +37,8 @@ _RUN: dict = {}
 def quickstart_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """(the finished short form, its project dir): examples/quickstart_cpu.sh with the config's SFT steps (20 left
     the reward near 0, with little to learn from) and SHORT_ITERS RL iterations at its default paths, its learning
-    check included (the script exits 1 when the reward does not rise), once per session. test_rlhf_3stage reads its assets (OUT: ./outputs/quickstart).
-    Read-only."""
+    check included (the script exits 1 when the reward does not rise), once per session. test_rlhf_3stage reads its
+    assets (OUT: ./outputs/quickstart). Read-only."""
     if not _RUN:
         view = project_view(tmp_path_factory.mktemp("quickstart"))
         env = {k: v for k, v in os.environ.items() if k not in ("OUT", "RUN_DIR", "MIN_RISE", "WINDOW")}
