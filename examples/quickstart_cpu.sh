@@ -12,15 +12,35 @@
 #   5. convert: HF -> megatron for the SFT start, and a critic (the SFT trunk + a value head, --orm)
 #   6. PPO through Ray with vLLM-CPU rollouts, integrated workers, TP2: the acc_for_ppo reward rises
 #   7. convert the result back to HF, plot the metrics; the last line is `run dir: PATH`
+#   8. the learning check (tools/check_learning.py --run quickstart-ALGO): the reward's mean over the last 10
+#      iterations minus that over the first 10 must reach a bound measured over seeds (it holds from 30 iterations
+#      on); else the script exits 1 with the figures and the bound
+#   bash examples/quickstart_cpu.sh [ALGO] --check-only   # step 8 alone, on RUN_DIR (a finished run)
 # Assets go to ./outputs/quickstart (configs/ppo_tiny_cpu.yaml and grpo_tiny_cpu.yaml point there), so that
 # afterwards `mindrl-train --config-name ppo_tiny_cpu [key=value ...]` runs on its own from the project root.
 # Environment (for a short form, e.g. in the tests): OUT (assets), RUN_DIR, SFT_ITERS and ITERS (SFT steps and
-# RL iterations; default: the configs' own).
+# RL iterations; default: the configs' own), MIN_RISE and WINDOW (the learning check's bound and window; default:
+# the measured ones, which a run of fewer than 30 iterations need not reach).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-ALGO="${1:-ppo}"
-case "$ALGO" in ppo|grpo|dapo) ;; -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo]" >&2; exit 2;; esac
+ALGO="${1:-ppo}" CHECK_ONLY=""
+[[ "$ALGO" == --check-only ]] && ALGO=ppo CHECK_ONLY=1
+[[ "${2:-}" == --check-only ]] && CHECK_ONLY=1
+case "$ALGO" in ppo|grpo|dapo) ;; -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo] [--check-only]" >&2; exit 2;; esac
+[[ -z "${2:-}" || -n "$CHECK_ONLY" ]] || { echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo] [--check-only]" >&2; exit 2; }
+RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
+check_learning() {  # step 8; its exit status is the script's
+    local args=("$RUN_DIR" --run "quickstart-$ALGO")
+    [[ -n "${MIN_RISE:-}" ]] && args+=(--min-rise "$MIN_RISE")
+    [[ -n "${WINDOW:-}" ]] && args+=(--window "$WINDOW")
+    "${PY:-python3}" tools/check_learning.py "${args[@]}"
+}
+if [[ -n "$CHECK_ONLY" ]]; then
+    [[ -x "$ROOT/.venv/bin/python" ]] && PY="$ROOT/.venv/bin/python"
+    check_learning; exit $?
+fi
 START=$(date +%s)
 bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
@@ -28,7 +48,6 @@ export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERE
 if [[ "$ALGO" == dapo ]]; then ARCH=qwen3 TEMPLATE=qwen3 DEFAULT_OUT=./outputs/quickstart_qwen3
 else ARCH=qwen2 TEMPLATE=qwen DEFAULT_OUT=./outputs/quickstart; fi
 OUT="${OUT:-$DEFAULT_OUT}"
-RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny $ARCH model + synthetic task"
@@ -68,14 +87,9 @@ TRAIN_ARGS=(actor_config.load="$OUT/ckpt/actor_sft" actor_config.save="$OUT/ckpt
 echo "== 6/6 back to HF, plot"
 "$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/${ALGO}_actor" --save-dir "$RUN_DIR/hf" --overwrite
 "$PY" tools/plot_metrics.py "$RUN_DIR"
-"$PY" - "$RUN_DIR/metrics.jsonl" <<'PYEOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-# DAPO trains on the prompts whose samples disagree: the policy's own reward is that of every sampled response
-key = "train/generated_reward_mean" if "train/generated_reward_mean" in rows[0] else "acc_for_ppo_rewards/mean"
-acc = [r[key] for r in rows]
-first, last = sum(acc[:5]) / len(acc[:5]), sum(acc[-5:]) / len(acc[-5:])
-print(f"{key}: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({len(rows)} iterations)")
-PYEOF
+
+echo "== the learning check"
+RC=0; check_learning || RC=$?
 echo "quickstart ($ALGO) done in $(( $(date +%s) - START )) s: checkpoints in $OUT/ckpt, HF result in $RUN_DIR/hf"
 echo "run dir: $RUN_DIR"
+exit "$RC"

@@ -1,0 +1,77 @@
+"""tools/check_learning.py: the first-window vs last-window rise, its errors, its CLI, and the quickstart script's exit
+status through it (`--check-only` on a recorded run whose reward does not rise: no trainer started)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tools.check_learning import Bound, NotLearning, assert_rises, measure, read_rows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEY = "acc_for_ppo_rewards/mean"
+
+
+def _write(run_dir, values, key=KEY):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for i, v in enumerate(values, 1):
+            f.write(json.dumps({"iteration": i, key: v}) + "\n")
+    return run_dir
+
+
+def test_measure_and_bound():
+    rows = [{"iteration": i, KEY: v} for i, v in enumerate([0.0, 0.5, 1.0, 0.5, 0.75, 1.0], 1)]
+    r = measure(rows, KEY, 2)
+    assert (r.first, r.last, r.rows, r.window) == (0.25, 0.875, 6, 2) and r.rise == pytest.approx(0.625)
+    assert assert_rises(rows, Bound((KEY,), 2, 0.625)).rise == pytest.approx(0.625)
+    with pytest.raises(NotLearning, match=r"first-2 mean 0\.250 -> last-2 mean 0\.875 \(6 iterations\): rise "
+                       r"\+0\.625, bound \+0\.700: FAILED: the reward did not rise"):  # fmt: skip
+        assert_rises(rows, Bound((KEY,), 2, 0.7))
+
+
+def test_measure_skips_rows_without_the_key_and_takes_the_first_key_present():
+    rows = [{"iteration": 1, "val/x/mean": 0.2}, {"iteration": 2}, {"iteration": 3, "val/x/mean": None},
+            {"iteration": 4, "val/x/mean": 0.6}]  # fmt: skip
+    r = measure(rows, ("val/y/mean", "val/x/mean"), 1)
+    assert (r.key, r.first, r.last, r.rows) == ("val/x/mean", 0.2, 0.6, 2)
+
+
+@pytest.mark.parametrize(
+    "rows, keys, window, error",
+    [
+        ([{"iteration": 1}], (KEY,), 1, f"no row holds {KEY} \\(1 rows\\)"),
+        ([{KEY: 0.1}] * 9, (KEY,), 5, f"9 rows hold {KEY}, fewer than 2 windows of 5"),
+        ([{KEY: 0.1}] * 9, (KEY,), 0, "window must be >= 1, got 0"),
+    ],
+)
+def test_measure_errors(rows, keys, window, error):
+    with pytest.raises(ValueError, match=error):
+        measure(rows, keys, window)
+
+
+def test_read_rows_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl: no such file"):
+        read_rows(str(tmp_path))
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n{"iter\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        read_rows(str(tmp_path))
+
+
+def test_cli(tmp_path):
+    tool = [sys.executable, os.path.join(ROOT, "tools", "check_learning.py")]
+    r = subprocess.run([*tool, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and "quickstart-ppo" in r.stdout and "--min-rise" in r.stdout, r.stderr
+    run = _write(tmp_path / "run", [0.5] * 5 + [0.9] * 5)
+    r = subprocess.run([*tool, str(run), "--window", "5", "--min-rise", "0.3"], capture_output=True, text=True)
+    assert r.returncode == 0 and "rise +0.400, bound +0.300: ok" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*tool, str(run), "--window", "5", "--min-rise", "0.5"], capture_output=True, text=True)
+    assert r.returncode == 1 and "rise +0.400, bound +0.500: FAILED" in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([*tool, str(run), "--window", "6", "--min-rise", "0.5"], capture_output=True, text=True)
+    assert r.returncode == 2 and "fewer than 2 windows of 6" in r.stderr, r.stderr
+    r = subprocess.run([*tool, str(run)], capture_output=True, text=True)
+    assert r.returncode == 2 and "give --run, or both --window and --min-rise" in r.stderr, r.stderr

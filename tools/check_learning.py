@@ -1,0 +1,159 @@
+"""Did a run learn? The mean of a metric (a reward or a held-out accuracy) over the last iterations against its mean
+over the first ones, with a bound on the rise; exit 1 when the rise is below the bound.
+
+    python tools/check_learning.py RUN_DIR --run quickstart-ppo            # a bound measured for that run (BOUNDS)
+    python tools/check_learning.py RUN_DIR --key KEY --window N --min-rise X
+
+RUN_DIR holds metrics.jsonl (a path to the .jsonl itself works too). Rows without the key, or with null (a
+non-finite value, see docs/metrics.md), are skipped: an evaluation key appears only on evaluated iterations. Each
+bound in BOUNDS was derived from runs over several seeds, with the learning rate and with the actor's learning rate
+at 1e-12 (no learning: the rise is sampling noise); its comment gives both spreads and how to reproduce them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What to compare in one kind of run: `key`'s mean over the first `window` rows against the last `window`;
+    the run learned when the rise (last - first) is >= `min_rise`. `keys` beyond the first are fallbacks, in order,
+    for runs that do not log the first."""
+
+    keys: tuple[str, ...]
+    window: int
+    min_rise: float
+
+
+@dataclass(frozen=True)
+class Rise:
+    key: str
+    first: float  # mean over the first window
+    last: float  # mean over the last window
+    rows: int  # rows that hold the key
+    window: int
+
+    @property
+    def rise(self) -> float:
+        return self.last - self.first
+
+
+class NotLearning(AssertionError):
+    """The rise is below its bound (an AssertionError: a test that calls assert_rises fails as on an assert)."""
+
+
+# DAPO trains on the prompts whose samples disagree: the policy's own reward is that of every sampled response.
+REWARD_KEYS = ("train/generated_reward_mean", "acc_for_ppo_rewards/mean")
+
+# How each bound was derived: the quickstart's assets (`bash examples/quickstart_cpu.sh [dapo]`: the SFT start), then
+# its RL step on them over seeds S, learning and not:
+#   mindrl-train --config-name ALGO_tiny_cpu megatron_training.seed=S megatron_training.train_iters=N \
+#       rl_config.run_dir=R [actor_config.lr=1e-12]  # N 30 (40 at lr 1e-12); plus the quickstart's load/save/data paths
+#   python tools/check_learning.py R --window 10 --min-rise 0   # prints the rise
+# At lr 1e-12 the policy does not move, so the rise is the noise of two window means; its iterations are then
+# exchangeable, and its spread is taken over every pair of disjoint 10-iteration blocks of each such 40-iteration run
+# (later minus earlier). The bound is the midpoint between that noise's max and the learning runs' min, rounded down
+# to 0.01. Windows of 10, not 5: with 5, PPO's noise max (+0.162) came within 0.03 of its learning min (+0.188).
+# A bound holds for runs of >= 30 iterations: the reward rises over the first ~20 and then stays (PPO seed 1234,
+# 60 iterations: +0.281 at 30, +0.306 at 60).
+BOUNDS: dict[str, Bound] = {
+    # PPO, 30 iterations, seeds 1, 2, 3, 1234: rise mean +0.277, min +0.213, max +0.319.
+    # lr 1e-12, seeds 1, 2: 12 block pairs mean +0.021, min -0.031, max +0.075 (per-iteration sd 0.14, 0.13: the
+    # sd of a window-10 rise 0.061; the bound is 2.3 of it).
+    "quickstart-ppo": Bound(("acc_for_ppo_rewards/mean",), 10, 0.14),
+    # GRPO, 30 iterations, seeds 1, 2, 3: rise mean +0.250, min +0.234, max +0.281.
+    # lr 1e-12, seeds 1, 2: 12 block pairs mean -0.010, min -0.088, max +0.044 (per-iteration sd 0.12, 0.10: the
+    # sd of a window-10 rise 0.048; the bound is 2.7 of it).
+    "quickstart-grpo": Bound(("acc_for_ppo_rewards/mean",), 10, 0.13),
+    # DAPO (the tiny Qwen3's own SFT start), train/generated_reward_mean (every sampled response, kept or filtered),
+    # 30 iterations, seeds 1, 1234: rise +0.284, +0.270 (seed 1234: +0.324 at its config's 40).
+    # lr 1e-12, seed 1: 6 block pairs mean -0.007, min -0.021, max +0.016 (per-iteration sd 0.068: the sd of a
+    # window-10 rise 0.031; the bound is 4.5 of it).
+    "quickstart-dapo": Bound(("train/generated_reward_mean",), 10, 0.14),
+}
+
+
+def read_rows(path: str) -> list[dict]:
+    """metrics.jsonl's rows; `path` is a run dir or the file. Errors name the file and the line."""
+    file = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file}: no such file (expected a run dir holding metrics.jsonl, or the file)")
+    rows = []
+    with open(file) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{file}:{n}: not a JSON line ({e.msg})") from None
+    return rows
+
+
+def measure(rows: list[dict], keys: tuple[str, ...] | str, window: int, where: str = "metrics") -> Rise:
+    """The first key of `keys` that some row holds: its first-`window` and last-`window` means. ValueError when no
+    row holds any of the keys, or fewer than 2 * window rows hold it (the windows would overlap)."""
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    for key in keys:
+        values = [float(r[key]) for r in rows if r.get(key) is not None and math.isfinite(float(r[key]))]
+        if values:
+            break
+    else:
+        raise ValueError(f"{where}: no row holds {' or '.join(keys)} ({len(rows)} rows)")
+    if len(values) < 2 * window:
+        raise ValueError(f"{where}: {len(values)} rows hold {key}, fewer than 2 windows of {window}: run more "
+                         f"iterations or use a smaller window")  # fmt: skip
+    first, last = values[:window], values[-window:]
+    return Rise(key, sum(first) / window, sum(last) / window, len(values), window)
+
+
+def message(r: Rise, min_rise: float) -> str:
+    verdict = "ok" if r.rise >= min_rise else "FAILED: the reward did not rise"
+    return (f"learning check: {r.key} first-{r.window} mean {r.first:.3f} -> last-{r.window} mean {r.last:.3f} "
+            f"({r.rows} iterations): rise {r.rise:+.3f}, bound {min_rise:+.3f}: {verdict}")  # fmt: skip
+
+
+def assert_rises(rows: list[dict], bound: Bound, where: str = "metrics") -> Rise:
+    """The Rise when it meets the bound; else NotLearning with message()."""
+    r = measure(rows, bound.keys, bound.window, where)
+    if r.rise < bound.min_rise:
+        raise NotLearning(f"{where}: {message(r, bound.min_rise)}")
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
+                                epilog="named bounds (--run):\n" + "\n".join(
+                                    f"  {n}: {' or '.join(b.keys)}, window {b.window}, min rise {b.min_rise}"
+                                    for n, b in BOUNDS.items()))  # fmt: skip
+    p.add_argument("run_dir", help="a run dir holding metrics.jsonl, or the .jsonl file")
+    p.add_argument("--run", choices=sorted(BOUNDS), help="a measured bound: its keys, window and min rise")
+    p.add_argument("--key", action="append", help="the metric (repeat: fallbacks in order; default: the --run's, "
+                   f"else {' or '.join(REWARD_KEYS)})")  # fmt: skip
+    p.add_argument("--window", type=int, help="iterations in each window (default: the --run's)")
+    p.add_argument("--min-rise", type=float, help="the least last-minus-first rise that passes (default: the --run's)")
+    a = p.parse_args(argv)
+    base = BOUNDS[a.run] if a.run else None
+    keys = tuple(a.key) if a.key else (base.keys if base else REWARD_KEYS)
+    window = a.window if a.window is not None else (base.window if base else None)
+    min_rise = a.min_rise if a.min_rise is not None else (base.min_rise if base else None)
+    if window is None or min_rise is None:
+        p.error("give --run, or both --window and --min-rise")
+    try:
+        r = measure(read_rows(a.run_dir), keys, window, where=a.run_dir)
+    except (OSError, ValueError) as e:
+        print(f"learning check: error: {e}", file=sys.stderr)
+        return 2
+    print(message(r, min_rise), file=sys.stdout if r.rise >= min_rise else sys.stderr)
+    return 0 if r.rise >= min_rise else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
