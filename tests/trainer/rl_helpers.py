@@ -46,49 +46,6 @@ def build_assets(d: Path, arch: str = "qwen2") -> Path:
     return d
 
 
-def build_sft_assets(d: Path) -> Path:
-    """The quickstart's assets with its full SFT warm start, laid out as `build_assets`' (`actor` the SFT save, `critic`
-    its trunk with a value head at TP2, `hf` its HF export, `data/train` the RL split): a policy that writes the
-    answer format, so the RL reward can rise within a few dozen iterations (the quickstart short form's 20 SFT steps
-    leave it near 0). Everything runs in this process, on the session's rank pool (SFT at DP4)."""
-    import io
-
-    from mindrl.checkpoint import convert
-    from mindrl.data.preprocess import preprocess
-    from mindrl.data.preprocess_config import load_preprocess_config
-    from mindrl.preflight import load_sft_config
-    from mindrl.trainer import sft
-    from tests.conftest import shared_pool
-    from tools.make_critic_from_lm import make_critic
-    from tools.make_quickstart_data import make_splits
-    from tools.make_tiny_model import make_tiny_model
-
-    make_tiny_model(str(d / "base_hf"), arch="qwen2")
-    sft_rows, rl_rows = make_splits(seed=0)
-    (d / "sft.json").write_text(json.dumps(sft_rows))
-    (d / "rl.json").write_text(json.dumps(rl_rows))
-    common = [f"tokenizer_name_or_path={d / 'base_hf'}", "prompt_type=qwen", "workers=1"]
-    for split, extra in (("train", []), ("sft", ["handler_name=AlpacaStyleInstructionHandler",
-                                                 "map_keys={prompt: problem, response: solution}"])):  # fmt: skip
-        source = d / ("rl.json" if split == "train" else "sft.json")
-        cfg, _ = load_preprocess_config(os.path.join(ROOT, "configs", "datasets", "deepscaler.yaml"),
-                                        [f"input={source}", f"output_prefix={d / 'data' / split}", *common, *extra])  # fmt: skip
-        preprocess(cfg, log=io.StringIO())
-    convert.hf2mcore(str(d / "base_hf"), str(d / "base"), 1, 1, pool=shared_pool())
-    world = 4  # the shared pool's ranks
-    cfg = load_sft_config("sft_tiny_cpu", overrides=[
-        f"megatron_training.data_path={d / 'data' / 'sft'}", f"megatron_training.tokenizer_name_or_path={d / 'base_hf'}",
-        f"megatron_training.load={d / 'base'}", f"megatron_training.save={d / 'actor'}",
-        f"megatron_training.run_dir={d / 'sft_run'}", f"megatron_training.world_size={world}",
-        f"megatron_training.micro_batch_size={32 // world}", "megatron_training.use_tensorboard=false",
-    ])  # fmt: skip
-    sft.train_sft(cfg, pool=shared_pool(), log=lambda line: None)
-    convert.mcore2hf(str(d / "actor"), str(d / "hf"), pool=shared_pool())
-    make_critic(str(d / "hf"), str(d / "hf_critic"))
-    convert.hf2mcore(str(d / "hf_critic"), str(d / "critic"), 2, 1, orm=True, pool=shared_pool())
-    return d
-
-
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
     """The tiny Qwen2's RL assets (build_assets)."""
@@ -97,8 +54,18 @@ def assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sft_assets(tmp_path_factory):
-    """The quickstart task with its full SFT start (build_sft_assets), laid out as `assets`."""
-    return build_sft_assets(tmp_path_factory.mktemp("sft_assets"))
+    """The quickstart task with its full SFT warm start, laid out as `assets` (`actor` the SFT save, `critic` its trunk
+    with a value head at TP2, `hf` its HF export, `data/train` the RL split): links into the quickstart short form's
+    outputs (tests/test_quickstart.py, run once per session), so the SFT is trained once for both. A policy that
+    writes the answer format: the RL reward rises within a few dozen iterations. Read-only."""
+    from tests.test_quickstart import quickstart_run
+
+    _, project = quickstart_run(tmp_path_factory)
+    qs = project / "outputs" / "quickstart"
+    d = tmp_path_factory.mktemp("sft_assets")
+    for name, target in (("actor", "ckpt/actor_sft"), ("critic", "ckpt/critic"), ("hf", "hf_sft"), ("data", "data")):
+        (d / name).symlink_to(qs / target, target_is_directory=True)
+    return d
 
 
 @pytest.fixture(scope="session")
