@@ -76,7 +76,7 @@ def _logprobs(model, prompt: list[int], response: list[int]):
 def check(base: str, tuned: str, max_new: int = 64, samples: int = 4) -> dict:
     import torch
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # a few short generations: a second thread only waits for the first on shared cores
     tok, base_model = _load(base)
     _, tuned_model = _load(tuned)
     prompts = _prompts(tok)
