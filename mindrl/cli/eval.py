@@ -25,6 +25,7 @@ CONFIG_DEFAULTS: dict[str, tuple[str, object]] = {
     "max_prompts": ("rl_config.val_max_prompts", None),
     "max_prompt_length": ("rl_config.max_prompt_length", 512),
     "max_tokens": ("generate_config.sampling_config.max_tokens", 128),
+    "protocol": ("rl_config.val_protocol", "standard"),
     "stop": ("generate_config.sampling_config.stop", []),
     "stop_token_ids": ("generate_config.sampling_config.stop_token_ids", []),
     "top_p": ("generate_config.sampling_config.top_p", 1.0),
@@ -71,16 +72,29 @@ def build_parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("data")
     add(d, "--data", help="a .json / .jsonl / .parquet file (or a directory of them) of DeepScaleR-style rows, or a "
         "mindrl-preprocess output_prefix (with labels); required")  # fmt: skip
-    d.add_argument("--prompt-type", default="qwen", help="raw data: chat template (configs/model/templates.json) "
-                   "(default: qwen)")  # fmt: skip
+    d.add_argument("--prompt-type", help="raw data: chat template (configs/model/templates.json) (default: the "
+                   "tokenizer's own chat template, system prompt included: the prompt_type that renders it)")  # fmt: skip
     d.add_argument("--prompt-key", default="problem", help="raw data: the field holding the prompt")
     d.add_argument("--answer-key", default="answer", help="raw data: the field holding the reference answer")
     add(d, "--max-prompts", type=int, help="only the first N prompts")
     add(d, "--max-prompt-length", type=int, help="drop longer prompts")
     s = p.add_argument_group("sampling and scoring (the training config's values reproduce its evaluation)")
     add(s, "--max-tokens", type=int, help="response tokens")
-    add(s, "--stop", nargs="+", help="stop strings (e.g. a newline: $'\\n')")
-    add(s, "--stop-token-ids", nargs="+", type=int, help="token ids that end a response, besides EOS / <|im_end|>")
+    add(
+        s,
+        "--protocol",
+        choices=["standard", "rollout"],
+        help="standard: greedy, ending only at the model's end "
+        "tokens (EOS / <|im_end|>), as a user runs it; rollout: with the config's stop strings and stop tokens",
+    )
+    add(s, "--stop", nargs="+", help="stop strings (e.g. a newline: $'\\n'); not standard decoding (opt-in)")
+    add(
+        s,
+        "--stop-token-ids",
+        nargs="+",
+        type=int,
+        help="token ids that end a response, besides EOS / <|im_end|>; not standard decoding (opt-in)",
+    )
     add(s, "--verifier", nargs="+", help="verifiers")
     add(s, "--verifier-weight", nargs="+", type=float, help="their weights (default: 1 each)")
     add(s, "--verifier-timeout", type=float, help="seconds per response")
@@ -100,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the flags left out: from the training config (--config-name) where given, else their own defaults."""
     from_config: dict[str, object] = {}
+    given = {dest for dest in CONFIG_DEFAULTS if getattr(args, dest) is not None}
     if args.overrides and not args.config_name:
         raise EvalInputError(f"{args.overrides[0]!r}: KEY=VALUE overrides need --config-name")
     if args.config_name:
@@ -123,6 +138,10 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     for dest, (_, default) in CONFIG_DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, from_config[dest] if from_config.get(dest) is not None else default)
+    if args.protocol == "standard":  # the rollout's stops are not the user's; stops given here are opt-in
+        for dest in ("stop", "stop_token_ids"):
+            if dest not in given:
+                setattr(args, dest, [])
     if args.data is None:
         raise EvalInputError("--data is required (or --config-name with rl_config.val_data_path)")
     return args
@@ -143,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"{name}: greedy {metrics.get(f'val/{name}/mean', 0.0):.4f} over {int(metrics['val/num_prompts'])} "
               "prompts" + "".join(f", {k.rsplit('/', 1)[1]} {v:.4f}" for k, v in metrics.items()
-                                  if k.startswith(f"val/{name}/pass@")))  # fmt: skip
+                                  if k.startswith(f"val/{name}/pass@")) + f" ({args.protocol_label})")  # fmt: skip
     print(f"responses: {out}")
     return 0
 
@@ -166,8 +185,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], str]:
         hf_dir = args.hf_dir or _convert(args.load_dir, args.hf_config, os.path.join(tmp, "hf"))
         tok_dir = args.tokenizer or hf_dir
         tokenizer = _tokenizer(tok_dir, "--tokenizer" if args.tokenizer else "the checkpoint")
-        data = _dataset(args, tok_dir, os.path.join(tmp, "data"))
-        from mindrl.trainer.evaluation import EvalSettings, evaluate, load_eval_set, write_rows
+        data = _dataset(args, tokenizer, tok_dir, os.path.join(tmp, "data"))
+        from mindrl.trainer.evaluation import EvalSettings, evaluate, load_eval_set, protocol_label, write_rows
 
         try:
             eval_set = load_eval_set(data, args.max_prompt_length, args.max_prompts)
@@ -175,9 +194,11 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], str]:
             raise EvalInputError(f"--data {args.data}: {e}") from None
         if not any(eval_set.labels):
             raise EvalInputError(f"--data {args.data}: no labels (reference answers); preprocess with labels")
+        ends = _end_tokens(tokenizer)
         sampling = SamplingConfig(max_tokens=args.max_tokens, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                                   stop=args.stop, detokenize=bool(args.stop),
-                                  stop_token_ids=sorted(set(args.stop_token_ids) | set(_end_tokens(tokenizer))))  # fmt: skip
+                                  stop_token_ids=sorted(set(args.stop_token_ids) | set(ends)))  # fmt: skip
+        args.protocol_label = protocol_label(sampling, ends)
         settings = EvalSettings(tuple(args.verifier), args.n_samples, args.temperature, args.seed)
         engine = _engine(args, hf_dir, tok_dir, max(len(p) for p in eval_set.prompts))
         try:
@@ -262,10 +283,33 @@ def _end_tokens(tokenizer) -> list[int]:
     return end_token_ids(tokenizer)
 
 
-def _dataset(args: argparse.Namespace, tok_dir: str, tmp_prefix: str) -> str:
+def own_prompt_type(tokenizer) -> str:
+    """The prompt_type (configs/model/templates.json) rendering exactly what the tokenizer's own chat template
+    renders for a user turn (default system prompt included)."""
+    from mindrl.data.templates import load_templates
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise EvalInputError("the tokenizer has no chat template of its own: pass --prompt-type")
+    probe = "What is 12 + 30? {x}"
+    want = tokenizer.apply_chat_template([{"role": "user", "content": probe}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""
+    for name, template in load_templates().items():
+        if template.render_prompt(probe, bos_token=bos, eos_token=eos) == want:
+            return name
+    raise EvalInputError(
+        "no prompt_type in configs/model/templates.json renders the tokenizer's own chat template "
+        f"({want[:120]!r}...): pass --prompt-type"
+    )
+
+
+def _dataset(args: argparse.Namespace, tokenizer, tok_dir: str, tmp_prefix: str) -> str:
     """A preprocessed prefix: --data itself, or --data tokenised into `tmp_prefix` (strict: a bad row is an error)."""
     if _is_preprocessed(args.data):
         return args.data
+    if args.prompt_type is None:
+        args.prompt_type = own_prompt_type(tokenizer)
+        print(f"[mindrl-eval] chat template: the tokenizer's own (prompt_type {args.prompt_type})")
     from mindrl.data.preprocess import BadRowError, preprocess
     from mindrl.data.preprocess_config import ConfigError, PreprocessConfig
     from mindrl.data.readers import InputError

@@ -25,6 +25,8 @@ PACKING_USES = {
 GROUP_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus_baseline")
 # MindSpeed-RL verifier names that mindrl registers under another name (same rule).
 VERIFIER_ALIASES = {"math_verify_reward": "math_verify"}
+VAL_PROTOCOLS = ("standard", "rollout")
+"""rl_config.val_protocol: standard decoding (greedy, end tokens only), or the rollout's stop strings / tokens."""
 # filter_groups_metric besides a verifier name: the response's whole reward (weighted verifiers + overlong penalty).
 SEQ_REWARD_METRIC = "seq_reward"
 # Keys of older MindSpeed-RL recipes read under today's name.
@@ -381,6 +383,10 @@ class RLSectionConfig(Section):
     0: greedy only."""
     val_temperature: float = 1.0
     """Temperature of the val_n_samples samples (top_p / top_k / min_p as sampling_config)."""
+    val_protocol: str = "standard"
+    """How held-out responses are decoded. standard: as a user runs the model: greedy, ending only at the
+    tokenizer's end tokens (EOS, <|im_end|>) or max_tokens; sampling_config's stop strings and extra stop_token_ids
+    are not applied. rollout: with the rollout's stop strings and stop_token_ids (opt-in; not standard decoding)."""
     # -- asynchronous RL (mindrl additions; docs/async.md) -------------------------------------------------
     async_mode: str = "sync"
     """sync: each batch is generated with the weights it trains. one_step_off: the batch of iteration t is generated
@@ -678,6 +684,8 @@ class RLSectionConfig(Section):
         if not math.isfinite(self.val_temperature) or self.val_temperature <= 0:
             col.add("val_temperature", f"must be > 0 (the pass@k samples are sampled; greedy is always evaluated), "
                     f"got {self.val_temperature}")  # fmt: skip
+        if self.val_protocol not in VAL_PROTOCOLS:
+            col.add("val_protocol", f"{self.val_protocol!r} is not one of {', '.join(VAL_PROTOCOLS)}")
         if not self.val_data_path:
             for key in ("val_max_prompts", "val_n_samples"):
                 if getattr(self, key):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 
 from mindrl.config.settings import SamplingConfig
 from mindrl.rollout.base import RolloutSample
+from mindrl.workers.from_config import end_token_ids
 from mindrl.workers.results import Scores
+
+logger = logging.getLogger("mindrl.trainer")
 
 EVAL_DIR = "eval"
 """Under the run dir: one JSONL of responses per evaluation, `iter_{iteration:07d}.jsonl`."""
@@ -47,6 +51,31 @@ class EvalSettings:
     """Temperature of the sampled responses."""
     seed: int = 1234
     """The sampled responses' seeds derive from it and the prompt's dataset index (the same at every evaluation)."""
+
+
+def protocol_sampling(sampling: SamplingConfig, protocol: str, end_ids: Sequence[int]) -> SamplingConfig:
+    """The sampling an evaluation decodes with. standard: the model's end tokens `end_ids` are the only stops (no
+    stop strings, no other stop tokens); rollout: `sampling` as the rollout uses it. Temperature and n are
+    `evaluate`'s."""
+    if protocol == "rollout":
+        return sampling
+    if protocol != "standard":
+        raise ValueError(f"unknown evaluation protocol {protocol!r}: standard or rollout")
+    return dataclasses.replace(sampling, stop=[], stop_token_ids=sorted(set(end_ids)), detokenize=False,
+                               ignore_eos=False)  # fmt: skip
+
+
+def protocol_label(sampling: SamplingConfig, end_ids: Sequence[int]) -> str:
+    """How the greedy responses were decoded, in words, to print next to the figure."""
+    extra = sorted(set(sampling.stop_token_ids) - set(end_ids))
+    if not sampling.stop and not extra and not sampling.ignore_eos:
+        return (
+            f"standard decoding: greedy, ends at the end token {sorted(set(end_ids))} or {sampling.max_tokens} tokens"
+        )
+    parts = [f"stop strings {sampling.stop!r}"] if sampling.stop else []
+    parts += [f"extra stop tokens {extra}"] if extra else []
+    parts += ["ignore_eos"] if sampling.ignore_eos else []
+    return f"NOT standard decoding: greedy with {', '.join(parts)}, <= {sampling.max_tokens} tokens"
 
 
 @dataclass
@@ -217,9 +246,11 @@ class Evaluator:
         interval: int | None,
         before_train: bool,
         last: int,
+        protocol: str = "standard",
     ):
         self.eval_set, self.settings, self.run_dir = eval_set, settings, run_dir
         self.interval, self.before_train, self.last = interval or 0, before_train, last
+        self.protocol = protocol
 
     @classmethod
     def from_config(cls, cfg, run_dir: str) -> Evaluator | None:
@@ -231,7 +262,7 @@ class Evaluator:
             rl.val_data_path, rl.max_prompt_length, rl.val_max_prompts, mt.dataset_additional_keys or ("labels",)
         )
         settings = EvalSettings(rl.verifiers, rl.val_n_samples, rl.val_temperature, mt.seed)
-        return cls(eval_set, settings, run_dir, mt.eval_interval, rl.val_before_train, mt.train_iters)
+        return cls(eval_set, settings, run_dir, mt.eval_interval, rl.val_before_train, mt.train_iters, rl.val_protocol)
 
     def forget_after(self, iteration: int) -> None:
         """Remove the responses of evaluations after `iteration` (a resumed run's start; -1: a fresh run, all), as
@@ -257,6 +288,10 @@ class Evaluator:
         tokenizer,
         model_score: ModelScoreFn | None = None,
     ) -> dict:
+        """`sampling`: the rollout's; decoded by `self.protocol` (`protocol_sampling`)."""
+        ends = end_token_ids(tokenizer)
+        sampling = protocol_sampling(sampling, self.protocol, ends)
+        logger.info("held-out evaluation at iteration %d, %s", iteration, protocol_label(sampling, ends))
         result = evaluate(self.eval_set, sampling, self.settings, generate, score, tokenizer, model_score)
         write_rows(eval_file(self.run_dir, iteration), result.rows, iteration=iteration)
         return result.metrics

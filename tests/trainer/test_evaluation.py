@@ -113,6 +113,48 @@ def test_evaluate_with_a_reward_model_scores_every_response():
     assert m["val/reward_model/sampled_score/mean"] == (2 + 3 + 1 + 2) / 4
 
 
+def test_standard_decoding_drops_the_rollouts_stops_and_says_so():
+    from mindrl.config.settings import SamplingConfig
+    from mindrl.trainer.evaluation import protocol_label, protocol_sampling
+
+    rollout = SamplingConfig(max_tokens=48, stop=["\n"], detokenize=True, stop_token_ids=[2, 7], temperature=0.6)
+    standard = protocol_sampling(rollout, "standard", [2])
+    assert (standard.stop, standard.stop_token_ids, standard.max_tokens) == ([], [2], 48)
+    assert protocol_label(standard, [2]) == "standard decoding: greedy, ends at the end token [2] or 48 tokens"
+    assert protocol_sampling(rollout, "rollout", [2]) is rollout
+    label = protocol_label(rollout, [2])
+    assert label.startswith("NOT standard decoding") and "['\\n']" in label and "[7]" in label
+    with pytest.raises(ValueError, match="unknown evaluation protocol 'x'"):
+        protocol_sampling(rollout, "x", [2])
+
+
+def test_the_models_own_chat_template_is_found():
+    """mindrl-eval's default prompt_type renders what the tokenizer's own chat template renders; a tokenizer without
+    one, or with one no template reproduces, is an error naming --prompt-type."""
+    from mindrl.cli.eval import EvalInputError, own_prompt_type
+    from mindrl.data.templates import get_template
+
+    smollm2 = get_template("smollm2")
+
+    class Tok:
+        bos_token, eos_token = "", "<|im_end|>"
+        chat_template = "(jinja)"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert not tokenize and add_generation_prompt
+            return smollm2.render_prompt(messages[0]["content"])
+
+    assert own_prompt_type(Tok()) == "smollm2"
+    odd = Tok()
+    odd.apply_chat_template = lambda messages, **kw: "<<" + messages[0]["content"]
+    with pytest.raises(EvalInputError, match="pass --prompt-type"):
+        own_prompt_type(odd)
+    none = Tok()
+    none.chat_template = None
+    with pytest.raises(EvalInputError, match="no chat template of its own: pass --prompt-type"):
+        own_prompt_type(none)
+
+
 def test_a_fresh_run_forgets_an_earlier_runs_evaluations(tmp_path):
     """metrics.jsonl's rows and the eval JSONLs after the start go; a resumed run keeps those up to its iteration."""
     from mindrl.trainer.evaluation import eval_file, write_rows
@@ -145,8 +187,9 @@ def test_config_keys(tmp_path):
     )
     with pytest.raises(ConfigError) as e:
         load_config("grpo_tiny_cpu", overrides=["rl_config.val_temperature=0", "rl_config.val_n_samples=-1",
-                                                "megatron_training.eval_interval=-2", "rl_config.val_max_prompts=0"])  # fmt: skip
-    for key in ("val_temperature", "val_n_samples", "eval_interval", "val_max_prompts"):
+                                                "megatron_training.eval_interval=-2", "rl_config.val_max_prompts=0",
+                                                "rl_config.val_protocol=one_line"])  # fmt: skip
+    for key in ("val_temperature", "val_n_samples", "eval_interval", "val_max_prompts", "val_protocol"):
         assert key in str(e.value)
 
 
@@ -200,7 +243,14 @@ def test_eval_defaults_come_from_a_training_config():
     cfg = load_config("grpo_smollm2_cpu", overrides=overrides)
     args = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", "--max-tokens", "7",
                                                                    *overrides]))  # fmt: skip
-    assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, ["END"], "/data/test")
+    # standard decoding (the config's val_protocol): the rollout's stop string is not the user's
+    assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, [], "/data/test")
+    assert args.protocol == "standard" and args.stop_token_ids == []
+    rollout = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", *overrides,
+                                                                      "rl_config.val_protocol=rollout"]))  # fmt: skip
+    assert (rollout.protocol, rollout.stop) == ("rollout", ["END"])
+    given = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", "--stop", "X"]))
+    assert (given.protocol, given.stop) == ("standard", ["X"])  # opt-in: protocol_label says it is not standard
     assert (args.load_dir, args.verifier, args.temperature) == (
         cfg.actor_config.save,
         cfg.rl_config.verifier_function,
