@@ -87,7 +87,10 @@ for line in distribution("swanlab").requires or []:
     req.marker = None
     print(req)
 PYEOF
-pipi -r "$VENV/swanlab-requirements.txt"
+# pip then reports swanlab's unmet protobuf<7 as a resolver "ERROR": expected (above), so those two lines are not shown.
+SWANLAB_OUT="$(pipi -r "$VENV/swanlab-requirements.txt")"  # a failed install still stops the script (set -e)
+printf '%s\n' "$SWANLAB_OUT" | grep -v -e "^ERROR: pip's dependency resolver does not currently" \
+  -e "^swanlab .* requires protobuf" -e '^$' || true
 echo "[setup_env] the gguf extra (mindrl[gguf]: GGUF -> HF for tools/get_model.py and its tests)"
 pipi "gguf==0.19.0" "accelerate==1.15.0"
 echo "[setup_env] mindrl (editable)"
