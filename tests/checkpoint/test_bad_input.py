@@ -401,7 +401,7 @@ def test_bad_numbers_on_the_command_line(mcore_untied, tiny_models, tmp_path, ca
     _cli_fails(
         capsys,
         ["hf2mcore", "--hf-dir", tiny_models["untied"], "--save-dir", str(tmp_path / "m"), "--tp", "0"],
-        "TP and PP must be >= 1, got TP=0 PP=1",
+        "TP, PP and EP must be >= 1, got TP=0 PP=1 EP=1",
     )
     _nothing_written(tmp_path / "hf")
     _nothing_written(tmp_path / "m")

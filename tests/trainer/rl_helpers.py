@@ -102,6 +102,7 @@ def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic
 # module's leak check. Modules that check that a run leaves no Ray behind keep a private one per run.
 PRIVATE_RAY_MODULES = {
     "tests/trainer/test_ppo_e2e.py",  # _no_leftovers: Ray is down after the run
+    "tests/trainer/test_qwen3_e2e.py",  # the same check (test_ppo_e2e's _no_leftovers)
     "tests/trainer/test_remote_rollout.py",  # a refused start leaves Ray down
     "tests/trainer/test_faults.py",  # kills the driver's Ray processes
 }
