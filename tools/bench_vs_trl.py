@@ -21,7 +21,7 @@ workers) and mindrl / TRL tokens/s.
 With --model smollm2 the model is the real SmolLM2-135M-Instruct (tools/get_model.py smollm2: 30 layers, vocab 49k)
 on the recipe's task (tools/make_arithmetic_data.py, operands <= 20, SmolLM2's chat template; prompts of one token
 length), rewarded by the `gsm8k` verifier on both sides (TRL's side loads mindrl's verifier by path), at the
-recipe's temperature 0.6 and lr 2e-5; both sides' final weights, and the base model, are then scored by
+recipe's temperature 0.6 and a constant lr 2e-5 on both sides (the recipe itself decays 3e-5 by cosine); both sides' final weights, and the base model, are then scored by
 mindrl-eval on held-out problems as the recipe's evaluation does (greedy, standard decoding): the held-out accuracy each
 reaches after the same steps.
 
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="mindrl's rows per micro-batch (update and forwards), if not --micro-batch-size: a micro-batch "
                         "only bounds memory, the update is the same (one optimizer step per GRPO step on both sides); "
                         "TRL's ties its generation batch to its micro-batch, so it keeps --micro-batch-size")  # fmt: skip
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default: 1e-6; smollm2: the recipe's 2e-5)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate, constant (default: 1e-6; smollm2: 2e-5)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature, both sides (default: 1.0; smollm2: the recipe's 0.6)")  # fmt: skip
     p.add_argument("--eval-prompts", type=int, default=100,
