@@ -9,7 +9,7 @@ import torch
 
 from mindrl.batch import Batch, pad_rows
 from mindrl.trainer.metrics import stats_metrics
-from mindrl.workers.results import Scores, TokenCounts
+from mindrl.workers.results import LogprobDiff, Scores, TokenCounts
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 """What the forward passes (old and reference logprobs, values) read."""
@@ -89,6 +89,19 @@ def advantage_metrics(batch: Batch, scores: torch.Tensor, scored: Scores, verifi
     for k in ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_restarts"):
         metrics[k] = float(scored.metrics.get(k, 0.0))
     return metrics
+
+
+def rollout_gap(batch: Batch) -> LogprobDiff:
+    """|old_log_prob - rollout_log_prob| over the sampled tokens, and |sum of a response's differences| over the
+    responses: the rollout-vs-trainer gap under the same weights, from the recomputed old logprobs."""
+    mask = batch["response_mask"]
+    signed = (batch["old_log_prob"] - batch["rollout_log_prob"]) * mask
+    d = signed.abs()[mask.bool()]
+    seq = signed.sum(-1).abs()[mask.sum(-1) > 0]
+    return LogprobDiff(
+        d.sum().item(), d.numel(), d.max().item() if d.numel() else 0.0,
+        seq.sum().item(), seq.numel(), seq.max().item() if seq.numel() else 0.0,
+    )  # fmt: skip
 
 
 def token_metrics(role: str, counts: TokenCounts) -> dict[str, float]:

@@ -535,20 +535,10 @@ class PPOTrainer:
         tokens under the same weights: from the recomputed old logprobs, or (on-policy) from the update's own
         forward pass."""
         warn = self.cfg.rl_config.logprob_diff_warn
-        if "old_log_prob" in batch:
-            mask = batch["response_mask"]
-            signed = (batch["old_log_prob"] - batch["rollout_log_prob"]) * mask
-            d = signed.abs()[mask.bool()]
-            seq = signed.sum(-1).abs()[mask.sum(-1) > 0]
-            diff = logprob_diff_summary(
-                d.sum().item(), d.numel(), d.max().item() if d.numel() else 0.0, warn,
-                seqs=(seq.sum().item(), seq.numel(), seq.max().item() if seq.numel() else 0.0),
-            )  # fmt: skip
-        else:
-            r = result.logprob_diff
-            diff = logprob_diff_summary(
-                r.sum_abs, r.count, r.max_abs, warn, seqs=(r.seq_sum_abs, r.seq_count, r.seq_max_abs)
-            )
+        r = experience.rollout_gap(batch) if "old_log_prob" in batch else result.logprob_diff
+        diff = logprob_diff_summary(
+            r.sum_abs, r.count, r.max_abs, warn, seqs=(r.seq_sum_abs, r.seq_count, r.seq_max_abs)
+        )
         return {**diff, **experience.token_metrics("actor", result.tokens), **result.metrics}
 
     def _maybe_sync_reference(self, metrics: dict[str, float], timing: dict[str, float]) -> None:

@@ -51,23 +51,9 @@ def import_tracker(spec: TrackerSpec):
 
 
 class TrackerRun:
-    """One open tracker run: `log(values, step)` and `close()` (idempotent)."""
+    """One open tracker run (the package's run object in `_run`): `log(values, step)` and `close()` (idempotent)."""
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class WandbRun(TrackerRun):
-    """A wandb run. wandb starts a `wandb-core` service process for its runs; it is stopped on close once no
-    wandb run is left in this process, so a finished trainer leaves no process behind."""
-
-    def __init__(self, wandb, spec: TrackerSpec, config: dict | None):
-        os.makedirs(spec.save_dir, exist_ok=True)
-        self._wandb = wandb
-        self._run = wandb.init(project=spec.project or None, name=spec.name or None, dir=spec.save_dir, config=config)
+    _run = None
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         self._run.log(dict(values), step=step)
@@ -79,8 +65,24 @@ class WandbRun(TrackerRun):
         try:
             run.finish()
         finally:
-            if self._wandb.run is None:  # no other run of this process still needs the service
-                self._wandb.teardown()
+            self._after_close()
+
+    def _after_close(self) -> None:
+        """What the package needs once its run has finished (nothing by default)."""
+
+
+class WandbRun(TrackerRun):
+    """A wandb run. wandb starts a `wandb-core` service process for its runs; it is stopped on close once no
+    wandb run is left in this process, so a finished trainer leaves no process behind."""
+
+    def __init__(self, wandb, spec: TrackerSpec, config: dict | None):
+        os.makedirs(spec.save_dir, exist_ok=True)
+        self._wandb = wandb
+        self._run = wandb.init(project=spec.project or None, name=spec.name or None, dir=spec.save_dir, config=config)
+
+    def _after_close(self) -> None:
+        if self._wandb.run is None:  # no other run of this process still needs the service
+            self._wandb.teardown()
 
 
 class SwanLabRun(TrackerRun):
@@ -96,15 +98,6 @@ class SwanLabRun(TrackerRun):
             config=config,
             settings=swanlab.Settings(interactive=False),
         )
-
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        self._run.log(dict(values), step=step)
-
-    def close(self) -> None:
-        if self._run is None:
-            return
-        run, self._run = self._run, None
-        run.finish()
 
 
 _RUNS = {"wandb": WandbRun, "swanlab": SwanLabRun}
