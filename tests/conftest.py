@@ -8,6 +8,7 @@ import signal
 import pytest
 import torch
 
+from tests.cputime import pytest_runtest_protocol  # noqa: F401  (MINDRL_TEST_CPU=FILE: each test's CPU seconds)
 from tests.parallel import pytest_collection_modifyitems  # noqa: F401  (the xdist group of tests that start processes)
 from tests.procs import SESSION_TAG
 
