@@ -1,0 +1,142 @@
+"""LoRA on megatron's parallel linears against an independent reference: HF + `peft` with the same adapters gives the
+same logits and the same adapter gradients as mindrl at TP1, TP2 and PP2. The bound is HF's own fp32 error (fp32 vs
+fp64 on these inputs), measured here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tests.conftest as conftest
+from mindrl.models.hf_config import ModelSpec
+from mindrl.models.lora import (
+    TARGETS,
+    LoRAError,
+    adapter_mapping,
+    adapter_names,
+    adapter_shape,
+    full_to_peft,
+    peft_to_full,
+)
+from mindrl.models.weight_map import local_to_full
+
+R, ALPHA = 4, 8.0
+HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LAYOUTS = [(1, 1), (2, 1), (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_models, tmp_path_factory) -> str:
+    return conftest.tp2_checkpoints({"untied": tiny_models["untied"]}, tmp_path_factory.mktemp("lora_tp2"))["untied"]
+
+
+@pytest.fixture(scope="module")
+def case(tiny_models):
+    """(spec, ids, whole adapter matrices): A and B both random, so every adapter has a gradient and moves the
+    logits."""
+    spec = ModelSpec.from_hf_dir(tiny_models["untied"])
+    gen = torch.Generator().manual_seed(11)
+    full = {n: 0.2 * torch.randn(adapter_shape(spec, n, R), generator=gen) for n in adapter_names(spec, TARGETS)}
+    ids = torch.randint(0, spec.vocab_size, (2, 25), generator=gen)
+    return spec, ids, full
+
+
+def _peft_model(hf_dir: str, spec: ModelSpec, full: dict, dtype: torch.dtype):
+    import peft
+    import transformers
+
+    from mindrl.checkpoint.convert import _rms_norm_in_dtype
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    if dtype == torch.float64:  # HF keeps fp32 norm statistics whatever the dtype: fp64 all through
+        import functools
+
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.forward = functools.partial(_rms_norm_in_dtype, module)
+    config = peft.LoraConfig(r=R, lora_alpha=ALPHA, target_modules=HF_TARGETS, lora_dropout=0.0)
+    model = peft.get_peft_model(model, config)
+    state = {f"base_model.model.{k}": v for name, t in full.items() for k, v in full_to_peft(spec, name, t)}
+    result = peft.set_peft_model_state_dict(model, state)
+    assert not [k for k in result.unexpected_keys if "lora" in k], result.unexpected_keys
+    return model
+
+
+def _hf_reference(hf_dir: str, spec: ModelSpec, ids: torch.Tensor, full: dict, dtype: torch.dtype):
+    """(logits, logits with the adapters off, {megatron adapter name: whole grad}) of HF + peft in `dtype`."""
+    model = _peft_model(hf_dir, spec, full, dtype)
+    with torch.no_grad(), model.disable_adapter():
+        base = model(input_ids=ids).logits
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    logits = model(input_ids=inputs).logits
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+    grads = {n.replace(".default", "").removeprefix("base_model.model."): p.grad for n, p in model.named_parameters()
+             if p.requires_grad}  # fmt: skip
+    out = {}
+    for name in full:
+        mapping, matrix = adapter_mapping(spec, name)
+        parts = [grads[n] for n in mapping.hf_names]
+        # A fused linear's one A feeds each projection: its gradient is their sum.
+        out[name] = torch.stack(parts).sum(0) if matrix == "A" else peft_to_full(spec, name, parts)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return logits.double(), base.double(), {k: v.double() for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_models, case):
+    spec, ids, full = case
+    exact = _hf_reference(tiny_models["untied"], spec, ids, {k: v.double() for k, v in full.items()}, torch.float64)
+    fp32 = _hf_reference(tiny_models["untied"], spec, ids, full, torch.float32)
+    gap = {
+        "logits": (fp32[0] - exact[0]).abs().max().item(),
+        "grads": max((fp32[2][n] - exact[2][n]).abs().max().item() for n in full),
+    }
+    return exact, gap
+
+
+def test_peft_layout_round_trips(case):
+    """megatron's fused adapters -> PEFT's per-projection ones -> back is exact; unequal q/k/v A's are refused."""
+    spec, _, full = case
+    for name, t in full.items():
+        mapping, _ = adapter_mapping(spec, name)
+        pairs = full_to_peft(spec, name, t)
+        assert [n for n, _ in pairs] == list(mapping.hf_names)
+        assert torch.equal(peft_to_full(spec, name, [v for _, v in pairs]), t)
+    qkv_a = "decoder.layers.0.self_attention.linear_qkv.lora.lora_A.weight"
+    parts = [v.clone() for _, v in full_to_peft(spec, qkv_a, full[qkv_a])]
+    parts[1][0, 0] += 1
+    with pytest.raises(LoRAError, match="k_proj.lora_A.weight differs from .*q_proj"):
+        peft_to_full(spec, qkv_a, parts)
+
+
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+def test_lora_matches_peft(pool, saved, case, reference, tp, pp):
+    from tests.models.lora_rank import lora_outputs
+
+    spec, ids, full = case
+    (logits_ref, base_ref, grads_ref), gap = reference
+    results = [r for r in pool.run(lora_outputs, saved, tp, pp, ids, R, ALPHA, list(TARGETS), full) if r]
+    logits = next(r["logits"] for r in results if r["logits"] is not None)[..., : spec.vocab_size].double()
+    base = next(r["base_logits"] for r in results if r["base_logits"] is not None)[..., : spec.vocab_size].double()
+    shards: dict[str, list] = {}
+    for r in sorted(results, key=lambda r: r["tp_rank"]):
+        for name, g in r["grads"].items():
+            shards.setdefault(name, []).append(g)
+    assert sorted(shards) == sorted(full), "every adapter of the model got a gradient on some rank"
+    grads = {n: local_to_full(adapter_mapping(spec, n)[0], s).double() for n, s in shards.items()}
+    assert all(not r["backbone_trainable"] and not r["backbone_grads"] for r in results), "the backbone is frozen"
+
+    diff = {
+        "logits": (logits - logits_ref).abs().max().item(),
+        "base_logits": (base - base_ref).abs().max().item(),
+        "grads": max((grads[n] - grads_ref[n]).abs().max().item() for n in full),
+    }
+    effect = (logits_ref - base_ref).abs().max().item()
+    print(f"tp{tp} pp{pp}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
+          f"by {effect:.3g}, max |adapter grad| {max(g.abs().max().item() for g in grads_ref.values()):.3g}")  # fmt: skip
+    assert effect > 100 * gap["logits"], "the adapters change the logits far beyond the bound"
+    assert min(g.abs().max().item() for g in grads_ref.values()) > 100 * gap["grads"], "every adapter has a gradient"
+    assert diff["logits"] <= 10 * gap["logits"]
+    assert diff["base_logits"] <= 10 * gap["logits"]
+    assert diff["grads"] <= 10 * gap["grads"]
