@@ -22,11 +22,11 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from mindrl.config.settings import LORA_TARGETS
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.weight_map import ParamMapping, param_mapping
 
-TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-"""MindSpeed-RL's lora_target_modules: megatron's names of the four linears of a dense transformer layer."""
+TARGETS = LORA_TARGETS
 _COLUMN = ("linear_qkv", "linear_fc1")
 # Where each target sits in a layer, for its base weight's HF mapping.
 _PARENT = {
