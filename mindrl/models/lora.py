@@ -18,7 +18,9 @@ from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
 )
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
@@ -45,12 +47,15 @@ class LoRAAdapter(torch.nn.Module):
     """The low-rank pair of one parallel linear: lora_A (r x in) and lora_B (out x r), each this TP rank's shard
     where the base layer's matching dimension is split. `enabled` False makes the base layer's output its own."""
 
-    def __init__(self, base: torch.nn.Module, r: int, alpha: float, column: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, base: torch.nn.Module, r: int, alpha: float, column: bool, dtype: torch.dtype, sequence_parallel: bool
+    ) -> None:
         super().__init__()
         tp = ps.get_tensor_model_parallel_world_size()
         out_features = base.weight.shape[0]
         in_features = base.weight.shape[1]
         self.column = column
+        self.sequence_parallel = sequence_parallel and tp > 1
         self.scale = alpha / r
         self.enabled = True
         self.lora_A = torch.nn.Linear(in_features, r, bias=False, dtype=dtype, device=base.weight.device)
@@ -63,11 +68,23 @@ class LoRAAdapter(torch.nn.Module):
             split.tensor_model_parallel = True
             split.partition_dim = 0 if column else 1
             split.partition_stride = 1
+        if self.sequence_parallel:
+            # The whole matrix on every rank, but each rank's gradient covers only its part of the sequence:
+            # finalize_model_grads sums such params over TP (as it does the norms').
+            (self.lora_A if column else self.lora_B).weight.sequence_parallel = True
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         """scale * B A x for this rank's part of the base layer's output."""
         z = torch.nn.functional.linear(x, self.lora_A.weight)
-        if self.column:
+        if self.sequence_parallel:
+            # Column: x is this rank's part of the sequence; z is all-gathered r wide, and its gradient, each rank's
+            # part from its B shard, reduce-scattered back. Row: z is a partial sum over the full sequence,
+            # reduce-scattered to this rank's part, where the base layer's output is.
+            if self.column:
+                z = gather_from_sequence_parallel_region(z, tensor_parallel_output_grad=True)
+            else:
+                z = reduce_scatter_to_sequence_parallel_region(z)
+        elif self.column:
             # Every rank holds all of A: z's gradient is each rank's part from its B shard, summed here (r wide,
             # where summing x's gradient would be hidden wide).
             z = copy_to_tensor_model_parallel_region(z)
@@ -116,8 +133,6 @@ def apply_lora(
     unknown = sorted(set(targets) - set(TARGETS))
     if unknown or not targets:
         raise LoRAError(f"lora_target_modules {list(targets)}: each must be one of {', '.join(TARGETS)}")
-    if config.sequence_parallel:
-        raise LoRAError("LoRA with sequence_parallel is not implemented: set sequence_parallel false")
     if config.num_moe_experts:
         raise LoRAError("LoRA on a mixture-of-experts model is not implemented")
     for p in gpt.parameters():
@@ -133,7 +148,7 @@ def apply_lora(
         want = ColumnParallelLinear if column else RowParallelLinear
         if not isinstance(module, want) or (column and module.gather_output):
             raise LoRAError(f"{name} is a {type(module).__name__}; LoRA adapts megatron's {want.__name__} here")
-        adapter = LoRAAdapter(module, r, alpha, column, config.params_dtype)
+        adapter = LoRAAdapter(module, r, alpha, column, config.params_dtype, config.sequence_parallel)
         full_in = module.weight.shape[1] * (1 if column else tp)
         a = init_adapter_A(_global(name, offset) + ".lora_A.weight", (r, full_in), seed)
         with torch.no_grad():

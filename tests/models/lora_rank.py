@@ -5,31 +5,37 @@ from __future__ import annotations
 import torch
 
 
-def lora_outputs(load_dir: str, tp: int, pp: int, ids: torch.Tensor, r: int, alpha: float, targets: list[str],
-                 full: dict[str, torch.Tensor]) -> dict | None:  # fmt: skip
-    """This rank's LoRA model (the checkpoint at TP x PP, adapters set from the whole matrices `full`): logits with
-    and without the adapters, and the adapters' grads of the mean next-token cross entropy of `ids`. dp rank 0 only."""
+def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids: torch.Tensor, r: int, alpha: float,
+                 targets: list[str], full: dict[str, torch.Tensor]) -> dict | None:  # fmt: skip
+    """The trainer's model (`build_model_and_optimizer` with LoRA: DDP, megatron's optimizer) of the checkpoint at
+    TP x PP (SP, full recomputation of every layer), its adapters set from the whole matrices `full`: logits of ids[:, :-1]
+    with and without the adapters, the adapters' grads of the mean next-token cross entropy of `ids` (DDP's, after megatron's
+    finalize), and what one optimizer step changed. dp rank 0 only."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from mindrl.checkpoint import loading
+    from mindrl.config.settings import LoRASettings, OptimSettings, RecomputeSettings
     from mindrl.models.forward import attention_inputs, forward_outputs, run_schedule
-    from mindrl.models.lora import adapter_mapping, adapters_disabled, apply_lora, is_adapter_param
+    from mindrl.models.lora import adapter_mapping, adapters_disabled, is_adapter_param
     from mindrl.models.weight_map import full_to_local, global_name
+    from mindrl.models.wrappers import unwrap
+    from mindrl.workers.train_setup import build_model_and_optimizer
 
-    spec, _, model = loading.build_and_load(load_dir, tp, pp, "float32")
-    apply_lora(model, r, alpha, targets)
-    offset = get_transformer_layer_offset(model.config)
+    lora = LoRASettings(lora_target_modules=targets, lora_r=r, lora_alpha=alpha)
+    rc = RecomputeSettings("full", "uniform", 1) if recompute else None
+    spec, ddp, optimizer, _ = build_model_and_optimizer(load_dir, tp, pp, OptimSettings(lr=1e-3), total_steps=1,
+                                                        sequence_parallel=sp, recompute=rc, lora=lora)  # fmt: skip
+    offset = get_transformer_layer_offset(unwrap(ddp).config)
     tp_rank = ps.get_tensor_model_parallel_rank()
     names = {}
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in unwrap(ddp).named_parameters():
             if is_adapter_param(name):
                 g = names[name] = global_name(name, offset)
                 p.copy_(full_to_local(adapter_mapping(spec, g)[0], full[g], tp_rank, tp))
-    logits = forward_outputs(model, ids)
-    with adapters_disabled(model):
-        base_logits = forward_outputs(model, ids)
+    logits = forward_outputs(ddp, ids[:, :-1])  # under SP the length must divide over TP
+    with adapters_disabled(ddp):
+        base_logits = forward_outputs(ddp, ids[:, :-1])
 
     def step(data_iterator, m):
         x = next(data_iterator)
@@ -38,10 +44,14 @@ def lora_outputs(load_dir: str, tp: int, pp: int, ids: torch.Tensor, r: int, alp
         per_token = m(inputs, position_ids, mask, labels=labels)
         return per_token, lambda out: (out.float().mean(), {})
 
-    run_schedule(model, step, [ids], ids.shape[1] - 1, ids.shape[0], forward_only=False)
-    grads = {names[n]: p.grad.clone() for n, p in model.named_parameters() if is_adapter_param(n)}
-    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad and not is_adapter_param(n))
-    backbone_grads = sorted(n for n, p in model.named_parameters() if p.grad is not None and not is_adapter_param(n))
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    run_schedule(ddp, step, [ids], ids.shape[1] - 1, ids.shape[0], forward_only=False)
+    params = dict(unwrap(ddp).named_parameters())
+    grads = {names[n]: p.main_grad.clone() for n, p in params.items() if is_adapter_param(n)}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    ok, _, _ = optimizer.step()
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if ps.get_data_parallel_rank() != 0:
         return None
     keep = tp_rank == 0
@@ -50,6 +60,12 @@ def lora_outputs(load_dir: str, tp: int, pp: int, ids: torch.Tensor, r: int, alp
         "logits": logits if keep else None,
         "base_logits": base_logits if keep else None,
         "grads": grads,
-        "backbone_trainable": trainable,
-        "backbone_grads": backbone_grads,
+        "step_ok": ok,
+        "backbone_trainable": sorted(n for n, p in params.items() if p.requires_grad and not is_adapter_param(n)),
+        "backbone_changed": sorted(
+            n for n, p in params.items() if not is_adapter_param(n) and not torch.equal(p, before[n])
+        ),  # fmt: skip
+        "adapters_changed": all(not torch.equal(p, before[n]) for n, p in params.items() if is_adapter_param(n)),
+        "optimizer_params": len(stepped),
+        "adapter_params": sum(is_adapter_param(n) for n in params),
     }

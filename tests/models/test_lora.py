@@ -22,7 +22,8 @@ from mindrl.models.weight_map import local_to_full
 
 R, ALPHA = 4, 8.0
 HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-LAYOUTS = [(1, 1), (2, 1), (1, 2)]
+# (TP, PP, sequence parallel, full recomputation of every layer)
+LAYOUTS = [(1, 1, False, False), (2, 1, False, False), (1, 2, False, False), (2, 1, True, False), (1, 2, False, True)]
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,11 @@ def _peft_model(hf_dir: str, spec: ModelSpec, full: dict, dtype: torch.dtype):
 
 
 def _hf_reference(hf_dir: str, spec: ModelSpec, ids: torch.Tensor, full: dict, dtype: torch.dtype):
-    """(logits, logits with the adapters off, {megatron adapter name: whole grad}) of HF + peft in `dtype`."""
+    """(logits of ids[:, :-1], the same with the adapters off, {megatron adapter name: whole grad}) of HF + peft in `dtype`."""
     model = _peft_model(hf_dir, spec, full, dtype)
-    with torch.no_grad(), model.disable_adapter():
-        base = model(input_ids=ids).logits
     inputs, labels = ids[:, :-1], ids[:, 1:]
+    with torch.no_grad(), model.disable_adapter():
+        base = model(input_ids=inputs).logits
     logits = model(input_ids=inputs).logits
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
     grads = {n.replace(".default", "").removeprefix("base_model.model."): p.grad for n, p in model.named_parameters()
@@ -79,7 +80,7 @@ def _hf_reference(hf_dir: str, spec: ModelSpec, ids: torch.Tensor, full: dict, d
         # A fused linear's one A feeds each projection: its gradient is their sum.
         out[name] = torch.stack(parts).sum(0) if matrix == "A" else peft_to_full(spec, name, parts)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits
+        logits = model(input_ids=inputs).logits
     return logits.double(), base.double(), {k: v.double() for k, v in out.items()}
 
 
@@ -110,13 +111,16 @@ def test_peft_layout_round_trips(case):
         peft_to_full(spec, qkv_a, parts)
 
 
-@pytest.mark.parametrize("tp,pp", LAYOUTS)
-def test_lora_matches_peft(pool, saved, case, reference, tp, pp):
+@pytest.mark.parametrize("tp,pp,sp,recompute", LAYOUTS)
+def test_lora_matches_peft(pool, saved, case, reference, tp, pp, sp, recompute):
+    """The trainer's model with LoRA (DDP, megatron's optimizer) against HF + peft: logits with and without the
+    adapters, and the adapters' gradients; then one optimizer step moves every adapter and no backbone weight."""
     from tests.models.lora_rank import lora_outputs
 
     spec, ids, full = case
     (logits_ref, base_ref, grads_ref), gap = reference
-    results = [r for r in pool.run(lora_outputs, saved, tp, pp, ids, R, ALPHA, list(TARGETS), full) if r]
+    args = (saved, tp, pp, sp, recompute, ids, R, ALPHA, list(TARGETS), full)
+    results = [r for r in pool.run(lora_outputs, *args) if r]
     logits = next(r["logits"] for r in results if r["logits"] is not None)[..., : spec.vocab_size].double()
     base = next(r["base_logits"] for r in results if r["base_logits"] is not None)[..., : spec.vocab_size].double()
     shards: dict[str, list] = {}
@@ -125,7 +129,10 @@ def test_lora_matches_peft(pool, saved, case, reference, tp, pp):
             shards.setdefault(name, []).append(g)
     assert sorted(shards) == sorted(full), "every adapter of the model got a gradient on some rank"
     grads = {n: local_to_full(adapter_mapping(spec, n)[0], s).double() for n, s in shards.items()}
-    assert all(not r["backbone_trainable"] and not r["backbone_grads"] for r in results), "the backbone is frozen"
+    for r in results:
+        assert not r["backbone_trainable"] and not r["backbone_changed"], "the backbone is frozen"
+        assert r["step_ok"] and r["adapters_changed"], "one step moves every adapter"
+        assert r["optimizer_params"] == r["adapter_params"] > 0, "the optimizer holds the adapters only"
 
     diff = {
         "logits": (logits - logits_ref).abs().max().item(),
@@ -133,7 +140,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tp, pp):
         "grads": max((grads[n] - grads_ref[n]).abs().max().item() for n in full),
     }
     effect = (logits_ref - base_ref).abs().max().item()
-    print(f"tp{tp} pp{pp}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
+    print(f"tp{tp} pp{pp} sp{int(sp)} recompute{int(recompute)}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
           f"by {effect:.3g}, max |adapter grad| {max(g.abs().max().item() for g in grads_ref.values()):.3g}")  # fmt: skip
     assert effect > 100 * gap["logits"], "the adapters change the logits far beyond the bound"
     assert min(g.abs().max().item() for g in grads_ref.values()) > 100 * gap["grads"], "every adapter has a gradient"
