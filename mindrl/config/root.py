@@ -124,6 +124,9 @@ class RLConfig(Section):
             if not actor.lora:
                 col.add("rl_config.share_backbone", "needs a LoRA actor (actor_config.lora_target_modules): only "
                         "frozen weights can be shared with the reference")  # fmt: skip
+            if not rl.use_integrated_worker:
+                col.add("rl_config.share_backbone", "needs use_integrated_worker: true (the reference shares the "
+                        "actor's devices and weights)")  # fmt: skip
             if self.megatron_training.stage == "ray_dapo":
                 col.add("rl_config.share_backbone", "stage ray_dapo has no reference model to share the backbone with")
             if rl.sync_ref_model:

@@ -68,4 +68,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
         "adapters_changed": all(not torch.equal(p, before[n]) for n, p in params.items() if is_adapter_param(n)),
         "optimizer_params": len(stepped),
         "adapter_params": sum(is_adapter_param(n) for n in params),
+        "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        "numel": sum(p.numel() for p in params.values()),
+        "trainable_numel": sum(p.numel() for p in params.values() if p.requires_grad),
     }

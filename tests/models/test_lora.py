@@ -19,6 +19,7 @@ from mindrl.models.lora import (
     peft_to_full,
 )
 from mindrl.models.weight_map import local_to_full
+from mindrl.plan import adapter_params, stage_params
 
 R, ALPHA = 4, 8.0
 HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -29,6 +30,17 @@ LAYOUTS = [(1, 1, False, False), (2, 1, False, False), (1, 2, False, False), (2,
 @pytest.fixture(scope="module")
 def saved(tiny_models, tmp_path_factory) -> str:
     return conftest.tp2_checkpoints({"untied": tiny_models["untied"]}, tmp_path_factory.mktemp("lora_tp2"))["untied"]
+
+
+@pytest.fixture(scope="module")
+def tiny_arch(tiny_models):
+    from mindrl.config import load_config
+
+    arch = load_config("ppo_tiny_cpu").model
+    spec = ModelSpec.from_hf_dir(tiny_models["untied"])
+    assert (arch.num_layers, arch.hidden_size, arch.ffn_size, arch.num_kv_heads, arch.padded_vocab_size) == (
+        spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.num_kv_heads, spec.vocab_size)  # fmt: skip
+    return arch
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +124,7 @@ def test_peft_layout_round_trips(case):
 
 
 @pytest.mark.parametrize("tp,pp,sp,recompute", LAYOUTS)
-def test_lora_matches_peft(pool, saved, case, reference, tp, pp, sp, recompute):
+def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, recompute):
     """The trainer's model with LoRA (DDP, megatron's optimizer) against HF + peft: logits with and without the
     adapters, and the adapters' gradients; then one optimizer step moves every adapter and no backbone weight."""
     from tests.models.lora_rank import lora_outputs
@@ -133,6 +145,12 @@ def test_lora_matches_peft(pool, saved, case, reference, tp, pp, sp, recompute):
         assert not r["backbone_trainable"] and not r["backbone_changed"], "the backbone is frozen"
         assert r["step_ok"] and r["adapters_changed"], "one step moves every adapter"
         assert r["optimizer_params"] == r["adapter_params"] > 0, "the optimizer holds the adapters only"
+        # The planner's counts (mindrl.plan: configs/model/tiny_qwen2.yaml is this model) are the built model's.
+        want = (
+            stage_params(tiny_arch, "actor", tp, pp, r["pp_rank"]).total,
+            adapter_params(tiny_arch, TARGETS, R, tp, pp),
+        )
+        assert (r["numel"], r["trainable_numel"]) == (want[0] + want[1], want[1])
 
     diff = {
         "logits": (logits - logits_ref).abs().max().item(),
