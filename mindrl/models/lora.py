@@ -189,6 +189,25 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
             a.enabled = was
 
 
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's shard of W + scale * B A for each adapted linear, by local megatron weight name (the layout of the
+    base weight's shard, so the HF weight map and the reshard take it as they take W): what an inference engine without
+    LoRA layers runs. Column-parallel: B's shard times all of A; row-parallel: all of B times A's shard. Computed in
+    fp32 and returned in W's dtype; no communication."""
+    from mindrl.models.wrappers import unwrap
+
+    out = {}
+    for name, module in unwrap(model).named_modules():
+        adapter = getattr(module, "lora", None)
+        if not isinstance(adapter, LoRAAdapter):
+            continue
+        w = module.weight
+        delta = adapter.lora_B.weight.float() @ adapter.lora_A.weight.float()
+        out[f"{name}.weight"] = (w.float() + adapter.scale * delta).to(w.dtype)
+    return out
+
+
 def is_adapter_param(name: str) -> bool:
     return ".lora.lora_A." in name or ".lora.lora_B." in name
 

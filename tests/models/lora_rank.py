@@ -10,13 +10,14 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
     """The trainer's model (`build_model_and_optimizer` with LoRA: DDP, megatron's optimizer) of the checkpoint at
     TP x PP (SP, full recomputation of every layer), its adapters set from the whole matrices `full`: logits of ids[:, :-1]
     with and without the adapters, the adapters' grads of the mean next-token cross entropy of `ids` (DDP's, after megatron's
-    finalize), and what one optimizer step changed. dp rank 0 only."""
+    finalize), the merged weights' shards (W + scale * B A) and what one optimizer step
+    changed. dp rank 0 only."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from mindrl.config.settings import LoRASettings, OptimSettings, RecomputeSettings
     from mindrl.models.forward import attention_inputs, forward_outputs, run_schedule
-    from mindrl.models.lora import adapter_mapping, adapters_disabled, is_adapter_param
+    from mindrl.models.lora import adapter_mapping, adapters_disabled, is_adapter_param, merged_weights
     from mindrl.models.weight_map import full_to_local, global_name
     from mindrl.models.wrappers import unwrap
     from mindrl.workers.train_setup import build_model_and_optimizer
@@ -33,6 +34,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
             if is_adapter_param(name):
                 g = names[name] = global_name(name, offset)
                 p.copy_(full_to_local(adapter_mapping(spec, g)[0], full[g], tp_rank, tp))
+    merged = {global_name(n, offset): t.clone() for n, t in merged_weights(ddp).items()}
     logits = forward_outputs(ddp, ids[:, :-1])  # under SP the length must divide over TP
     with adapters_disabled(ddp):
         base_logits = forward_outputs(ddp, ids[:, :-1])
@@ -60,6 +62,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
         "logits": logits if keep else None,
         "base_logits": base_logits if keep else None,
         "grads": grads,
+        "merged": merged,
         "step_ok": ok,
         "backbone_trainable": sorted(n for n, p in params.items() if p.requires_grad and not is_adapter_param(n)),
         "backbone_changed": sorted(

@@ -18,7 +18,7 @@ from mindrl.models.lora import (
     full_to_peft,
     peft_to_full,
 )
-from mindrl.models.weight_map import local_to_full
+from mindrl.models.weight_map import local_to_full, param_mapping, shards_to_hf
 from mindrl.plan import adapter_params, stage_params
 
 R, ALPHA = 4, 8.0
@@ -76,7 +76,8 @@ def _peft_model(hf_dir: str, spec: ModelSpec, full: dict, dtype: torch.dtype):
 
 
 def _hf_reference(hf_dir: str, spec: ModelSpec, ids: torch.Tensor, full: dict, dtype: torch.dtype):
-    """(logits of ids[:, :-1], the same with the adapters off, {megatron adapter name: whole grad}) of HF + peft in `dtype`."""
+    """(logits of ids[:, :-1], the same with the adapters off, {megatron adapter name: whole grad}, {HF name: merged
+    weight}) of HF + peft in `dtype`."""
     model = _peft_model(hf_dir, spec, full, dtype)
     inputs, labels = ids[:, :-1], ids[:, 1:]
     with torch.no_grad(), model.disable_adapter():
@@ -93,7 +94,9 @@ def _hf_reference(hf_dir: str, spec: ModelSpec, ids: torch.Tensor, full: dict, d
         out[name] = torch.stack(parts).sum(0) if matrix == "A" else peft_to_full(spec, name, parts)
     with torch.no_grad():
         logits = model(input_ids=inputs).logits
-    return logits.double(), base.double(), {k: v.double() for k, v in out.items()}
+    # peft's own merge (W + scale * B A per projection): what an engine without LoRA layers would be sent.
+    merged = {k: v.double() for k, v in model.merge_and_unload().state_dict().items() if k.endswith("proj.weight")}
+    return logits.double(), base.double(), {k: v.double() for k, v in out.items()}, merged
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,7 @@ def reference(tiny_models, case):
     gap = {
         "logits": (fp32[0] - exact[0]).abs().max().item(),
         "grads": max((fp32[2][n] - exact[2][n]).abs().max().item() for n in full),
+        "merged": max((fp32[3][n] - exact[3][n]).abs().max().item() for n in exact[3]),
     }
     return exact, gap
 
@@ -130,15 +134,21 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     from tests.models.lora_rank import lora_outputs
 
     spec, ids, full = case
-    (logits_ref, base_ref, grads_ref), gap = reference
+    (logits_ref, base_ref, grads_ref, merged_ref), gap = reference
     args = (saved, tp, pp, sp, recompute, ids, R, ALPHA, list(TARGETS), full)
     results = [r for r in pool.run(lora_outputs, *args) if r]
     logits = next(r["logits"] for r in results if r["logits"] is not None)[..., : spec.vocab_size].double()
     base = next(r["base_logits"] for r in results if r["base_logits"] is not None)[..., : spec.vocab_size].double()
     shards: dict[str, list] = {}
+    weight_shards: dict[str, list] = {}
     for r in sorted(results, key=lambda r: r["tp_rank"]):
         for name, g in r["grads"].items():
             shards.setdefault(name, []).append(g)
+        for name, w in r["merged"].items():
+            weight_shards.setdefault(name, []).append(w)
+    merged = {hf: t.double() for name, ws in weight_shards.items()
+              for hf, t in shards_to_hf(spec, param_mapping(spec, name), ws)}  # fmt: skip
+    assert sorted(merged) == sorted(merged_ref), "every adapted weight is merged once"
     assert sorted(shards) == sorted(full), "every adapter of the model got a gradient on some rank"
     grads = {n: local_to_full(adapter_mapping(spec, n)[0], s).double() for n, s in shards.items()}
     for r in results:
@@ -156,6 +166,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
         "logits": (logits - logits_ref).abs().max().item(),
         "base_logits": (base - base_ref).abs().max().item(),
         "grads": max((grads[n] - grads_ref[n]).abs().max().item() for n in full),
+        "merged": max((merged[n] - merged_ref[n]).abs().max().item() for n in merged_ref),
     }
     effect = (logits_ref - base_ref).abs().max().item()
     print(f"tp{tp} pp{pp} sp{int(sp)} recompute{int(recompute)}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
@@ -165,3 +176,4 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     assert diff["logits"] <= 10 * gap["logits"]
     assert diff["base_logits"] <= 10 * gap["logits"]
     assert diff["grads"] <= 10 * gap["grads"]
+    assert diff["merged"] <= 10 * gap["merged"]
