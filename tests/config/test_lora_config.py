@@ -39,6 +39,10 @@ def test_lora_keys_are_checked_at_load():
     assert "rl_config.share_backbone: sync_ref_model" in text
     with pytest.raises(ConfigError, match="rl_config.share_backbone: needs a LoRA actor"):
         load_config("grpo_tiny_cpu", overrides=["+rl_config.share_backbone=true"])
+    with pytest.raises(ConfigError, match="rl_config.share_backbone: needs use_integrated_worker: true"):
+        load_config(
+            "grpo_tiny_cpu", overrides=["+rl_config.share_backbone=true", "rl_config.use_integrated_worker=false"]
+        )
     with pytest.raises(ConfigError, match="lora_r: expected an integer"):
         load_config("grpo_tiny_cpu", overrides=["+megatron_training.lora_r=8.5"])
 
