@@ -10,6 +10,7 @@ in megatron's query-group layout; linear_fc1 likewise over gate_proj / up_proj."
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 
@@ -58,6 +59,7 @@ class LoRAAdapter(torch.nn.Module):
         self.sequence_parallel = sequence_parallel and tp > 1
         self.scale = alpha / r
         self.enabled = True
+        self.gated = False  # linear_fc1 of a gated MLP: B's shard is [gate; up] (set by apply_lora)
         self.lora_A = torch.nn.Linear(in_features, r, bias=False, dtype=dtype, device=base.weight.device)
         self.lora_B = torch.nn.Linear(r, out_features, bias=False, dtype=dtype, device=base.weight.device)
         torch.nn.init.zeros_(self.lora_B.weight)
@@ -102,6 +104,28 @@ def _add_delta(module: torch.nn.Module, args: tuple, kwargs: dict, output):
     x = args[0] if args else kwargs["input_"]
     out, bias = output
     return out + adapter.delta(x).to(out.dtype), bias
+
+
+def _sharded_state_dict(module: torch.nn.Module, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+    """The parallel linear's own dist-checkpoint entries, with its adapter's TP split declared: megatron's would save
+    the adapter as one replicated tensor, keeping a single rank's shard of the split matrix."""
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+
+    metadata = ensure_metadata_has_dp_cp_group(metadata)
+    out = type(module).sharded_state_dict(module, prefix, sharded_offsets, metadata)
+    adapter = module.lora
+    state = {"lora.lora_A.weight": adapter.lora_A.weight, "lora.lora_B.weight": adapter.lora_B.weight}
+    axis = {"lora.lora_B.weight": 0} if adapter.column else {"lora.lora_A.weight": 1}
+    sharded = make_sharded_tensors_for_checkpoint(
+        state, prefix, axis, sharded_offsets, tp_group=module.tp_group, dp_cp_group=metadata["dp_cp_group"]
+    )
+    if adapter.gated:  # [gate; up] shards on each rank, as the MLP declares for linear_fc1's weight
+        key = f"{prefix}lora.lora_B.weight"
+        singleton = metadata.get("singleton_local_shards", False)
+        sharded[key] = apply_swiglu_sharded_factory(sharded[key], sharded_offsets, singleton)
+    out.update(sharded)
+    return out
 
 
 def _input_requires_grad(module, args, output):
@@ -153,8 +177,10 @@ def apply_lora(
         a = init_adapter_A(_global(name, offset) + ".lora_A.weight", (r, full_in), seed)
         with torch.no_grad():
             adapter.lora_A.weight.copy_(a if column else a.chunk(tp, dim=1)[tp_rank])
+        adapter.gated = leaf == "linear_fc1" and config.gated_linear_unit
         module.lora = adapter
         module.register_forward_hook(_add_delta, with_kwargs=True)
+        module.sharded_state_dict = functools.partial(_sharded_state_dict, module)
         adapted.append(name)
     if not adapted:
         raise LoRAError(f"no linear of this stage is named {list(targets)}")

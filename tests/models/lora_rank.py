@@ -75,3 +75,69 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
         "numel": sum(p.numel() for p in params.values()),
         "trainable_numel": sum(p.numel() for p in params.values() if p.requires_grad),
     }
+
+
+def _lora_model(load_dir: str, tp: int, pp: int, r: int, alpha: float, targets: list[str], seed: int):
+    from mindrl.checkpoint import loading
+    from mindrl.models.lora import apply_lora
+
+    spec, _, model = loading.build_and_load(load_dir, tp, pp, "float32")
+    apply_lora(model, r, alpha, targets, seed)
+    return spec, model
+
+
+def _adapters(model) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from mindrl.models.lora import is_adapter_param
+    from mindrl.models.weight_map import global_name
+
+    offset = get_transformer_layer_offset(model.config)
+    return {
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+        "dp_rank": ps.get_data_parallel_rank(),
+        "adapters": {
+            global_name(n, offset): p.detach().clone() for n, p in model.named_parameters() if is_adapter_param(n)
+        },  # fmt: skip
+        "backbone": {
+            global_name(n, offset): p.detach().clone() for n, p in model.named_parameters() if not is_adapter_param(n)
+        },  # fmt: skip
+    }
+
+
+def save_lora(load_dir: str, it_dir: str, tp: int, pp: int, r: int, alpha: float, targets: list[str],
+              full: dict[str, torch.Tensor]) -> None:  # fmt: skip
+    """The LoRA model at TP x PP, adapters set from `full`, saved with mindrl's dist-checkpoint writer."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint.mcore_ckpt import save_model
+    from mindrl.models.lora import adapter_mapping, is_adapter_param
+    from mindrl.models.weight_map import full_to_local
+
+    spec, model = _lora_model(load_dir, tp, pp, r, alpha, targets, seed=1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_adapter_param(name):
+                g = _global(model, name)
+                p.copy_(full_to_local(adapter_mapping(spec, g)[0], full[g], ps.get_tensor_model_parallel_rank(), tp))
+    save_model(model, it_dir)
+
+
+def _global(model, name: str) -> str:
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from mindrl.models.weight_map import global_name
+
+    return global_name(name, get_transformer_layer_offset(model.config))
+
+
+def load_lora(load_dir: str, it_dir: str, tp: int, pp: int, r: int, alpha: float, targets: list[str]) -> dict | None:
+    """A fresh LoRA model at TP x PP (other adapters: another seed) with `it_dir` loaded: its adapters and backbone by
+    global name, on dp rank 0."""
+    from mindrl.checkpoint.mcore_ckpt import load_model
+
+    _, model = _lora_model(load_dir, tp, pp, r, alpha, targets, seed=2)
+    load_model(model, it_dir)
+    out = _adapters(model)
+    return out if out["dp_rank"] == 0 else None

@@ -177,3 +177,23 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     assert diff["base_logits"] <= 10 * gap["logits"]
     assert diff["grads"] <= 10 * gap["grads"]
     assert diff["merged"] <= 10 * gap["merged"]
+
+
+def test_adapters_save_and_reshard_exactly(pool, saved, case, tmp_path):
+    """Saved at TP2 with mindrl's dist-checkpoint writer and loaded into fresh LoRA models (other initial adapters) at
+    TP1, TP2 and PP2: every adapter comes back bit for bit, whole after the TP gather (the split matrices declared
+    as split, linear_fc1's B as [gate; up] per rank), and the backbone is the checkpoint's."""
+    from tests.models.lora_rank import load_lora, save_lora
+
+    spec, _, full = case
+    it_dir = str(tmp_path / "lora_tp2")
+    pool.run(save_lora, saved, it_dir, 2, 1, R, ALPHA, list(TARGETS), full)
+    for tp, pp in [(1, 1), (2, 1), (1, 2)]:
+        results = [r for r in pool.run(load_lora, saved, it_dir, tp, pp, R, ALPHA, list(TARGETS)) if r]
+        shards: dict[str, list] = {}
+        for r in sorted(results, key=lambda r: r["tp_rank"]):
+            for name, t in r["adapters"].items():
+                shards.setdefault(name, []).append(t)
+        assert sorted(shards) == sorted(full)
+        for name, s in shards.items():
+            assert torch.equal(local_to_full(adapter_mapping(spec, name)[0], s), full[name]), f"tp{tp} pp{pp} {name}"
