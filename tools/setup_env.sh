@@ -93,6 +93,8 @@ printf '%s\n' "$SWANLAB_OUT" | grep -v -e "^ERROR: pip's dependency resolver doe
   -e "^swanlab .* requires protobuf" -e '^$' || true
 echo "[setup_env] the gguf extra (mindrl[gguf]: GGUF -> HF for tools/get_model.py and its tests)"
 pipi "gguf==0.19.0" "accelerate==1.15.0"
+echo "[setup_env] peft (the independent LoRA reference of tests/models/test_lora.py)"
+pipi "peft==0.21.2"
 echo "[setup_env] mindrl (editable)"
 pipi --no-deps -e "$ROOT"
 

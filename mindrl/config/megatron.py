@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector
 from mindrl.config.section import Section, ignored_field
-from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSettings
+from mindrl.config.settings import LR_DECAY_STYLES, LoRASettings, OptimSettings, RecomputeSettings
 
 DATASET_SUFFIX = "_packed_input_ids_document"
 TOKENIZER_TYPES = (None, "PretrainedFromHF", "HuggingFaceTokenizer")
@@ -144,10 +144,6 @@ MEGATRON_IGNORED: dict[str, str] = {
     ),  # fmt: skip
     "eval_iters": "megatron's batches per evaluation; mindrl's held-out evaluation takes rl_config.val_max_prompts",
     **dict.fromkeys(["dpo_loss_type", "ref_model", "refer_model_iter"], _DPO),
-    **dict.fromkeys(
-        ["lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"],
-        "a LoRA option, read only with lora_target_modules, which mindrl requires unset",
-    ),
 }
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -157,7 +153,6 @@ MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "attention_bias": ((False,), "biases on every attention projection"),
     "noop_layers": ((None,), "no-op layers"),
     "vocab_extra_ids": ((0,), "extra vocabulary ids"),
-    "lora_target_modules": ((None, []), "LoRA fine-tuning"),
     "mm_model": ((None,), "multimodal models"),
     "ai_framework": ((None,), "the MindSpore backend"),
     "optimizer": (("adam",), "optimizers other than Adam(W)"),
@@ -295,10 +290,11 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
 
 
 @dataclass
-class RoleConfig(Section, OptimSettings, RecomputeSettings):
+class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     """One trained model's settings (actor_config or critic_config): layout, micro-batch, optimizer, LR
     schedule (the keys of `OptimSettings`, with MindSpeed-RL's defaults), activation recomputation (the keys of
-    `RecomputeSettings`) and checkpoints. Unset keys come from megatron_training, then from the defaults."""
+    `RecomputeSettings`), LoRA adapters (`LoRASettings`) and checkpoints. Unset keys come from megatron_training, then
+    from the defaults."""
 
     SECTION: ClassVar[str] = "actor_config"
 
@@ -390,6 +386,14 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings):
             col.add("load", "is required (the megatron checkpoint to start from)")
         for key, message in self.recompute_problems():  # the rules on layers per stage: RLConfig._check_role
             col.add(key, message)
+        for key, message in self.lora_problems():
+            col.add(key, message)
+        if self.lora_fusion:
+            col.ignore("lora_fusion", "MindSpeed's CCLoRA overlap; the math is the same and mindrl runs it unfused")
+        if not self.lora:
+            for key, default in (("lora_r", 8), ("lora_alpha", 16.0), ("lora_ckpt_filter", False)):
+                if getattr(self, key) != default:
+                    col.ignore(key, "has no effect without lora_target_modules")
         if self.recompute_granularity is None:
             for key in ("recompute_method", "recompute_num_layers"):
                 if getattr(self, key) is not None:

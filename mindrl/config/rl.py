@@ -114,7 +114,6 @@ class RLSectionConfig(Section):
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
         "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
-        "share_backbone": ((False,), "a LoRA actor sharing the reference backbone"),
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
@@ -200,6 +199,10 @@ class RLSectionConfig(Section):
     """TR-DPO-style reference updates (TRL's name): after the actor update of every ref_model_sync_steps-th
     iteration, the reference becomes ref_model_mixup_alpha * actor + (1 - alpha) * reference, parameter by
     parameter. Needs a reference model (a KL term); the mixed reference is saved with each checkpoint (ref/)."""
+    share_backbone: bool = False
+    """With a LoRA actor (actor_config.lora_target_modules): the reference model is the actor's frozen backbone with
+    its adapters switched off, not a second copy of the weights (MindSpeed-RL's switch; the planner counts the
+    backbone once). Needs LoRA and a reference (a KL term); not with stage ray_dapo or sync_ref_model."""
     ref_model_sync_steps: int = 512
     """K (TR-DPO's tau): with sync_ref_model, the reference is mixed after iterations K, 2K, ... (RL iterations,
     not optimizer steps as in TRL: an iteration takes num_mini_batches * epochs steps)."""

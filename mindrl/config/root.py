@@ -110,11 +110,36 @@ class RLConfig(Section):
         if mt.stage == "ray_dapo" and rl.sync_ref_model:
             col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
                     "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip
+        self._check_lora(col)
         if mt.eval_interval and not rl.val_data_path:
             col.ignore("megatron_training.eval_interval", "has no effect without rl_config.val_data_path")
         if rl.needs_critic and rl.use_kl_in_reward is False and rl.init_kl_coef > 0:
             col.note(f"rl_config: gae with use_kl_in_reward: false puts the KL in the actor loss (init_kl_coef="
                      f"{rl.init_kl_coef}); MindSpeed-RL's PPO applies no KL then; set init_kl_coef: 0 to match")  # fmt: skip
+
+    def _check_lora(self, col: Collector) -> None:
+        """share_backbone against the actor (MindSpeed-RL's rules), and LoRA against what the trainer runs."""
+        rl, actor = self.rl_config, self.actor_config
+        if rl.share_backbone:
+            if not actor.lora:
+                col.add("rl_config.share_backbone", "needs a LoRA actor (actor_config.lora_target_modules): only "
+                        "frozen weights can be shared with the reference")  # fmt: skip
+            if not rl.use_integrated_worker:
+                col.add("rl_config.share_backbone", "needs use_integrated_worker: true (the reference shares the "
+                        "actor's devices and weights)")  # fmt: skip
+            if self.megatron_training.stage == "ray_dapo":
+                col.add("rl_config.share_backbone", "stage ray_dapo has no reference model to share the backbone with")
+            if rl.sync_ref_model:
+                col.add("rl_config.share_backbone", "sync_ref_model moves the reference toward the actor, which a "
+                        "shared frozen backbone cannot follow; set one of them false")  # fmt: skip
+        for role, rc in (("actor_config", actor), ("critic_config", self.critic_config),
+                         ("reward_config", self.reward_config)):  # fmt: skip
+            if rc is None or not rc.lora:
+                continue
+            col.add(f"{role}.lora_target_modules", "LoRA layers exist (mindrl/models/lora.py) but the trainer does "
+                    "not train through them yet: the share_backbone reference, the merged-weight reshard into the "
+                    "rollout engine, adapter checkpoints (lora_ckpt_filter) and the PEFT export are missing "
+                    "(docs/lora.md); remove lora_target_modules to train the whole model")  # fmt: skip
 
     def _resolve(self) -> None:
         """Fill the values that default to another section's."""

@@ -124,6 +124,49 @@ class RecomputeSettings:
         return self.recompute_granularity is not None or self.recompute_activation_function
 
 
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+"""MindSpeed-RL's lora_target_modules: megatron's names of the four linears of a dense transformer layer."""
+
+
+@dataclass
+class LoRASettings:
+    """LoRA adapters of one trained model, in MindSpeed-RL's key names: on when lora_target_modules names any linear
+    (MindSpeed-RL's rule); then the backbone is frozen and only the adapters train (mindrl/models/lora.py, docs/lora.md)."""
+
+    lora_target_modules: list[str] | None = None
+    """The linears of every layer that get an adapter, any of linear_qkv, linear_proj, linear_fc1, linear_fc2
+    (null or []: no LoRA, the whole model trains)."""
+    lora_r: int = 8
+    """The adapters' rank r (A is r x in, B is out x r); MindSpeed-RL's default 8."""
+    lora_alpha: float = 16.0
+    """The adapters' scale is lora_alpha / lora_r (PEFT's); MindSpeed-RL's default 16."""
+    lora_ckpt_filter: bool = False
+    """Checkpoints hold only the adapters (the frozen backbone stays where `load` has it)."""
+    lora_fusion: bool = False
+    """MindSpeed's CCLoRA: the adapters' communication overlapped with compute on Ascend. The math is the same; mindrl
+    computes the adapters unfused, so the key has no effect (listed as ignored)."""
+
+    def lora_problems(self) -> list[tuple[str, str]]:
+        """(key, message) for each rule these settings break."""
+        out: list[tuple[str, str]] = []
+        targets = self.lora_target_modules or []
+        bad = [t for t in targets if t not in LORA_TARGETS]
+        if bad:
+            out.append(("lora_target_modules", f"{bad} not among {', '.join(LORA_TARGETS)}"))
+        if len(set(targets)) != len(targets):
+            out.append(("lora_target_modules", f"{targets} names a linear twice"))
+        if targets and self.lora_r < 1:
+            out.append(("lora_r", f"must be >= 1, got {self.lora_r}"))
+        if targets and self.lora_alpha <= 0:
+            out.append(("lora_alpha", f"must be > 0, got {self.lora_alpha}"))
+        return out
+
+    @property
+    def lora(self) -> bool:
+        """Whether the model trains through adapters."""
+        return bool(self.lora_target_modules)
+
+
 @dataclass
 class SamplingSettings:
     """How to sample, in the keys of MindSpeed-RL's `generate_config.sampling_config` (plus `stop`,

@@ -47,6 +47,23 @@ def layer_params(arch: ModelArchConfig, tp: int) -> int:
     return 2 * h + qkv + qk_norm + proj + mlp
 
 
+def adapter_params(arch: ModelArchConfig, targets: list[str] | None, r: int, tp: int, pp: int = 1) -> int:
+    """LoRA adapters one TP rank of a pipeline stage holds (`mindrl.models.lora`): per layer and target, A (r x in)
+    and B (out x r), each split over TP where the base layer splits that side (column-parallel: B's rows; row-parallel:
+    A's columns), whole on every rank otherwise."""
+    if not targets:
+        return 0
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    q, qkv = int(arch.num_attention_heads) * d, (int(arch.num_attention_heads) + 2 * arch.num_kv_heads) * d
+    per_target = {
+        "linear_qkv": r * h + qkv // tp * r,
+        "linear_proj": r * (q // tp) + h * r,
+        "linear_fc1": r * h + 2 * f // tp * r,
+        "linear_fc2": r * (f // tp) + h * r,
+    }
+    return int(arch.num_layers) // pp * sum(per_target[t] for t in targets)
+
+
 def stage_params(arch: ModelArchConfig, role: str, tp: int, pp: int, pp_rank: int) -> StageParams:
     """What one TP rank of pipeline stage `pp_rank` holds. role: 'actor' (also the reference and the rollout
     engine) or 'critic' (the trunk with a 1 x hidden value head, replicated over TP, instead of the LM head)."""

@@ -10,7 +10,7 @@ from mindrl.config.rl import PACKING_USES
 from mindrl.config.root import RLConfig
 from mindrl.config.settings import RecomputeSettings
 from mindrl.plan.devices import Device, pick_device
-from mindrl.plan.params import PlanError, stage_params, total_params
+from mindrl.plan.params import PlanError, adapter_params, stage_params, total_params
 from mindrl.resharding.offload import OffloadConfig
 from mindrl.resharding.residency import MODELS, PHASES
 from mindrl.workers import from_config
@@ -45,6 +45,9 @@ class ModelLayout:
     """Activation recomputation in the update (recompute_* keys)."""
     cp: int = 1
     """Context parallelism: each rank computes 1 / cp of every row's columns (the shapes above are whole rows)."""
+    trainable_per_stage: list[int] | None = None
+    """Parameters with gradients and optimizer state per stage (one TP rank); None: all of them. With LoRA: the
+    adapters only (params_per_stage counts the frozen backbone and the adapters)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         seq, settings.forward_micro_batch_size, settings.forward_token_budget, settings.forward_max_rows,
         settings.remove_padding,
     )  # fmt: skip
+    lora = role != "critic" and rc.lora  # the critic's LoRA is refused at load with the actor's
+    adapters = [adapter_params(arch, rc.lora_target_modules, rc.lora_r, rc.tp, rc.pp) if lora else 0] * rc.pp
     return ModelLayout(
         role=role,
         tp=settings.tp,
@@ -131,10 +136,12 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         token_budget=settings.token_budget,
         distributed_optimizer=settings.optim.use_distributed_optimizer,
         dtype=settings.dtype,
-        params_total=total_params(arch, model_role),
-        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total for s in range(rc.pp)],
+        params_total=total_params(arch, model_role)
+        + (adapter_params(arch, rc.lora_target_modules, rc.lora_r, 1) if lora else 0),
+        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total + adapters[s] for s in range(rc.pp)],
         recompute=settings.recompute,
         cp=settings.cp,
+        trainable_per_stage=adapters if lora else None,
     )
 
 
@@ -199,11 +206,12 @@ def make_plan(
 # ------------------------------------------------------------------------------------------------ memory
 def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     params = lay.params_per_stage[stage]
+    trained = params if lay.trainable_per_stage is None else lay.trainable_per_stage[stage]
     e = mem.DTYPE_BYTES[lay.dtype]
     return {
         "weights_bytes": params * e,
-        "grads_bytes": params * mem.GRAD_BYTES,
-        "optimizer_bytes": mem.optimizer_bytes(params, lay.dtype, lay.distributed_optimizer, lay.dp),
+        "grads_bytes": trained * mem.GRAD_BYTES,
+        "optimizer_bytes": mem.optimizer_bytes(trained, lay.dtype, lay.distributed_optimizer, lay.dp),
     }
 
 
@@ -271,7 +279,8 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     out["actor"]["score"] = {**held("actor", "score", actor), "activations_bytes": fwd_a}
     if has_ref:
         ref_mbs = rl.ref_forward_micro_batch_size or a.micro_batch_size
-        ref_w = {"weights_bytes": actor["weights_bytes"]}
+        # share_backbone: the reference pass runs on the actor's own weights with the adapters off: no copy.
+        ref_w = {"weights_bytes": 0 if rl.share_backbone else actor["weights_bytes"]}
         ref_shape = mem.micro_batch_shape(seq, ref_mbs, *rl.token_budget("ref"), a.packed)
         ref_act = mem.forward_bytes(cfg.model, "actor", *_local(ref_shape, a.cp), a.tp, ea)
         out["reference"] = {"rollout": {**held("reference", "rollout", ref_w), "activations_bytes": 0},

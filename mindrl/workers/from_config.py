@@ -232,13 +232,14 @@ def reward_model_mix(cfg) -> RewardModelMix | None:
 
 def residency(cfg) -> ResidencySchedule:
     """Which state of each model is on the device in each phase: the actor's generate_config.offload_train_*
-    switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute).
+    switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute) and the
+    reference has weights of its own (share_backbone: the reference pass runs on the actor's).
     Separate placement: a model alone on its devices stays there; a merged reference / reward model leaves outside
     scoring with ref_reward_offload; the actor offloads only for engines in its own processes."""
     rl = cfg.rl_config
     offload = OffloadConfig.from_generate_config(cfg.generate_config)
     if rl.use_integrated_worker:
-        return ResidencySchedule(offload, actor_forward=not rl.on_policy)
+        return ResidencySchedule(offload, actor_forward=not rl.on_policy or rl.share_backbone)
     return ResidencySchedule(
         offload if rl.rollout_resource is None else OffloadConfig(),
         actor_forward=not rl.on_policy,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mindrl.config.settings import OptimSettings, RecomputeSettings
+from mindrl.config.settings import LoRASettings, OptimSettings, RecomputeSettings
 
 
 def build_model_and_optimizer(
@@ -23,6 +23,8 @@ def build_model_and_optimizer(
     recompute: RecomputeSettings | None = None,
     value_head: bool = False,
     cp: int = 1,
+    lora: LoRASettings | None = None,
+    seed: int = 1234,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
@@ -30,7 +32,9 @@ def build_model_and_optimizer(
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
     recompute: activation recomputation in training (None: none). value_head: train a value-head model (a causal
     LM checkpoint gets a fresh head: `mindrl.checkpoint.loading.build_and_load`). cp: context-parallel size
-    (megatron's DDP then reduces the gradients over DP x CP).
+    (megatron's DDP then reduces the gradients over DP x CP). lora: with lora_target_modules, the loaded model is frozen
+    and gets adapters (`mindrl.models.lora.apply_lora`, A seeded by `seed`) before DDP wraps it, so only the adapters
+    have gradient buffers and optimizer state.
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -42,6 +46,10 @@ def build_model_and_optimizer(
         load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
         value_head=value_head, cp=cp,
     )  # fmt: skip
+    if lora is not None and lora.lora:
+        from mindrl.models.lora import apply_lora
+
+        apply_lora(model, lora.lora_r, lora.lora_alpha, lora.lora_target_modules, seed)
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,
