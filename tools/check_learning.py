@@ -23,12 +23,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Bound:
     """What to compare in one kind of run: `key`'s mean over the first `window` rows against the last `window`;
-    the run learned when the rise (last - first) is >= `min_rise`. `keys` beyond the first are fallbacks, in order,
-    for runs that do not log the first."""
+    the run learned when the rise (last - first) is >= `min_rise`, or for a metric that `falls` (a loss) when the
+    fall (first - last) is. `keys` beyond the first are fallbacks, in order, for runs that do not log the first."""
 
     keys: tuple[str, ...]
     window: int
     min_rise: float
+    falls: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class Rise:
     @property
     def rise(self) -> float:
         return self.last - self.first
+
+    def gain(self, falls: bool = False) -> float:
+        """The rise, or for a metric that falls the fall."""
+        return -self.rise if falls else self.rise
 
 
 class NotLearning(AssertionError):
@@ -114,24 +119,28 @@ def measure(rows: list[dict], keys: tuple[str, ...] | str, window: int, where: s
     return Rise(key, sum(first) / window, sum(last) / window, len(values), window)
 
 
-def message(r: Rise, min_rise: float) -> str:
-    verdict = "ok" if r.rise >= min_rise else "FAILED: the reward did not rise"
+def message(r: Rise, min_rise: float, falls: bool = False) -> str:
+    way = "fall" if falls else "rise"
+    failed = f"FAILED: the {'loss did not fall' if falls else 'reward did not rise'}"
     return (f"learning check: {r.key} first-{r.window} mean {r.first:.3f} -> last-{r.window} mean {r.last:.3f} "
-            f"({r.rows} iterations): rise {r.rise:+.3f}, bound {min_rise:+.3f}: {verdict}")  # fmt: skip
+            f"({r.rows} iterations): {way} {r.gain(falls):+.3f}, bound {min_rise:+.3f}: "
+            f"{'ok' if r.gain(falls) >= min_rise else failed}")  # fmt: skip
 
 
 def assert_rises(rows: list[dict], bound: Bound, where: str = "metrics") -> Rise:
-    """The Rise when it meets the bound; else NotLearning with message()."""
+    """The Rise when it meets the bound (for a Bound that `falls`: when the fall does); else NotLearning with
+    message()."""
     r = measure(rows, bound.keys, bound.window, where)
-    if r.rise < bound.min_rise:
-        raise NotLearning(f"{where}: {message(r, bound.min_rise)}")
+    if r.gain(bound.falls) < bound.min_rise:
+        raise NotLearning(f"{where}: {message(r, bound.min_rise, bound.falls)}")
     return r
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
                                 epilog="named bounds (--run):\n" + "\n".join(
-                                    f"  {n}: {' or '.join(b.keys)}, window {b.window}, min rise {b.min_rise}"
+                                    f"  {n}: {' or '.join(b.keys)}, window {b.window}, "
+                                    f"min {'fall' if b.falls else 'rise'} {b.min_rise}"
                                     for n, b in BOUNDS.items()))  # fmt: skip
     p.add_argument("run_dir", help="a run dir holding metrics.jsonl, or the .jsonl file")
     p.add_argument("--run", choices=sorted(BOUNDS), help="a measured bound: its keys, window and min rise")
@@ -139,11 +148,14 @@ def main(argv: list[str] | None = None) -> int:
                    f"else {' or '.join(REWARD_KEYS)})")  # fmt: skip
     p.add_argument("--window", type=int, help="iterations in each window (default: the --run's)")
     p.add_argument("--min-rise", type=float, help="the least last-minus-first rise that passes (default: the --run's)")
+    p.add_argument("--falls", action="store_true", help="the metric is a loss: the least first-minus-last fall "
+                   "that passes is --min-rise (default: the --run's)")  # fmt: skip
     a = p.parse_args(argv)
     base = BOUNDS[a.run] if a.run else None
     keys = tuple(a.key) if a.key else (base.keys if base else REWARD_KEYS)
     window = a.window if a.window is not None else (base.window if base else None)
     min_rise = a.min_rise if a.min_rise is not None else (base.min_rise if base else None)
+    falls = a.falls or (base.falls if base else False)
     if window is None or min_rise is None:
         p.error("give --run, or both --window and --min-rise")
     try:
@@ -151,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"learning check: error: {e}", file=sys.stderr)
         return 2
-    print(message(r, min_rise), file=sys.stdout if r.rise >= min_rise else sys.stderr)
-    return 0 if r.rise >= min_rise else 1
+    ok = r.gain(falls) >= min_rise
+    print(message(r, min_rise, falls), file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
