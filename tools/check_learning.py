@@ -81,6 +81,29 @@ BOUNDS: dict[str, Bound] = {
     # lr 1e-12, seed 1: 6 block pairs mean -0.007, min -0.021, max +0.016 (per-iteration sd 0.068: the sd of a
     # window-10 rise 0.031; the bound is 4.5 of it).
     "quickstart-dapo": Bound(("train/generated_reward_mean",), 10, 0.14),
+    # examples/rlhf/run_3stage_cpu.sh, each stage from the quickstart's assets (SFT_OUT), measured the same way
+    # (seed S: megatron_training.seed=S; no learning: lr 0, or the actor's lr 1e-12 for PPO):
+    # SFT (sft_tiny_cpu), sft/loss falls. Its first 20 steps are the same in a 20-step and a 300-step run (the lr
+    # warm-up) and the fall only grows after them (seed 1234: +4.124 at 20 steps, +5.415 at 300), so the learning
+    # spread is taken at 20 steps: seeds 1234, 1, 2: fall +4.124, +4.136, +4.128. lr 0, seed 1, 40 steps: 6 block
+    # pairs mean +0.002, min -0.001, max +0.004 (per-step sd 0.006).
+    #   mindrl-sft --config-name sft_tiny_cpu megatron_training.seed=S megatron_training.train_iters=20 + paths
+    "rlhf3-sft": Bound(("sft/loss",), 10, 2.06, falls=True),
+    # The reward model (rm_tiny_cpu, its 150 steps, on the script's pairs: its PREF_ARGS), rm/accuracy (each step's
+    # 16 training pairs), windows of 25 (with 10, learning min +0.219 against noise max +0.181): seeds 1234, 1, 2:
+    # rise +0.232, +0.247, +0.245. lr 0, seeds 1, 2: 30 block pairs mean -0.001, min -0.083, max +0.062 (per-step
+    # sd 0.114, 0.126: the sd of a window-25 rise 0.034).
+    #   mindrl-train-rm --config-name rm_tiny_cpu megatron_training.seed=S [megatron_training.lr=0
+    #       megatron_training.min_lr=0] + the paths of examples/rlhf/train_rm_cpu.sh
+    "rlhf3-rm": Bound(("rm/accuracy",), 25, 0.14),
+    # PPO against that reward model (its seed 1234): `mindrl-train --config-name ppo_tiny_cpu_rm` with the script's
+    # step-5 overrides, megatron_training.seed=S, train_iters 30 (40 at lr 1e-12). The metric is the rule check
+    # acc_for_ppo, which the reward does not see (weight 0): seeds 1, 2, 3: rise +0.231, +0.181, +0.256. lr 1e-12,
+    # seeds 1, 2: 12 block pairs mean +0.021, min -0.031, max +0.075 (the sd of a window-10 rise 0.061). The reward
+    # model's own score, reward_model/score/mean, has no bound: its per-iteration sd is ~1.08 (the sd of a window-10
+    # rise 0.48), and at 30 iterations its rise over the learning seeds (+0.753, +0.920, +0.376) overlaps its
+    # no-learning spread (12 block pairs, min -0.318, max +0.410): no bound separates them.
+    "rlhf3-ppo": Bound(("acc_for_ppo_rewards/mean",), 10, 0.12),
 }
 
 
