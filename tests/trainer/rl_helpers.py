@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,3 +313,55 @@ def integrated_rm_run(assets, tmp_path_factory) -> SharedRun:
         _, results, lines, rollouts = _train(cfg)
         _RM_RUN["run"] = SharedRun(cfg, results, lines, rollouts, run_dir)
     return _RM_RUN["run"]
+
+
+# ---- runs long enough to learn: each once per session, on first use ------------------------------------------
+# The runs above start from a random tiny model that never answers right (acc_for_ppo 0 at every iteration of the
+# straight runs), and their 1-4 iterations are too few for a reward to move anyway. Learning is asserted on the
+# quickstart's runs from its SFT start (`sft_assets`), for LEARN_ITERS iterations: the length over which
+# tools/check_learning.py's bounds were measured (seeds, learning and at lr 1e-12). PPO: the quickstart short form's
+# own run (tests/test_quickstart.py, through examples/quickstart_cpu.sh); GRPO: `quickstart_cpu.sh grpo`'s step 5
+# (mindrl-train) on the same assets. test_ppo_e2e checks the metrics contract and the rise on both; test_quickstart
+# checks the script's learning check on them. Read-only.
+LEARN_ITERS = 30
+_LEARNING: dict[str, SharedRun] = {}
+
+
+def _quickstart_overrides(algo: str, qs: Path, run_dir: Path, ckpt: Path) -> list[str]:
+    """`quickstart_cpu.sh ALGO`'s step-5 overrides on the quickstart's assets `qs` (its OUT), saving under `ckpt`,
+    for LEARN_ITERS iterations."""
+    args = [f"actor_config.load={qs}/ckpt/actor_sft", f"actor_config.save={ckpt}/{algo}_actor",
+            f"rl_config.integrated_mode_config.ref_model_load_path={qs}/ckpt/actor_sft",
+            f"megatron_training.data_path={qs}/data/train", f"megatron_training.tokenizer_name_or_path={qs}/hf_sft",
+            f"rl_config.run_dir={run_dir}", f"megatron_training.train_iters={LEARN_ITERS}"]  # fmt: skip
+    if algo == "ppo":
+        args += [f"critic_config.load={qs}/ckpt/critic", f"critic_config.save={ckpt}/{algo}_critic"]
+    return args
+
+
+def learning_run(algo: str, tmp_path_factory) -> SharedRun:
+    """`{algo}_tiny_cpu` ("ppo" or "grpo") from the quickstart's SFT start for LEARN_ITERS iterations (`results`:
+    None, the run is a subprocess)."""
+    from mindrl.preflight import load_config
+    from tests.test_quickstart import SHORT_ITERS, quickstart_run
+
+    if algo not in _LEARNING:
+        _, project = quickstart_run(tmp_path_factory)
+        qs = project / "outputs" / "quickstart"
+        if algo == "ppo":  # the short form's run: the script's own paths, SHORT_ITERS (= LEARN_ITERS) iterations
+            assert SHORT_ITERS == LEARN_ITERS
+            run_dir, ckpt = project / "outputs" / "ppo_tiny_cpu", qs / "ckpt"
+        else:
+            run_dir = tmp_path_factory.mktemp(f"learning_{algo}") / f"{algo}_tiny_cpu"
+            ckpt = run_dir.parent / "ckpt"
+            cmd = [sys.executable, "-m", "mindrl.cli.train", "--config-name", f"{algo}_tiny_cpu",
+                   *_quickstart_overrides(algo, qs, run_dir, ckpt)]  # fmt: skip
+            r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+                               capture_output=True, text=True, timeout=1200)  # fmt: skip
+            assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+        cfg = load_config(f"{algo}_tiny_cpu", overrides=_quickstart_overrides(algo, qs, run_dir, ckpt),
+                          check_paths=False)  # fmt: skip
+        lines = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
+        rollouts = [json.loads(x) for x in open(run_dir / "rollouts.jsonl")]
+        _LEARNING[algo] = SharedRun(cfg, None, lines, rollouts, run_dir)
+    return _LEARNING[algo]

@@ -14,7 +14,8 @@ import os
 import pytest
 
 from tests.procs import own_shm_segments
-from tests.trainer.rl_helpers import checkpoint_tensors, layout_run, straight_run
+from tests.trainer.rl_helpers import LEARN_ITERS, checkpoint_tensors, layout_run, learning_run, straight_run
+from tools.check_learning import BOUNDS, assert_rises
 
 pytestmark = pytest.mark.slow  # each run starts Ray and 2-8 worker processes that import vLLM and megatron
 
@@ -144,6 +145,28 @@ def test_grpo_tiny_runs_off_policy(assets, tmp_path_factory):
     _check_profiles(run.run_dir, ["actor_generate", "actor_compute_log_prob", "reference_compute_log_prob",
                                   "actor_update"])  # fmt: skip
     _no_leftovers()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_training_learns(algo, tmp_path_factory):
+    """PPO (GAE, critic) and GRPO (group-norm advantages, KL loss) from the quickstart task's SFT start, LEARN_ITERS
+    iterations (rl_helpers.learning_run: the quickstart's runs, shared): the metrics contract at every iteration, and
+    the reward's last-10 mean above its first-10 mean by the bound measured over seeds (tools/check_learning.py's
+    quickstart-ALGO: the midpoint between the rise's noise at lr 1e-12 and its least value over learning seeds). The
+    straight runs above start from a random model whose reward is 0 throughout: they cannot show learning."""
+    run = learning_run(algo, tmp_path_factory)
+    assert len(run.lines) == LEARN_ITERS
+    _check_metrics(run.lines, run.cfg, REQUIRED + (PPO_ONLY if algo == "ppo" else ["actor/kl_loss"]))
+    assert_rises(run.lines, BOUNDS[f"quickstart-{algo}"], where=str(run.run_dir))
+    # the logged rollouts (every log_rollouts_interval-th iteration) are the responses the reward mean was taken over
+    n = run.cfg.megatron_training.global_batch_size * run.cfg.rl_config.n_samples_per_prompt
+    logged = sorted({r["iteration"] for r in run.rollouts})
+    assert logged == list(range(run.cfg.rl_config.log_rollouts_interval, LEARN_ITERS + 1,
+                                run.cfg.rl_config.log_rollouts_interval))  # fmt: skip
+    for it in logged:
+        rewards = [r["acc_for_ppo"] for r in run.rollouts if r["iteration"] == it]
+        assert len(rewards) == n
+        assert math.isclose(sum(rewards) / n, run.lines[it - 1]["acc_for_ppo_rewards/mean"], abs_tol=1e-6)
 
 
 # reinforce_plus_plus end to end (no prompt groups, discounted returns; the runs above are group_norm and gae): the
