@@ -20,6 +20,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
     from mindrl.models.lora import adapter_mapping, adapters_disabled, is_adapter_param, merged_weights
     from mindrl.models.weight_map import full_to_local, global_name
     from mindrl.models.wrappers import unwrap
+    from mindrl.resharding import WeightStreamer
     from mindrl.workers.train_setup import build_model_and_optimizer
 
     lora = LoRASettings(lora_target_modules=targets, lora_r=r, lora_alpha=alpha)
@@ -35,6 +36,8 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
                 g = names[name] = global_name(name, offset)
                 p.copy_(full_to_local(adapter_mapping(spec, g)[0], full[g], tp_rank, tp))
     merged = {global_name(n, offset): t.clone() for n, t in merged_weights(ddp).items()}
+    # What the rollout engine receives: the reshard's HF tensors, gathered over TP and PP (collective).
+    streamed = {n: t.clone() for n, t in WeightStreamer(ddp, spec).stream() if n.endswith("proj.weight")}
     logits = forward_outputs(ddp, ids[:, :-1])  # under SP the length must divide over TP
     with adapters_disabled(ddp):
         base_logits = forward_outputs(ddp, ids[:, :-1])
@@ -63,6 +66,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
         "base_logits": base_logits if keep else None,
         "grads": grads,
         "merged": merged,
+        "streamed": streamed if keep and ps.is_pipeline_first_stage() else None,
         "step_ok": ok,
         "backbone_trainable": sorted(n for n, p in params.items() if p.requires_grad and not is_adapter_param(n)),
         "backbone_changed": sorted(

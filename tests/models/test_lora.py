@@ -149,6 +149,8 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     merged = {hf: t.double() for name, ws in weight_shards.items()
               for hf, t in shards_to_hf(spec, param_mapping(spec, name), ws)}  # fmt: skip
     assert sorted(merged) == sorted(merged_ref), "every adapted weight is merged once"
+    streamed = next(r["streamed"] for r in results if r["streamed"] is not None)
+    assert sorted(streamed) == sorted(merged_ref), "the reshard sends every adapted weight merged"
     assert sorted(shards) == sorted(full), "every adapter of the model got a gradient on some rank"
     grads = {n: local_to_full(adapter_mapping(spec, n)[0], s).double() for n, s in shards.items()}
     for r in results:
@@ -167,6 +169,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
         "base_logits": (base - base_ref).abs().max().item(),
         "grads": max((grads[n] - grads_ref[n]).abs().max().item() for n in full),
         "merged": max((merged[n] - merged_ref[n]).abs().max().item() for n in merged_ref),
+        "streamed": max((streamed[n].double() - merged_ref[n]).abs().max().item() for n in merged_ref),
     }
     effect = (logits_ref - base_ref).abs().max().item()
     print(f"tp{tp} pp{pp} sp{int(sp)} recompute{int(recompute)}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
@@ -177,6 +180,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     assert diff["base_logits"] <= 10 * gap["logits"]
     assert diff["grads"] <= 10 * gap["grads"]
     assert diff["merged"] <= 10 * gap["merged"]
+    assert diff["streamed"] <= 10 * gap["merged"]
 
 
 def test_adapters_save_and_reshard_exactly(pool, saved, case, tmp_path):
