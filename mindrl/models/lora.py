@@ -239,8 +239,9 @@ def adapted_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def merged_weight(module: torch.nn.Module) -> torch.Tensor:
     """One adapted linear's W + scale * B A (this rank's shard, W's dtype; computed in fp32): a new tensor."""
     adapter, w = module.lora, module.weight
-    delta = adapter.lora_B.weight.float() @ adapter.lora_A.weight.float()
-    return (w.float() + adapter.scale * delta).to(w.dtype)
+    # addmm: W's fp32 copy and the result are the only weight-sized temporaries (the reshard's merge buffer).
+    merged = torch.addmm(w.float(), adapter.lora_B.weight.float(), adapter.lora_A.weight.float(), alpha=adapter.scale)
+    return merged.to(w.dtype)
 
 
 def lora_meta(model: torch.nn.Module) -> dict | None:
