@@ -192,9 +192,12 @@ def hf2mcore(
 
 
 # ------------------------------------------------------------------------------------- mcore2hf
-def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config: str | None = None) -> dict:
+def _mcore2hf_rank(
+    load_dir: str, out_dir: str, max_shard_bytes: int, hf_config: str | None = None, adapter_only: bool = False
+) -> dict:
     from tqdm import tqdm
 
+    from mindrl.models.lora import adapted_linears, is_adapter_param, merged_weight
     from mindrl.models.weight_map import full_to_hf
 
     rss_before = _peak_rss()
@@ -202,11 +205,27 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config:
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
     params = dict(model.named_parameters())
+    if adapter_only:  # a LoRA checkpoint's adapters as a PEFT directory for the base model
+        from mindrl.checkpoint.peft_io import save_peft_adapter
+
+        lora = meta.get("lora")
+        if not lora:
+            raise CheckpointError(f"{load_dir} holds no LoRA adapters (its model meta has no 'lora'): nothing to write")
+        tensors = {n: p.detach().cpu() for n, p in params.items() if is_adapter_param(n)}
+        save_peft_adapter(out_dir, spec, tensors, lora["lora_r"], lora["lora_alpha"], lora["lora_target_modules"])
+        return {
+            "peak_rss": _peak_rss(),
+            "rss_before": rss_before,
+            "bytes": sum(t.nbytes for t in tensors.values()),
+            "num_params": sum(t.numel() for t in tensors.values()),
+        }
+    adapted = adapted_linears(model)  # a LoRA checkpoint: its adapted linears are written merged, W + scale * B A
     writer = HFShardWriter(out_dir, max_shard_bytes)
     names = mcore_param_names(spec)
     for name in tqdm(names, desc="mcore2hf", unit="tensor"):
         mapping = param_mapping(spec, name)
-        for hf_name, tensor in full_to_hf(spec, mapping, params[name].detach().cpu()):
+        weight = merged_weight(adapted[name]) if name in adapted else params[name].detach()
+        for hf_name, tensor in full_to_hf(spec, mapping, weight.cpu()):
             writer.add(hf_name, tensor)
     shards = writer.finish()
     return {
@@ -214,7 +233,7 @@ def _mcore2hf_rank(load_dir: str, out_dir: str, max_shard_bytes: int, hf_config:
         "rss_before": rss_before,
         "shards": shards,
         "bytes": writer.total_bytes,
-        "num_params": sum(p.numel() for p in params.values()),
+        "num_params": sum(p.numel() for n, p in params.items() if not is_adapter_param(n)),
     }
 
 
@@ -226,10 +245,13 @@ def mcore2hf(
     overwrite: bool = False,
     pool=None,
     hf_config: str | None = None,
+    adapter_only: bool = False,
 ) -> ConversionStats:
     """Write the checkpoint's latest iteration as an HF safetensors checkpoint (+ config, tokenizer).
     A legacy per-rank checkpoint (mp_rank_* files) needs `hf_config`, the HF model dir giving its architecture
-    (unless load_dir/hf_files holds a config.json); its config and tokenizer files are carried over."""
+    (unless load_dir/hf_files holds a config.json); its config and tokenizer files are carried over. A LoRA
+    checkpoint is written merged (W + scale * B A); with `adapter_only`, its adapters alone as a PEFT directory
+    (adapter_config.json + adapter_model.safetensors) that `peft` loads onto the base model."""
     t0 = time.perf_counter()
     if max_shard_size_mb <= 0:
         raise CheckpointError(f"--max-shard-size-mb must be > 0, got {max_shard_size_mb}")
@@ -247,8 +269,12 @@ def mcore2hf(
     partial_dir = _prepare_out_dir(save_dir, overwrite, load_dir)
     try:
         with _ranks(pool, 1) as ranks:
-            res = ranks.run(_mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024, hf_config)[0]
-        if os.path.isdir(hf_files):
+            res = ranks.run(
+                _mcore2hf_rank, load_dir, partial_dir, max_shard_size_mb * 1024 * 1024, hf_config, adapter_only
+            )[0]
+        if adapter_only:
+            pass  # a PEFT directory: the base model's config and tokenizer stay with the base model
+        elif os.path.isdir(hf_files):
             carry_files(hf_files, partial_dir)
         else:  # not converted from HF: write the config we know
             import json

@@ -3,6 +3,9 @@ legacy megatron per-rank checkpoint (`legacy`), at whatever TP / PP it was saved
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import torch
 
 from mindrl.checkpoint import legacy, mcore_ckpt
@@ -23,6 +26,7 @@ def build_and_load(
     value_head: bool = False,
     cp: int = 1,
     ep: int = 1,
+    adapt: Callable[[torch.nn.Module], object] | None = None,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
     with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
@@ -31,7 +35,10 @@ def build_and_load(
     in training (None: none). value_head: build a critic (value-head model) whatever the checkpoint holds; from a
     causal LM that is its trunk with a fresh head (`value_model_spec`, `init_value_head`), and the returned spec
     is the value model's. cp: the context-parallel size (the weights are replicated over it). ep: the expert-parallel
-    size of a MoE model (carved out of the data-parallel ranks)."""
+    size of a MoE model (carved out of the data-parallel ranks). adapt: called on the built model before loading
+    (LoRA's `apply_lora`): a checkpoint that holds the adapters (a LoRA run's own) loads them too; one without
+    (the base model) leaves them as `adapt` made them. A LoRA checkpoint (its meta has `lora`) loaded without
+    `adapt` gets its own adapters back (the frozen backbone plus the adapters: mindrl-convert merges them)."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
@@ -40,7 +47,12 @@ def build_and_load(
             raise CheckpointError(
                 f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
             )
-        return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp)
+        spec, meta, model = legacy.build_and_load(
+            load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp
+        )
+        if adapt is not None:
+            adapt(model)
+        return spec, meta, model
     init_model_parallel(tp, pp, cp=cp, ep=ep)
     iteration = mcore_ckpt.read_tracker(load_dir) if iteration is None else iteration
     spec, meta = mcore_ckpt.read_model_meta(load_dir, iteration)
@@ -55,8 +67,26 @@ def build_and_load(
         perform_initialization=False,
         recompute=recompute,
     )
+    if adapt is None and meta.get("lora"):  # a LoRA run's checkpoint: its adapters, to load them
+        from mindrl.models.lora import apply_lora
+
+        lora = meta["lora"]
+        apply_lora(model, lora["lora_r"], lora["lora_alpha"], lora["lora_target_modules"])
+    elif adapt is not None:
+        adapt(model)
     it_dir = mcore_ckpt.iteration_dir(load_dir, iteration)
-    mcore_ckpt.load_model(model, it_dir, skip=("output_layer.",) if fresh_head else ())
+    backbone = (meta.get("lora") or {}).get("backbone")
+    if backbone is not None:  # an adapter-only checkpoint (lora_ckpt_filter): the frozen backbone lives elsewhere
+        base_dir = mcore_ckpt.iteration_dir(backbone["load"], backbone["iteration"])
+        if not os.path.isdir(base_dir):
+            raise CheckpointError(f"{it_dir} holds LoRA adapters only (lora_ckpt_filter); its backbone {base_dir} "
+                                  "(the run's original load) is missing")  # fmt: skip
+        mcore_ckpt.load_model(model, base_dir)  # the base model has no adapters: they are left to the next load
+        mcore_ckpt.load_model(model, it_dir, only_adapters=True)
+    else:
+        mcore_ckpt.load_model(model, it_dir, skip=("output_layer.",) if fresh_head else ())
+        backbone = {"load": os.path.abspath(load_dir), "iteration": iteration}
+    model.mindrl_backbone = backbone  # where its frozen weights come from, for an adapter-only save
     if fresh_head:
         init_value_head(model, spec)
     return spec, meta, model

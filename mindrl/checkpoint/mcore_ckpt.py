@@ -53,8 +53,13 @@ def read_tracker(root: str) -> int | str:
     return iteration
 
 
-def write_model_meta(it_dir: str, spec: ModelSpec, role: str, tp: int, pp: int, dtype: str) -> None:
+def write_model_meta(
+    it_dir: str, spec: ModelSpec, role: str, tp: int, pp: int, dtype: str, lora: dict | None = None
+) -> None:
+    """lora: a LoRA model's adapter settings (`mindrl.models.lora.lora_meta`), for loaders to rebuild its adapters."""
     meta = {"format_version": FORMAT_VERSION, "role": role, "tp": tp, "pp": pp, "dtype": dtype, "spec": spec.to_dict()}
+    if lora:
+        meta["lora"] = lora
     with open(os.path.join(it_dir, MODEL_META), "w") as f:
         json.dump(meta, f, indent=2)
 
@@ -141,17 +146,25 @@ def save_model(model: torch.nn.Module, it_dir: str) -> None:
     dist_checkpointing.save(model.sharded_state_dict(), it_dir)
 
 
-def load_model(model: torch.nn.Module, it_dir: str, skip: tuple[str, ...] = ()) -> None:
+def load_model(model: torch.nn.Module, it_dir: str, skip: tuple[str, ...] = (), only_adapters: bool = False) -> None:
     """Collective; works whatever TP/PP the checkpoint was saved with (dist_checkpointing reshards). skip: name
-    prefixes of the model's tensors not to load (left as they are; the checkpoint's own may be unused)."""
+    prefixes of the model's tensors not to load (left as they are; the checkpoint's own may be unused).
+    only_adapters: a LoRA model's adapters alone (from an adapter-only checkpoint, lora_ckpt_filter)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     check_files(it_dir)
-    sharded = {k: v for k, v in model.sharded_state_dict().items() if not k.startswith(skip)} if skip else None
+    full = model.sharded_state_dict()
+    adapters = [k for k in full if ".lora.lora_" in k]
+    if only_adapters:
+        skip = (*skip, *(k for k in full if ".lora.lora_" not in k))
+    elif adapters and full[adapters[0]].key not in dist_checkpointing.load_tensors_metadata(it_dir):
+        # A LoRA model from a checkpoint without adapters (the base model): they keep their initial values.
+        skip = (*skip, *adapters)
+    sharded = {k: v for k, v in full.items() if not k.startswith(skip)} if skip else None
     strict = StrictHandling.ASSUME_OK_UNEXPECTED if skip else StrictHandling.RAISE_ALL
     try:
-        state = dist_checkpointing.load(sharded or model.sharded_state_dict(), it_dir, strict=strict)
+        state = dist_checkpointing.load(sharded or full, it_dir, strict=strict)
     except Exception as e:  # e.g. a shard of the right size holding corrupted bytes
         raise CheckpointError(f"cannot load the model from {it_dir}: {type(e).__name__}: {e}") from e
     if not skip:

@@ -141,6 +141,12 @@ def _set_run_flags(optimizer, flags: list[list[dict]]) -> None:
                 group.update(saved)
 
 
+def _lora_meta(model) -> dict | None:
+    from mindrl.models.lora import lora_meta
+
+    return lora_meta(model)
+
+
 def save_train_state(
     model, optimizer, scheduler, spec, role: str, settings: ModelLayout, it_dir: str, optim: bool, rng: bool
 ) -> None:
@@ -150,6 +156,13 @@ def save_train_state(
     rank = torch.distributed.get_rank()
     inner = unwrap(model)
     model_sd = inner.sharded_state_dict()
+    lora = _lora_meta(model)
+    lora_settings = getattr(settings, "lora", None)
+    backbone = getattr(inner, "mindrl_backbone", None)  # set by build_and_load
+    if lora and backbone and lora_settings is not None and lora_settings.lora_ckpt_filter:
+        # Adapters only: the frozen backbone stays where it was loaded from, and the meta says where.
+        model_sd = {k: v for k, v in model_sd.items() if ".lora.lora_" in k}
+        lora["backbone"] = backbone
     dist_checkpointing.save(model_sd, it_dir)
     if optim:
         os.makedirs(os.path.join(it_dir, OPTIM_DIR), exist_ok=True)
@@ -172,7 +185,7 @@ def save_train_state(
     torch.save(state, os.path.join(it_dir, RANK_STATE_DIR, f"rank_{rank}.pt"))
     torch.distributed.barrier()
     if rank == 0:
-        mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype)
+        mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype, lora)
     torch.distributed.barrier()
 
 
@@ -187,7 +200,7 @@ def save_weights_only(model, spec, role: str, settings: ModelLayout, root: str) 
     mcore_ckpt.save_model(unwrap(model), it_dir)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype)
+        mcore_ckpt.write_model_meta(it_dir, spec, role, settings.tp, settings.pp, settings.dtype, _lora_meta(model))
         mcore_ckpt.write_tracker(root, mcore_ckpt.RELEASE)
     torch.distributed.barrier()
 

@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         "files from MindSpeed-LLM / MindSpeed-RL), which records no architecture; its files are carried over",
     )
     b.add_argument("--max-shard-size-mb", type=int, default=5120, help="safetensors shard size cap (default 5120)")
+    b.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="a LoRA checkpoint's adapters alone, as a PEFT directory (adapter_config.json + "
+        "adapter_model.safetensors) for the base model; without it a LoRA checkpoint is written merged",
+    )
     b.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
 
     g = sub.add_parser(
@@ -95,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "mcore2hf":
             stats = convert.mcore2hf(
-                args.load_dir, args.save_dir, args.orm, args.max_shard_size_mb, args.overwrite, hf_config=args.hf_config
+                args.load_dir,
+                args.save_dir,
+                args.orm,
+                args.max_shard_size_mb,
+                args.overwrite,
+                hf_config=args.hf_config,
+                adapter_only=args.adapter_only,
             )
             print(
                 f"mcore2hf: {stats.num_params / 1e6:.1f}M params -> {args.save_dir} in {stats.seconds:.1f} s; "

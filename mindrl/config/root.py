@@ -132,14 +132,27 @@ class RLConfig(Section):
             if rl.sync_ref_model:
                 col.add("rl_config.share_backbone", "sync_ref_model moves the reference toward the actor, which a "
                         "shared frozen backbone cannot follow; set one of them false")  # fmt: skip
-        for role, rc in (("actor_config", actor), ("critic_config", self.critic_config),
-                         ("reward_config", self.reward_config)):  # fmt: skip
-            if rc is None or not rc.lora:
-                continue
-            col.add(f"{role}.lora_target_modules", "LoRA layers exist (mindrl/models/lora.py) but the trainer does "
-                    "not train through them yet: the share_backbone reference, the merged-weight reshard into the "
-                    "rollout engine, adapter checkpoints (lora_ckpt_filter) and the PEFT export are missing "
-                    "(docs/lora.md); remove lora_target_modules to train the whole model")  # fmt: skip
+        for role, rc in (("critic_config", self.critic_config), ("reward_config", self.reward_config)):
+            if rc is not None and rc.lora:
+                col.add(f"{role}.lora_target_modules", "LoRA trains the actor only: a critic or reward model with "
+                        "adapters is not implemented (docs/lora.md); remove lora_target_modules here")  # fmt: skip
+        if not actor.lora:
+            return
+        # What the trainer runs with a LoRA actor today (docs/lora.md); the rest is refused, saying why.
+        if not rl.use_integrated_worker:
+            col.add("actor_config.lora_target_modules", "LoRA runs in the integrated worker only (separate "
+                    "placement's reference / rollout workers do not build adapters yet); set use_integrated_worker: "
+                    "true")  # fmt: skip
+        if rl.async_mode != "sync" or rl.partial_rollout_max_split > 1:
+            col.add("actor_config.lora_target_modules", "LoRA with async or partial rollout is untested; set "
+                    "async_mode: sync and partial_rollout_max_split: 1")  # fmt: skip
+        if self.generate_config.rollout_mode == "server":
+            col.add("actor_config.lora_target_modules", "LoRA with rollout servers is untested; set rollout_mode "
+                    "to the in-process engine")  # fmt: skip
+        if rl.needs_reference and not rl.share_backbone:
+            col.add("actor_config.lora_target_modules", "a LoRA actor with a reference model of its own is "
+                    "untested; set rl_config.share_backbone: true (the reference is the backbone with the adapters "
+                    "off, no second copy)")  # fmt: skip
 
     def _resolve(self) -> None:
         """Fill the values that default to another section's."""

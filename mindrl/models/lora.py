@@ -223,15 +223,42 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     fp32 and returned in W's dtype; no communication."""
     from mindrl.models.wrappers import unwrap
 
-    out = {}
-    for name, module in unwrap(model).named_modules():
-        adapter = getattr(module, "lora", None)
-        if not isinstance(adapter, LoRAAdapter):
-            continue
-        w = module.weight
-        delta = adapter.lora_B.weight.float() @ adapter.lora_A.weight.float()
-        out[f"{name}.weight"] = (w.float() + adapter.scale * delta).to(w.dtype)
-    return out
+    return {name: merged_weight(module) for name, module in adapted_linears(unwrap(model)).items()}
+
+
+def adapted_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Local weight name (`...linear_qkv.weight`) -> the adapted linear, for each linear with an adapter."""
+    return {
+        f"{name}.weight": module
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "lora", None), LoRAAdapter)
+    }
+
+
+@torch.no_grad()
+def merged_weight(module: torch.nn.Module) -> torch.Tensor:
+    """One adapted linear's W + scale * B A (this rank's shard, W's dtype; computed in fp32): a new tensor."""
+    adapter, w = module.lora, module.weight
+    # addmm: W's fp32 copy and the result are the only weight-sized temporaries (the reshard's merge buffer).
+    merged = torch.addmm(w.float(), adapter.lora_B.weight.float(), adapter.lora_A.weight.float(), alpha=adapter.scale)
+    return merged.to(w.dtype)
+
+
+def lora_meta(model: torch.nn.Module) -> dict | None:
+    """The adapters' settings as a checkpoint records them ({lora_r, lora_alpha, lora_target_modules}), None
+    without adapters: what `apply_lora` needs to rebuild the model the checkpoint was saved from."""
+    from mindrl.models.wrappers import unwrap
+
+    found = {name.rsplit(".", 1)[0].rsplit(".", 1)[-1]: m.lora for name, m in adapted_linears(unwrap(model)).items()}
+    if not found:
+        return None
+    any_ = next(iter(found.values()))
+    r = any_.lora_A.weight.shape[0]
+    return {
+        "lora_r": r,
+        "lora_alpha": any_.scale * r,
+        "lora_target_modules": [t for t in TARGETS if t in found],
+    }
 
 
 def is_adapter_param(name: str) -> bool:

@@ -12,7 +12,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +99,10 @@ def _tp_group():
     return ps.get_tensor_model_parallel_group()
 
 
-def local_params(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """This stage's parameters by global megatron name, in HF order; the tied output copy is left out."""
+def local_params(model: torch.nn.Module, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
+    """This stage's parameters by global megatron name, in HF order; the tied output copy is left out. A LoRA
+    model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA layers runs),
+    computed when looked up: the merge buffer is one linear's shard at a time."""
     model = unwrap(model)
     offset = _layer_offset(model)
     wanted = set(mcore_param_names(spec))
@@ -109,7 +111,29 @@ def local_params(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Ten
         g = global_name(name, offset)
         if g in wanted:  # a tied output_layer.weight on the last stage is the embedding: not emitted
             out[g] = p
-    return out
+    from mindrl.models.lora import adapted_linears
+
+    adapted = {global_name(n, offset): m for n, m in adapted_linears(model).items()}
+    return _MergedParams(out, adapted) if adapted else out
+
+
+class _MergedParams(Mapping):
+    """local_params of a LoRA model: the base parameters, with each adapted linear's weight merged on lookup."""
+
+    def __init__(self, params: dict[str, torch.Tensor], adapted: dict[str, torch.nn.Module]):
+        self._params, self._adapted = params, adapted
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from mindrl.models.lora import merged_weight
+
+        module = self._adapted.get(name)
+        return self._params[name] if module is None else merged_weight(module)
+
+    def __iter__(self):
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
 
 
 class WeightStreamer:

@@ -94,7 +94,9 @@ class PPOTrainer:
         self.save_failures = 0
         self.sync_ref = rl.sync_ref_model  # validated at load: only with a reference model
         original_ref = self.resume is not None and self.resume.ref_dir is None  # not a synced one from the checkpoint
-        if original_ref and self.needs_ref and not rl.integrated_mode_config.ref_model_load_path:
+        # share_backbone: the reference is the actor's frozen backbone, the initial policy's in any checkpoint.
+        own_ref = self.needs_ref and not rl.share_backbone
+        if original_ref and own_ref and not rl.integrated_mode_config.ref_model_load_path:
             raise ValueError(
                 f"resuming from actor_config.load={cfg.actor_config.load!r} (finetune: false) needs "
                 "rl_config.integrated_mode_config.ref_model_load_path: the reference model must be the initial "

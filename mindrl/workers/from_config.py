@@ -8,7 +8,7 @@ import os
 from mindrl.checkpoint import mcore_ckpt
 from mindrl.checkpoint.iterations import critic_dir
 from mindrl.checkpoint.resume import ResumePoint
-from mindrl.config.settings import OptimSettings
+from mindrl.config.settings import LoRASettings, OptimSettings
 from mindrl.platform import DETERMINISTIC_ENV, current_platform
 from mindrl.platform.profiler import ProfileOptions
 from mindrl.resharding import OffloadConfig
@@ -91,11 +91,23 @@ def model_settings(
         load_iteration=None if resume_dir is None else int(os.path.basename(resume_dir)[len("iter_") :]),
         load_optim=not role_cfg.no_load_optim,
         load_rng=not role_cfg.no_load_rng,
+        lora=_lora(role_cfg),
         remove_padding=rl.use_remove_padding,
         token_budget=budget,
         max_rows=max_rows,
         forward_token_budget=forward_budget,
         forward_max_rows=forward_max_rows,
+    )
+
+
+def _lora(role_cfg) -> LoRASettings | None:
+    if not role_cfg.lora:
+        return None
+    return LoRASettings(
+        lora_target_modules=list(role_cfg.lora_target_modules),
+        lora_r=role_cfg.lora_r,
+        lora_alpha=role_cfg.lora_alpha,
+        lora_ckpt_filter=role_cfg.lora_ckpt_filter,
     )
 
 
@@ -174,7 +186,8 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         actor=model_settings(cfg.actor_config, cfg, rl.actor_forward_micro_batch_size, resume and resume.actor_dir),
         rollout=rollout,
         loss=loss_settings(cfg),
-        ref_load=ref if needs_reference(cfg) else None,
+        ref_load=ref if needs_reference(cfg) and not rl.share_backbone else None,
+        share_backbone=needs_reference(cfg) and rl.share_backbone,
         ref_forward_micro_batch_size=rl.ref_forward_micro_batch_size or cfg.actor_config.micro_batch_size,
         ref_token_budget=ref_budget,
         ref_max_rows=ref_max_rows,

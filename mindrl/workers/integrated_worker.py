@@ -134,10 +134,16 @@ class IntegratedWorker(MegatronRank):
         shard = self.receive(shard)
         t0 = time.perf_counter()
         s = self.settings
-        if reference and self.ref is None:
+        if reference and self.ref is None and not s.share_backbone:
             raise RuntimeError("reference logprobs were requested but no reference model was configured")
         with self.profiler.stage("reference_compute_log_prob" if reference else "actor_compute_log_prob"):
-            if reference:
+            if reference and s.share_backbone:  # the actor's own weights, adapters off: no second copy
+                from mindrl.models.lora import adapters_disabled
+
+                with self.actor_offloader.holding(["param"], read_only=True), adapters_disabled(self.actor):
+                    lp = response_logprobs(self.actor, shard, s.ref_micro_batching(), s.loss.temperature)
+                    self._note_held()
+            elif reference:
                 with self.ref_offloader.holding(["param"], read_only=True):
                     lp = response_logprobs(self.ref, shard, s.ref_micro_batching(), s.loss.temperature)
                     self._note_held()

@@ -93,6 +93,8 @@ class MegatronRank:
             m.load_iteration,
             m.recompute,
             cp=m.cp,
+            lora=m.lora,
+            seed=m.seed,
         )
         if m.resume_dir is not None:
             load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mindrl.config.settings import OptimSettings, RecomputeSettings
+from mindrl.config.settings import LoRASettings, OptimSettings, RecomputeSettings
 from mindrl.resharding.residency import ResidencySchedule
 from mindrl.rollout.base import RolloutConfig
 from mindrl.workers.profiling import ProfileSettings
@@ -92,6 +92,8 @@ class ModelSettings:
     """The iteration of `load` to build the model from (None: its tracker's); set when resuming."""
     load_optim: bool = True
     load_rng: bool = True
+    lora: LoRASettings | None = None
+    """Adapters on the frozen loaded model (lora_target_modules set); None: the whole model trains."""
 
     def micro_batching(self, forward: bool) -> MicroBatching:
         """How the update (forward False) or a forward-only pass of this model cuts its micro-batches."""
@@ -110,7 +112,9 @@ class IntegratedSettings:
     """The engine (its `model` dir gives the HF config and tokenizer)."""
     loss: PPOLossSettings = field(default_factory=PPOLossSettings)
     ref_load: str | None = None
-    """Reference model checkpoint; None: no reference model (no KL term)."""
+    """Reference model checkpoint; None: no reference model of its own (no KL term, or share_backbone)."""
+    share_backbone: bool = False
+    """rl_config.share_backbone: the reference logprobs come from the actor with its adapters off (no ref_load)."""
     ref_forward_micro_batch_size: int = 1
     ref_token_budget: int | None = None
     """Tokens per micro-batch of the reference logprobs instead of ref_forward_micro_batch_size rows."""

@@ -42,14 +42,17 @@ def build_model_and_optimizer(
 
     from mindrl.checkpoint.loading import build_and_load
 
-    spec, _, model = build_and_load(
-        load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
-        value_head=value_head, cp=cp,
-    )  # fmt: skip
+    adapt = None
     if lora is not None and lora.lora:
         from mindrl.models.lora import apply_lora
 
-        apply_lora(model, lora.lora_r, lora.lora_alpha, lora.lora_target_modules, seed)
+        def adapt(model):  # before loading: a LoRA run's own checkpoint (resume) holds the adapters
+            apply_lora(model, lora.lora_r, lora.lora_alpha, lora.lora_target_modules, seed)
+
+    spec, _, model = build_and_load(
+        load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
+        value_head=value_head, cp=cp, adapt=adapt,
+    )  # fmt: skip
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(
         config=model.config,

@@ -20,6 +20,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
     from mindrl.models.lora import adapter_mapping, adapters_disabled, is_adapter_param, merged_weights
     from mindrl.models.weight_map import full_to_local, global_name
     from mindrl.models.wrappers import unwrap
+    from mindrl.resharding import WeightStreamer
     from mindrl.workers.train_setup import build_model_and_optimizer
 
     lora = LoRASettings(lora_target_modules=targets, lora_r=r, lora_alpha=alpha)
@@ -35,6 +36,8 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
                 g = names[name] = global_name(name, offset)
                 p.copy_(full_to_local(adapter_mapping(spec, g)[0], full[g], tp_rank, tp))
     merged = {global_name(n, offset): t.clone() for n, t in merged_weights(ddp).items()}
+    # What the rollout engine receives: the reshard's HF tensors, gathered over TP and PP (collective).
+    streamed = {n: t.clone() for n, t in WeightStreamer(ddp, spec).stream() if n.endswith("proj.weight")}
     logits = forward_outputs(ddp, ids[:, :-1])  # under SP the length must divide over TP
     with adapters_disabled(ddp):
         base_logits = forward_outputs(ddp, ids[:, :-1])
@@ -63,6 +66,7 @@ def lora_outputs(load_dir: str, tp: int, pp: int, sp: bool, recompute: bool, ids
         "base_logits": base_logits if keep else None,
         "grads": grads,
         "merged": merged,
+        "streamed": streamed if keep and ps.is_pipeline_first_stage() else None,
         "step_ok": ok,
         "backbone_trainable": sorted(n for n, p in params.items() if p.requires_grad and not is_adapter_param(n)),
         "backbone_changed": sorted(
@@ -141,3 +145,80 @@ def load_lora(load_dir: str, it_dir: str, tp: int, pp: int, r: int, alpha: float
     load_model(model, it_dir)
     out = _adapters(model)
     return out if out["dp_rank"] == 0 else None
+
+
+def resume_lora(load_dir: str, save_root: str, tp: int, pp: int, ids: torch.Tensor, r: int, alpha: float,
+                targets: list[str], ckpt_filter: bool) -> dict | None:  # fmt: skip
+    """The trainer's LoRA model (`build_model_and_optimizer`) takes a step on `ids`, saves its train state as the
+    trainer does, and takes a second step; a fresh one (other initial adapters) is built from that save and its
+    train state loaded, as a resumed actor is, and takes the same second step. Their adapters after it, and the
+    backbone's, on dp rank 0 (by local name: the same layout). ckpt_filter: lora_ckpt_filter (the save holds the
+    adapters only; the resumed backbone comes from load_dir)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint import mcore_ckpt
+    from mindrl.checkpoint.train_state import load_train_state, save_train_state
+    from mindrl.config.settings import LoRASettings, OptimSettings
+    from mindrl.models.forward import attention_inputs, run_schedule
+    from mindrl.models.lora import is_adapter_param
+    from mindrl.models.wrappers import unwrap
+    from mindrl.workers.settings import ModelSettings
+    from mindrl.workers.train_setup import build_model_and_optimizer
+
+    lora = LoRASettings(lora_target_modules=targets, lora_r=r, lora_alpha=alpha, lora_ckpt_filter=ckpt_filter)
+    optim = OptimSettings(lr=1e-2)
+
+    def step(data_iterator, m):
+        x = next(data_iterator)
+        inputs, labels = x[:, :-1], x[:, 1:]
+        position_ids, mask = attention_inputs(inputs, None)
+        return m(inputs, position_ids, mask, labels=labels), lambda out: (out.float().mean(), {})
+
+    def train_step(ddp, optimizer, scheduler) -> None:
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        run_schedule(ddp, step, [ids], ids.shape[1] - 1, ids.shape[0], forward_only=False)
+        ok, _, _ = optimizer.step()
+        assert ok
+        scheduler.step(1)
+
+    def state(ddp) -> dict:
+        return {n: p.detach().clone() for n, p in unwrap(ddp).named_parameters()}
+
+    spec, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, pp, optim, 4, lora=lora, seed=1)
+    train_step(ddp, optimizer, scheduler)
+    saved = state(ddp)
+    it_dir = mcore_ckpt.iteration_dir(save_root, 1)
+    if torch.distributed.get_rank() == 0:
+        import os
+
+        os.makedirs(it_dir, exist_ok=True)
+    torch.distributed.barrier()
+    save_train_state(ddp, optimizer, scheduler, spec, "actor", ModelSettings(load_dir, tp, pp, lora=lora), it_dir,
+                     True, True)  # fmt: skip
+    if torch.distributed.get_rank() == 0:
+        mcore_ckpt.write_tracker(save_root, 1)
+    torch.distributed.barrier()
+    saved_keys = set(dist_checkpointing.load_tensors_metadata(it_dir))
+    train_step(ddp, optimizer, scheduler)
+    straight = state(ddp)
+
+    _, ddp2, optimizer2, scheduler2 = build_model_and_optimizer(save_root, tp, pp, optim, 4, iteration=1, lora=lora,
+                                                                seed=2)  # fmt: skip
+    fresh = state(ddp2)
+    load_train_state(ddp2, optimizer2, scheduler2, it_dir, True, True)
+    train_step(ddp2, optimizer2, scheduler2)
+    resumed = state(ddp2)
+    if ps.get_data_parallel_rank() != 0:
+        return None
+    return {
+        # built with another seed, it holds the saved adapters: build_and_load loaded them
+        "loaded_saved": all(torch.equal(fresh[n], saved[n]) for n in saved),
+        "second_step_moved": any(not torch.equal(saved[n], straight[n]) for n in saved if is_adapter_param(n)),
+        "adapters_equal": all(torch.equal(resumed[n], straight[n]) for n in straight if is_adapter_param(n)),
+        "backbone_equal": all(torch.equal(resumed[n], straight[n]) for n in straight if not is_adapter_param(n)),
+        "num_adapters": sum(is_adapter_param(n) for n in straight),
+        "saved_backbone": sorted(k for k in saved_keys if ".lora.lora_" not in k),
+        "meta": mcore_ckpt.read_model_meta(save_root, 1)[1],
+    }

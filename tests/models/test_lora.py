@@ -4,6 +4,8 @@ fp64 on these inputs), measured here."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -149,6 +151,8 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     merged = {hf: t.double() for name, ws in weight_shards.items()
               for hf, t in shards_to_hf(spec, param_mapping(spec, name), ws)}  # fmt: skip
     assert sorted(merged) == sorted(merged_ref), "every adapted weight is merged once"
+    streamed = next(r["streamed"] for r in results if r["streamed"] is not None)
+    assert sorted(streamed) == sorted(merged_ref), "the reshard sends every adapted weight merged"
     assert sorted(shards) == sorted(full), "every adapter of the model got a gradient on some rank"
     grads = {n: local_to_full(adapter_mapping(spec, n)[0], s).double() for n, s in shards.items()}
     for r in results:
@@ -167,6 +171,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
         "base_logits": (base - base_ref).abs().max().item(),
         "grads": max((grads[n] - grads_ref[n]).abs().max().item() for n in full),
         "merged": max((merged[n] - merged_ref[n]).abs().max().item() for n in merged_ref),
+        "streamed": max((streamed[n].double() - merged_ref[n]).abs().max().item() for n in merged_ref),
     }
     effect = (logits_ref - base_ref).abs().max().item()
     print(f"tp{tp} pp{pp} sp{int(sp)} recompute{int(recompute)}: max |mindrl - HF+peft fp64| {diff}; HF fp32-vs-fp64 gap {gap}; adapters move logits "
@@ -177,6 +182,7 @@ def test_lora_matches_peft(pool, saved, case, reference, tiny_arch, tp, pp, sp, 
     assert diff["base_logits"] <= 10 * gap["logits"]
     assert diff["grads"] <= 10 * gap["grads"]
     assert diff["merged"] <= 10 * gap["merged"]
+    assert diff["streamed"] <= 10 * gap["merged"]
 
 
 def test_adapters_save_and_reshard_exactly(pool, saved, case, tmp_path):
@@ -232,3 +238,27 @@ def test_peft_adapter_directory_round_trips_and_loads_in_peft(tiny_models, case,
     json.dump({**cfg, "use_rslora": True}, open(f"{out}/adapter_config.json", "w"))
     with pytest.raises(CheckpointError, match="rsLoRA"):
         load_peft_adapter(out, spec)
+
+
+@pytest.mark.parametrize("ckpt_filter", [False, True])
+def test_trainer_state_resumes_exactly(pool, saved, case, tmp_path, ckpt_filter):
+    """At TP2: the trainer's LoRA model saves its train state after one step (mindrl's trainer save; with
+    lora_ckpt_filter the adapters only, the meta naming the backbone's checkpoint); a fresh model (other initial
+    adapters) built from that save with the state loaded, as a resumed actor is, takes the second step to the same
+    adapters and backbone bit for bit."""
+    from tests.models.lora_rank import resume_lora
+
+    _, ids, _ = case
+    args = (saved, str(tmp_path / "ckpt"), 2, 1, ids, R, ALPHA, list(TARGETS), ckpt_filter)
+    results = [r for r in pool.run(resume_lora, *args) if r]
+    assert results
+    for r in results:
+        assert r["num_adapters"] > 0 and r["loaded_saved"] and r["second_step_moved"], r
+        assert r["adapters_equal"] and r["backbone_equal"]
+        lora = r["meta"]["lora"]
+        assert (lora["lora_r"], lora["lora_alpha"], lora["lora_target_modules"]) == (R, ALPHA, list(TARGETS))
+        if ckpt_filter:
+            assert not r["saved_backbone"], "lora_ckpt_filter saves the adapters only"
+            assert lora["backbone"]["load"] == os.path.abspath(saved)
+        else:
+            assert r["saved_backbone"] and "backbone" not in lora

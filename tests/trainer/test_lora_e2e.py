@@ -1,0 +1,72 @@
+"""A tiny LoRA GRPO run through the trainer (one start): the actor trains adapters on its frozen backbone, the
+reference is that backbone with the adapters off (share_backbone: no reference model is loaded), and the rollout
+engine runs the merged weights each step, so the every-step rollout-vs-trainer logprob check holds. Its checkpoint
+exports with mindrl-convert as a merged HF model and, with --adapter-only, as a PEFT directory that peft loads onto
+the base model with the merged export's logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.rl_helpers import _config, _train
+
+pytestmark = pytest.mark.slow
+
+TARGETS = "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"
+# The tiny policy scores 0 on the task (zero advantages): the entropy bonus is what moves the adapters.
+LORA = [f"+actor_config.lora_target_modules={TARGETS}", "+actor_config.lora_r=4", "+actor_config.lora_alpha=8",
+        "+rl_config.share_backbone=true", "rl_config.entropy_coeff=0.01", "megatron_training.train_iters=2",
+        "megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]  # fmt: skip
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits.double()
+
+
+def test_lora_grpo_run_shares_the_backbone_and_exports_to_peft(assets, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from mindrl.checkpoint import convert, mcore_ckpt
+    from tests.conftest import shared_pool
+
+    run_dir = tmp_path / "run"
+    cfg = _config("grpo_tiny_cpu", assets, run_dir, *LORA)
+    _, _, lines, _ = _train(cfg)
+    assert len(lines) == 2
+    # Iteration 1: B = 0, so the actor is its backbone and the shared-backbone reference's KL is exactly 0. Then the
+    # adapters have moved: the reference (adapters off) and the actor differ.
+    assert lines[0]["actor/kl_loss"] == 0.0, lines[0]
+    assert lines[1]["actor/kl_loss"] > 0.0, lines[1]
+    warn = cfg.rl_config.logprob_diff_warn
+    for m in lines:  # the engine samples from the merged weights the trainer scores with
+        assert m["rollout/logprob_diff_mean"] < warn, m
+    diffs = [m["rollout/logprob_diff_max"] for m in lines]
+    print(f"rollout-vs-trainer max |logprob diff| per iteration: {diffs}; KL {[m['actor/kl_loss'] for m in lines]}")
+
+    ckpt = run_dir / "ckpt_actor"
+    _, meta = mcore_ckpt.read_model_meta(str(ckpt))
+    assert meta["lora"] == {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": TARGETS[1:-1].split(",")}
+    merged_dir, peft_dir = tmp_path / "merged", tmp_path / "peft"
+    convert.mcore2hf(str(ckpt), str(merged_dir), pool=shared_pool())
+    convert.mcore2hf(str(ckpt), str(peft_dir), adapter_only=True, pool=shared_pool())
+    assert sorted(p.name for p in peft_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    base = AutoModelForCausalLM.from_pretrained(assets / "hf", torch_dtype=torch.float32)
+    base_logits = _logits(base, ids)
+    peft32 = PeftModel.from_pretrained(base, peft_dir).eval()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, torch_dtype=torch.float32).eval()
+    peft64 = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(assets / "hf", torch_dtype=torch.float64), peft_dir
+    ).eval()
+    exact = _logits(peft64, ids)
+    gap = (_logits(peft32, ids) - exact).abs().max().item()  # HF + peft's own fp32 error on these tokens
+    diff = (_logits(merged, ids) - exact).abs().max().item()
+    effect = (exact - base_logits).abs().max().item()
+    print(f"merged export vs peft fp64: {diff:.3g}; peft fp32-vs-fp64 gap {gap:.3g}; the adapters move logits by "
+          f"{effect:.3g}")  # fmt: skip
+    assert effect > 100 * max(gap, 1e-12), "the trained adapters change the model"
+    assert diff <= 10 * gap
