@@ -23,6 +23,7 @@ def build_and_load(
     value_head: bool = False,
     cp: int = 1,
     ep: int = 1,
+    **config_overrides,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
     with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
@@ -31,7 +32,8 @@ def build_and_load(
     in training (None: none). value_head: build a critic (value-head model) whatever the checkpoint holds; from a
     causal LM that is its trunk with a fresh head (`value_model_spec`, `init_value_head`), and the returned spec
     is the value model's. cp: the context-parallel size (the weights are replicated over it). ep: the expert-parallel
-    size of a MoE model (carved out of the data-parallel ranks)."""
+    size of a MoE model (carved out of the data-parallel ranks). config_overrides: TransformerConfig keys (a MoE
+    model's router losses in training)."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
@@ -39,6 +41,10 @@ def build_and_load(
         if value_head:
             raise CheckpointError(
                 f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
+            )
+        if ep > 1 or config_overrides:
+            raise CheckpointError(
+                f"{load_dir}: a legacy checkpoint of a MoE model; convert it with mindrl-convert first"
             )
         return legacy.build_and_load(load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp)
     init_model_parallel(tp, pp, cp=cp, ep=ep)
@@ -54,6 +60,7 @@ def build_and_load(
         sequence_parallel=sequence_parallel,
         perform_initialization=False,
         recompute=recompute,
+        **config_overrides,
     )
     it_dir = mcore_ckpt.iteration_dir(load_dir, iteration)
     mcore_ckpt.load_model(model, it_dir, skip=("output_layer.",) if fresh_head else ())

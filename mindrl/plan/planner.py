@@ -45,6 +45,10 @@ class ModelLayout:
     """Activation recomputation in the update (recompute_* keys)."""
     cp: int = 1
     """Context parallelism: each rank computes 1 / cp of every row's columns (the shapes above are whole rows)."""
+    ep: int = 1
+    """Expert parallelism of a MoE model (expert_model_parallel_size)."""
+    expert_params_per_stage: list[int] = field(default_factory=list)
+    """Of params_per_stage, the routed experts' (a MoE model; empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,9 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         distributed_optimizer=settings.optim.use_distributed_optimizer,
         dtype=settings.dtype,
         params_total=total_params(arch, model_role),
-        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total for s in range(rc.pp)],
+        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).total for s in range(rc.pp)],
+        expert_params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).experts for s in range(rc.pp)],
+        ep=rc.ep,
         recompute=settings.recompute,
         cp=settings.cp,
     )
@@ -175,7 +181,7 @@ def make_plan(
         dtype=gen.dtype,
         max_model_len=gen.max_model_len,
         max_num_seqs=gen.max_num_seqs,
-        params_per_rank=stage_params(cfg.model, "actor", itp, 1, 0).total,
+        params_per_rank=_engine_params(cfg),
     )
     a, c = layouts["actor"], layouts.get("critic")
     placement = [
@@ -197,13 +203,29 @@ def make_plan(
 
 
 # ------------------------------------------------------------------------------------------------ memory
+def _engine_params(cfg: RLConfig) -> int:
+    """One rollout device's weights: the model split over infer TP, its experts (enable_expert_parallel) instead
+    whole, over infer TP x infer_expert_parallel_size devices (vLLM's EP spans its TP and DP ranks)."""
+    gen, arch = cfg.generate_config, cfg.model
+    whole = stage_params(arch, "actor", gen.infer_tensor_parallel_size, 1, 0)
+    iep = gen.infer_expert_parallel_size
+    if not (arch.is_moe and gen.enable_expert_parallel and iep > 1):
+        return whole.total
+    return (
+        whole.total - whole.experts + stage_params(arch, "actor", 1, 1, 0, iep * gen.infer_tensor_parallel_size).experts
+    )
+
+
 def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     params = lay.params_per_stage[stage]
+    experts = lay.expert_params_per_stage[stage] if lay.expert_params_per_stage else 0
     e = mem.DTYPE_BYTES[lay.dtype]
+    expert_dp = max(1, lay.dp * lay.cp // lay.ep)  # a distributed optimizer shards the experts' state over these
     return {
         "weights_bytes": params * e,
         "grads_bytes": params * mem.GRAD_BYTES,
-        "optimizer_bytes": mem.optimizer_bytes(params, lay.dtype, lay.distributed_optimizer, lay.dp),
+        "optimizer_bytes": mem.optimizer_bytes(params - experts, lay.dtype, lay.distributed_optimizer, lay.dp)
+        + mem.optimizer_bytes(experts, lay.dtype, lay.distributed_optimizer, expert_dp),
     }
 
 

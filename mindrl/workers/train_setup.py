@@ -23,6 +23,8 @@ def build_model_and_optimizer(
     recompute: RecomputeSettings | None = None,
     value_head: bool = False,
     cp: int = 1,
+    ep: int = 1,
+    moe: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
@@ -30,7 +32,8 @@ def build_model_and_optimizer(
     total_steps: optimizer steps the run will take (the LR decay horizon when lr_decay_iters is None).
     recompute: activation recomputation in training (None: none). value_head: train a value-head model (a causal
     LM checkpoint gets a fresh head: `mindrl.checkpoint.loading.build_and_load`). cp: context-parallel size
-    (megatron's DDP then reduces the gradients over DP x CP).
+    (megatron's DDP then reduces the gradients over DP x CP). ep: expert-parallel size of a MoE model; moe: its router
+    losses' TransformerConfig keys (`ModelArchConfig.moe_training_overrides`; None: the checkpoint's).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -40,7 +43,7 @@ def build_model_and_optimizer(
 
     spec, _, model = build_and_load(
         load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
-        value_head=value_head, cp=cp,
+        value_head=value_head, cp=cp, ep=ep, **(moe or {}),
     )  # fmt: skip
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(

@@ -10,9 +10,12 @@ import json
 import pytest
 import torch
 
+from mindrl.batch import Batch, pad_rows
 from mindrl.checkpoint import convert, mcore_ckpt
 from mindrl.models.hf_config import ModelConfigError, ModelSpec
+from mindrl.workers.rl_model import PPOLossSettings
 from tests.checkpoint.test_convert import assert_bit_exact
+from tests.models import moe_rank_fns
 
 # hidden 64, 4 heads / 2 KV heads of head_dim 32, experts of width 64; layers 0 and 2 are MoE layers.
 TINY_MOE = dict(
@@ -173,3 +176,114 @@ def test_experts_matter(moe_hf, reference, tmp_path):
     gap = (hf32.double() - exact).abs().max().item()
     print(f"max |swapped experts - original| logits {effect:.3g} vs fp32 gap {gap:.3g}")
     assert effect > 1000 * gap
+
+
+# ------------------------------------------------------------------------------------------------ training
+# The PPO actor loss with every term on, and a load-balancing loss 100x Qwen3-MoE's (0.001), so that its share of
+# the router's gradient is far above rounding.
+TRAIN_LOSS = PPOLossSettings(
+    clip_ratio_low=0.2, clip_ratio_high=0.28, entropy_coeff=0.05, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+    loss_agg_mode="token-mean",
+)  # fmt: skip
+AUX = {"moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": None}
+# (name, TP, EP, dtype, router losses); 4 ranks: DP = 4 / TP, EP ranks carved out of DP.
+TRAIN_LAYOUTS = [
+    ("tp1", 1, 1, "float32", AUX),
+    ("tp2", 2, 1, "float32", AUX),
+    ("ep2", 1, 2, "float32", AUX),
+    ("tp2ep2", 2, 2, "float32", AUX),
+    ("tp1_fp64", 1, 1, "float64", AUX),
+    ("tp1_no_aux", 1, 1, "float32", {**AUX, "moe_aux_loss_coeff": 0.0}),
+]
+
+
+def moe_rl_batch() -> Batch:
+    """Eight rows, prompts of 1-8 tokens and responses of 1-9, with old / rollout / reference logprobs and
+    advantages that make every loss term non-zero. Each row's prompt + response is even: a micro-batch of one row
+    then needs no padding column under TP2's sequence parallelism, which the load-balancing loss would count (it
+    counts every position of a micro-batch, as megatron computes it)."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (3, 8, 5, 1, 7, 4, 6, 2)]
+    responses = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (9, 4, 7, 1, 9, 6, 4, 8)]
+    prompt_ids, prompt_mask = pad_rows(prompts, pad=0, left=True)
+    response_ids, response_mask = pad_rows(responses, pad=0, left=False)
+    mask = response_mask.float()
+
+    def logprobs() -> torch.Tensor:
+        return (-7.0 + 0.3 * torch.randn(response_ids.shape, generator=g)) * mask
+
+    batch = Batch(
+        {
+            "input_ids": torch.cat([prompt_ids, response_ids], 1),
+            "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+            "responses": response_ids,
+            "response_mask": response_mask,
+        },
+        meta={"prompt_length": prompt_ids.shape[1]},
+    )
+    batch.update(
+        {
+            "old_log_prob": logprobs(),
+            "rollout_log_prob": logprobs(),
+            "ref_log_prob": logprobs(),
+            "advantages": torch.randn(response_ids.shape, generator=g) * mask,
+        }
+    )
+    return batch
+
+
+@pytest.fixture(scope="module")
+def layout_grads(saved_tp2, get_pool) -> dict:
+    """layout name -> {"grads": every HF-named gradient, "metrics", "aux": each layer's load-balancing loss megatron
+    tracked, its mean over the micro-batches}: one PPO actor update of the same global batch per layout (~2 s each)."""
+    batch, out = moe_rl_batch(), {}
+    for name, tp, ep, dtype, moe in TRAIN_LAYOUTS:
+        results = get_pool().run(moe_rank_fns.moe_update_grads_rank, saved_tp2, tp, ep, batch, TRAIN_LOSS, dtype, moe)
+        grads: dict[str, torch.Tensor] = {}
+        for r in results:
+            for k, v in (r["grads"] or {}).items():
+                grads.setdefault(k, v.double())
+        # one row per micro-batch: the mean load-balancing loss of a micro-batch, per layer (the TP ranks' shares
+        # summed)
+        aux = sum(r["aux"] for r in results if r["aux"] is not None) / len(batch)
+        out[name] = {"grads": grads, "metrics": results[0]["metrics"], "aux": aux}
+    return out
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_gradients_with_aux_loss_agree_across_layouts(moe_hf, layout_grads):
+    """The PPO loss's and the load-balancing loss's gradients at TP2, EP2 and TP2 x EP2 (tokens exchanged by the
+    all-to-all dispatcher, expert grads reduced over the expert data-parallel ranks) equal TP1's: each lands as close
+    to the fp64 run's as TP1's own fp32 run does (the bound is measured here)."""
+    from mindrl.checkpoint.hf_io import HFCheckpoint
+
+    ref = layout_grads["tp1_fp64"]["grads"]
+    assert sorted(ref) == sorted(HFCheckpoint(moe_hf).keys())
+    gap = _max_diff(layout_grads["tp1"]["grads"], ref)
+    scale = max(g.abs().max().item() for g in ref.values())
+    assert 0 < gap < 1e-4 * scale
+    for name in ("tp2", "ep2", "tp2ep2"):
+        diff = _max_diff(layout_grads[name]["grads"], ref)
+        loss_gap = abs(layout_grads[name]["metrics"]["actor/pg_loss"] - layout_grads["tp1"]["metrics"]["actor/pg_loss"])
+        print(f"{name}: max |grad - fp64 TP1| {diff:.3g} (TP1 fp32: {gap:.3g}; largest grad {scale:.3g}); "
+              f"pg_loss vs TP1 {loss_gap:.3g}")  # fmt: skip
+        assert diff <= 4 * gap, f"{name}: {diff:.3g} vs TP1's own fp32 gap {gap:.3g}"
+
+
+def test_aux_loss_trains_the_router(layout_grads):
+    """moe_aux_loss_coeff reaches training: the load-balancing loss megatron tracks is the same at every layout, and
+    with it the router's gradient moves far beyond rounding (the experts' do not: the loss reads only the router)."""
+    base = layout_grads["tp1"]
+    aux = base["aux"]
+    assert aux.numel() >= 3 and (aux[[0, 2]] > 0).all() and aux[1] == 0  # layers 0 and 2 are MoE layers
+    for name in ("tp2", "ep2", "tp2ep2"):
+        assert torch.allclose(layout_grads[name]["aux"], aux, rtol=1e-5), name
+    gap = _max_diff(base["grads"], layout_grads["tp1_fp64"]["grads"])
+    without = layout_grads["tp1_no_aux"]["grads"]
+    router = max((base["grads"][k] - without[k]).abs().max().item() for k in base if k.endswith("mlp.gate.weight"))
+    print(f"load-balancing loss per layer {aux.tolist()}; router grad moved {router:.3g} by it (fp32 gap {gap:.3g})")
+    assert router > 100 * gap
