@@ -573,6 +573,14 @@ def hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     names = set(model.state_dict())
+    # transformers 5 holds a MoE layer's experts as fused 3-D tensors (experts.gate_up_proj, experts.down_proj); the
+    # checkpoints, vLLM's loader and mindrl's weight stream name them per expert
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    for name in [n for n in names if experts and n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]:
+        names.discard(name)
+        prefix, kind = name.rsplit(".", 1)
+        projs = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+        names |= {f"{prefix}.{e}.{proj}.weight" for e in range(experts) for proj in projs}
     tied_keys = (getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else {}
     if not isinstance(tied_keys, dict):  # older transformers: a list of tied names, all from the embedding
         tied_keys = {k: "model.embed_tokens.weight" for k in tied_keys}
