@@ -35,6 +35,7 @@ from mindrl.rollout.vllm_ops import (
     count_c_linears,
     install_c_sampler,
     install_c_swiglu,
+    repack_moe_experts,
 )
 
 
@@ -98,6 +99,7 @@ class VllmEngine(RolloutEngine):
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
         self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
+        self._moe = any(".mlp.experts." in name for name in self._weight_names)
         tok_dir, self.has_tokenizer = tokenizer_source(config)
 
         dist = torch.distributed
@@ -275,6 +277,8 @@ class VllmEngine(RolloutEngine):
         host = _HostState()
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked()})
+            if self._moe and current_platform().repack_moe_after_reload:
+                repack_moe_experts(self.llm)
             self.llm.reset_prefix_cache()
         finally:
             host.restore()

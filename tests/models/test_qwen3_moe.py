@@ -6,6 +6,7 @@ megatron's logits land as close to the exact (fp64) ones as HF's own fp32 forwar
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -280,8 +281,11 @@ def test_aux_loss_trains_the_router(layout_grads):
     base = layout_grads["tp1"]
     aux = base["aux"]
     assert aux.numel() >= 3 and (aux[[0, 2]] > 0).all() and aux[1] == 0  # layers 0 and 2 are MoE layers
+    metric = base["metrics"]["actor/moe_load_balancing_loss"]  # the trainer's: per MoE layer and micro-batch
+    assert math.isclose(metric, aux.sum().item() / 2, rel_tol=1e-6), (metric, aux)
     for name in ("tp2", "ep2", "tp2ep2"):
         assert torch.allclose(layout_grads[name]["aux"], aux, rtol=1e-5), name
+        assert math.isclose(layout_grads[name]["metrics"]["actor/moe_load_balancing_loss"], metric, rel_tol=1e-5)
     gap = _max_diff(base["grads"], layout_grads["tp1_fp64"]["grads"])
     without = layout_grads["tp1_no_aux"]["grads"]
     router = max((base["grads"][k] - without[k]).abs().max().item() for k in base if k.endswith("mlp.gate.weight"))

@@ -35,6 +35,7 @@ def test_tiny_qwen3_moe_grpo_at_ep2(moe_assets, tmp_path):
         # fp32: the engines sample from the trained policy, at the first iteration and after an update
         assert m["rollout/logprob_diff_mean"] < 1e-3, m["rollout/logprob_diff_mean"]
         assert m["actor/skipped_updates"] == 0 and m["actor/grad_norm"] > 0
+        assert m["actor/moe_load_balancing_loss"] > 0  # the router's loss, logged per MoE layer and micro-batch
     print(
         {k: [m[k] for m in lines] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "actor/pg_loss")}
     )
