@@ -589,7 +589,9 @@ def ppo_update(
     token_counts = torch.zeros(4, dtype=torch.float64)  # computed, real, untrimmed, shared
     config = get_model_config(ddp)
     moe_layers = 0
-    if role == "actor" and config.num_moe_experts:  # mindrl's builder gives megatron the MoE layers as a 0/1 list
+    coeff = getattr(config, "moe_aux_loss_coeff", 0.0)
+    if role == "actor" and config.num_moe_experts and (sum(coeff) if isinstance(coeff, list) else coeff) > 0:
+        # a load-balancing loss to log; mindrl's builder gives megatron the MoE layers as a 0/1 list
         freq = config.moe_layer_freq
         moe_layers = sum(freq) if isinstance(freq, list) else -(-config.num_layers // freq)
     router = torch.zeros(2, dtype=torch.float64)  # load-balancing loss over this rank's micro-batches, their count

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.rl_helpers import _config, _train, checkpoint_tensors
-from tests.trainer.test_ppo_e2e import _no_leftovers
 
 pytestmark = pytest.mark.slow  # starts Ray and worker processes that import vLLM and megatron
 
@@ -43,4 +42,3 @@ def test_tiny_qwen3_moe_grpo_at_ep2(moe_assets, tmp_path):
     start, trained = _experts(moe_assets / "actor", tmp_path), _experts(Path(run_dir) / "ckpt_actor", tmp_path)
     assert sorted(trained) == sorted(start)
     assert any("router" in k for k in trained) and all(not trained[k].equal(start[k]) for k in trained)
-    _no_leftovers()
