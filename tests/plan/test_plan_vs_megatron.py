@@ -48,8 +48,9 @@ def test_moe_param_counts_equal_megatron(tmp_path_factory, tp, ep):
     hf = str(tmp_path_factory.getbasetemp() / "plan_tiny_moe")
     if not (tmp_path_factory.getbasetemp() / "plan_tiny_moe" / "config.json").exists():
         make_tiny_model(hf, arch="qwen3_moe")
-    arch = load_config("grpo_tiny_cpu", overrides=["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe",
-                                                  "actor_config.model=tiny_qwen3_moe"]).model  # fmt: skip
+    moe = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe",
+           "actor_config.tensor_model_parallel_size=1"]  # fmt: skip
+    arch = load_config("grpo_tiny_cpu", overrides=moe).model
     assert arch.is_moe
     for rank, r in enumerate(shared_pool().run(rank_fns.count_params, hf, "actor", tp, 1, ep)):
         want = stage_params(arch, "actor", tp, 1, 0, ep)
