@@ -90,7 +90,9 @@ def _p(path: str) -> str:
 
 def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
     """Report every missing or wrong path of `cfg` to `col`: checkpoints (and that they hold the model the config
-    describes), the packed prompt dataset, the tokenizers and the runtime env file."""
+    describes), the packed prompt dataset, the tokenizers and the runtime env file; and the keys mindrl-plan sizes
+    but a run does not build (`check_runnable`)."""
+    check_runnable(cfg, col)
     mt, rl = cfg.megatron_training, cfg.rl_config
     tokenizer = _TokenizerSize(mt.tokenizer_name_or_path)
     checkpoints = [("actor_config", "actor_config.load", cfg.actor_config.load, cfg.model, False)]
@@ -121,6 +123,20 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
     ):
         if path and not (key.startswith("generate") and path == mt.tokenizer_name_or_path):
             _check_tokenizer(col, key, path)
+
+
+def check_runnable(cfg: RLConfig, col: Collector) -> None:
+    """The keys of MindSpeed-RL's large MoE recipes that mindrl-plan sizes but mindrl-train does not run."""
+    gen = cfg.generate_config
+    if gen.infer_expert_parallel_size > 1:
+        col.add("generate_config.infer_expert_parallel_size", f"{gen.infer_expert_parallel_size}: vLLM's expert "
+                "parallelism across engines (its data-parallel groups) is not built by mindrl's rollout; mindrl-plan "
+                "sizes it, and a run needs 1 (each engine holds all its experts)")  # fmt: skip
+    for arch in (cfg.model, cfg.critic_model):
+        if arch is not None and arch.noop_layer_indices:
+            col.add(f"model.{arch.name}.noop_layers", f"{arch.noop_layers!r}: mindrl builds no identity layers (its "
+                    "pipeline splits the real layers evenly); mindrl-plan sizes them, and a run needs them removed "
+                    "with num_layers the model's own")  # fmt: skip
 
 
 # WANDB_MODE values wandb accepts (its Settings.mode).
@@ -199,7 +215,14 @@ def _check_checkpoint(
         ("padded_vocab_size", arch.padded_vocab_size, spec.vocab_size),
         ("add_qkv_bias", arch.add_qkv_bias, spec.qkv_bias),
         ("qk_layernorm", arch.qk_layernorm, spec.qk_layernorm),
+        ("num_experts", arch.num_experts or 0, spec.num_experts),
     ]
+    if arch.is_moe and spec.is_moe:
+        pairs += [
+            ("moe_router_topk", arch.moe_router_topk, spec.moe_router_topk),
+            ("moe_ffn_hidden_size", arch.expert_ffn_size, spec.moe_ffn_hidden_size),
+            ("norm_topk_prob", arch.norm_topk_prob, spec.norm_topk_prob),
+        ]
     if not value_model:
         pairs.append(("untie_embeddings_and_output_weights", arch.untie_embeddings_and_output_weights,
                       not spec.tie_word_embeddings))  # fmt: skip

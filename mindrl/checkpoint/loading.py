@@ -27,6 +27,7 @@ def build_and_load(
     cp: int = 1,
     ep: int = 1,
     adapt: Callable[[torch.nn.Module], object] | None = None,
+    **config_overrides,
 ) -> tuple[ModelSpec, dict, torch.nn.Module]:
     """(spec, meta, model): this rank's stage of the checkpoint's model built at TP x PP (any saved layout),
     with the latest iteration (or `iteration`) loaded. Collective; call inside a rank. dtype defaults to the
@@ -38,7 +39,8 @@ def build_and_load(
     size of a MoE model (carved out of the data-parallel ranks). adapt: called on the built model before loading
     (LoRA's `apply_lora`): a checkpoint that holds the adapters (a LoRA run's own) loads them too; one without
     (the base model) leaves them as `adapt` made them. A LoRA checkpoint (its meta has `lora`) loaded without
-    `adapt` gets its own adapters back (the frozen backbone plus the adapters: mindrl-convert merges them)."""
+    `adapt` gets its own adapters back (the frozen backbone plus the adapters: mindrl-convert merges them).
+    config_overrides: TransformerConfig keys (a MoE model's router losses in training)."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
@@ -46,6 +48,10 @@ def build_and_load(
         if value_head:
             raise CheckpointError(
                 f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
+            )
+        if ep > 1 or config_overrides:
+            raise CheckpointError(
+                f"{load_dir}: a legacy checkpoint of a MoE model; convert it with mindrl-convert first"
             )
         spec, meta, model = legacy.build_and_load(
             load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp
@@ -66,6 +72,7 @@ def build_and_load(
         sequence_parallel=sequence_parallel,
         perform_initialization=False,
         recompute=recompute,
+        **config_overrides,
     )
     if adapt is None and meta.get("lora"):  # a LoRA run's checkpoint: its adapters, to load them
         from mindrl.models.lora import apply_lora

@@ -68,16 +68,21 @@ class GenerateConfig(Section, EngineSettings):
         "eplb_token_save_path": "an expert load-balancing option; mindrl builds dense models only",
         "expert_map_path": "an expert load-balancing option; mindrl builds dense models only",
     }
-    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
-        "enable_expert_parallel": ((False,), "expert parallelism in vLLM (mixture-of-experts models)"),
-    }
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
 
     infer_tensor_parallel_size: int = 8
     """Rollout tensor parallelism (MindSpeed-RL's default: 8); must divide the device count."""
     infer_pipeline_parallel_size: int = 1
     """Must be 1 (vLLM pipeline parallelism is not supported, as in MindSpeed-RL)."""
+    enable_expert_parallel: bool = False
+    """vLLM's expert parallelism for a MoE model (with infer_expert_parallel_size > 1): each rollout device holds
+    num_experts / (infer TP x infer_expert_parallel_size) whole experts instead of every expert split over infer
+    TP."""
     infer_expert_parallel_size: int = 1
-    """Must be 1 (dense models only)."""
+    """vLLM's data-parallel size (MindSpeed-RL's VLLM_DP_SIZE): that many engines of infer TP devices share one
+    copy of the experts, expert parallel over infer TP x infer_expert_parallel_size devices; needs
+    enable_expert_parallel. mindrl-plan sizes the rollout with it; mindrl-train runs every engine with all its
+    experts (1) and refuses more at start (docs/moe.md)."""
     tokenizer_name_or_path: str | None = None
     """Tokenizer of the engine; None: megatron_training.tokenizer_name_or_path (resolved at load)."""
     trust_remote_code: bool = ignored_field(
@@ -124,8 +129,11 @@ class GenerateConfig(Section, EngineSettings):
                 col.add(key, f"must be >= 1, got {getattr(self, key)}")
         if self.infer_pipeline_parallel_size != 1:
             col.add("infer_pipeline_parallel_size", "must be 1: vLLM pipeline parallelism is not supported")
-        if self.infer_expert_parallel_size != 1:
-            col.add("infer_expert_parallel_size", "must be 1: mindrl builds dense models only")
+        if self.infer_expert_parallel_size < 1:
+            col.add("infer_expert_parallel_size", f"must be >= 1, got {self.infer_expert_parallel_size}")
+        elif self.infer_expert_parallel_size > 1 and not self.enable_expert_parallel:
+            col.add("infer_expert_parallel_size", f"{self.infer_expert_parallel_size} needs enable_expert_parallel: "
+                    "true (vLLM splits experts only then)")  # fmt: skip
         if self.dtype not in DTYPES:
             col.add("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -24,9 +24,8 @@ _MEMORY = (
 )
 _DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
 _MOE = (
-    "a mixture-of-experts / MLA option, read only with num_experts / multi_latent_attention, which mindrl requires "
-    "unset in training (dense models; megatron ignores it then): Qwen3-MoE checkpoints convert and run forward only "
-    "(docs/moe.md)"
+    "a DeepSeek-V3 mixture-of-experts / MLA option (dense layers first, shared experts, the sigmoid router, MLA), read "
+    "only with those models, which mindrl does not build; a Qwen3-MoE model has none (docs/moe.md)"
 )
 _DPO = "a DPO option; not used by PPO/GRPO"
 _LOG = "a logging option of megatron's own training loop, which mindrl's trainer replaces (it logs every iteration)"
@@ -104,26 +103,15 @@ MEGATRON_IGNORED: dict[str, str] = {
     **dict.fromkeys(["do_sample", "use_kv_cache", "algorithm"], _UNREAD),
     **dict.fromkeys(
         [
-            "moe_tp_extend_ep",
-            "moe_token_dispatcher_type",
             "seq_aux",
             "first_k_dense_replace",
             "moe_layer_freq",
-            "moe_router_topk",
             "n_shared_experts",
-            "moe_ffn_hidden_size",
-            "moe_router_load_balancing_type",
             "moe_router_num_groups",
             "moe_router_group_topk",
             "moe_router_topk_scaling_factor",
-            "norm_topk_prob",
             "moe_router_score_function",
             "moe_router_enable_expert_bias",
-            "moe_aux_loss_coeff",
-            "moe_grouped_gemm",
-            "moe_permutation_async_comm",
-            "moe_alltoall_overlap_comm",
-            "use_fused_moe_token_permute_and_unpermute",
             "qk_pos_emb_head_dim",
             "qk_head_dim",
             "q_lora_rank",
@@ -132,6 +120,18 @@ MEGATRON_IGNORED: dict[str, str] = {
         ],
         _MOE,
     ),
+    **dict.fromkeys(
+        ["moe_grouped_gemm", "moe_permutation_async_comm", "use_fused_moe_token_permute_and_unpermute"],
+        "a MoE kernel switch (grouped expert GEMM, fused or asynchronous token permutation); the same experts and "
+        "routing, mindrl runs megatron's per-expert linears (docs/moe.md)",
+    ),
+    "moe_alltoall_overlap_comm": "overlaps MindSpeed's expert all-to-all with computation; the results are the same, "
+    "and mindrl's all-to-all runs unoverlapped",
+    "moe_token_dispatcher_type": "how tokens reach their experts (MindSpeed's alltoall_seq, megatron's alltoall); "
+    "every dispatcher routes the same tokens to the same experts, and mindrl always uses megatron's alltoall",
+    "moe_tp_extend_ep": "MindSpeed's layout of each expert whole on one TP rank, the TP ranks acting as more expert-"
+    "parallel ranks, instead of each expert split over TP: the same experts, routing and per-device expert bytes; "
+    "mindrl splits every expert over TP (megatron's expert_tensor_parallel_size = TP)",
     **dict.fromkeys(
         [
             "beta_fast",
@@ -147,11 +147,8 @@ MEGATRON_IGNORED: dict[str, str] = {
 }
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "expert_model_parallel_size": ((1,), "expert parallelism (mixture-of-experts models)"),
-    "num_experts": ((None, 0), "mixture-of-experts training (Qwen3-MoE: conversion and forward only, docs/moe.md)"),
     "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
     "attention_bias": ((False,), "biases on every attention projection"),
-    "noop_layers": ((None,), "no-op layers"),
     "vocab_extra_ids": ((0,), "extra vocabulary ids"),
     "mm_model": ((None,), "multimodal models"),
     "ai_framework": ((None,), "the MindSpore backend"),
@@ -343,6 +340,10 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     num_layers_per_virtual_pipeline_stage: int | None = None
     """Megatron's interleaved pipeline schedule (VPP), which mindrl does not run: accepted only as one chunk per stage,
     num_layers / PP (or unset)."""
+    expert_model_parallel_size: int = 1
+    """Expert parallelism (EP) of a MoE model: each EP rank holds num_experts / EP experts of every MoE layer, and
+    tokens reach theirs by an all-to-all. EP ranks are carved out of the data-parallel ranks (megatron's layout):
+    EP must divide DP x CP, and num_experts."""
     num_layer_list: str | list[int] | None = None
     """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers summing to num_layers.
     mindrl splits the layers evenly: an uneven list is accepted with a warning (the trained model is the same; each
@@ -350,7 +351,7 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
 
     def validate(self, col: Collector) -> None:
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",
-                    "context_parallel_size"):  # fmt: skip
+                    "context_parallel_size", "expert_model_parallel_size"):  # fmt: skip
             if getattr(self, key) < 1:
                 col.add(key, f"must be >= 1, got {getattr(self, key)}")
         if self.context_parallel_algo not in CP_ALGORITHMS:
@@ -410,6 +411,10 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     @property
     def cp(self) -> int:
         return self.context_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
 
 
 def megatron_key_kind(key: str) -> str:

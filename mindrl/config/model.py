@@ -10,6 +10,8 @@ from mindrl.config.errors import Collector
 from mindrl.config.section import Section
 
 SUPPORTED_ROPE_SCALING = (None, "llama3")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+"""moe_router_load_balancing_type values: megatron-core's router losses (sinkhorn routing is not built)."""
 
 
 @dataclass
@@ -77,6 +79,28 @@ class ModelArchConfig(Section):
     """'rope' is the only position embedding mindrl builds."""
     use_rotary_position_embeddings: bool = False
     """Legacy megatron switch for RoPE; true is the same as position_embedding_type: rope."""
+    noop_layers: str | list[int] | None = None
+    """MindSpeed's identity layers ("5,95"): global layer indices, within num_layers, that hold no weights, so that
+    num_layers pads the model's real layers to a multiple of PP. mindrl-plan sizes each stage's real layers;
+    mindrl-train does not build them and refuses the key at start (docs/moe.md)."""
+    num_experts: int | None = None
+    """Routed experts per MoE layer (Qwen3-MoE: 128); None or 0: a dense model. Checked against the checkpoint,
+    with moe_router_topk, moe_ffn_hidden_size and norm_topk_prob (docs/moe.md)."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (Qwen3-MoE: 8)."""
+    moe_ffn_hidden_size: int | None = None
+    """Each expert's SwiGLU width (Qwen3-30B-A3B: 768); None: ffn_hidden_size."""
+    norm_topk_prob: bool = False
+    """Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE: true): a softmax over the chosen experts'
+    logits; false: the softmax over all experts, then the top k."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """The router's load-balancing loss in training: aux_loss (the Switch loss over each micro-batch's tokens, what
+    MindSpeed-RL's recipes set), seq_aux_loss (per sequence), global_aux_loss (over the global batch) or none."""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss, added to the training loss per MoE layer (Qwen3-MoE recipes: 0.001; 0:
+    none). It replaces the checkpoint's router_aux_loss_coef, as in MindSpeed-RL."""
+    moe_z_loss_coeff: float | None = None
+    """Weight of the router z-loss (ST-MoE) in training; None: none."""
 
     def validate(self, col: Collector) -> None:
         for key in ("num_layers", "hidden_size", "num_attention_heads"):
@@ -103,6 +127,17 @@ class ModelArchConfig(Section):
             if self.kv_channels is None and hidden and hidden >= 1 and hidden % heads:
                 col.add("hidden_size", f"hidden_size={hidden} must be divisible by num_attention_heads={heads} "
                         "(or set kv_channels)")  # fmt: skip
+        self._validate_moe(col)
+        if self.noop_layers is not None:
+            try:
+                bad = [i for i in self.noop_layer_indices if not 0 <= i < (self.num_layers or 0)]
+            except ValueError:
+                col.add("noop_layers", f"{self.noop_layers!r} is not a comma-separated list of layer indices")
+            else:
+                if bad:
+                    col.add(
+                        "noop_layers", f"{bad} are not layer indices in 0..num_layers-1={(self.num_layers or 0) - 1}"
+                    )
         if self.norm_epsilon <= 0:
             col.add("norm_epsilon", f"must be > 0, got {self.norm_epsilon}")
         if self.rotary_base <= 0:
@@ -121,6 +156,23 @@ class ModelArchConfig(Section):
             col.add("position_embedding_type", f"{self.position_embedding_type!r} is not supported: {style}; set rope")
         if not self.disable_bias_linear:
             col.add("disable_bias_linear", f"must be true: {style}")
+
+    def _validate_moe(self, col: Collector) -> None:
+        if not self.num_experts:
+            return
+        if self.num_experts < 0:
+            col.add("num_experts", f"must be >= 0 (0 or null: a dense model), got {self.num_experts}")
+        elif not 1 <= self.moe_router_topk <= self.num_experts:
+            col.add("moe_router_topk", f"must be in 1..num_experts={self.num_experts}, got {self.moe_router_topk}")
+        if self.moe_ffn_hidden_size is not None and self.moe_ffn_hidden_size < 1:
+            col.add("moe_ffn_hidden_size", f"must be >= 1 (or unset), got {self.moe_ffn_hidden_size}")
+        if self.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+            col.add("moe_router_load_balancing_type", f"{self.moe_router_load_balancing_type!r} is not one of "
+                    f"{', '.join(LOAD_BALANCING_TYPES)}")  # fmt: skip
+        for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            v = getattr(self, key)
+            if v is not None and v < 0:
+                col.add(key, f"must be >= 0, got {v}")
 
     # -- derived ----------------------------------------------------------------------------------------
     @property
@@ -143,6 +195,41 @@ class ModelArchConfig(Section):
     @property
     def head_dim(self) -> int:
         return int(self.kv_channels or (self.hidden_size or 0) // max(1, self.num_attention_heads or 1))
+
+    @property
+    def noop_layer_indices(self) -> list[int]:
+        """noop_layers as a list of ints (raises ValueError on a malformed string)."""
+        given = self.noop_layers
+        if given is None or given == "":
+            return []
+        return [int(x) for x in given.split(",")] if isinstance(given, str) else [int(x) for x in given]
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts)
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """moe_ffn_hidden_size, or ffn_hidden_size when unset (megatron's default)."""
+        return int(self.moe_ffn_hidden_size or self.ffn_size)
+
+    def moe_training_overrides(self) -> dict[str, Any]:
+        """The TransformerConfig keys of this file's router losses, which replace the checkpoint's (an empty dict
+        for a dense model)."""
+        if not self.is_moe:
+            return {}
+        kind = self.moe_router_load_balancing_type
+        return dict(
+            moe_router_load_balancing_type=kind,
+            moe_aux_loss_coeff=0.0 if kind == "none" else float(self.moe_aux_loss_coeff),
+            moe_z_loss_coeff=self.moe_z_loss_coeff or None,
+        )
+
+    @property
+    def token_ffn_size(self) -> int:
+        """The MLP width one token runs through: ffn_size, or for a MoE model its k experts' (moe_router_topk x
+        expert_ffn_size); what activation memory scales with."""
+        return self.moe_router_topk * self.expert_ffn_size if self.is_moe else self.ffn_size
 
     @property
     def ffn_size(self) -> int:

@@ -95,7 +95,10 @@ class RLSectionConfig(Section):
             ],
             _TRANSFER_DOCK,
         ),
-        "tp_split_expert": "a mixture-of-experts option, read only with num_experts, which mindrl requires unset",
+        "log_max_throughput": "switches MindSpeed-RL's logged throughput to one computed from the longest lengths; "
+        "mindrl logs e2e_tps from the real token counts only, and the trained run is the same",
+        "tp_split_expert": "how MindSpeed-RL's resharding cuts a MoE model's experts over the inference TP ranks; "
+        "mindrl streams whole HF experts and vLLM shards them itself",
         "advantage_whiten": "carried by MindSpeed-RL's config class but read by none of its trainers; mindrl whitens "
         "GAE advantages and normalises group ones, as MindSpeed-RL does",
         "num_samples_per_step": "carried by MindSpeed-RL's config class but read by none of its trainers",
@@ -120,10 +123,6 @@ class RLSectionConfig(Section):
         "async_engine": (
             (False,),
             "vLLM's asynchronous engine, which with partial rollout also changes which responses an iteration finishes",
-        ),
-        "log_max_throughput": (
-            (False,),
-            "throughput from the longest lengths (mindrl's e2e_tps uses the mean lengths)",
         ),
         "require_max_age_all_finished": (
             (True,),

@@ -202,7 +202,7 @@ class RLConfig(Section):
                 ("num_kv_heads (num_query_groups)", arch.num_kv_heads),
                 ("ffn_hidden_size", arch.ffn_size),
                 ("padded_vocab_size", arch.padded_vocab_size),
-            ]
+            ] + ([("moe_ffn_hidden_size", arch.expert_ffn_size)] if arch.is_moe else [])
             bad = [f"{what}={size}" for what, size in dims if size and size % tp]
             if bad:
                 col.add(tp_key, f"TP={tp} does not divide {where}: {', '.join(bad)}")
@@ -214,6 +214,15 @@ class RLConfig(Section):
             for key, message in rc.recompute_problems(arch.num_layers // pp):
                 if (key, message) not in general:
                     col.add(f"{role}.{key}", f"{message} ({where}.num_layers={arch.num_layers}, PP={pp})")
+        if arch.is_moe and tp > 1 and not rc.sequence_parallel and not col.is_bad(tp_key):
+            col.add(f"{role}.sequence_parallel", f"must be true: megatron trains the MoE layers of {where} under "
+                    f"TP={tp} only with sequence parallelism")  # fmt: skip
+        ep, ep_key = rc.ep, f"{role}.expert_model_parallel_size"
+        if ep > 1 and arch.name and not col.is_bad(ep_key):
+            if not arch.is_moe:
+                col.add(ep_key, f"EP={ep} needs a mixture-of-experts model; {where} has no num_experts")
+            elif arch.num_experts % ep:
+                col.add(ep_key, f"EP={ep} does not divide {where}.num_experts={arch.num_experts}")
         if world is None or col.is_bad(world_key):
             return
         cp, cp_key = rc.cp, f"{role}.context_parallel_size"
@@ -225,6 +234,9 @@ class RLConfig(Section):
                     f"devices ({world_key})")  # fmt: skip
             return
         dp, mbs = world // (tp * pp * cp), rc.micro_batch_size
+        if ep > 1 and (dp * cp) % ep and not col.is_bad(ep_key):
+            col.add(ep_key, f"EP={ep} must divide DP x CP = {dp} x {cp} (expert-parallel ranks are carved out of the "
+                    f"data-parallel ones: {world} devices / (TP x PP) = {world // (tp * pp)})")  # fmt: skip
         if gbs is None or col.is_bad(f"{role}.micro_batch_size", "megatron_training.global_batch_size"):
             return
         rollout = gbs * n
@@ -300,12 +312,25 @@ class RLConfig(Section):
         if itp < 1 or col.is_bad(key):
             return
         arch, where = self.model, f"model.{self.model.name}"
-        dims = (("num_attention_heads", arch.num_attention_heads), ("num_kv_heads", arch.num_kv_heads))
-        bad = [f"{what}={size}" for what, size in dims if arch.name and size and size % itp]
+        bad = []
+        if arch.name and arch.num_attention_heads and arch.num_attention_heads % itp:
+            bad.append(f"num_attention_heads={arch.num_attention_heads}")
+        kv = arch.num_kv_heads  # vLLM splits the KV heads over TP, or replicates them when TP is a multiple of them
+        if arch.name and kv and kv % itp and itp % kv:
+            bad.append(f"num_kv_heads={kv} (nor is it a multiple of them, which vLLM would replicate)")
         if bad:
             col.add(key, f"infer TP={itp} does not divide {where}: {', '.join(bad)}")
+        iep, iep_key = self.generate_config.infer_expert_parallel_size, "generate_config.infer_expert_parallel_size"
+        if self.generate_config.enable_expert_parallel and arch.name and not arch.is_moe:
+            col.ignore("generate_config.enable_expert_parallel", f"has no effect on {where}: it has no experts")
+        experts_over = iep * itp  # vLLM's EP: TP x its data-parallel size
+        if iep > 1 and arch.is_moe and not col.is_bad(iep_key) and arch.num_experts % experts_over:
+            col.add(iep_key, f"infer TP x infer EP = {itp} x {iep} does not divide {where}.num_experts="
+                    f"{arch.num_experts}")  # fmt: skip
         if world is None:
             return
+        if iep > 1 and world % experts_over and not col.is_bad(iep_key):
+            col.add(iep_key, f"infer TP x infer EP = {itp} x {iep} does not divide the {world} devices ({world_key})")
         if world % itp:
             col.add(key, f"infer TP={itp} does not divide the {world} devices ({world_key})")
         elif gbs is not None and gbs % (world // itp):

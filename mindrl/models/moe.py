@@ -1,5 +1,6 @@
 """Mixture-of-experts pieces around megatron-core's own MoE layer: the router's probabilities in fp64 when the model
-runs in fp64, so that the logits check (`mindrl.checkpoint.convert.check`) compares two exact forwards."""
+runs in fp64, so that the logits check (`mindrl.checkpoint.convert.check`) compares two exact forwards; the router's
+load-balancing loss as megatron tracks it, for the trainer's metrics."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def install_fp64_routing() -> None:
     routing = functools.partial(_fp64_softmax_routing, original)
     routing.mindrl_fp64 = True
     router.topk_routing_with_score_function = routing
+
+
+def take_load_balancing_loss() -> float:
+    """The load-balancing loss megatron tracked on this rank since the last call, summed over its MoE layers and
+    micro-batches (unweighted by moe_aux_loss_coeff; under sequence or context parallelism this rank's share of
+    it), then cleared. 0.0 for a dense model or without a load-balancing loss."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    total = 0.0
+    for name, entry in get_moe_layer_wise_logging_tracker().items():
+        if name.endswith("load_balancing_loss"):
+            total += float(entry["values"].sum())
+        entry["values"].zero_()
+    return total

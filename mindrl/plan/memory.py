@@ -127,9 +127,19 @@ def layer_activation_bytes(
     context = s * b * arch.head_dim * int(arch.num_attention_heads) * e // tp
     if _output_is_context(path, e, gemm_attention):
         context = 0  # the projection's input is SDPA's fp32 output, counted with the attention
-    mlp = s * b * 3 * arch.ffn_size * e // tp
+    mlp = s * b * 3 * arch.token_ffn_size * e // tp + moe_dispatch_bytes(arch, s, b, tp, e)
     attention = core_attention_bytes(arch, s, b, tp, e, gemm_attention, path, cp)
     return 2 * norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + attention + context + mlp
+
+
+def moe_dispatch_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
+    """What a MoE layer keeps besides its experts' activations: each token's k copies, permuted for the all-to-all
+    and received from it (e s b k h / t each, over the TP ranks' sequence shards), and the router's fp32 logits and
+    probabilities (8 s b E / t). 0 for a dense model."""
+    if not arch.is_moe:
+        return 0
+    k, h = arch.moe_router_topk, int(arch.hidden_size)
+    return (2 * e * s * b * k * h + 8 * s * b * int(arch.num_experts)) // tp
 
 
 def logits_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
@@ -192,7 +202,7 @@ def selective_kept_bytes(
 def activation_output_bytes(arch: ModelArchConfig, s: int, b: int, tp: int, e: int) -> int:
     """The MLP's activation output (the second linear layer's input), s b F/t e bytes: not kept under
     recompute_activation_function, rebuilt for one layer at a time in backward."""
-    return s * b * arch.ffn_size * e // tp
+    return s * b * arch.token_ffn_size * e // tp
 
 
 def recomputed_layers_bytes(
@@ -211,7 +221,10 @@ def recomputed_layers_bytes(
     recompute_activation_function drops the MLP's activation output, rebuilt for one layer at a time before the
     layer frees anything. The layers a full recomputation rebuilds follow the last two."""
     layer = layer_activation_bytes(arch, s, b, tp, sp, e, fused_norm, gemm_attention, path, cp)
-    mlp = norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path)) + s * b * 3 * arch.ffn_size * e // tp
+    mlp = (
+        norm_activation_bytes(arch, s, b, tp, sp, e, _norm(fused_norm, path))
+        + s * b * 3 * arch.token_ffn_size * e // tp
+    )
     rebuilt = 0  # one layer's selective / activation rebuild: sequential in its backward, the larger counts
     if recompute is not None and recompute.recompute_activation_function:
         act = activation_output_bytes(arch, s, b, tp, e)
@@ -270,7 +283,7 @@ def kv_bytes_per_token(arch: ModelArchConfig, infer_tp: int, e: int) -> int:
 def engine_activation_bytes(arch: ModelArchConfig, tokens: int, seqs: int, infer_tp: int, e: int) -> int:
     """The engine's transient peak for one step of `tokens` batched tokens (what vLLM's profile run reserves
     besides the weights): one layer's hidden states, QKV, gate/up, and fp32 logits of the sampled positions."""
-    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.token_ffn_size
     a, g = int(arch.num_attention_heads), arch.num_kv_heads
     per_token = 2 * h + ((a + 2 * g) * d + 3 * f) // infer_tp
     return tokens * per_token * e + min(seqs, tokens) * int(arch.padded_vocab_size) // infer_tp * 4

@@ -48,6 +48,10 @@ class ModelLayout:
     trainable_per_stage: list[int] | None = None
     """Parameters with gradients and optimizer state per stage (one TP rank); None: all of them. With LoRA: the
     adapters only (params_per_stage counts the frozen backbone and the adapters)."""
+    ep: int = 1
+    """Expert parallelism of a MoE model (expert_model_parallel_size)."""
+    expert_params_per_stage: list[int] = field(default_factory=list)
+    """Of params_per_stage, the routed experts' (a MoE model; empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,9 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         dtype=settings.dtype,
         params_total=total_params(arch, model_role)
         + (adapter_params(arch, rc.lora_target_modules, rc.lora_r, 1) if lora else 0),
-        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s).total + adapters[s] for s in range(rc.pp)],
+        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).total + adapters[s] for s in range(rc.pp)],
+        expert_params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).experts for s in range(rc.pp)],
+        ep=rc.ep,
         recompute=settings.recompute,
         cp=settings.cp,
         trainable_per_stage=adapters if lora else None,
@@ -182,7 +188,7 @@ def make_plan(
         dtype=gen.dtype,
         max_model_len=gen.max_model_len,
         max_num_seqs=gen.max_num_seqs,
-        params_per_rank=stage_params(cfg.model, "actor", itp, 1, 0).total,
+        params_per_rank=_engine_params(cfg),
     )
     a, c = layouts["actor"], layouts.get("critic")
     placement = [
@@ -204,14 +210,31 @@ def make_plan(
 
 
 # ------------------------------------------------------------------------------------------------ memory
+def _engine_params(cfg: RLConfig) -> int:
+    """One rollout device's weights: the model split over infer TP, its experts (enable_expert_parallel) instead
+    whole, over infer TP x infer_expert_parallel_size devices (vLLM's EP spans its TP and DP ranks)."""
+    gen, arch = cfg.generate_config, cfg.model
+    whole = stage_params(arch, "actor", gen.infer_tensor_parallel_size, 1, 0)
+    iep = gen.infer_expert_parallel_size
+    if not (arch.is_moe and gen.enable_expert_parallel and iep > 1):
+        return whole.total
+    return (
+        whole.total - whole.experts + stage_params(arch, "actor", 1, 1, 0, iep * gen.infer_tensor_parallel_size).experts
+    )
+
+
 def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     params = lay.params_per_stage[stage]
     trained = params if lay.trainable_per_stage is None else lay.trainable_per_stage[stage]
+    # the routed experts' state is sharded over their own DP (LoRA adapters, on a dense model only, are not experts)
+    experts = lay.expert_params_per_stage[stage] if lay.expert_params_per_stage and lay.trainable_per_stage is None else 0
     e = mem.DTYPE_BYTES[lay.dtype]
+    expert_dp = max(1, lay.dp * lay.cp // lay.ep)  # a distributed optimizer shards the experts' state over these
     return {
         "weights_bytes": params * e,
         "grads_bytes": trained * mem.GRAD_BYTES,
-        "optimizer_bytes": mem.optimizer_bytes(trained, lay.dtype, lay.distributed_optimizer, lay.dp),
+        "optimizer_bytes": mem.optimizer_bytes(trained - experts, lay.dtype, lay.distributed_optimizer, lay.dp)
+        + mem.optimizer_bytes(experts, lay.dtype, lay.distributed_optimizer, expert_dp),
     }
 
 

@@ -38,6 +38,9 @@ class Platform:
     compiles_rollout_sampler_ops = True  # the rollout engine keeps vLLM's torch.compile'd helpers
     cache_blocked_logprobs = False  # vocabulary-wide logprob kernels walk the logits in cache-sized row blocks
     eager_fused_swiglu = False  # the MLP runs SwiGLU as mindrl's eager fused function (`mindrl.models.fused`)
+    # vLLM prepacks a MoE layer's experts for its kernel at the first load only; a reload_weights writes the new
+    # weights over the packed ones and must be packed again (`vllm_ops.repack_moe_experts`)
+    repack_moe_after_reload = False
     eager_fused_rms_norm = False  # RMSNorm runs as mindrl's fused function instead of torch's under autograd
     fused_adam = False  # megatron's torch Adam(W) steps with torch's fused kernel (devices keep their own)
     # The core attention's operands for a 16-bit model (see `core_attention`): "fp32" casts q, k and v up and keeps

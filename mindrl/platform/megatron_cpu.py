@@ -315,6 +315,36 @@ def _host_tensor(tensor, as_numpy: bool = False, record_stream: bool = False):
     return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
 
+def _uneven_gather(original):
+    """megatron's gather along the first dimension; with uneven split sizes (the MoE dispatcher's tokens per TP
+    rank) as equal-size pieces padded to the largest, since gloo's all_gather takes equal sizes only."""
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return original(input_, group, output_split_sizes, use_global_buffer)
+        padded = input_.new_zeros((max(output_split_sizes), *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        pieces = [torch.empty_like(padded) for _ in output_split_sizes]
+        torch.distributed.all_gather(pieces, padded, group=group)
+        return torch.cat([p[:n] for p, n in zip(pieces, output_split_sizes)])
+
+    return gather
+
+
+def _uneven_reduce_scatter(original):
+    """megatron's reduce-scatter along the first dimension; with uneven split sizes as an all-reduce of the whole
+    tensor and this rank's slice of it (gloo has no uneven reduce-scatter)."""
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return original(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        return torch.split(total, list(input_split_sizes))[group.rank()].clone()
+
+    return reduce_scatter
+
+
 def adapt_megatron() -> None:
     """Adapt megatron-core to the CPU (once per process: `Platform.apply` calls it)."""
     global _TORCH_PROXY
@@ -357,6 +387,11 @@ def adapt_megatron() -> None:
     for name, mod in list(sys.modules.items()):
         if name.startswith("megatron.core") and getattr(mod, "maybe_move_tensor_to_cpu", None) is original_to_cpu:
             mod.maybe_move_tensor_to_cpu = _host_tensor
+
+    # The MoE dispatcher under TP gathers and reduce-scatters its tokens in pieces of uneven sizes.
+    mappings = sys.modules["megatron.core.tensor_parallel.mappings"]
+    mappings._gather_along_first_dim = _uneven_gather(mappings._gather_along_first_dim)
+    mappings._reduce_scatter_along_first_dim = _uneven_reduce_scatter(mappings._reduce_scatter_along_first_dim)
 
     # The optimizer asserts CUDA tensor type names while it builds its param groups and clips grads.
     from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import socket
 import time
 import uuid
@@ -82,6 +83,9 @@ class _LiveBytes:
         return sum(n for ref, n in self._live.values() if ref() is not None)
 
 
+_GLOBAL_EXPERT_RE = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..+)$")
+
+
 def _layer_offset(model: torch.nn.Module) -> int:
     layers = getattr(getattr(model, "decoder", None), "layers", None)
     return int(layers[0].layer_number) - 1 if layers is not None and len(layers) else 0
@@ -103,12 +107,17 @@ def local_params(model: torch.nn.Module, spec: ModelSpec) -> Mapping[str, torch.
     """This stage's parameters by global megatron name, in HF order; the tied output copy is left out. A LoRA
     model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA layers runs),
     computed when looked up: the merge buffer is one linear's shard at a time."""
+    from megatron.core import parallel_state as ps
+
     model = unwrap(model)
     offset = _layer_offset(model)
     wanted = set(mcore_param_names(spec))
+    # an EP rank's local experts 0..E/EP-1 are experts ep_rank x E/EP ... globally
+    experts = spec.num_experts // ps.get_expert_model_parallel_world_size() if spec.is_moe else 0
+    expert_offset = experts * ps.get_expert_model_parallel_rank() if experts else 0
     out = {}
     for name, p in model.named_parameters():
-        g = global_name(name, offset)
+        g = global_name(name, offset, expert_offset)
         if g in wanted:  # a tied output_layer.weight on the last stage is the embedding: not emitted
             out[g] = p
     from mindrl.models.lora import adapted_linears
@@ -174,6 +183,7 @@ class WeightStreamer:
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp = ps.get_pipeline_model_parallel_world_size()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.ep = ps.get_expert_model_parallel_world_size() if spec.is_moe else 1
         self.device = current_platform().device()
         self.stats = ReshardStats(bucket_bytes=self.bucket_bytes)
         # un-fusing one rank's own QKV shard: its query groups only
@@ -194,10 +204,32 @@ class WeightStreamer:
         self._layout = "hf" if self._hf is not None else "buckets"
         self.stats.transport, self.stats.layout = self._transport, self._layout
 
+    def _params(self) -> dict[str, torch.Tensor]:
+        """This stage's parameters by global name; under expert parallelism with every expert of the stage, gathered
+        from the EP group (collective over it), so that each rank streams the whole model as at EP1."""
+        params = local_params(self.model, self.spec)
+        if self.ep == 1:
+            return params
+        from megatron.core import parallel_state as ps
+
+        per, group = self.spec.num_experts // self.ep, ps.get_expert_model_parallel_group()
+        first = per * ps.get_expert_model_parallel_rank()
+        out = {}
+        for name, p in params.items():
+            m = _GLOBAL_EXPERT_RE.match(name)
+            if m is None:
+                out[name] = p
+                continue
+            pieces = [torch.empty_like(p) for _ in range(self.ep)]
+            torch.distributed.all_gather(pieces, p.detach().contiguous(), group=group)
+            for r, piece in enumerate(pieces):
+                out[f"{m.group(1)}{r * per + int(m.group(2)) - first}{m.group(3)}"] = piece
+        return out
+
     # ----------------------------------------------------------------------------------- planning
     def _make_plan(self) -> list[list[_Param]]:
         """Buckets of parameters, identical on every rank: one metadata exchange over the PP group."""
-        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in local_params(self.model, self.spec).items()]
+        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in self._params().items()]
         stages: list[Any] = [None] * self.pp
         if self.pp > 1:
             torch.distributed.all_gather_object(stages, mine, group=_pp_group())
@@ -315,7 +347,7 @@ class WeightStreamer:
         assert self._hf is not None
         group = ps.get_model_parallel_group()
         torch.distributed.barrier(group=group)
-        params = local_params(self.model, self.spec)
+        params = self._params()
         with torch.no_grad():
             for name, mapping, dim in self._hf_writes:
                 for hf_name, piece in shards_to_hf(self._rank_spec, mapping, [params[name].detach()]):
@@ -391,7 +423,7 @@ class WeightStreamer:
             stats.peak_extra_bytes = self._hf_bytes  # the host's one copy, mapped by every rank
             self.stats = stats
             return
-        params = local_params(self.model, self.spec)
+        params = self._params()
         rows = self.tp if gather_tp else 1
         spec = self.spec if gather_tp else self._rank_spec
         direct = self.tp * self.pp == 1  # nothing to exchange: emit views of the parameters themselves

@@ -35,6 +35,7 @@ from mindrl.rollout.vllm_ops import (
     count_c_linears,
     install_c_sampler,
     install_c_swiglu,
+    repack_moe_experts,
 )
 
 
@@ -98,6 +99,7 @@ class VllmEngine(RolloutEngine):
         hf_config = AutoConfig.from_pretrained(config.model)
         self.vocab_size = hf_config.vocab_size
         self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
+        self._moe = any(".mlp.experts." in name for name in self._weight_names)
         tok_dir, self.has_tokenizer = tokenizer_source(config)
 
         dist = torch.distributed
@@ -275,6 +277,8 @@ class VllmEngine(RolloutEngine):
         host = _HostState()
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked()})
+            if self._moe and current_platform().repack_moe_after_reload:
+                repack_moe_experts(self.llm)
             self.llm.reset_prefix_cache()
         finally:
             host.restore()
@@ -573,6 +577,14 @@ def hf_weight_names(hf_config) -> tuple[set[str], set[str], dict[str, list[str]]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     names = set(model.state_dict())
+    # transformers 5 holds a MoE layer's experts as fused 3-D tensors (experts.gate_up_proj, experts.down_proj); the
+    # checkpoints, vLLM's loader and mindrl's weight stream name them per expert
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    for name in [n for n in names if experts and n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]:
+        names.discard(name)
+        prefix, kind = name.rsplit(".", 1)
+        projs = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+        names |= {f"{prefix}.{e}.{proj}.weight" for e in range(experts) for proj in projs}
     tied_keys = (getattr(model, "_tied_weights_keys", None) or {}) if hf_config.tie_word_embeddings else {}
     if not isinstance(tied_keys, dict):  # older transformers: a list of tied names, all from the embedding
         tied_keys = {k: "model.embed_tokens.weight" for k in tied_keys}

@@ -148,6 +148,24 @@ def _per_model(llm, fn) -> int:
     return min(llm.collective_rpc(call))
 
 
+def repack_moe_experts(llm) -> int:
+    """Pack every MoE layer's experts again for vLLM's kernel after a reload_weights (which packs them at the first
+    load only, and on a reload copies the new, unpacked weights over the packed ones: the layer then computes with
+    garbage). Returns the MoE layers repacked on each worker (the smallest count)."""
+
+    def repack(model) -> int:
+        n = 0
+        for module in model.modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if experts is not None and hasattr(experts, "process_weights_after_loading"):
+                experts.process_weights_after_loading(module)
+                n += 1
+        return n
+
+    return _per_model(llm, repack)
+
+
 def count_c_linears(llm) -> int:
     """How many linear layers of `llm`'s model run `PackedLinear` (the smallest count over its workers)."""
     return _per_model(llm, lambda model: sum(isinstance(getattr(m, "cpu_linear", None), PackedLinear)

@@ -79,6 +79,8 @@ def model_settings(
         tp=role_cfg.tensor_model_parallel_size,
         pp=role_cfg.pipeline_model_parallel_size,
         cp=role_cfg.context_parallel_size,
+        ep=role_cfg.expert_model_parallel_size,
+        moe=(cfg.critic_model if critic else cfg.model).moe_training_overrides(),
         micro_batch_size=role_cfg.micro_batch_size,
         forward_micro_batch_size=forward_mbs or role_cfg.micro_batch_size,
         optim=_optim(role_cfg, total, mt),

@@ -56,12 +56,12 @@ class MegatronRank:
         self.phase: str | None = None  # the phase of the iteration (enter_phase); None before the first
         return os.getpid(), torch.are_deterministic_algorithms_enabled()
 
-    def init_layout(self, tp: int, pp: int, seed: int, cp: int = 1) -> RankInfo:
+    def init_layout(self, tp: int, pp: int, seed: int, cp: int = 1, ep: int = 1) -> RankInfo:
         from megatron.core import parallel_state as ps
 
         from mindrl.launch import init_model_parallel
 
-        init_model_parallel(tp, pp, seed, cp=cp)
+        init_model_parallel(tp, pp, seed, cp=cp, ep=ep)
         first_cp = ps.get_context_parallel_rank() == 0  # the CP ranks of a DP rank compute the same outputs
         self.info = RankInfo(
             rank=self.rank,
@@ -81,7 +81,7 @@ class MegatronRank:
 
         self.settings = s
         self.profiler = StageProfiler(s.profile, self.rank)
-        info = self.init_layout(m.tp, m.pp, m.seed, m.cp)
+        info = self.init_layout(m.tp, m.pp, m.seed, m.cp, m.ep)
         self.spec, model, self.optimizer, self.scheduler = build_model_and_optimizer(
             m.load,
             m.tp,
@@ -95,6 +95,8 @@ class MegatronRank:
             cp=m.cp,
             lora=m.lora,
             seed=m.seed,
+            ep=m.ep,
+            moe=m.moe,
         )
         if m.resume_dir is not None:
             load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)

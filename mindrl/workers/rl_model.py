@@ -26,6 +26,7 @@ from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.context_parallel import CPSplit, cp_size
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
+from mindrl.models.moe import take_load_balancing_loss
 from mindrl.models.packing import PackedRows, cut_by_budget, pack_rows
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
@@ -586,6 +587,15 @@ def ppo_update(
     seq_sum, seq_max, seq_count = 0.0, 0.0, 0.0
     steps = skipped = 0
     token_counts = torch.zeros(4, dtype=torch.float64)  # computed, real, untrimmed, shared
+    config = get_model_config(ddp)
+    moe_layers = 0
+    coeff = getattr(config, "moe_aux_loss_coeff", 0.0)
+    if role == "actor" and config.num_moe_experts and (sum(coeff) if isinstance(coeff, list) else coeff) > 0:
+        # a load-balancing loss to log; mindrl's builder gives megatron the MoE layers as a 0/1 list
+        freq = config.moe_layer_freq
+        moe_layers = sum(freq) if isinstance(freq, list) else -(-config.num_layers // freq)
+    router = torch.zeros(2, dtype=torch.float64)  # load-balancing loss over this rank's micro-batches, their count
+    take_load_balancing_loss()  # forward-only passes track nothing in eval; drop anything left from elsewhere
     ddp.train()
     minis = shard.split(num_mini_batches)
     if settings.shuffle_mini_batch and num_mini_batches > 1:
@@ -616,6 +626,8 @@ def ppo_update(
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
             outs = _schedule(ddp, plan.micro, step, forward_only=False)
+            if moe_layers:
+                router += torch.tensor([take_load_balancing_loss(), float(len(plan.micro))], dtype=torch.float64)
             local: dict[str, float] = {}
             for out in outs:  # last stage only
                 for k, v in out.items():
@@ -646,10 +658,25 @@ def ppo_update(
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{role}/lr"] = float(optimizer.param_groups[0]["lr"])
     metrics[f"{role}/skipped_updates"] = float(skipped)
+    if moe_layers:
+        metrics["actor/moe_load_balancing_loss"] = _router_loss_mean(router, moe_layers)
     diff = LogprobDiff(diff_sum, diff_count, diff_max, seq_sum, seq_count, seq_max) if role == "actor" else None
     token_counts = token_counts.to(current_platform().device())
     torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
     return UpdateResult(metrics, TokenCounts(*token_counts.tolist()), diff)
+
+
+def _router_loss_mean(router: torch.Tensor, moe_layers: int) -> float:
+    """The load-balancing loss per MoE layer and micro-batch of the update, the same on every rank: the ranks' shares
+    (TP / CP ranks hold parts of a micro-batch's, pipeline stages their layers') summed over the model's world, over
+    the micro-batches of every DP rank (each counted once: on its first TP, CP and pipeline rank)."""
+    first = (ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    router = router.clone()
+    if first != (0, 0, 0):
+        router[1] = 0.0
+    router = router.to(current_platform().device())
+    torch.distributed.all_reduce(router)
+    return float(router[0] / max(float(router[1]), 1.0) / moe_layers)
 
 
 def _reduce_metrics(local: dict[str, float]) -> dict[str, float]:

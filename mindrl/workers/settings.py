@@ -83,6 +83,11 @@ class ModelSettings:
     sequence_parallel: bool = False
     cp: int = 1
     """Context-parallel size (actor_config / critic_config.context_parallel_size)."""
+    ep: int = 1
+    """Expert-parallel size of a MoE model (expert_model_parallel_size)."""
+    moe: dict = field(default_factory=dict)
+    """A MoE model's router losses in training, as TransformerConfig keys (`ModelArchConfig.moe_training_overrides`;
+    empty: the checkpoint's)."""
     recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
     """Activation recomputation in the update (none by default)."""
     seed: int = 1234

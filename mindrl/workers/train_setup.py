@@ -25,6 +25,8 @@ def build_model_and_optimizer(
     cp: int = 1,
     lora: LoRASettings | None = None,
     seed: int = 1234,
+    ep: int = 1,
+    moe: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
@@ -34,7 +36,9 @@ def build_model_and_optimizer(
     LM checkpoint gets a fresh head: `mindrl.checkpoint.loading.build_and_load`). cp: context-parallel size
     (megatron's DDP then reduces the gradients over DP x CP). lora: with lora_target_modules, the loaded model is frozen
     and gets adapters (`mindrl.models.lora.apply_lora`, A seeded by `seed`) before DDP wraps it, so only the adapters
-    have gradient buffers and optimizer state.
+    have gradient buffers and optimizer state. ep: expert-parallel
+    size of a MoE model; moe: its router losses' TransformerConfig keys (`ModelArchConfig.moe_training_overrides`;
+    None: the checkpoint's).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -51,7 +55,7 @@ def build_model_and_optimizer(
 
     spec, _, model = build_and_load(
         load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
-        value_head=value_head, cp=cp, adapt=adapt,
+        value_head=value_head, cp=cp, ep=ep, adapt=adapt, **(moe or {}),
     )  # fmt: skip
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(

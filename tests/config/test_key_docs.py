@@ -43,7 +43,6 @@ ONE_VALUE = [
     ("actor_config.accumulate_allreduce_grads_in_fp32", "true", "false"),
     ("megatron_training.full_shuffle_instruction_dataset", "false", "true"),
     ("rl_config.async_engine", "false", "true"),
-    ("rl_config.log_max_throughput", "false", "true"),
     ("rl_config.require_max_age_all_finished", "true", "false"),
 ]
 

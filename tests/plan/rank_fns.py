@@ -8,19 +8,21 @@ import contextlib
 import torch
 
 
-def count_params(hf_dir: str, role: str, tp: int, pp: int) -> dict:
-    """This rank's parameter count in the model mindrl builds (mindrl.models.builder) at TP x PP."""
+def count_params(hf_dir: str, role: str, tp: int, pp: int, ep: int = 1) -> dict:
+    """This rank's parameter count in the model mindrl builds (mindrl.models.builder) at TP x PP (x EP), and how
+    many of them are routed experts'."""
     from megatron.core import parallel_state as ps
 
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
     from mindrl.models.hf_config import ModelSpec
 
-    init_model_parallel(tp, pp)
+    init_model_parallel(tp, pp, ep=ep)
     model = build_model(ModelSpec.from_hf_dir(hf_dir), role, dtype="float32", perform_initialization=False)
     return {
         "pp_rank": ps.get_pipeline_model_parallel_rank(),
         "params": sum(p.numel() for p in model.parameters()),
+        "experts": sum(p.numel() for n, p in model.named_parameters() if ".experts." in n),
     }
 
 

@@ -24,7 +24,7 @@ def _run(*cmd: str) -> None:
     )
 
 
-def build_assets(d: Path, arch: str = "qwen2") -> Path:
+def build_assets(d: Path, arch: str = "qwen2", critic: bool = True) -> Path:
     """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed, in `d`. The
     tools and conversions run in this process, on the session's rank pool (each as a CLI costs a fresh interpreter
     and, for a conversion, a rank of its own: ~20 s of start-up per build; the CLIs are test_convert's and the
@@ -35,15 +35,15 @@ def build_assets(d: Path, arch: str = "qwen2") -> Path:
     from tools.make_tiny_model import make_tiny_model
 
     make_tiny_model(str(d / "hf"), arch=arch)
-    # A random (not zero) value head: advantages then carry signal, not whitened rounding noise.
-    make_critic(str(d / "hf"), str(d / "hf_critic"), head_std=0.05)
     convert.hf2mcore(str(d / "hf"), str(d / "actor"), pool=shared_pool())
-    convert.hf2mcore(str(d / "hf_critic"), str(d / "critic"), orm=True, pool=shared_pool())
+    if critic:  # a random (not zero) value head: advantages then carry signal, not whitened rounding noise
+        make_critic(str(d / "hf"), str(d / "hf_critic"), head_std=0.05)
+        convert.hf2mcore(str(d / "hf_critic"), str(d / "critic"), orm=True, pool=shared_pool())
     rows = [{"problem": f"Which is larger: {a} or {b}?", "answer": str(max(a, b))} for a in range(1, 9) for b in (3, 7)]
     (d / "task.json").write_text(json.dumps(rows))
     _run("bash", "examples/data/preprocess_data.sh", "deepscaler", f"input={d / 'task.json'}",
          f"tokenizer_name_or_path={d / 'hf'}", f"output_prefix={d / 'data' / 'train'}", "workers=1",
-         f"prompt_type={'qwen3' if arch == 'qwen3' else 'qwen'}")  # fmt: skip
+         f"prompt_type={'qwen3' if arch in ('qwen3', 'qwen3_moe') else 'qwen'}")  # fmt: skip
     return d
 
 
@@ -73,6 +73,12 @@ def sft_assets(tmp_path_factory):
 def qwen3_assets(tmp_path_factory):
     """The tiny Qwen3's (QK norm, head_dim 64 != hidden/heads, the qwen3 template), laid out as `assets`."""
     return build_assets(tmp_path_factory.mktemp("qwen3_assets"), arch="qwen3")
+
+
+@pytest.fixture(scope="session")
+def moe_assets(tmp_path_factory):
+    """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml), laid out as `assets` without a critic."""
+    return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False)
 
 
 def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic_load=None):
