@@ -1,6 +1,7 @@
 """examples/grpo/grpo_smollm2_cpu.sh in a short form: the real SmolLM2 (the session's cached model), data, conversion,
-GRPO for a few small iterations with evaluation before and after (standard decoding), the export to HF evaluated by
-mindrl-eval, the general-instructions check, the printed paths and figures; the responses learn to stop."""
+a short SFT warm start, GRPO for a few small iterations with evaluation before and after (standard decoding), the
+export to HF evaluated by mindrl-eval, the general-instructions check, the printed paths and figures; against the
+untuned model the exported one answers more problems and stops sooner."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = "examples/grpo/grpo_smollm2_cpu.sh"
-ITERS, VAL_PROMPTS = 4, 32
+ITERS, SFT_ITERS, VAL_PROMPTS = 2, 8, 32
 SHRINK = [  # a smaller batch than the recipe's, so that CI takes minutes
     "megatron_training.global_batch_size=8", "rl_config.mini_batch_size=8", "rl_config.n_samples_per_prompt=4",
-    "actor_config.lr=5e-5", "actor_config.lr_decay_style=constant",
+    "actor_config.lr=5e-5", "actor_config.lr_decay_style=constant", "sft:megatron_training.log_interval=1",
 ]  # fmt: skip
 
 
@@ -37,29 +38,34 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 2 and "MAX_VALUE must be a positive integer, got '0'" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "VAL_SET": "x"}, capture_output=True, text=True)
     assert r.returncode == 2 and "VAL_SET must be heldout or test, got 'x'" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "SFT_ITERS": "-1"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "SFT_ITERS must be a non-negative integer, got '-1'" in r.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the whole recipe (training, export, three mindrl-eval engines): over 900 s on shared cores
 def test_recipe_short_form(smollm2_hf, tmp_path):
-    """The short form trains on the training generator's own task (operands <= 20) and is evaluated on its test
-    split, before and after, under standard decoding; the bounds come from the paired spread measured in the run."""
+    """The short form trains on the training generator's task with operands <= 20 and is evaluated on its test
+    split under standard decoding: the untuned model (mindrl-eval), GRPO's start (the SFT model) and end, the exported
+    model (mindrl-eval); the bounds come from the paired (same-problem) spread measured in the run."""
     out, run_dir = tmp_path / "assets", tmp_path / "run"
     env = {
         **os.environ, "VENV": os.path.dirname(os.path.dirname(sys.executable)),
         "MINDRL_MODEL_CACHE": os.path.dirname(os.path.dirname(smollm2_hf)),  # the session's model, no download
         "OUT": str(out), "RUN_DIR": str(run_dir), "EVAL_INTERVAL": str(ITERS), "VAL_PROMPTS": str(VAL_PROMPTS),
-        "VAL_SET": "test", "MAX_VALUE": "20",
+        "VAL_SET": "test", "MAX_VALUE": "20", "SFT_ITERS": str(SFT_ITERS),
     }  # fmt: skip
     r = _run(["--iters", str(ITERS), *SHRINK], env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     lines = r.stdout.strip().splitlines()
     assert lines[-3:-1] == [f"actor checkpoint: {out / 'ckpt' / 'grpo_actor'}", f"run dir: {run_dir}"]
     final = re.fullmatch(r"exported model (\S+): the training generator's test split accuracy (\S+) over (\d+) "
-                         r"problems \(untuned (\S+), in training (\S+); (.*)\)", lines[-1])  # fmt: skip
+                         r"problems \(untuned (\S+), GRPO start (\S+), in training (\S+); (.*)\)", lines[-1])  # fmt: skip
     assert final, lines[-1]
     assert final[1] == str(out / "ckpt" / "grpo_hf") and int(final[3]) == VAL_PROMPTS
-    assert final[6].startswith("standard decoding: greedy, ends at the end token [2] or 48 tokens")
+    assert final[7].startswith("standard decoding: greedy, ends at the end token [2] or 48 tokens")
     assert (out / "ckpt" / "grpo_actor" / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS)
 
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
@@ -81,21 +87,27 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
     assert exported.keys() == evals[ITERS].keys()
     printed = 5e-4  # the figures are printed with 3 decimals
     assert float(final[2]) == pytest.approx(sum(exported.values()) / VAL_PROMPTS, abs=printed)
-    assert float(final[5]) == pytest.approx(rows[-1]["val/gsm8k/mean"], abs=printed)
-    # A few small iterations teach "the answer, then <|im_end|>" (the length shaping): the greedy responses shorten
-    # by more than twice the standard error of the paired (same problem) differences. The accuracy must not fall by
-    # more than twice its paired standard error (McNemar: sqrt(discordant) / N); its rise needs the full recipe
-    # (docs/real_model.md: 4 iterations of 8 prompts moved 1 of 32 problems).
-    shorter = [lengths[0][i] - lengths[ITERS][i] for i in lengths[0]]
+    assert float(final[5]) == pytest.approx(rows[0]["val/gsm8k/mean"], abs=printed)
+    assert float(final[6]) == pytest.approx(rows[-1]["val/gsm8k/mean"], abs=printed)
+    assert (out / "ckpt" / "actor_sft" / "latest_checkpointed_iteration.txt").read_text().strip() == str(SFT_ITERS)
+    # the untuned model on the same problems, by mindrl-eval under standard decoding
+    base_rows = [json.loads(line) for line in open(next((out).glob("base_eval_test_*.jsonl")))]
+    base = {x["index"]: x["gsm8k"] for x in base_rows}
+    base_len = {x["index"]: x["response_length"] for x in base_rows}
+    assert base.keys() == exported.keys()
+    assert float(final[4]) == pytest.approx(sum(base.values()) / VAL_PROMPTS, abs=printed)
+    # Against the untuned model, the exported one (SFT, then GRPO) answers "the answer, then <|im_end|>": the greedy
+    # responses shorten, and the accuracy rises, each by more than twice the standard error of the paired
+    # (same-problem) differences measured here (for the accuracy, McNemar's sqrt(discordant) / N).
+    shorter = [base_len[i] - lengths[ITERS][i] for i in base_len]
     mean = sum(shorter) / VAL_PROMPTS
     sd = math.sqrt(sum((d - mean) ** 2 for d in shorter) / (VAL_PROMPTS - 1))
     assert mean > 2 * sd / math.sqrt(VAL_PROMPTS), (mean, sd)
-    before, after = evals[0], exported
-    rise = (sum(after.values()) - sum(before.values())) / VAL_PROMPTS
-    discordant = sum(before[i] != after[i] for i in before)
-    assert rise >= -2 * math.sqrt(discordant) / VAL_PROMPTS, (rise, discordant)
+    rise = (sum(exported.values()) - sum(base.values())) / VAL_PROMPTS
+    discordant = sum(base[i] != exported[i] for i in base)
+    assert rise > 2 * math.sqrt(discordant) / VAL_PROMPTS, (rise, discordant)
     general = json.load(open(run_dir / "general_check.json"))
     assert general["total"] == len(general["rows"]) >= 5 and math.isfinite(general["kl_per_token"])
     assert (run_dir / "metrics.png").stat().st_size > 0
     problems = json.load(open(out / "raw" / "test.json"))
-    assert max(int(n) for row in problems for n in re.findall(r"\d+", row["problem"])) <= 20
+    assert max(int(n) for row in problems for n in re.findall(r"\d+", row["problem"])[-2:]) <= 20  # after distractors

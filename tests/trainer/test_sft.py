@@ -279,8 +279,9 @@ def test_cli_help_and_config_error(assets, tmp_path, capsys):
     assert "eval_interval: 5 needs a validation split" in capsys.readouterr().err
 
 
-def test_shipped_config_parses():
-    cfg = load_sft_config("sft_tiny_cpu", check_paths=False)
+@pytest.mark.parametrize("name", ["sft_tiny_cpu", "sft_smollm2_cpu"])
+def test_shipped_config_parses(name):
+    cfg = load_sft_config(name, check_paths=False)
     assert cfg.megatron_training.stage == "sft" and cfg.megatron_training.save.endswith("actor_sft")
 
 
