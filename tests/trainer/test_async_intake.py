@@ -15,7 +15,7 @@ from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
 from mindrl.serving.experience import Experience
 from mindrl.serving.transport import ZmqSamplerEnd, ZmqTrainerEnd
-from mindrl.trainer.async_intake import GEN_SECONDS, Intake, make_batch, sampler_tps
+from mindrl.trainer.pipeline.intake import GEN_SECONDS, Intake, make_batch, sampler_tps
 
 N = 2
 

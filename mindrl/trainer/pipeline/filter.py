@@ -1,15 +1,21 @@
-"""DAPO's dynamic sampling on the driver: the groups of a generation batch that the filter keeps, gathered over
-generation batches until an iteration's train batch is full (`KeptGroups`), and what it logs."""
+"""The filter layer: DAPO's dynamic sampling on the driver. Each generation batch of the schedule is scored and the
+groups whose samples all score alike are dropped, until an iteration's train batch is full (`DynamicSampling`,
+`KeptGroups`); and what it logs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from mindrl.algorithms import keep_groups
 from mindrl.config.rl import SEQ_REWARD_METRIC
+from mindrl.trainer import experience
+from mindrl.trainer.experience import TrainingAborted
+from mindrl.trainer.pipeline import Experience
+from mindrl.trainer.pipeline.schedule import Generated, Schedule
 from mindrl.workers.results import Scores
 
 _COUNTS = ("reward/timeouts", "reward/errors", "reward/crashes", "reward/worker_restarts", "timing/rule_reward")
@@ -99,6 +105,60 @@ class KeptGroups:
             "train/surplus_groups": float(max(self.num_groups - train_groups, 0)),
             "train/generated_reward_mean": self.generated_reward_sum / max(self.generated_groups * self.n, 1),
         }
+
+
+class DynamicSampling:
+    """Generation batches of the schedule (global_batch_size prompts each), each scored with `rewards`
+    (`model_rewards.Rewards`), its groups whose samples all score the same on filter_groups_metric dropped, until
+    train_batch_size groups are kept (the surplus of the last batch is dropped too). The prompt sampler advances once
+    per generation batch, so a resume continues after the last one drawn."""
+
+    def __init__(self, rl, n: int, verifier_names: Sequence[str], rewards, tokenizer,
+                 enter_phase: Callable[[str, dict], None]):  # fmt: skip
+        self.rl, self.n, self.names, self.rewards = rl, n, verifier_names, rewards
+        self.tokenizer, self.enter_phase = tokenizer, enter_phase
+
+    def fill(self, schedule: Schedule, iteration: int, timing: dict[str, float], make_batch) -> Experience:
+        """Iteration `iteration`'s kept groups as Experience (scored, with the rows of the groups not trained on);
+        `make_batch(Generated)` builds the RL batch."""
+        rl, n, names = self.rl, self.n, self.names
+        want, limit = rl.train_batch_size, rl.filter_groups_max_batches
+        kept = KeptGroups(n, names)
+        while kept.num_groups < want:
+            if limit > 0 and kept.gen_batches >= limit:
+                raise TrainingAborted(
+                    f"iteration {iteration}: dynamic sampling kept {kept.num_groups} of the "
+                    f"filter_groups_train_batch_size={want} prompts after rl_config.filter_groups_max_batches={limit} "
+                    f"generation batches ({kept.filtered_groups} of {kept.generated_groups} groups scored alike on "
+                    f"{rl.filter_groups_metric}); raise filter_groups_max_batches (<= 0: no limit) or use easier / "
+                    "more varied prompts"
+                )
+            gen = schedule.next(iteration, kept.gen_batches, timing)
+            pad = self.tokenizer.pad_token_id or 0
+            responses = [list(s.token_ids) or [pad] for group in gen.responses for s in group]
+            t0 = time.perf_counter()
+            scored = self.rewards.client.collect(self.rewards.client.score(responses, gen.labels), iteration)
+            timing["timing/non_overlap_rule_reward"] = (
+                timing.get("timing/non_overlap_rule_reward", 0.0) + time.perf_counter() - t0
+            )
+            if self.rewards.scorer is not None:  # the filter sees the whole reward, the reward model's score mixed in
+                self.enter_phase("score", timing)
+                rows_prompts = [gen.prompt_ids[r // n] for r in range(len(responses))]
+                raw, seconds = self.rewards.scorer.score_rows(rows_prompts,
+                                                              [s.token_ids for g in gen.responses for s in g])  # fmt: skip
+                timing["timing/reward_model"] = timing.get("timing/reward_model", 0.0) + seconds
+                scored = self.rewards.mix(scored, raw)
+            lengths = torch.tensor([len(s.token_ids) for group in gen.responses for s in group])
+            shaped, _ = self.rewards.shaped(scored, lengths)
+            metric = filter_metric(scored, shaped, rl.filter_groups_metric, names)
+            texts = self.tokenizer.batch_decode(gen.prompt_ids, skip_special_tokens=False)
+            rows = experience.sample_rows([texts[r // n] for r in range(len(responses))], scored, lengths.tolist(),
+                                          names)  # fmt: skip
+            kept.add(gen.prompt_ids, gen.responses, gen.labels, scored, metric, shaped, rows)
+        prompt_ids, samples, labels, scored = kept.take(want)
+        timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
+        batch = make_batch(Generated(prompt_ids, samples, labels))
+        return Experience(batch, labels, kept.metrics(want), scored, kept.dropped_rows(want))
 
 
 def _subset(scored: Scores, rows: list[int], names: Sequence[str]) -> Scores:
