@@ -15,7 +15,7 @@ from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.serving.transport import TrainerEnd, TransportTimeout, ZmqTrainerEnd
 from mindrl.trainer import experience
 from mindrl.trainer.pipeline.intake import Intake, to_generated
-from mindrl.trainer.pipeline.schedule import Generated, Schedule
+from mindrl.trainer.pipeline.schedule import Generated, Schedule, refuse_pending
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Bounded(Schedule):
         """The ledger of a checkpoint (one from another mode has none: the ledger starts at epoch 0); the previous
         run's samplers are declared dead, so the prompts they held are re-issued (a group they deliver late still
         counts once)."""
+        refuse_pending(state)
         saved = (state.async_rollout or {}).get("bounded")
         if saved is not None:
             self.end.restore_ledger(saved["ledger"])
