@@ -50,7 +50,6 @@ class PPOTrainer:
         mt, rl = cfg.megatron_training, cfg.rl_config
         self.run_dir = rl.run_dir or os.path.join("outputs", cfg.config_name)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.n = rl.n_samples_per_prompt
         self.tokenizer = load_tokenizer(mt.tokenizer_name_or_path)
         self.dataset = PromptDataset(
             mt.data_path, rl.max_prompt_length, tuple(mt.dataset_additional_keys or ("labels",))
