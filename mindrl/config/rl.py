@@ -581,15 +581,9 @@ class RLSectionConfig(Section):
                 col.add("max_staleness", f"bounded publishes weights every weight_sync_interval="
                         f"{self.weight_sync_interval} updates, so experiences are up to that many versions old: "
                         f"max_staleness must be >= it, got {self.max_staleness}")  # fmt: skip
-            for key, bad, why in (
-                ("filter_groups_enable", self.filter_groups_enable, "dynamic sampling yet: the filter would take "
-                 "several of the samplers' batches per update, but it keeps neither their async/* staleness metrics "
-                 "nor their rows' prompt_index / epoch / weight_version across batches"),
-                ("val_data_path", self.val_data_path, "evaluation: the trainer holds no rollout engine (the samplers "
-                 "generate)"),
-            ):  # fmt: skip
-                if bad:
-                    col.add(key, f"async_mode bounded does not combine with {why}")
+            if self.val_data_path:
+                col.add("val_data_path", "async_mode bounded does not combine with evaluation: the trainer holds no "
+                        "rollout engine (the samplers generate)")  # fmt: skip
             if self.async_transport not in ASYNC_TRANSPORTS:
                 col.add("async_transport", f"{self.async_transport!r} is not one of {', '.join(ASYNC_TRANSPORTS)} "
                         "(ray: sampler actors in the trainer's cluster; zmq: mindrl-sampler processes)")  # fmt: skip

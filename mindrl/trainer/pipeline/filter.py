@@ -49,6 +49,10 @@ class KeptGroups:
     """Per kept row: its rollouts.jsonl row (those beyond the train batch are logged as surplus)."""
     filtered_rows: list[dict] = field(default_factory=list)
     """The rollouts.jsonl rows of the filtered groups."""
+    rows_meta: dict[str, list] = field(default_factory=dict)
+    """Per kept row: the schedule's row metadata (bounded: weight_version, prompt_index, epoch)."""
+    schedule_metrics: list[dict[str, float]] = field(default_factory=list)
+    """Per generation batch: the schedule's metrics (bounded: async/*)."""
     gen_batches: int = 0
     generated_groups: int = 0
     filtered_groups: int = 0
@@ -59,11 +63,10 @@ class KeptGroups:
     def num_groups(self) -> int:
         return len(self.prompt_ids)
 
-    def add(
-        self, prompt_ids, samples, labels, scored: Scores, metric: torch.Tensor, shaped: torch.Tensor, rows_out: list
-    ) -> None:
-        """One generation batch: prompts (G), their samples (G lists of n), row labels and Scores (G * n rows),
-        the filter metric and the shaped rewards (G * n,), and the rows for rollouts.jsonl (G * n)."""
+    def add(self, gen: Generated, scored: Scores, metric: torch.Tensor, shaped: torch.Tensor, rows_out: list) -> None:
+        """One generation batch `gen` (G prompts, G * n rows) with its rows' Scores, filter metric and shaped rewards
+        (G * n,), and their rows for rollouts.jsonl (G * n)."""
+        prompt_ids, samples, labels = gen.prompt_ids, gen.responses, gen.labels
         keep = keep_groups(metric, self.n).tolist()
         self.generated_reward_sum += float(shaped.double().sum())
         self.gen_batches += 1
@@ -79,16 +82,22 @@ class KeptGroups:
                 self.samples.append(samples[g])
         self.labels.extend(labels[r] for r in rows)
         self.scores.append(_subset(scored, rows, self.verifier_names))
+        for k, v in gen.rows_meta.items():
+            self.rows_meta.setdefault(k, []).extend(v[r] for r in rows)
+        self.schedule_metrics.append(gen.metrics)
 
-    def take(self, groups: int) -> tuple[list[list[int]], list[list], list[list[int]], Scores]:
-        """The first `groups` kept groups: (prompt ids, samples, row labels, Scores of their rows); the scores'
-        metrics are those of the trained rows, with the counters (timeouts, ...) and the scoring time of every
-        generation batch."""
+    def take(self, groups: int) -> tuple[Generated, Scores]:
+        """The first `groups` kept groups (their rows' metadata; the schedule's metrics over every generation batch,
+        `merge_metrics`), and the Scores of their rows: those of the trained rows, with the counters (timeouts, ...)
+        and the scoring time of every generation batch."""
         rows = groups * self.n
         merged = _concat(self.scores)
         trained = _subset(merged, list(range(rows)), self.verifier_names)
         trained.metrics.update({k: merged.metrics[k] for k in _COUNTS if k in merged.metrics})
-        return self.prompt_ids[:groups], self.samples[:groups], self.labels[:rows], trained
+        meta = {k: v[:rows] for k, v in self.rows_meta.items()}
+        gen = Generated(self.prompt_ids[:groups], self.samples[:groups], self.labels[:rows],
+                        merge_metrics(self.schedule_metrics), meta)  # fmt: skip
+        return gen, trained
 
     def dropped_rows(self, train_groups: int) -> list[dict]:
         """rollouts.jsonl rows of the groups not trained on: filtered ones, and kept ones beyond the train batch."""
@@ -154,11 +163,29 @@ class DynamicSampling:
             texts = self.tokenizer.batch_decode(gen.prompt_ids, skip_special_tokens=False)
             rows = experience.sample_rows([texts[r // n] for r in range(len(responses))], scored, lengths.tolist(),
                                           names)  # fmt: skip
-            kept.add(gen.prompt_ids, gen.responses, gen.labels, scored, metric, shaped, rows)
-        prompt_ids, samples, labels, scored = kept.take(want)
+            kept.add(gen, scored, metric, shaped, rows)
+        trained, scored = kept.take(want)
         timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
-        batch = make_batch(Generated(prompt_ids, samples, labels))
-        return Experience(batch, labels, kept.metrics(want), scored, kept.dropped_rows(want))
+        metrics = {**trained.metrics, **kept.metrics(want)}
+        return Experience(make_batch(trained), trained.labels, metrics, scored, kept.dropped_rows(want))
+
+
+def merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """A schedule's metrics over several generation batches: maxima (".../max") the largest, means (".../mean") the
+    average over the batches, counts and seconds ("dropped", "_s") summed, the rest (a queue's depth, a rate) the
+    last batch's."""
+    out: dict[str, float] = {}
+    for k in dict.fromkeys(k for p in parts for k in p):
+        values = [p[k] for p in parts if k in p]
+        if k.endswith("/max"):
+            out[k] = max(values)
+        elif k.endswith("/mean"):
+            out[k] = sum(values) / len(values)
+        elif "dropped" in k or k.endswith("_s"):
+            out[k] = sum(values)
+        else:
+            out[k] = values[-1]
+    return out
 
 
 def _subset(scored: Scores, rows: list[int], names: Sequence[str]) -> Scores:
