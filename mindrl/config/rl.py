@@ -504,11 +504,15 @@ class RLSectionConfig(Section):
                 "partial_rollout_max_split", f"must be an integer >= 1 (1: off), got {self.partial_rollout_max_split}"
             )
         elif self.partial_rollout_max_split > 1 and self.filter_groups_enable:
-            col.add("partial_rollout_max_split", "partial rollout with dynamic sampling (filter_groups_enable) is not "
-                    "supported; set one of them off")  # fmt: skip
+            col.add("partial_rollout_max_split", "partial rollout does not combine with dynamic sampling "
+                    "(filter_groups_enable): its pool draws one prompt batch per iteration and trains every prompt it "
+                    "drew exactly once (its checkpoint counts on that), while the filter drops groups and draws extra "
+                    "generation batches to refill the train batch; set one of them off")  # fmt: skip
         elif self.partial_rollout_max_split > 1 and self.async_mode != "sync":
-            col.add("partial_rollout_max_split", f"partial rollout with async_mode {self.async_mode} is not supported "
-                    "yet; set partial_rollout_max_split: 1 or async_mode: sync")  # fmt: skip
+            col.add("partial_rollout_max_split", f"partial rollout and async_mode {self.async_mode} are both "
+                    "schedules (when responses are generated relative to the updates) and a run has one: partial "
+                    "continues responses across updates, each piece with the newest weights; set "
+                    "partial_rollout_max_split: 1 or async_mode: sync")  # fmt: skip
         if self.rollout_is_threshold is not None and self.rollout_is_threshold <= 0:
             col.add("rollout_is_threshold", f"must be > 0 (or null: off), got {self.rollout_is_threshold}")
         if self.hccl_buffersize is not None and self.hccl_buffersize < 1:
@@ -579,12 +583,9 @@ class RLSectionConfig(Section):
                 col.add("max_staleness", f"bounded publishes weights every weight_sync_interval="
                         f"{self.weight_sync_interval} updates, so experiences are up to that many versions old: "
                         f"max_staleness must be >= it, got {self.max_staleness}")  # fmt: skip
-            for key, bad, why in (
-                ("filter_groups_enable", self.filter_groups_enable, "dynamic sampling"),
-                ("val_data_path", self.val_data_path, "evaluation (the trainer holds no rollout engine)"),
-            ):
-                if bad:
-                    col.add(key, f"async_mode bounded does not combine with {why} yet")
+            if self.val_data_path:
+                col.add("val_data_path", "async_mode bounded does not combine with evaluation: the trainer holds no "
+                        "rollout engine (the samplers generate)")  # fmt: skip
             if self.async_transport not in ASYNC_TRANSPORTS:
                 col.add("async_transport", f"{self.async_transport!r} is not one of {', '.join(ASYNC_TRANSPORTS)} "
                         "(ray: sampler actors in the trainer's cluster; zmq: mindrl-sampler processes)")  # fmt: skip
@@ -632,7 +633,10 @@ class RLSectionConfig(Section):
                 col.add("weight_sync_interval", "one_step_off syncs the rollout's weights after every update: 1, "
                         f"got {self.weight_sync_interval}")  # fmt: skip
             if self.filter_groups_enable:
-                col.add("async_mode", "one_step_off does not combine with dynamic sampling (filter_groups_enable)")
+                col.add("async_mode", "one_step_off does not combine with dynamic sampling (filter_groups_enable): "
+                        "it generates the next iteration's one generation batch during this one (with that "
+                        "iteration's seeds; the checkpoint holds it), but the filter knows how many generation "
+                        "batches an iteration needs only once it has scored them")  # fmt: skip
 
     def _validate_loss(self, col: Collector) -> None:
         if self.policy_loss_mode not in POLICY_LOSS_MODES:

@@ -49,7 +49,7 @@ class Experience:
     """(response_len,) float32/float64: log p of each response token under the weights that sampled it."""
     rewards: dict[str, float]
     """Score per verifier name (e.g. {"acc": 1.0}). Empty from a sampler: the bounded trainer scores every response
-    with its own verifiers and refuses a group that carries scores (`async_intake.Intake`)."""
+    with its own verifiers and refuses a group that carries scores (`trainer/pipeline/intake.Intake`)."""
     finish_reason: str
     """One of FINISH_REASONS."""
     prompt_index: int

@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from mindrl.algorithms import apply_kl_penalty, get_advantage_estimator, scores_to_token_level
 from mindrl.batch import Batch, pad_rows
 from mindrl.trainer.metrics import stats_metrics
 from mindrl.workers.results import LogprobDiff, Scores, TokenCounts
+
+
+class TrainingAborted(RuntimeError):
+    """The run cannot continue (e.g. too many consecutive non-finite updates, a worker died)."""
+
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 """What the forward passes (old and reference logprobs, values) read."""
@@ -23,10 +31,37 @@ def actor_keys(batch: Batch) -> list[str]:
     return [*FORWARD_KEYS, "rollout_log_prob", "advantages", *optional]
 
 
+@dataclass
+class Response:
+    """One response as the trainer learns from it: its tokens with the behaviour logprob and the weight version of
+    each, and which of them are trained on."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    versions: list[int] = field(default_factory=list)
+    """The weight version (updates applied) that sampled each token."""
+    loss_mask: list[int] | None = None
+    """Per token 1 where the policy generated it (trained on), 0 where it is context the policy did not write (an
+    agent loop's tool observations): out of the loss, the advantages' token counts and the rollout logprob check.
+    None: every token is the policy's (one turn)."""
+    ref_logprobs: list[float] | None = None
+    """Reference logprobs of each token, where a sampler computed them (async_sampler_ref)."""
+
+
+def stamp(groups, version: int) -> list[list[Response]]:
+    """`groups` (per prompt, its responses: `Response`s or the engine's `RolloutSample`s) as Responses whose every
+    token was sampled with weight version `version`."""
+    return [[Response(list(s.token_ids), list(s.logprobs), s.finish_reason, [version] * len(s.token_ids),
+                      getattr(s, "loss_mask", None)) for s in g] for g in groups]  # fmt: skip
+
+
 def make_batch(prompt_ids: list[list[int]], samples, n: int, pad_token_id: int | None) -> Batch:
-    """The RL batch from prompts and their n samples each (`RolloutSample`s): rows grouped by prompt
-    (`Batch.group_size` = n), rows_meta "uid" (the prompt's index), "response_ids" and "prompt_ids"."""
-    rows_p, rows_r, rows_lp, uid = [], [], [], []
+    """The RL batch from prompts and their n samples each (`Response`s, or `RolloutSample`s: every token trained on):
+    rows grouped by prompt (`Batch.group_size` = n), rows_meta "uid" (the prompt's index), "response_ids",
+    "prompt_ids" and, where every response has them, "rollout_versions" (per token). "response_mask" is the loss
+    mask: the tokens trained on; "attention_mask" covers every token of the context."""
+    rows_p, rows_r, rows_lp, rows_loss, uid = [], [], [], [], []
     for i, (p, group) in enumerate(zip(prompt_ids, samples)):
         if len(group) != n:
             raise RuntimeError(f"prompt {i}: the rollout returned {len(group)} samples, expected {n}")
@@ -34,29 +69,78 @@ def make_batch(prompt_ids: list[list[int]], samples, n: int, pad_token_id: int |
             rows_p.append(p)
             rows_r.append(list(s.token_ids) or [pad_token_id or 0])
             rows_lp.append(list(s.logprobs) or [0.0])
+            rows_loss.append(getattr(s, "loss_mask", None))
             uid.append(i)
+    rows = [s for group in samples for s in group]
     pad = pad_token_id if pad_token_id is not None else 0
     prompts, prompt_mask = pad_rows(rows_p, pad, left=True)
-    responses, response_mask = pad_rows(rows_r, pad, left=False)
-    for i, s in enumerate(g for group in samples for g in group):
+    responses, present = pad_rows(rows_r, pad, left=False)
+    for i, s in enumerate(rows):
         if not s.token_ids:  # an empty response: nothing to learn from
-            response_mask[i] = 0
+            present[i] = 0
+    response_mask = present.clone()
+    for i, loss in enumerate(rows_loss):
+        if loss is not None:
+            response_mask[i, : len(loss)] *= torch.tensor(loss, dtype=response_mask.dtype)
     rollout_lp = torch.zeros(responses.shape, dtype=torch.float32)
     for i, lp in enumerate(rows_lp):
         rollout_lp[i, : len(lp)] = torch.tensor(lp)
-    return Batch(
+    rows_meta = {"uid": uid, "response_ids": rows_r, "prompt_ids": rows_p}
+    if rows and all(getattr(s, "versions", None) for s in rows if s.token_ids):
+        rows_meta["rollout_versions"] = [list(getattr(s, "versions", [])) for s in rows]
+    batch = Batch(
         {
             "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+            "attention_mask": torch.cat([prompt_mask, present], dim=1),
             "responses": responses,
             "response_mask": response_mask,
             "rollout_log_prob": rollout_lp * response_mask,
             "prompt_lengths": prompt_mask.sum(-1),
         },
-        {"uid": uid, "response_ids": rows_r, "prompt_ids": rows_p},
+        rows_meta,
         {"prompt_length": prompts.shape[1]},
         group_size=n,
     )
+    if rows and all(getattr(s, "ref_logprobs", None) is not None for s in rows):
+        ref = torch.zeros_like(rollout_lp)
+        for i, s in enumerate(rows):
+            ref[i, : len(s.ref_logprobs)] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+        batch["ref_log_prob"] = ref * response_mask
+    return batch
+
+
+def advantages(batch: Batch, scores: torch.Tensor, penalty: torch.Tensor | None, rl, kl_ctrl) -> dict[str, float]:
+    """token_level_scores (each response's score `scores` (rows,) on its last trained token), token_level_rewards
+    (with the KL penalty where rl_config puts it in the reward and `kl_ctrl` is the run's KL controller, updated
+    here; None: no reference model), advantages and returns by rl_config.adv_estimator into `batch`; returns their
+    metrics, with the overlong `penalty` (rows,) (None: off)'s. Every token count is the loss mask's."""
+    mask = batch["response_mask"]
+    token_scores = scores_to_token_level(scores, mask)
+    metrics: dict[str, float] = {}
+    if penalty is not None:
+        metrics["reward/overlong_penalty"] = penalty.mean().item()
+        metrics["reward/overlong_ratio"] = (penalty < 0).float().mean().item()
+    if rl.kl_in_reward and kl_ctrl is not None:
+        old = batch["old_log_prob"] if "old_log_prob" in batch else batch["rollout_log_prob"]
+        rewards, kl_metrics = apply_kl_penalty(
+            token_scores, old, batch["ref_log_prob"], mask, kl_ctrl.value, rl.kl_penalty
+        )
+        kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+        metrics.update(kl_metrics)
+    else:
+        rewards = token_scores
+    estimator = get_advantage_estimator(rl.adv_estimator)
+    available = {"gamma": rl.gamma, "lam": rl.lam, "index": batch.rows_meta["uid"],
+                 "norm_adv_by_std": rl.norm_adv_by_std_in_grpo}  # fmt: skip
+    if "values" in batch:
+        available["values"] = batch["values"]
+    wanted = inspect.signature(estimator).parameters
+    adv, ret = estimator(rewards, response_mask=mask, **{k: v for k, v in available.items() if k in wanted})
+    batch["token_level_scores"] = token_scores
+    batch["token_level_rewards"] = rewards
+    batch["advantages"] = adv
+    batch["returns"] = ret
+    return metrics
 
 
 def row_labels(extras: dict, n: int, rows: int) -> list[list[int]]:

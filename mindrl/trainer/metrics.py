@@ -368,6 +368,14 @@ def memory_metrics(per_device: Sequence[DeviceLedger]) -> dict[str, float]:
     return out
 
 
+@contextmanager
+def timed(timing: dict[str, float], key: str) -> Iterator[None]:
+    """timing[key] = the seconds the block took."""
+    t0 = time.perf_counter()
+    yield
+    timing[key] = time.perf_counter() - t0
+
+
 def stats_metrics(prefix: str, values: torch.Tensor | Iterable[float]) -> dict[str, float]:
     """`{prefix}/mean`, `{prefix}/max`, `{prefix}/min` of a 1-D tensor or list; {} when it is empty (a mean of
     nothing would be a NaN that looks like a bug)."""

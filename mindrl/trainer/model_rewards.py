@@ -1,14 +1,51 @@
-"""The reward model outside the scoring phase: scores of any rows (dynamic sampling's generation batches, the held-out
-evaluation's responses), padded to the reward model's DP x micro-batch and cut back. See docs/reward_model.md."""
+"""A response's reward beyond the rule verifiers: the reward model's scores of any rows outside the scoring phase
+(dynamic sampling's generation batches, the held-out evaluation's responses), mixed in as configured, and DAPO's
+overlong penalty. See docs/reward_model.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
+from mindrl.algorithms import overlong_penalty
+from mindrl.rewards.model_scores import RewardModelMix, RunningMoments, mix_rewards, shaped_model_scores
 from mindrl.rollout.base import RolloutSample
 from mindrl.trainer import experience
+from mindrl.workers.results import Scores
 from mindrl.workers.reward_worker import SCORE_KEYS
+
+
+class Rewards:
+    """The run's rewards: `client` (the rule verifiers' `RewardClient`), the reward model's `scorer` and `mix`
+    (None without one; `moments`: normalize_reward's running statistics), and DAPO's overlong penalty (rl_config)."""
+
+    def __init__(self, client, scorer: RewardModelScorer | None, mix: RewardModelMix | None, rl):
+        self.client, self.scorer, self.mix_cfg, self.rl = client, scorer, mix, rl
+        self.moments = RunningMoments()
+
+    def mix(self, scored: Scores, model_scores: list[float], update: bool = True) -> Scores:
+        """The rule rewards with the reward model's scores mixed in (normalised and clipped as configured, weighted;
+        `mindrl.rewards.model_scores`; update=False leaves the running statistics as they are); the raw scores kept
+        in `Scores.model_scores`."""
+        shaped = shaped_model_scores(model_scores, self.mix_cfg, self.moments, update)
+        return dataclasses.replace(
+            scored, rewards=mix_rewards(scored.rewards, shaped, self.mix_cfg), model_scores=model_scores
+        )
+
+    def shaped(self, scored: Scores, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rows,) each response's score: its reward, plus DAPO's overlong penalty (returned second; None when off)
+        from its length `lengths` (rows,) in tokens."""
+        rl = self.rl
+        scores = torch.tensor(scored.rewards, dtype=torch.float32)
+        if not rl.overlong_buffer_enable:
+            return scores, None
+        penalty = overlong_penalty(
+            lengths, int(rl.rollout_max_tokens), rl.overlong_buffer, rl.overlong_buffer_penalty_factor
+        ).float()
+        return scores + penalty, penalty
 
 
 @dataclass

@@ -5,53 +5,35 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import os
 import time
 from dataclasses import dataclass
 
-import torch
-
-from mindrl.algorithms import (
-    apply_kl_penalty,
-    build_kl_controller,
-    get_advantage_estimator,
-    overlong_penalty,
-    scores_to_token_level,
-)
+from mindrl.algorithms import build_kl_controller
 from mindrl.batch import Batch
 from mindrl.checkpoint.iterations import TrainerState
 from mindrl.checkpoint.resume import ResumePoint, find_resume
 from mindrl.checkpoint.save import CheckpointSaveError, RunCheckpoints, SaveAborted
 from mindrl.data.prompt_dataset import PromptDataLoader, PromptDataset
 from mindrl.data.tokenizer import load_tokenizer
-from mindrl.rewards.model_scores import RunningMoments, mix_rewards, shaped_model_scores
-from mindrl.trainer import async_bounded, async_rollout, experience, leftovers, partial_rollout, worker_groups
-from mindrl.trainer.dynamic_sampling import KeptGroups, filter_metric
+from mindrl.trainer import experience, leftovers, worker_groups
 from mindrl.trainer.evaluation import Evaluator
-from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics
-from mindrl.trainer.model_rewards import RewardModelScorer
+from mindrl.trainer.experience import TrainingAborted
+from mindrl.trainer.metrics import MetricsLogger, RolloutLogger, iteration_throughput, memory_metrics, timed
+from mindrl.trainer.model_rewards import RewardModelScorer, Rewards
+from mindrl.trainer.pipeline.build import build as build_pipeline
+from mindrl.trainer.pipeline.engines import Engine, RemoteRolloutError, connect_servers, trainer_rollout
 from mindrl.trainer.reward_client import RewardClient
-from mindrl.trainer.rollout import (
-    EngineGroupRollout,
-    IntegratedRollout,
-    RemoteRolloutError,
-    RolloutSource,
-    connect_servers,
-)
+from mindrl.trainer.scoring import Scoring
 from mindrl.trainer.trackers import trackers_from_config
 from mindrl.workers import from_config
 from mindrl.workers.group import WorkerError, WorkerGroup, start_ray, stop_ray
 from mindrl.workers.profiling import announce_iteration
 from mindrl.workers.results import Scores, UpdateResult, logprob_diff_summary
-from mindrl.workers.reward_worker import SCORE_KEYS
 
 logger = logging.getLogger("mindrl.trainer")
-
-
-class TrainingAborted(RuntimeError):
-    """The run cannot continue (e.g. too many consecutive non-finite updates, a worker died)."""
+__all__ = ["IterationResult", "PPOTrainer", "TrainingAborted", "train"]
 
 
 @dataclass
@@ -68,8 +50,6 @@ class PPOTrainer:
         mt, rl = cfg.megatron_training, cfg.rl_config
         self.run_dir = rl.run_dir or os.path.join("outputs", cfg.config_name)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.world = rl.world_size
-        self.n = rl.n_samples_per_prompt
         self.tokenizer = load_tokenizer(mt.tokenizer_name_or_path)
         self.dataset = PromptDataset(
             mt.data_path, rl.max_prompt_length, tuple(mt.dataset_additional_keys or ("labels",))
@@ -81,11 +61,8 @@ class PPOTrainer:
         self.needs_ref = from_config.needs_reference(cfg)
         self.verifier_names = from_config.reward_settings(cfg).verifier_function
         self.rm_mix = from_config.reward_model_mix(cfg)  # None without a reward model
-        self.rm_moments = RunningMoments()  # normalize_reward's running statistics
         self.evaluator = Evaluator.from_config(cfg, self.run_dir)  # None without rl_config.val_data_path
-        self.partial = partial_rollout.from_config(cfg, self.sampling)  # None unless partial_rollout_max_split > 1
-        self.ahead = async_rollout.one_step_off(cfg)  # None in the synchronous mode
-        self.bounded = None  # async_mode bounded's end of the samplers (bound once the workers are up)
+        self.pipeline = None  # the experience pipeline (built once the workers are up)
 
         # Everything that can be checked before Ray starts: where the run resumes, whether it can save.
         self.resume = find_resume(cfg)
@@ -141,19 +118,17 @@ class PPOTrainer:
                 self.reward_model.setup(rm_settings)
                 micro = rm_settings.micro_batching.rows
                 self.rm_scorer = RewardModelScorer(self.reward_model, micro, self.tokenizer.pad_token_id)
+            self.rewards = Rewards(self.reward, self.rm_scorer, self.rm_mix, rl)
+            self.scoring = Scoring(self.placed, self.rewards, rl.on_policy, self.needs_ref)
             itp = integrated.rollout.infer_tensor_parallel_size
-            self.rollout: RolloutSource = (
-                self.remote.attach(self.actor)
-                if self.remote is not None
-                else EngineGroupRollout(self.actor, self.engines, itp)
-                if self.engines is not None
-                else IntegratedRollout(self.actor, itp)
-            )
+            self.rollout = trainer_rollout(self.remote, self.actor, self.engines, itp)
+            self.engine = Engine(self.rollout, self._enter_phase, rl.infer_dp)
             self.iteration = 0
             self.skipped_in_a_row = 0
-            self.bounded = async_bounded.bounded(cfg, len(self.dataset))
+            self.pipeline = build_pipeline(cfg, self.loader, self.dataset, self.engine, self.sampling, self.tokenizer,
+                                           self.rewards, lambda: self.actor.export_weights()[0])  # fmt: skip
             self._restore(self.resume)
-            self._publish_weights({})  # bounded: samplers start from the current weights
+            self.pipeline.after_update(self.iteration, {})  # bounded: samplers start from the current weights
         except BaseException:
             self.shutdown()
             raise
@@ -162,7 +137,6 @@ class PPOTrainer:
     def fit(self) -> list[IterationResult]:
         mt, rl = self.cfg.megatron_training, self.cfg.rl_config
         results = []
-        batches = iter(self.loader)
         with MetricsLogger(
             self.run_dir,
             mt.train_iters,
@@ -177,13 +151,16 @@ class PPOTrainer:
             if self.evaluator is not None:
                 self.evaluator.forget_after(self.iteration if self.iteration > 0 else -1)
             if self.iteration == 0 and self._eval_due():  # a resumed run logged its iteration's evaluation already
-                log.log(0, self._evaluate_or_abort())
+                with self._aborting("evaluation at iteration 0"):
+                    log.log(0, self._evaluate())
             while self.iteration < mt.train_iters:
                 self.iteration += 1
                 announce_iteration(self.groups, self.profile, self.iteration)
-                metrics, rows = self._step_or_abort(batches)
+                with self._aborting(f"iteration {self.iteration}"):
+                    metrics, rows = self.step()
                 if self._eval_due():
-                    metrics.update(self._evaluate_or_abort())
+                    with self._aborting(f"evaluation at iteration {self.iteration}"):
+                        metrics.update(self._evaluate())
                 metrics["checkpoint/save_failures"] = float(self.save_failures)
                 # logged before the save: a resume cuts metrics.jsonl back to the saved iteration
                 log.log(self.iteration, metrics)
@@ -194,43 +171,32 @@ class PPOTrainer:
             self.save()  # the last iteration is always saved; a failure here fails the run
         return results
 
-    def _step_or_abort(self, batches) -> tuple[dict[str, float], list[dict]]:
-        """`step`, with a dead or failing worker turned into an error naming the iteration (the group is already
-        killed: no rank is left waiting in a collective)."""
+    @contextlib.contextmanager
+    def _aborting(self, what: str):
+        """A dead or failing worker as an error naming `what` (the group is already killed: no rank is left waiting
+        in a collective)."""
         try:
-            return self.step(batches)
+            yield
         except (WorkerError, RemoteRolloutError) as e:
-            raise TrainingAborted(f"iteration {self.iteration}: {e}{self._resume_hint()}") from e
+            raise TrainingAborted(f"{what}: {e}{self._resume_hint()}") from e
 
     def _eval_due(self) -> bool:
         return self.evaluator is not None and self.evaluator.due(self.iteration)
 
-    def _evaluate_or_abort(self) -> dict[str, float]:
+    def _evaluate(self) -> dict[str, float]:
         """The held-out evaluation of the current weights (`mindrl.trainer.evaluation`): its val/* metrics and
         timing/eval. It leaves the models where the step left them and draws nothing from training's random streams
         (its own seeds; the engine's samples depend only on them)."""
-        try:
-            return self._evaluate()
-        except (WorkerError, RemoteRolloutError) as e:
-            raise TrainingAborted(f"evaluation at iteration {self.iteration}: {e}{self._resume_hint()}") from e
 
-    def _evaluate(self) -> dict[str, float]:
-        replicas = self.cfg.rl_config.infer_dp
-
-        def generate(prompts, sampling, seeds):
-            # each call streams the weights in: they must be on the device (a rollout leaves them where scoring wants)
-            self._enter_phase("rollout", {})
-            # the prompts split evenly over the engine replicas: pad with copies of the last, dropped after
-            pad = -len(prompts) % replicas
-            out = self.rollout.generate(prompts + prompts[-1:] * pad, sampling, seeds + seeds[-1:] * pad).samples
-            return out[: len(prompts)]
+        def generate(prompts, sampling, seeds):  # each call streams the weights into the engines
+            return self.engine.generate(prompts, sampling, seeds, {})
 
         def score(responses, labels):
             return self.reward.collect(self.reward.score(responses, labels), self.iteration)
 
         def model_score(prompts, responses, scored):  # the statistics of normalize_reward as they stand
             self._enter_phase("score", {})
-            return self._mix_model_scores(scored, self.rm_scorer.score_rows(prompts, responses)[0], update=False)
+            return self.rewards.mix(scored, self.rm_scorer.score_rows(prompts, responses)[0], update=False)
 
         with_model = model_score if self.rm_scorer is not None else None
         metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer, with_model)
@@ -250,56 +216,40 @@ class PPOTrainer:
     def _resume_hint(self) -> str:
         return self.checkpoints.resume_hint()
 
-    def step(self, batches) -> tuple[dict[str, float], list[dict]]:
-        """One PPO / GRPO / DAPO iteration on the PromptBatches it draws from the iterator `batches` (one, or with
-        dynamic sampling as many as it takes). Returns (metrics, sampled rows for rollouts.jsonl)."""
+    def step(self) -> tuple[dict[str, float], list[dict]]:
+        """One PPO / GRPO / DAPO iteration on the experience pipeline's next batch. Returns (metrics, sampled rows for
+        rollouts.jsonl)."""
         timing: dict[str, float] = {}
         t_all = time.perf_counter()
-        sampled: dict[str, float] = {}
-        dropped: list[dict] = []
-        if self.cfg.rl_config.filter_groups_enable:
-            batch, labels, scored, sampled, dropped = self._sample_filtered(batches, timing)
-            self._enter_phase("score", timing)
-            self._score(batch, labels, timing, scored)  # reference, values (the rewards are known)
-        elif self.partial is not None:  # pieces of responses, continued across iterations; a rollout call per round
-            taken = self.partial.step(self.iteration, batches, lambda *args: self._sample(*args, timing, phase=True))
-            batch, labels, sampled = taken.batch(self.tokenizer.pad_token_id), taken.labels, taken.metrics
-            self._enter_phase("score", timing)
-            scored = self._score(batch, labels, timing)
-        else:
-            prompts, batch = self._rollout_next(batches, timing, sampled)
-            labels = experience.row_labels(prompts.extras, self.n, len(batch))
-            self._enter_phase("score", timing)
-            scored = self._score(batch, labels, timing)  # reference, values, rewards
-        with _timed(timing, "timing/adv"):
+        got = self.pipeline.next(self.iteration, timing)  # rollout (whatever the mode)
+        batch = got.batch
+        self._enter_phase("score", timing)
+        scored = self._score(batch, got.labels, timing, got.scored)  # reference, values, rewards
+        with timed(timing, "timing/adv"):
             metrics = self._advantages(batch, scored)
-        metrics.update(sampled)
+        metrics.update(got.metrics)
         if self.critic is not None:  # first: its targets come from the pre-update values
             self._enter_phase("critic_train", timing)
-            with _timed(timing, "timing/update_critic"):
+            with timed(timing, "timing/update_critic"):
                 metrics.update(self._update_critic(batch))
         self._enter_phase("train", timing)
-        with _timed(timing, "timing/update"):
+        with timed(timing, "timing/update"):
             actor = self.actor.update_actor(batch.select(experience.actor_keys(batch)), self.num_mini, self.epochs)
         metrics.update(self._actor_metrics(batch, actor))
-        self._publish_weights(timing)
+        self.pipeline.after_update(self.iteration, timing)
         metrics.update(self._memory_ledger())
         self._check_skipped(metrics)
         self._maybe_sync_reference(metrics, timing)
         timing["timing/all"] = time.perf_counter() - t_all
         metrics.update(timing)
         metrics.update(iteration_throughput(self.cfg, metrics))
-        rows = experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names)
-        async_bounded.tag_rows(rows, batch)  # bounded: each row's prompt_index and epoch
-        if self.cfg.rl_config.filter_groups_enable:  # what dynamic sampling did with each generated group
-            rows = [{**row, "dynamic_sampling": "trained"} for row in rows] + dropped
-        return metrics, rows
+        return metrics, got.log_rows(experience.rollout_rows(batch, scored, self.tokenizer, self.verifier_names))
 
     # ------------------------------------------------------------------------------------------------ pieces
     def _enter_phase(self, phase: str, timing: dict[str, float]) -> None:
         """Every worker puts its models where the residency schedule has them in `phase` (the actor's group and the
         critic's move at once); `timing/residency/{phase}`: the seconds that took."""
-        with _timed(timing, f"timing/residency/{phase}"):
+        with timed(timing, f"timing/residency/{phase}"):
             pending = [group.enter_phase.start(phase) for group in self._model_groups()]
             for call in pending:
                 call.wait()
@@ -313,218 +263,18 @@ class PPOTrainer:
         together."""
         return memory_metrics(self.placed.device_ledgers({g.name: g.memory_ledger() for g in self._model_groups()}))
 
-    def _rollout_next(self, batches, timing: dict[str, float], metrics: dict[str, float]):
-        """(prompts, the batch of their samples) this iteration trains: drawn and sampled now with the current policy,
-        or with async_mode one_step_off generated one iteration earlier (`async_rollout`; its async/* metrics into
-        `metrics`). Per-prompt seeds from (seed, iteration, generation batch, dataset row) keep sampling independent
-        of the layout and of the mode."""
-        if self.bounded is not None:  # the samplers' groups, no older than max_staleness versions
-            prompts, batch, async_metrics = self.bounded.take(
-                self.iteration - 1, self.dataset, self.n, self.tokenizer.pad_token_id
-            )
-            metrics.update(async_metrics)
-            return prompts, batch
-        if self.ahead is None:
-            prompts = next(batches)
-            self._enter_phase("rollout", timing)
-            samples = self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0)
-            version = self.iteration - 1
-        else:
-
-            def generate(prompts, iteration, timing):
-                self._enter_phase("rollout", timing)  # each rollout leaves the models where scoring wants them
-                return self._generate([p.tolist() for p in prompts.prompts], prompts.indices, timing, 0, iteration)
-
-            got, async_metrics = self.ahead.take(batches, generate, self.iteration, timing)
-            prompts, samples, version = got.prompts, got.samples, got.version
-            metrics.update(async_metrics)
-        batch = experience.make_batch(
-            [p.tolist() for p in prompts.prompts], samples, self.n, self.tokenizer.pad_token_id
-        )
-        batch.rows_meta["weight_version"] = [version] * len(batch)
-        return prompts, batch
-
-    def _publish_weights(self, timing: dict[str, float]) -> None:
-        """bounded: publish the actor's weights (version = updates done) to the samplers, every weight_sync_interval
-        updates."""
-        if self.bounded is None or not self.bounded.due(self.iteration):
-            return
-        with _timed(timing, "timing/publish_weights"):
-            self.bounded.publish(self.iteration, self.actor.export_weights()[0])
-
-    def _generate(self, prompt_ids, indices, timing: dict[str, float], gen_batch: int, iteration=None) -> list:
-        """`n` samples per prompt, with the seeds of `iteration` (None: this one); the rollout's timings added to
-        `timing` (summed over generation batches)."""
-        mt = self.cfg.megatron_training
-        it = self.iteration if iteration is None else iteration
-        base = mt.seed * 1_000_003 + it * 7919 + gen_batch * 104_729
-        seeds = [(base + int(i) * self.n) % (2**31) for i in indices]
-        return self._sample(prompt_ids, self.sampling, seeds, timing)
-
-    def _sample(self, prompt_ids, sampling, seeds, timing: dict[str, float], phase: bool = False) -> list:
-        """The rollout's samples of `prompt_ids` (padded to split over the engine replicas), its timings added to
-        `timing` (summed over calls). phase: enter the rollout phase first (a rollout leaves the weights where
-        scoring wants them)."""
-        if phase:
-            self._enter_phase("rollout", timing)
-        pad = -len(prompt_ids) % self.cfg.rl_config.infer_dp
-        t0 = time.perf_counter()
-        result = self.rollout.generate(prompt_ids + prompt_ids[-1:] * pad, sampling, seeds + seeds[-1:] * pad)
-        timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
-        for k, v in result.timing.items():
-            timing[k] = timing.get(k, 0.0) + v if k.startswith("timing/") else v
-        return result.samples[: len(prompt_ids)]
-
-    def _sample_filtered(self, batches, timing: dict[str, float]):
-        """DAPO's dynamic sampling: generation batches of global_batch_size prompts, each scored, its groups whose
-        samples all score the same on filter_groups_metric dropped, until train_batch_size groups are kept (the
-        surplus of the last batch is dropped too). Returns (batch, row labels, Scores, dynamic-sampling metrics, the
-        rollouts.jsonl rows of the groups not trained on).
-        The prompt sampler advances once per generation batch, so a resume continues after the last one drawn."""
-        rl = self.cfg.rl_config
-        want, limit = rl.train_batch_size, rl.filter_groups_max_batches
-        kept = KeptGroups(self.n, self.verifier_names)
-        while kept.num_groups < want:
-            if limit > 0 and kept.gen_batches >= limit:
-                raise TrainingAborted(
-                    f"iteration {self.iteration}: dynamic sampling kept {kept.num_groups} of the "
-                    f"filter_groups_train_batch_size={want} prompts after rl_config.filter_groups_max_batches={limit} "
-                    f"generation batches ({kept.filtered_groups} of {kept.generated_groups} groups scored alike on "
-                    f"{rl.filter_groups_metric}); raise filter_groups_max_batches (<= 0: no limit) or use easier / "
-                    "more varied prompts"
-                )
-            prompts = next(batches)
-            self._enter_phase("rollout", timing)
-            prompt_ids = [p.tolist() for p in prompts.prompts]
-            samples = self._generate(prompt_ids, prompts.indices, timing, kept.gen_batches)
-            responses = [list(s.token_ids) or [self.tokenizer.pad_token_id or 0] for group in samples for s in group]
-            labels = experience.row_labels(prompts.extras, self.n, len(responses))
-            t0 = time.perf_counter()
-            scored = self.reward.collect(self.reward.score(responses, labels), self.iteration)
-            timing["timing/non_overlap_rule_reward"] = (
-                timing.get("timing/non_overlap_rule_reward", 0.0) + time.perf_counter() - t0
-            )
-            if self.rm_scorer is not None:  # the filter sees the whole reward, the reward model's score mixed in
-                self._enter_phase("score", timing)
-                rows_prompts = [prompt_ids[r // self.n] for r in range(len(responses))]
-                raw, seconds = self.rm_scorer.score_rows(rows_prompts, [s.token_ids for g in samples for s in g])
-                timing["timing/reward_model"] = timing.get("timing/reward_model", 0.0) + seconds
-                scored = self._mix_model_scores(scored, raw)
-            lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
-            shaped, _ = self._shaped_scores(scored, lengths)
-            metric = filter_metric(scored, shaped, rl.filter_groups_metric, self.verifier_names)
-            texts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
-            rows = experience.sample_rows([texts[r // self.n] for r in range(len(responses))], scored, lengths.tolist(),
-                                          self.verifier_names)  # fmt: skip
-            kept.add(prompt_ids, samples, labels, scored, metric, shaped, rows)
-        prompt_ids, samples, labels, scored = kept.take(want)
-        timing["timing/rule_reward"] = scored.metrics.get("timing/rule_reward", 0.0)
-        batch = experience.make_batch(prompt_ids, samples, self.n, self.tokenizer.pad_token_id)
-        return batch, labels, scored, kept.metrics(want), kept.dropped_rows(want)
-
-    def _shaped_scores(self, scored: Scores, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(rows,) each response's score: its rule reward, plus DAPO's overlong penalty (returned second; None when
-        off) from its length `lengths` (rows,) in tokens."""
-        rl = self.cfg.rl_config
-        scores = torch.tensor(scored.rewards, dtype=torch.float32)
-        if not rl.overlong_buffer_enable:
-            return scores, None
-        penalty = overlong_penalty(
-            lengths, int(rl.rollout_max_tokens), rl.overlong_buffer, rl.overlong_buffer_penalty_factor
-        ).float()
-        return scores + penalty, penalty
-
     def _score(
         self, batch: Batch, labels: list[list[int]], timing: dict[str, float], scored: Scores | None = None
     ) -> Scores:
-        """Old logprobs (skipped on-policy), reference logprobs, critic values and the reward model's scores ("rm_scores")
-        into the batch; the rewards returned: the rule rewards' answer (or `scored`, when they are known already), with
-        the reward model's scores mixed in. The rule rewards run in the background, the critic's values and the
-        reward model's scores alongside the actor's passes."""
-        t_score = time.perf_counter()
-        responses = batch.rows_meta["response_ids"]
-        reward_ref = self.reward.score(responses, labels) if scored is None else None
-        fwd = batch.select(experience.FORWARD_KEYS)
-        values = self.critic.compute_values.start(fwd) if self.critic is not None else None
-        rm = None
-        if self.reward_model is not None and scored is None:
-            rm = self.reward_model.compute_scores.start(batch.select(SCORE_KEYS))
-        elif self.reward_model is not None:  # dynamic sampling scored and mixed them already
-            batch["rm_scores"] = torch.tensor(scored.model_scores, dtype=torch.float32)
-        if not self.cfg.rl_config.on_policy:
-            with _timed(timing, "timing/old_log_p"):
-                batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
-        if self.needs_ref and "ref_log_prob" not in batch:  # bounded: samplers may have sent them (async_sampler_ref)
-            with _timed(timing, "timing/reference_model"):
-                batch["ref_log_prob"] = (self.reference or self.actor).compute_log_prob(fwd, reference=True).tensor
-            timing["timing/non_overlap_reference_model"] = timing["timing/reference_model"]
-        if values is not None:
-            with _timed(timing, "timing/non_overlap_critic_model"):
-                gathered = values.wait()
-            batch["values"] = gathered.tensor
-            timing["timing/critic_model"] = gathered.seconds
-        if rm is not None:
-            with _timed(timing, "timing/non_overlap_reward_model"):
-                got = rm.wait()
-            batch["rm_scores"] = got.tensor[:, 0]
-            timing["timing/reward_model"] = got.seconds
-        if reward_ref is not None:
-            with _timed(timing, "timing/non_overlap_rule_reward"):
-                scored = self.reward.collect(reward_ref, self.iteration)
-            timing["timing/rule_reward"] = scored.metrics["timing/rule_reward"]
-        if rm is not None:
-            scored = self._mix_model_scores(scored, batch["rm_scores"].tolist())
-        timing["timing/scoring"] = time.perf_counter() - t_score
-        return scored
-
-    def _mix_model_scores(self, scored: Scores, model_scores: list[float], update: bool = True) -> Scores:
-        """The rule rewards with the reward model's scores mixed in (normalised and clipped as configured, weighted;
-        `mindrl.rewards.model_scores`; update=False leaves the running statistics as they are); the raw scores kept
-        in `Scores.model_scores`."""
-        shaped = shaped_model_scores(model_scores, self.rm_mix, self.rm_moments, update)
-        return dataclasses.replace(
-            scored, rewards=mix_rewards(scored.rewards, shaped, self.rm_mix), model_scores=model_scores
-        )
+        """The scoring phase (`scoring.Scoring`): logprobs, values and rewards of the batch."""
+        return self.scoring.score(batch, labels, timing, self.iteration, scored)
 
     def _advantages(self, batch: Batch, scored: Scores) -> dict[str, float]:
         """token_level_scores / rewards (with the KL penalty, if in the reward), advantages and returns into the
-        batch; returns their metrics."""
-        rl = self.cfg.rl_config
-        mask = batch["response_mask"]
-        scores, penalty = self._shaped_scores(scored, mask.sum(-1))
-        token_scores = scores_to_token_level(scores, mask)
-        metrics: dict[str, float] = {}
-        if penalty is not None:
-            metrics["reward/overlong_penalty"] = penalty.mean().item()
-            metrics["reward/overlong_ratio"] = (penalty < 0).float().mean().item()
-        if rl.kl_in_reward and self.needs_ref:
-            rewards, kl_metrics = apply_kl_penalty(
-                token_scores,
-                batch["old_log_prob"] if "old_log_prob" in batch else batch["rollout_log_prob"],
-                batch["ref_log_prob"],
-                mask,
-                self.kl_ctrl.value,
-                rl.kl_penalty,
-            )
-            self.kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], n_steps=len(batch))
-            metrics.update(kl_metrics)
-        else:
-            rewards = token_scores
-        estimator = get_advantage_estimator(rl.adv_estimator)
-        available = {
-            "gamma": rl.gamma,
-            "lam": rl.lam,
-            "index": batch.rows_meta["uid"],
-            "norm_adv_by_std": rl.norm_adv_by_std_in_grpo,
-        }
-        if "values" in batch:
-            available["values"] = batch["values"]
-        wanted = inspect.signature(estimator).parameters
-        adv, ret = estimator(rewards, response_mask=mask, **{k: v for k, v in available.items() if k in wanted})
-        batch["token_level_scores"] = token_scores
-        batch["token_level_rewards"] = rewards
-        batch["advantages"] = adv
-        batch["returns"] = ret
+        batch (`experience.advantages`); returns their metrics."""
+        scores, penalty = self.rewards.shaped(scored, batch["response_mask"].sum(-1))
+        kl_ctrl = self.kl_ctrl if self.needs_ref else None
+        metrics = experience.advantages(batch, scores, penalty, self.cfg.rl_config, kl_ctrl)
         metrics.update(experience.advantage_metrics(batch, scores, scored, self.verifier_names))
         return metrics
 
@@ -573,21 +323,11 @@ class PPOTrainer:
         together (`RunCheckpoints.save`). A save that cannot fit or be written raises CheckpointSaveError and leaves
         the previous checkpoint and the training state untouched; a rank failing to write ends the run."""
         try:
-            self.checkpoints.save(
-                self.iteration,
-                self._trainer_state(),
-                self._write_model,
-                self._write_reference if self.sync_ref else None,
-            )
+            ref = self.actor.save_reference if self.sync_ref else None
+            groups = {"actor": self.actor, "critic": self.critic}
+            self.checkpoints.save(self.iteration, self._trainer_state(), lambda role, *a: groups[role].save(*a), ref)
         except SaveAborted as e:  # a rank failed writing: its group is gone
             raise TrainingAborted(f"{e}{self._resume_hint()}") from e.__cause__
-
-    def _write_model(self, role: str, it_dir: str, optim: bool, rng: bool) -> None:
-        group = self.actor if role == "actor" else self.critic
-        group.save(it_dir, optim, rng)
-
-    def _write_reference(self, ref_dir: str) -> None:
-        self.actor.save_reference(ref_dir)
 
     def _trainer_state(self) -> TrainerState:
         return TrainerState(
@@ -598,9 +338,8 @@ class PPOTrainer:
             save_failures=self.save_failures,
             reference_saved=self.sync_ref,
             config_name=self.cfg.config_name,
-            reward_moments=self.rm_moments.state_dict() if self.rm_mix is not None else None,
-            partial_rollout=self.partial.state_dict() if self.partial is not None else None,
-            **(async_bounded.trainer_state(self.bounded) or async_rollout.trainer_state(self.ahead)),
+            reward_moments=self.rewards.moments.state_dict() if self.rm_mix is not None else None,
+            **self.pipeline.state_dict(),
         )
 
     def _restore(self, resume: ResumePoint | None) -> None:
@@ -614,11 +353,8 @@ class PPOTrainer:
         self.skipped_in_a_row = state.skipped_in_a_row
         self.save_failures = state.save_failures
         if state.reward_moments is not None:
-            self.rm_moments.load_state_dict(state.reward_moments)
-        if self.partial is not None:
-            self.partial.load_state_dict(state.partial_rollout, self.iteration)
-        async_rollout.restore(self.ahead, state)
-        async_bounded.restore(self.bounded, state)
+            self.rewards.moments.load_state_dict(state.reward_moments)
+        self.pipeline.load_state_dict(state, self.iteration)
         logger.info("resumed from %s at iteration %d", resume.actor_dir, self.iteration)
 
     def shutdown(self) -> None:
@@ -635,22 +371,14 @@ class PPOTrainer:
 
             remove_placement_group(self.pg)
             self.pg = None
-        if getattr(self, "bounded", None) is not None:  # the samplers' ZeroMQ ports
-            self.bounded.close()
-            self.bounded = None
+        if getattr(self, "pipeline", None) is not None:  # bounded: the sampler actors, the ZeroMQ ports
+            self.pipeline.close()
+            self.pipeline = None
         if getattr(self, "remote", None) is not None:  # the rollout servers' HTTP connections
             self.remote.close()
         if getattr(self, "started_ray", False):
             stop_ray()
             self.started_ray = False
-
-
-@contextlib.contextmanager
-def _timed(timing: dict[str, float], key: str):
-    """timing[key] = the seconds the block took."""
-    t0 = time.perf_counter()
-    yield
-    timing[key] = time.perf_counter() - t0
 
 
 def train(cfg) -> tuple[str, list[IterationResult]]:

@@ -25,8 +25,9 @@ def scoring_batch(batch: Batch) -> tuple[Batch, torch.Tensor]:
     """(`batch` with one more response column, each row's response length L). In the new batch row i's response
     mask also covers column L (a pad token there, attended to): the value "before" response position L is then the
     model's output at the last response token (P + L - 1), which nothing after it can change (causal attention)."""
-    mask = batch["response_mask"]
-    rows, width = mask.shape
+    width = batch["responses"].shape[1]
+    mask = batch["attention_mask"][:, -width:]  # every response token, trained on or not (an agent's observations)
+    rows = mask.shape[0]
     lengths = mask.sum(-1).long()
     extended = torch.cat([mask, torch.zeros(rows, 1, dtype=mask.dtype)], dim=1)
     extended[torch.arange(rows), lengths] = 1

@@ -62,6 +62,9 @@ def test_one_step_off_truncates_the_importance_ratio():
         (["rl_config.async_mode=bounded", "generate_config.rollout_mode=server",
           "generate_config.server_urls=[http://127.0.0.1:8000]"], "generate_config.rollout_mode",
          ["does not combine with rl_config.async_mode bounded", "never to the rollout servers"]),
+        (["rl_config.async_mode=one_step_off", "rl_config.filter_groups_enable=true",
+          "rl_config.filter_groups_metric=seq_reward"], "rl_config.async_mode",
+         ["dynamic sampling", "only once it has scored them"]),
         (["rl_config.max_staleness=-1"], "rl_config.max_staleness", ["must be >= 0"]),
         (["rl_config.weight_sync_interval=0"], "rl_config.weight_sync_interval", ["must be >= 1"]),
     ],
@@ -74,6 +77,9 @@ def test_bounded_loads():
     rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.max_staleness=2"]).rl_config
     assert (rl.async_mode, rl.async_data_port, rl.async_sync_port) == ("bounded", 5555, 5556)
     assert rl.importance_threshold == 2.0
+    rl = load_config("grpo_tiny_cpu", overrides=["rl_config.async_mode=bounded", "rl_config.filter_groups_enable=true",
+                                                 "rl_config.filter_groups_metric=seq_reward"]).rl_config  # fmt: skip
+    assert rl.filter_groups_enable  # dynamic sampling over the samplers' batches (test_async_intake)
 
 
 def test_bounded_defaults_to_one_sampler_actor_on_ray():

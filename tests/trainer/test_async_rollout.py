@@ -11,8 +11,8 @@ import torch
 from mindrl.checkpoint.iterations import TrainerState
 from mindrl.data.prompt_dataset import PromptBatch
 from mindrl.rollout.base import RolloutSample
-from mindrl.trainer import async_rollout
-from mindrl.trainer.async_rollout import OneStepOff
+from mindrl.trainer.pipeline import one_step_off as async_rollout
+from mindrl.trainer.pipeline.one_step_off import OneStepOff
 
 N = 2  # samples per prompt
 

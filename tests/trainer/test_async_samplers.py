@@ -17,7 +17,7 @@ from mindrl.data.prompt_dataset import PromptDataset
 from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.launch import free_port
 from mindrl.serving.transport import ZmqTrainerEnd
-from mindrl.trainer.async_intake import Intake, make_batch
+from mindrl.trainer.pipeline.intake import Intake, make_batch
 from tests.procs import stop_all
 from tests.trainer.rl_helpers import ROOT
 

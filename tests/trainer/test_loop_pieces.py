@@ -16,6 +16,12 @@ from mindrl.batch import Batch, shard_rows
 from mindrl.rollout.base import RolloutSample
 from mindrl.trainer.experience import make_batch
 from mindrl.trainer.leftovers import TEMP_RECORD, remove_leftovers
+from mindrl.trainer.model_rewards import Rewards
+from mindrl.trainer.pipeline import Pipeline
+from mindrl.trainer.pipeline.engines import Engine
+from mindrl.trainer.pipeline.episode import OneTurn
+from mindrl.trainer.pipeline.filter import DynamicSampling
+from mindrl.trainer.pipeline.schedule import Seeds, Sync
 from mindrl.trainer.ppo_trainer import PPOTrainer, TrainingAborted
 from mindrl.workers.results import Scores
 
@@ -96,7 +102,8 @@ def test_advantages_apply_the_configured_estimator_to_the_batch(name):
             overlong_buffer_enable=False,
         )
     )
-    t.needs_ref, t.verifier_names = False, ["acc_for_ppo"]
+    t.needs_ref, t.verifier_names, t.kl_ctrl = False, ["acc_for_ppo"], None
+    t.rewards = Rewards(None, None, None, t.cfg.rl_config)
     samples = [
         [RolloutSample([5, 6], [-0.1, -0.2], "stop"), RolloutSample([7], [-0.3], "length")],
         [RolloutSample([8, 9, 10], [-0.4, -0.5, -0.6], "stop"), RolloutSample([11, 12], [-0.7, -0.8], "stop")],
@@ -187,7 +194,7 @@ class _FakeRollout:
         self.rewards, self.calls = rewards, []
 
     def generate(self, prompt_ids, sampling, seeds):
-        from mindrl.trainer.rollout import RolloutResult
+        from mindrl.trainer.pipeline.engines import RolloutResult
 
         self.calls.append([p[0] for p in prompt_ids])
         out = [[RolloutSample([p[0], j + 1], [-0.1, -0.2], "stop") for j in range(2)] for p in prompt_ids]
@@ -208,18 +215,27 @@ class _FakeReward:
         return Scores(rewards, per, [str(r) for r in responses], [""] * len(responses), metrics)
 
 
-def _sampling_trainer(rewards, train_batch: int, max_batches: int):
-    t = _bare_trainer(n=2)
-    rl = NS(train_batch_size=train_batch, filter_groups_max_batches=max_batches, filter_groups_metric="acc_for_ppo",
-            overlong_buffer_enable=False, infer_dp=1)  # fmt: skip
-    t.cfg = NS(rl_config=rl, megatron_training=NS(seed=1))
-    t.iteration, t.verifier_names, t.sampling = 1, ["acc_for_ppo"], None
-    t.tokenizer = NS(pad_token_id=0, batch_decode=lambda ids, **kw: [str(x) for x in ids])
-    t.rollout = _FakeRollout(rewards)
-    t.reward = _FakeReward(t.rollout)
-    t.rm_scorer = None
-    t._enter_phase = lambda phase, timing: None
-    return t
+class _Sampling:
+    """Dynamic sampling over the synchronous schedule, on a fake engine and fake verifiers: the pipeline's layers
+    as the trainer builds them (`pipeline.build`)."""
+
+    def __init__(self, rewards, train_batch: int, max_batches: int, first: int = 0):
+        self.rl = NS(train_batch_size=train_batch, filter_groups_max_batches=max_batches,
+                     filter_groups_metric="acc_for_ppo", overlong_buffer_enable=False)  # fmt: skip
+        self.rollout = _FakeRollout(rewards)
+        self.rewards = Rewards(_FakeReward(self.rollout), None, None, self.rl)
+        self.phases: list[str] = []
+        self.batches = _prompt_batches(first, 4)
+
+    def next(self, iteration: int, timing: dict):
+        def enter_phase(phase, timing):
+            self.phases.append(phase)
+
+        tokenizer = NS(pad_token_id=0, batch_decode=lambda ids, **kw: [str(x) for x in ids])
+        keep = DynamicSampling(self.rl, 2, ["acc_for_ppo"], self.rewards, tokenizer, enter_phase)
+        sync = Sync(self.batches, OneTurn(Engine(self.rollout, enter_phase, 1)), None, Seeds(1, 2))
+        got = Pipeline(sync, 2, 0, keep).next(iteration, timing)
+        return got.batch, got.labels, got.scored, got.metrics, got.untrained_rows
 
 
 def _prompt_batches(first: int, size: int):
@@ -237,10 +253,9 @@ def test_dynamic_sampling_fills_the_train_batch_from_groups_that_disagree():
     generation batches (prompts 0-7: 1, 2, 5 kept, 8 - 3 = 5 filtered, none surplus)."""
     mixed = {1, 2, 5, 9, 10, 13}
     rewards = {p: ([1.0, 0.0] if p in mixed else [1.0, 1.0] if p % 2 else [0.0, 0.0]) for p in range(100)}
-    t = _sampling_trainer(rewards, train_batch=3, max_batches=0)
-    batches = _prompt_batches(0, 4)
+    t = _Sampling(rewards, train_batch=3, max_batches=0)
     timing: dict[str, float] = {}
-    batch, labels, scored, metrics, dropped = t._sample_filtered(batches, timing)
+    batch, labels, scored, metrics, dropped = t.next(1, timing)
     assert t.rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [batch["responses"][2 * g, 0].item() for g in range(3)] == [1, 2, 5]
     assert scored.rewards == [1.0, 0.0] * 3 and len(labels) == 6
@@ -251,21 +266,20 @@ def test_dynamic_sampling_fills_the_train_batch_from_groups_that_disagree():
     assert timing["timing/rollout"] == 2.0 and timing["timing/rule_reward"] == 1.0
     assert scored.metrics["reward/acc_for_ppo/mean"] == 0.5
     # the next iteration continues with the prompts after the last generation batch: nothing is drawn twice
-    t.iteration = 2
-    _, _, _, metrics, dropped = t._sample_filtered(batches, {})
+    _, _, _, metrics, dropped = t.next(2, {})
     assert t.rollout.calls[2:] == [[8, 9, 10, 11], [12, 13, 14, 15]] and metrics["train/filtered_groups"] == 5.0
     t.rollout.calls.clear()
-    t2 = _sampling_trainer(rewards, train_batch=1, max_batches=0)
-    _, _, _, metrics, dropped = t2._sample_filtered(_prompt_batches(0, 4), {})
+    t2 = _Sampling(rewards, train_batch=1, max_batches=0)
+    _, _, _, metrics, dropped = t2.next(1, {})
     assert metrics["train/surplus_groups"] == 1.0 and [r["dynamic_sampling"] for r in dropped][-2:] == ["surplus"] * 2
 
 
 def test_dynamic_sampling_stops_after_filter_groups_max_batches():
     rewards = {p: [1.0, 1.0] for p in range(100)}
-    t = _sampling_trainer(rewards, train_batch=2, max_batches=3)
+    t = _Sampling(rewards, train_batch=2, max_batches=3)
     with pytest.raises(TrainingAborted, match="kept 0 of the filter_groups_train_batch_size=2 prompts after "
                        "rl_config.filter_groups_max_batches=3 generation batches"):  # fmt: skip
-        t._sample_filtered(_prompt_batches(0, 4), {})
+        t.next(1, {})
     assert len(t.rollout.calls) == 3
 
 
@@ -283,17 +297,15 @@ class _FakeRewardModel:
 def test_dynamic_sampling_filters_on_the_reward_with_the_reward_models_score():
     """With a reward model, seq_reward compares the mixed reward: groups whose rule rewards tie but whose reward-model
     scores differ are kept, and the Scores carry the raw scores (the scoring phase does not run the model again)."""
-    from mindrl.rewards.model_scores import RewardModelMix, RunningMoments
+    from mindrl.rewards.model_scores import RewardModelMix
 
-    t = _sampling_trainer({p: [1.0, 1.0] for p in range(100)}, train_batch=2, max_batches=0)
-    t.cfg.rl_config.filter_groups_metric = "seq_reward"
-    t.rm_scorer, t.rm_mix, t.rm_moments = _FakeRewardModel({2, 5, 6}), RewardModelMix(weight=2.0), RunningMoments()
-    phases = []
-    t._enter_phase = lambda phase, timing: phases.append(phase)
+    t = _Sampling({p: [1.0, 1.0] for p in range(100)}, train_batch=2, max_batches=0)
+    t.rl.filter_groups_metric = "seq_reward"
+    t.rewards = Rewards(t.rewards.client, _FakeRewardModel({2, 5, 6}), RewardModelMix(weight=2.0), t.rl)
     timing: dict[str, float] = {}
-    batch, _, scored, metrics, dropped = t._sample_filtered(_prompt_batches(0, 4), timing)
-    assert t.rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7]] and t.rm_scorer.calls == [8, 8]
-    assert phases == ["rollout", "score"] * 2  # the reward model runs in its scoring phase
+    batch, _, scored, metrics, dropped = t.next(1, timing)
+    assert t.rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7]] and t.rewards.scorer.calls == [8, 8]
+    assert t.phases == ["rollout", "score"] * 2  # the reward model runs in its scoring phase
     assert [batch["responses"][2 * g, 0].item() for g in range(2)] == [2, 5]
     assert scored.model_scores == [0.0, 0.5, 0.0, 0.5] and scored.rewards == [1.0, 2.0, 1.0, 2.0]
     assert metrics["train/filtered_groups"] == 5 and metrics["train/surplus_groups"] == 1
@@ -324,3 +336,33 @@ def test_the_rollout_gap_per_token_and_per_response():
     assert [r["response_ids"] for r in rows] == [[5, 6], [8, 9, 10]]
     assert [r["prompt_ids"] for r in rows] == [[1, 2], [3]]
     assert rows[1]["rollout_log_prob"] == pytest.approx([-0.4, -0.5, -0.6])
+
+
+def test_the_loss_mask_keeps_observation_tokens_in_the_context_and_out_of_training():
+    """An agent loop's response (`Response.loss_mask` 0 on a tool's observation): its tokens stay in the context
+    (attention_mask; the reward model scores the response's last token), and are out of what trains or is counted:
+    response_mask (the loss's mask), the rollout logprobs, the token-level scores, the advantages and their token
+    counts, and the rollout-vs-trainer logprob gap."""
+    from mindrl.trainer import experience
+    from mindrl.trainer.experience import Response
+    from mindrl.workers.reward_worker import scoring_batch
+
+    agent = Response([5, 6, 7, 8], [-0.1, 0.0, 0.0, -0.4], "stop", [3, 3, 3, 3], loss_mask=[1, 0, 0, 1])
+    plain = Response([9, 10], [-0.2, -0.3], "stop", [3, 3])
+    b = make_batch([[1, 2]], [[agent, plain]], n=2, pad_token_id=0)
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]
+    assert b["response_mask"].tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    assert b.rows_meta["rollout_versions"] == [[3, 3, 3, 3], [3, 3]]
+    assert torch.allclose(b["rollout_log_prob"][0], torch.tensor([-0.1, 0.0, 0.0, -0.4]))
+    _, lengths = scoring_batch(b)
+    assert lengths.tolist() == [4, 2]  # the reward model reads the value after the last response token
+    rl = NS(kl_in_reward=False, adv_estimator="group_norm", gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True)
+    experience.advantages(b, torch.tensor([1.0, 0.0]), None, rl, None)
+    assert b["token_level_scores"].tolist()[0] == [0.0, 0.0, 0.0, 1.0]
+    assert (b["advantages"][0, 1:3] == 0).all() and (b["advantages"][0, [0, 3]] != 0).all()
+    scored = Scores([1.0, 0.0], [[1.0], [0.0]], ["a", "b"], ["x", "x"], {})
+    metrics = experience.advantage_metrics(b, torch.tensor([1.0, 0.0]), scored, ["acc"])
+    assert metrics["response_length/mean"] == 2.0  # the policy's own tokens: 2 and 2
+    b["old_log_prob"] = b["rollout_log_prob"] + torch.tensor([[0.1, 9.0, 9.0, 0.1], [0.0, 0.0, 9.0, 9.0]])
+    gap = experience.rollout_gap(b)
+    assert gap.count == 4 and gap.max_abs == pytest.approx(0.1, abs=1e-6)

@@ -12,7 +12,7 @@ import pytest
 from mindrl.rollout.base import RolloutSample, SamplingConfig
 from mindrl.serving import protocol as p
 from mindrl.serving.client import PushOutcome, RolloutServerError, ServerUnreachable, VersionMismatch
-from mindrl.trainer.rollout import RemoteRollout, RemoteRolloutError
+from mindrl.trainer.pipeline.engines import RemoteRollout, RemoteRolloutError
 from tests.trainer.rl_helpers import _config, _train, straight_run
 
 
@@ -170,7 +170,7 @@ def test_refusals_are_not_retried_and_a_server_ahead_is_an_error():
 def test_group_pusher_deals_servers_over_the_ranks():
     from types import SimpleNamespace as NS
 
-    from mindrl.trainer.rollout import group_pusher
+    from mindrl.trainer.pipeline.engines import group_pusher
 
     calls = []
 
@@ -345,8 +345,8 @@ def test_grpo_two_servers_then_one_never_comes_back(assets, servers, tmp_path, t
 def test_wrong_token_and_absent_server_stop_before_any_worker(assets, servers, tmp_path):
     import ray
 
+    from mindrl.trainer.pipeline.engines import RemoteRolloutError
     from mindrl.trainer.ppo_trainer import PPOTrainer
-    from mindrl.trainer.rollout import RemoteRolloutError
 
     url = servers["a"].url if servers["a"] is not None else None
     if url is not None:

@@ -8,9 +8,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mindrl.batch import Batch
 from mindrl.rollout.base import RolloutSample, SamplingConfig
 from mindrl.trainer import experience
+from mindrl.trainer.pipeline.schedule import Generated, Schedule, Sync, refuse_pending
 
 GenerateFn = Callable[[list[list[int]], SamplingConfig, list[int]], list[list[RolloutSample]]]
 """generate(prompts, sampling, seeds): `sampling.n` samples per prompt with the current weights."""
@@ -69,12 +69,6 @@ class Taken:
     def versions(self) -> list[list[int]]:
         """Per row, the iteration whose weights sampled each response token."""
         return [r.versions for g in self.groups for r in g.responses]
-
-    def batch(self, pad_token_id: int | None) -> Batch:
-        """The RL batch (`experience.make_batch`), with rows_meta "rollout_versions": `versions`."""
-        out = experience.make_batch(self.prompt_ids, self.samples, len(self.groups[0].responses), pad_token_id)
-        out.rows_meta["rollout_versions"] = self.versions
-        return out
 
 
 class PartialRollout:
@@ -191,6 +185,31 @@ class PartialRollout:
             Group(g["index"], g["prompt"], g["labels"], g["drawn"], [Response(**r) for r in g["responses"]])
             for g in state["pool"]
         ]
+
+
+class PartialSchedule(Schedule):
+    """Partial rollout as a schedule: `PartialRollout`'s pool over the data loader; its pieces sampled by the episode."""
+
+    def __init__(self, pool: PartialRollout, sync: Sync):
+        self.pool, self.sync = pool, sync
+
+    def next(self, iteration: int, gen_batch: int, timing: dict[str, float]) -> Generated:
+        taken = self.pool.step(iteration, self.sync, lambda *args: self.sync.episode.run(*args, timing))
+        responses = [
+            [
+                experience.Response(r.token_ids, r.logprobs, r.finish_reason or "length", [v - 1 for v in r.versions])
+                for r in g.responses
+            ]
+            for g in taken.groups
+        ]  # fmt: skip  (pool versions are iterations; weight versions one less)
+        return Generated(taken.prompt_ids, responses, taken.labels, taken.metrics)
+
+    def state_dict(self) -> dict:
+        return {"partial_rollout": self.pool.state_dict()}
+
+    def load_state_dict(self, state, iteration: int) -> None:
+        self.pool.load_state_dict(state.partial_rollout, iteration)
+        refuse_pending(state)
 
 
 def from_config(cfg, sampling: SamplingConfig) -> PartialRollout | None:

@@ -12,12 +12,13 @@ import torch
 
 from mindrl.algorithms.staleness import staleness
 from mindrl.batch import Batch
-from mindrl.rollout.base import RolloutSample
 from mindrl.serving.experience import GEN_SECONDS, REF_SECONDS, Experience
 from mindrl.serving.transport import TrainerEnd, TransportTimeout
 from mindrl.trainer import experience
+from mindrl.trainer.experience import Response
+from mindrl.trainer.pipeline.schedule import Generated
 
-__all__ = ["GEN_SECONDS", "Intake", "make_batch", "sampler_tps"]
+__all__ = ["GEN_SECONDS", "Intake", "make_batch", "sampler_tps", "to_generated"]
 
 
 @dataclass
@@ -91,24 +92,26 @@ def sampler_tps(groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
     return {f"async/sampler_tps/{s}": tokens[s] / seconds[s] for s in sorted(tokens) if seconds[s] > 0}
 
 
-def make_batch(groups: Sequence[Sequence[Experience]], n: int, pad_token_id: int | None) -> Batch:
-    """The RL batch of `groups` (`experience.make_batch`: rollout_log_prob = the behaviour logprobs), with
-    ref_log_prob where every experience carries reference logprobs, and rows_meta "weight_version", "prompt_index" and
-    "epoch" (the prompt ledger's unit)."""
-    prompts = [g[0].prompt_ids.astype("int64").tolist() for g in groups]
-    samples = [
-        [RolloutSample(e.response_ids.tolist(), e.behaviour_logprobs.astype("float64").tolist(), e.finish_reason)
+def to_generated(groups: Sequence[Sequence[Experience]], labels: list[list[int]]) -> Generated:
+    """The generation batch of `groups`: behaviour logprobs and weight version of each token, reference logprobs where
+    the sampler sent them, rows_meta "weight_version", "prompt_index" and "epoch" (the prompt ledger's unit)."""
+    responses = [
+        [Response(e.response_ids.tolist(), e.behaviour_logprobs.astype("float64").tolist(), e.finish_reason,
+                  [e.weight_version] * e.response_len,
+                  ref_logprobs=None if e.ref_logprobs is None else e.ref_logprobs.astype("float32").tolist())
          for e in g]
         for g in groups
     ]  # fmt: skip
-    batch = experience.make_batch(prompts, samples, n, pad_token_id)
     rows = [e for g in groups for e in g]
-    batch.rows_meta["weight_version"] = [e.weight_version for e in rows]
-    batch.rows_meta["prompt_index"] = [e.prompt_index for e in rows]
-    batch.rows_meta["epoch"] = [e.epoch for e in rows]
-    if all(e.ref_logprobs is not None for e in rows):
-        ref = torch.zeros_like(batch["rollout_log_prob"])
-        for i, e in enumerate(rows):
-            ref[i, : e.response_len] = torch.from_numpy(e.ref_logprobs.astype("float32"))
-        batch["ref_log_prob"] = ref * batch["response_mask"]
+    meta = {"weight_version": [e.weight_version for e in rows], "prompt_index": [e.prompt_index for e in rows],
+            "epoch": [e.epoch for e in rows]}  # fmt: skip
+    return Generated([g[0].prompt_ids.astype("int64").tolist() for g in groups], responses, labels, {}, meta)
+
+
+def make_batch(groups: Sequence[Sequence[Experience]], n: int, pad_token_id: int | None) -> Batch:
+    """The RL batch of `groups` (`to_generated`; rollout_log_prob = the behaviour logprobs, ref_log_prob where every
+    experience carries reference logprobs)."""
+    gen = to_generated(groups, [])
+    batch = experience.make_batch(gen.prompt_ids, gen.responses, n, pad_token_id)
+    batch.rows_meta.update(gen.rows_meta)
     return batch

@@ -1,29 +1,38 @@
-"""rl_config.async_mode bounded in mindrl-train: the batches come from samplers over ZeroMQ or from sampler actors on
-the Ray transport (`Intake`), the actor's weights are published every weight_sync_interval updates, and the prompt
-ledger goes into the checkpoint."""
+"""rl_config.async_mode bounded, a schedule whose engines are samplers outside the trainer: the batches come from
+samplers over ZeroMQ or from sampler actors on the Ray transport (`Intake`), the actor's weights are published every
+weight_sync_interval updates, and the prompt ledger goes into the checkpoint."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mindrl.batch import Batch
-from mindrl.data.prompt_dataset import PromptBatch, PromptDataset
+from mindrl.data.prompt_dataset import PromptDataset
 from mindrl.data.prompt_ledger import PromptLedger
 from mindrl.serving.transport import TrainerEnd, TransportTimeout, ZmqTrainerEnd
-from mindrl.trainer.async_intake import Intake, make_batch
+from mindrl.trainer import experience
+from mindrl.trainer.pipeline.intake import Intake, to_generated
+from mindrl.trainer.pipeline.schedule import Generated, Schedule, refuse_pending
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Bounded:
-    """The trainer's end of `bounded`: `take` the next batch for an update, `publish` weights on cadence."""
+class Bounded(Schedule):
+    """async_mode bounded as a schedule: each generation batch is the next `intake.groups` groups the samplers
+    delivered (no older than max_staleness versions); the actor's weights are published every `sync_interval`
+    updates."""
 
     end: TrainerEnd
     intake: Intake
     sync_interval: int
+    dataset: PromptDataset
+    n: int
+    export: Callable[[], object] | None = None
+    """The actor's current weights (set once its workers are up)."""
     published: int | None = None
     """The newest weight version published (None: none yet; samplers wait for one)."""
     actors: list = field(default_factory=list)
@@ -31,17 +40,15 @@ class Bounded:
     actors_pg: object = None
     """The sampler actors' placement group (async_sampler_cpus / async_sampler_devices; None: they claim nothing)."""
 
-    def take(
-        self, version: int, dataset: PromptDataset, n: int, pad_token_id: int | None
-    ) -> tuple[PromptBatch, Batch, dict[str, float]]:
-        """The prompts (dataset rows, with their labels) and RL batch of the next `intake.groups` groups for the
-        update of weight version `version`, with the batch's async/* metrics."""
+    def next(self, iteration: int, gen_batch: int, timing: dict[str, float]) -> Generated:
+        """The groups for the update of weight version iteration - 1, their prompts checked against the dataset's rows
+        (whose labels they take), with the batch's async/* metrics."""
         try:
-            groups, metrics = self.intake.take(version)
+            groups, metrics = self.intake.take(iteration - 1)
         except TransportTimeout as e:
             raise TransportTimeout(f"{e}{self._actor_errors()}") from None
         rows = [g[0].prompt_index for g in groups]
-        prompts = dataset.batch(rows)
+        prompts = self.dataset.batch(rows)
         for g, p in zip(groups, prompts.prompts):
             if g[0].prompt_ids.astype("int64").tolist() != p.tolist():
                 raise ValueError(
@@ -49,23 +56,29 @@ class Bounded:
                     "that row of megatron_training.data_path: samplers and trainer must read the same dataset with "
                     "the same max_prompt_length"
                 )
-        return prompts, make_batch(groups, n, pad_token_id), metrics
+        out = to_generated(groups, experience.row_labels(prompts.extras, self.n, len(groups) * self.n))
+        out.metrics.update(metrics)
+        return out
 
-    def due(self, version: int) -> bool:
-        """Whether weight version `version` (after that many updates) is published."""
-        return self.published is None or version % self.sync_interval == 0
-
-    def publish(self, version: int, tensors) -> None:
-        self.end.publish_weights(version, tensors)
-        self.published = version
+    def after_update(self, iteration: int, timing: dict[str, float]) -> None:
+        """Publish the weights (version = updates done) when due: every sync_interval updates, and the first time."""
+        if self.published is None or iteration % self.sync_interval == 0:
+            t0 = time.perf_counter()
+            self.end.publish_weights(iteration, self.export())
+            self.published = iteration
+            timing["timing/publish_weights"] = time.perf_counter() - t0
 
     def state_dict(self) -> dict:
-        return {"ledger": self.end.ledger_state()}
+        return {"async_rollout": {"bounded": {"ledger": self.end.ledger_state()}}}
 
-    def load_state_dict(self, state: dict) -> None:
-        """The ledger of a checkpoint; the previous run's samplers are declared dead, so the prompts they held are
-        re-issued (a group they deliver late still counts once)."""
-        self.end.restore_ledger(state["ledger"])
+    def load_state_dict(self, state, iteration: int) -> None:
+        """The ledger of a checkpoint (one from another mode has none: the ledger starts at epoch 0); the previous
+        run's samplers are declared dead, so the prompts they held are re-issued (a group they deliver late still
+        counts once)."""
+        refuse_pending(state)
+        saved = (state.async_rollout or {}).get("bounded")
+        if saved is not None:
+            self.end.restore_ledger(saved["ledger"])
 
     def _actor_errors(self) -> str:
         """The errors that ended sampler actors, for a batch that did not fill."""
@@ -99,12 +112,11 @@ class Bounded:
         self.end.close()
 
 
-def bounded(cfg, num_prompts: int) -> Bounded | None:
+def bounded(cfg, dataset: PromptDataset) -> Bounded:
     """The trainer's end of `cfg`'s bounded mode (async_transport ray: starts async_samplers sampler actors on the
-    Ray transport; zmq: binds the ports external samplers connect to), or None in the other modes."""
+    Ray transport; zmq: binds the ports external samplers connect to) over the prompts of `dataset`."""
     mt, rl = cfg.megatron_training, cfg.rl_config
-    if rl.async_mode != "bounded":
-        return None
+    num_prompts = len(dataset)
     ahead = mt.global_batch_size * max(1, rl.max_staleness)
     if rl.async_transport == "ray":
         from mindrl.serving.transport import RayTrainerEnd
@@ -117,7 +129,7 @@ def bounded(cfg, num_prompts: int) -> Bounded | None:
     # samplers run at most max_staleness batches ahead of what the trainer has received (one at max_staleness 0)
     end.set_max_in_flight(ahead)
     intake = Intake(end, mt.global_batch_size, rl.max_staleness, timeout_s=rl.async_timeout_s)
-    b = Bounded(end, intake, rl.weight_sync_interval)
+    b = Bounded(end, intake, rl.weight_sync_interval, dataset, rl.n_samples_per_prompt)
     if rl.async_transport == "ray":
         from mindrl.serving import sampler_actor
 
@@ -162,23 +174,3 @@ def reference_dir(cfg) -> str:
     """async_sampler_ref: the HF dir the samplers load the reference model from (absolute)."""
     mt, rl, gen = cfg.megatron_training, cfg.rl_config, cfg.generate_config
     return os.path.abspath(rl.async_sampler_ref_model or gen.tokenizer_name_or_path or mt.tokenizer_name_or_path)
-
-
-def tag_rows(rows: list[dict], batch: Batch) -> None:
-    """bounded: each rollouts.jsonl row gets its prompt's dataset index and ledger epoch (nothing in other modes)."""
-    if "epoch" in batch.rows_meta:
-        for row, prompt, epoch in zip(rows, batch.rows_meta["prompt_index"], batch.rows_meta["epoch"]):
-            row["prompt_index"], row["epoch"] = int(prompt), int(epoch)
-
-
-def trainer_state(b: Bounded | None) -> dict:
-    """TrainerState's async fields for bounded's end `b` (None: another mode, nothing of bounded's)."""
-    return {} if b is None else {"async_rollout": {"bounded": b.state_dict()}}
-
-
-def restore(b: Bounded | None, state) -> None:
-    """The prompt ledger of a checkpoint's TrainerState `state` back into `b` (a checkpoint from another mode has
-    none: the ledger starts at epoch 0)."""
-    saved = (state.async_rollout or {}).get("bounded")
-    if b is not None and saved is not None:
-        b.load_state_dict(saved)

@@ -14,6 +14,9 @@ from mindrl.algorithms.staleness import staleness
 from mindrl.data.prompt_dataset import PromptBatch
 from mindrl.rollout.base import RolloutSample
 from mindrl.serving import experience as wire
+from mindrl.trainer.experience import stamp
+from mindrl.trainer.pipeline import schedule
+from mindrl.trainer.pipeline.schedule import Schedule, Sync, generated, refuse_pending
 
 GenerateFn = Callable[[PromptBatch, int, dict], list]
 """generate(prompts, iteration, timing) -> per prompt its n RolloutSamples, sampled with the rollout's current
@@ -158,14 +161,33 @@ def trainer_state(ahead: OneStepOff | None) -> dict:
 
 def restore(ahead: OneStepOff | None, state) -> None:
     """The pending batches of a checkpoint's TrainerState `state` back into `ahead`."""
-    meta = state.async_rollout
     if ahead is None:
-        if meta and meta.get("batches"):
-            raise ValueError(
-                f"the checkpoint holds {len(meta['batches'])} batch(es) generated ahead by rl_config.async_mode "
-                "one_step_off, whose prompts its data loader has drawn: resume with async_mode one_step_off (a "
-                "synchronous resume would skip them)"
-            )
-        return
-    if meta is not None:
-        ahead.load_state_dict(meta, state.async_pending)
+        refuse_pending(state)
+    elif state.async_rollout is not None:
+        ahead.load_state_dict(state.async_rollout, state.async_pending)
+
+
+class OneStepOffSchedule(Schedule):
+    """async_mode one_step_off as a schedule: `OneStepOff` over the data loader, each batch sampled with the seeds of
+    the iteration that trains it."""
+
+    def __init__(self, ahead: OneStepOff, sync: Sync):
+        self.ahead, self.sync = ahead, sync
+
+    def next(self, iteration: int, gen_batch: int, timing: dict[str, float]) -> schedule.Generated:
+        def generate(prompts, it, timing):
+            ids = [p.tolist() for p in prompts.prompts]
+            return self.sync.episode.run(ids, self.sync.sampling, self.sync.seeds(it, 0, prompts.indices), timing)
+
+        got, metrics = self.ahead.take(self.sync, generate, iteration, timing)
+        n = self.sync.seeds.n
+        out = generated(got.prompts, stamp(got.samples, got.version), n,
+                        weight_version=[got.version] * (len(got.samples) * n))  # fmt: skip
+        out.metrics.update(metrics)
+        return out
+
+    def state_dict(self) -> dict:
+        return trainer_state(self.ahead)
+
+    def load_state_dict(self, state, iteration: int) -> None:
+        restore(self.ahead, state)

@@ -1,5 +1,6 @@
-"""The trainer's one door to rollout, whatever serves it: the engines inside the integrated workers today, a
-remote rollout server or an asynchronous sampler later. The loop only calls `generate`."""
+"""The engine layer: who samples tokens for the trainer's own rollouts (the engines inside the integrated workers, an
+engine group on devices of its own, or rollout servers), behind `RolloutSource.generate`; `Engine` is what episodes
+call. (bounded's sampler processes are engines outside the trainer: `bounded`.)"""
 
 from __future__ import annotations
 
@@ -39,6 +40,28 @@ class RolloutSource(abc.ABC):
     ) -> RolloutResult:
         """Samples from the current policy (its weights are the trainer's latest). seeds: one per prompt, so
         the samples do not depend on how the prompts are spread over engine replicas."""
+
+
+class Engine:
+    """The rollout as episodes and the evaluation call it: each call enters the rollout phase (a rollout leaves the
+    models where scoring wants them), pads the prompts to split over the `replicas` engine replicas (the copies'
+    samples dropped), and sums the call's timings into `timing`."""
+
+    def __init__(self, source: RolloutSource, enter_phase: Callable[[str, dict], None], replicas: int):
+        self.source, self.enter_phase, self.replicas = source, enter_phase, replicas
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int], timing: dict[str, float]
+    ) -> list[list[RolloutSample]]:
+        self.enter_phase("rollout", timing)
+        prompts, seeds = list(prompts), list(seeds)
+        pad = -len(prompts) % self.replicas
+        t0 = time.perf_counter()
+        result = self.source.generate(prompts + prompts[-1:] * pad, sampling, seeds + seeds[-1:] * pad)
+        timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
+        for k, v in result.timing.items():
+            timing[k] = timing.get(k, 0.0) + v if k.startswith("timing/") else v
+        return result.samples[: len(prompts)]
 
 
 class IntegratedRollout(RolloutSource):
@@ -118,6 +141,14 @@ class EngineGroupRollout(RolloutSource):
             for k, v in t.items():
                 timing[k] = max(timing.get(k, 0.0), v)
         return RolloutResult(samples, timing)
+
+
+def trainer_rollout(remote: RemoteRollout | None, actor, engines, infer_tp: int) -> RolloutSource:
+    """The rollout of the trainer's own generation: the rollout servers of `remote` (`connect_servers`), the engine
+    group `engines` on devices of their own, or the engines inside the actor's workers."""
+    if remote is not None:
+        return remote.attach(actor)
+    return EngineGroupRollout(actor, engines, infer_tp) if engines is not None else IntegratedRollout(actor, infer_tp)
 
 
 def _wait_both(pending: list, actor, engines) -> list:
