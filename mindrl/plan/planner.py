@@ -142,7 +142,9 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         dtype=settings.dtype,
         params_total=total_params(arch, model_role)
         + (adapter_params(arch, rc.lora_target_modules, rc.lora_r, 1) if lora else 0),
-        params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).total + adapters[s] for s in range(rc.pp)],
+        params_per_stage=[
+            stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).total + adapters[s] for s in range(rc.pp)
+        ],
         expert_params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).experts for s in range(rc.pp)],
         ep=rc.ep,
         recompute=settings.recompute,
@@ -227,7 +229,9 @@ def _state(lay: ModelLayout, stage: int) -> dict[str, int]:
     params = lay.params_per_stage[stage]
     trained = params if lay.trainable_per_stage is None else lay.trainable_per_stage[stage]
     # the routed experts' state is sharded over their own DP (LoRA adapters, on a dense model only, are not experts)
-    experts = lay.expert_params_per_stage[stage] if lay.expert_params_per_stage and lay.trainable_per_stage is None else 0
+    experts = (
+        lay.expert_params_per_stage[stage] if lay.expert_params_per_stage and lay.trainable_per_stage is None else 0
+    )
     e = mem.DTYPE_BYTES[lay.dtype]
     expert_dp = max(1, lay.dp * lay.cp // lay.ep)  # a distributed optimizer shards the experts' state over these
     return {
