@@ -18,6 +18,7 @@ from mindrl.kernels.native_build import c_compiler, cache_dir, compile_library, 
 from mindrl.platform import env_switch, in_host_memory
 
 ENV = "MINDRL_CPU_KERNELS"
+MARCH_ENV = "MINDRL_CPU_KERNELS_MARCH"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
 # -z defs: a compiler whose OpenMP calls another runtime (clang's __kmpc_*) fails to link, instead of at load
 LINK = ("-lm", "-Wl,-z,defs")
@@ -399,8 +400,10 @@ def _load(march: str) -> Kernels | None:
         return None
 
 
-def load(march: str = "native") -> Kernels | None:
-    """This process's kernels (built on first use), or None where they are off or cannot be built."""
+def load(march: str | None = None) -> Kernels | None:
+    """This process's kernels (built on first use), or None where they are off or cannot be built. They are built for
+    `march`, else MINDRL_CPU_KERNELS_MARCH, else this CPU ("native"); e.g. x86-64-v3 gives the build of an AVX2-only
+    CPU, to run this host as one."""
     if not enabled():
         return None
-    return _load(march)
+    return _load(march or os.environ.get(MARCH_ENV, "").strip() or "native")

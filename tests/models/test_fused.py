@@ -225,3 +225,21 @@ def test_fused_model_matches_the_unfused_model(pool, tiny_models, tp, kernels):
         assert norm_logit_diff == 0  # the fused RMSNorm's forward: the very values of torch's
     # the fused RMSNorm's backward, summed in another order: fp32 rounding only
     assert norm_grad_rel < 1e-5
+
+
+def test_bf16_model_held_to_avx2(tiny_models):
+    """An AVX2-only CPU's bf16 run, on this one: torch's kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA)
+    and mindrl's kernels (MINDRL_CPU_KERNELS_MARCH=x86-64-v3) held to AVX2, in a fresh process. The bf16 model's
+    forward and backward run through the kernels' bf16 forms, and their logits and grads are as close to the fp64
+    model's (same weights) as the plain-torch bf16 model's (`tests.models.bf16_checks`). vLLM's AVX2 kernels are
+    forced in tests/rollout/test_vllm_tp.py."""
+    from tests.kernels.test_cpu_kernels import _marches
+    from tests.models.bf16_checks import EXPECT_AVX2_ENV, HF_DIR_ENV
+    from tests.procs import check_in_fresh_process
+
+    if "x86-64-v3" not in _marches():
+        pytest.skip("needs an x86-64 CPU with AVX2 (to run as an AVX2-only one)")
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MINDRL_CPU_KERNELS_MARCH": "x86-64-v3"}
+    check_in_fresh_process(
+        "tests.models.bf16_checks", "bf16_model_gap", **env, **{HF_DIR_ENV: tiny_models["untied"], EXPECT_AVX2_ENV: "1"}
+    )
