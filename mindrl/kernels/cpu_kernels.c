@@ -1,4 +1,4 @@
-/* mindrl's C kernels for fp32 work on a CPU, loaded by mindrl/kernels/cpu_kernels.py.
+/* mindrl's C kernels for fp32 (and, for the training ops, bf16) work on a CPU, loaded by mindrl/kernels/cpu_kernels.py.
 
    Training: SwiGLU, RMSNorm and RoPE, forward and backward; attention's masked softmax and its backward; the
    log-probabilities' softmax statistics and gradient. Each does its op in one pass over rows that OpenMP splits
