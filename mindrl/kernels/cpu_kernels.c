@@ -1,4 +1,4 @@
-/* mindrl's C kernels for fp32 work on a CPU, loaded by mindrl/kernels/cpu_kernels.py.
+/* mindrl's C kernels for fp32 (and, for the training ops, bf16) work on a CPU, loaded by mindrl/kernels/cpu_kernels.py.
 
    Training: SwiGLU, RMSNorm and RoPE, forward and backward; attention's masked softmax and its backward; the
    log-probabilities' softmax statistics and gradient. Each does its op in one pass over rows that OpenMP splits
@@ -168,6 +168,169 @@ void mindrl_rope(const float *t, const float *cs, const float *sn, float *out, i
                 for (int64_t j = 2 * half; j < D; j++) o[j] = x[j];
             }
         }
+    }
+}
+
+/* ---- bf16 forms of SwiGLU, RMSNorm, RoPE and the log-probs' softmax: bf16 (uint16) in and out, every product and
+   sum in fp32 (the sums of exp(z) in double), each output rounded once to the nearest bf16 (ties to even, NaN kept
+   NaN: torch's rounding). Plain integer conversions that any x86-64 CPU runs (the compiler vectorises them for the
+   -march it builds for); no AVX512-BF16 instruction is needed, so the AVX2 build is the same code. */
+typedef uint16_t bf16_t;
+
+static inline float bf_ld(bf16_t h) {
+    union { uint32_t i; float f; } u = {(uint32_t)h << 16};
+    return u.f;
+}
+
+static inline bf16_t bf_st(float f) {
+    union { float f; uint32_t i; } u = {f};
+    const uint32_t rounded = (u.i + 0x7FFFu + ((u.i >> 16) & 1u)) >> 16;
+    return f != f ? (bf16_t)0x7FC0 : (bf16_t)rounded;
+}
+
+void mindrl_swiglu_fwd_bf16(const bf16_t *x, bf16_t *out, int64_t rows, int64_t h, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *a = x + r * 2 * h, *b = a + h;
+        bf16_t *o = out + r * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) {
+            const float av = bf_ld(a[j]);
+            o[j] = bf_st(av * sigmoid_f(av) * bf_ld(b[j]));
+        }
+    }
+}
+
+void mindrl_swiglu_bwd_bf16(const bf16_t *x, const bf16_t *g, bf16_t *dx, int64_t rows, int64_t h, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *a = x + r * 2 * h, *b = a + h, *gr = g + r * h;
+        bf16_t *da = dx + r * 2 * h, *db = da + h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) {
+            const float av = bf_ld(a[j]), gv = bf_ld(gr[j]);
+            const float s = sigmoid_f(av), silu = av * s;
+            da[j] = bf_st(gv * bf_ld(b[j]) * (s + silu * (1.0f - s)));
+            db[j] = bf_st(gv * silu);
+        }
+    }
+}
+
+/* RMSNorm in bf16: out = w * (x * rstd), rounded once; rstd (fp32) kept. Backward recomputes y = x * rstd from the
+   bf16 input rather than keeping an fp32 copy of it. */
+void mindrl_rms_norm_fwd_bf16(const bf16_t *x, const bf16_t *w, bf16_t *out, float *rstd, int64_t rows, int64_t h,
+                              float eps, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *xr = x + r * h;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < h; j++) {
+            const float v = bf_ld(xr[j]);
+            ss += v * v;
+        }
+        const float rs = 1.0f / sqrtf(ss / (float)h + eps);
+        rstd[r] = rs;
+        bf16_t *o = out + r * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) o[j] = bf_st(bf_ld(w[j]) * (bf_ld(xr[j]) * rs));
+    }
+}
+
+/* dw (fp32) = sum over rows of g * y; dx = (g w - y mean(g w y)) rstd, y = x * rstd. dx or dw may be NULL. */
+int mindrl_rms_norm_bwd_bf16(const bf16_t *g, const bf16_t *x, const float *rstd, const bf16_t *w, bf16_t *dx,
+                             float *dw, int64_t rows, int64_t h, int nt) {
+    float *part = NULL;
+    if (dw) {
+        part = (float *)calloc((size_t)nt * (size_t)h, sizeof(float));
+        if (!part) return 1;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        float *pw = part ? part + (int64_t)omp_get_thread_num() * h : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const bf16_t *gr = g + r * h, *xr = x + r * h;
+            const float rs = rstd[r];
+            if (pw) {
+#pragma omp simd
+                for (int64_t j = 0; j < h; j++) pw[j] += bf_ld(gr[j]) * (bf_ld(xr[j]) * rs);
+            }
+            if (dx) {
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t j = 0; j < h; j++) dot += (bf_ld(gr[j]) * bf_ld(w[j])) * (bf_ld(xr[j]) * rs);
+                dot = dot / (float)h;
+                bf16_t *o = dx + r * h;
+#pragma omp simd
+                for (int64_t j = 0; j < h; j++)
+                    o[j] = bf_st(((bf_ld(gr[j]) * bf_ld(w[j])) - (bf_ld(xr[j]) * rs) * dot) * rs);
+            }
+        }
+    }
+    if (dw) {
+        for (int64_t j = 0; j < h; j++) {
+            float acc = 0.0f;
+            for (int t = 0; t < nt; t++) acc += part[(int64_t)t * h + j];
+            dw[j] = acc;
+        }
+        free(part);
+    }
+    return 0;
+}
+
+/* RoPE in bf16 (see mindrl_rope): cos / sin fp32, each output's two products and their sum in fp32, rounded once. */
+void mindrl_rope_bf16(const bf16_t *t, const float *cs, const float *sn, bf16_t *out, int64_t S, int64_t B, int64_t H,
+                      int64_t D, int64_t half, int64_t ss, int64_t sb, int64_t sh, int sign, int nt) {
+    const float k = sign > 0 ? 1.0f : -1.0f;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int64_t p = 0; p < S; p++) {
+        for (int64_t bi = 0; bi < B; bi++) {
+            const float *c = cs + p * half, *s = sn + p * half;
+            for (int64_t hi = 0; hi < H; hi++) {
+                const bf16_t *x = t + p * ss + bi * sb + hi * sh;
+                bf16_t *o = out + ((p * B + bi) * H + hi) * D;
+#pragma omp simd
+                for (int64_t j = 0; j < half; j++) {
+                    const float x1 = bf_ld(x[j]), x2 = bf_ld(x[half + j]), sj = k * s[j];
+                    o[j] = bf_st(x1 * c[j] - x2 * sj);
+                    o[half + j] = bf_st(x2 * c[j] + x1 * sj);
+                }
+                for (int64_t j = 2 * half; j < D; j++) o[j] = x[j];
+            }
+        }
+    }
+}
+
+/* mindrl_softmax_stats for bf16 logit rows. */
+void mindrl_softmax_stats_bf16(const bf16_t *x, int64_t xs, const float *shift, float *s0, float *s2, int64_t rows,
+                               int64_t v, float t, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *xr = x + r * xs;
+        const float sh = shift[r];
+        double a = 0.0, b = 0.0;
+#pragma omp simd reduction(+ : a, b)
+        for (int64_t j = 0; j < v; j++) {
+            const float z = (t == 1.0f ? bf_ld(xr[j]) : bf_ld(xr[j]) / t) - sh, e = exp_f(z);
+            a += (double)e;
+            b += (double)e * (double)z;
+        }
+        s0[r] = (float)a;
+        if (s2) s2[r] = (float)b;
+    }
+}
+
+/* mindrl_softmax_grad for bf16 logit rows, the gradient written in bf16. */
+void mindrl_softmax_grad_bf16(const bf16_t *x, int64_t xs, const float *lse, const float *ng, bf16_t *grad,
+                              int64_t rows, int64_t v, float t, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16_t *xr = x + r * xs;
+        bf16_t *o = grad + r * v;
+        const float sh = lse[r], k = ng[r];
+#pragma omp simd
+        for (int64_t j = 0; j < v; j++) o[j] = bf_st(exp_f((t == 1.0f ? bf_ld(xr[j]) : bf_ld(xr[j]) / t) - sh) * k);
     }
 }
 

@@ -1,5 +1,6 @@
-"""mindrl's C kernels for fp32 work on a CPU (sources in cpu_kernels.c): one-pass elementwise ops for training, the
-rollout's sampling step and GEMM; built once per machine and source, loaded by `load()`."""
+"""mindrl's C kernels for work on a CPU (sources in cpu_kernels.c): one-pass elementwise ops for training (fp32, and
+bf16 in and out with fp32 arithmetic), the rollout's sampling step and GEMM (fp32); built once per machine and source,
+loaded by `load()`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mindrl.kernels.native_build import c_compiler, cache_dir, compile_library, 
 from mindrl.platform import env_switch, in_host_memory
 
 ENV = "MINDRL_CPU_KERNELS"
+MARCH_ENV = "MINDRL_CPU_KERNELS_MARCH"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
 # -z defs: a compiler whose OpenMP calls another runtime (clang's __kmpc_*) fails to link, instead of at load
 LINK = ("-lm", "-Wl,-z,defs")
@@ -36,6 +38,13 @@ _SIGNATURES = {
     "mindrl_softmax_grad": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_sample_rows": ([_P, _P, _P, _P, _I, _I, _INT], None),
     "mindrl_count_at_least": ([_P, _I, _P, _P, _I, _I, _INT], None),
+    "mindrl_swiglu_fwd_bf16": ([_P, _P, _I, _I, _INT], None),
+    "mindrl_swiglu_bwd_bf16": ([_P, _P, _P, _I, _I, _INT], None),
+    "mindrl_rms_norm_fwd_bf16": ([_P, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_rms_norm_bwd_bf16": ([_P, _P, _P, _P, _P, _P, _I, _I, _INT], _INT),
+    "mindrl_rope_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _INT, _INT], None),
+    "mindrl_softmax_stats_bf16": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
+    "mindrl_softmax_grad_bf16": ([_P, _I, _P, _P, _P, _I, _I, ctypes.c_float, _INT], None),
     "mindrl_gemm_panel": ([], _INT),
     "mindrl_gemm_pack": ([_P, _P, _I, _I, _INT], None),
     "mindrl_gemm": ([_P, _I, _P, _P, _P, _I, _I, _I, _I, _INT], None),
@@ -107,7 +116,9 @@ def build(directory: str, march: str = "native") -> str | None:
 
 
 class Kernels:
-    """The loaded library, with torch-level calls. Each takes fp32 host tensors (see `takes`)."""
+    """The loaded library, with torch-level calls. Each takes fp32 host tensors (see `takes`); SwiGLU, RMSNorm, RoPE
+    and the softmax statistics and gradient also take bf16 ones (`takes(..., bf16=True)`), with the same outputs in
+    bf16 computed in fp32 and rounded once."""
 
     def __init__(self, path: str):
         self.path = path
@@ -119,16 +130,20 @@ class Kernels:
         self._panel = lib.mindrl_gemm_panel()  # the GEMM's packed panel width (outputs), fixed by the build
 
     @staticmethod
-    def takes(*tensors: torch.Tensor) -> bool:
-        """Whether the kernels cover these tensors: fp32, in host memory, not needing autograd's graph here."""
-        return all(t.dtype == torch.float32 for t in tensors) and in_host_memory(*tensors)
+    def takes(*tensors: torch.Tensor, bf16: bool = False) -> bool:
+        """Whether the kernels cover these tensors: in host memory, all fp32, or (for a call with a bf16 form, `bf16`)
+        all bf16."""
+        dtypes = {t.dtype for t in tensors}
+        ok = dtypes == {torch.float32} or (bf16 and dtypes == {torch.bfloat16})
+        return ok and in_host_memory(*tensors)
 
     def swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu(a) * b for x = [a, b] on the last dimension."""
         x = x.contiguous()
         half = x.shape[-1] // 2
         out = torch.empty(x.shape[:-1] + (half,), dtype=x.dtype)
-        self._lib.mindrl_swiglu_fwd(x.data_ptr(), out.data_ptr(), x.numel() // max(1, 2 * half), half, _threads())
+        fn = self._lib.mindrl_swiglu_fwd_bf16 if _bf16(x) else self._lib.mindrl_swiglu_fwd
+        fn(x.data_ptr(), out.data_ptr(), x.numel() // max(1, 2 * half), half, _threads())
         return out
 
     def swiglu_backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -137,7 +152,8 @@ class Kernels:
         half = x.shape[-1] // 2
         dx = torch.empty(x.shape, dtype=x.dtype)
         rows = x.numel() // max(1, 2 * half)
-        self._lib.mindrl_swiglu_bwd(x.data_ptr(), grad.data_ptr(), dx.data_ptr(), rows, half, _threads())
+        fn = self._lib.mindrl_swiglu_bwd_bf16 if _bf16(x) else self._lib.mindrl_swiglu_bwd
+        fn(x.data_ptr(), grad.data_ptr(), dx.data_ptr(), rows, half, _threads())
         return dx
 
     def rms_norm_forward(
@@ -178,6 +194,45 @@ class Kernels:
             raise MemoryError(f"mindrl_rms_norm_bwd could not allocate {_threads()} x {hidden} floats")
         return dx, dw
 
+    def rms_norm_forward_bf16(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight * x * rstd in bf16, rstd [..., 1] fp32) for bf16 x and weight: statistics and products in fp32,
+        the output rounded once. Backward (`rms_norm_backward_bf16`) takes x itself, not an fp32 copy of y."""
+        x, weight = x.contiguous(), weight.contiguous()
+        hidden = x.shape[-1]
+        out = torch.empty(x.shape, dtype=torch.bfloat16)
+        rstd = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32)
+        self._lib.mindrl_rms_norm_fwd_bf16(
+            x.data_ptr(), weight.data_ptr(), out.data_ptr(), rstd.data_ptr(), x.numel() // max(1, hidden), hidden,
+            eps, _threads(),
+        )  # fmt: skip
+        return out, rstd
+
+    def rms_norm_backward_bf16(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        rstd: torch.Tensor,
+        weight: torch.Tensor,
+        need_dx: bool,
+        need_dw: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dx bf16, dw fp32) of `rms_norm_forward_bf16` at x for the output's gradient (bf16); None where not
+        needed."""
+        grad, x, rstd, weight = grad.contiguous(), x.contiguous(), rstd.contiguous(), weight.contiguous()
+        hidden = x.shape[-1]
+        dx = torch.empty(x.shape, dtype=torch.bfloat16) if need_dx else None
+        dw = torch.empty(hidden, dtype=torch.float32) if need_dw else None
+        status = self._lib.mindrl_rms_norm_bwd_bf16(
+            grad.data_ptr(), x.data_ptr(), rstd.data_ptr(), weight.data_ptr(),
+            dx.data_ptr() if dx is not None else None, dw.data_ptr() if dw is not None else None,
+            x.numel() // max(1, hidden), hidden, _threads(),
+        )  # fmt: skip
+        if status:
+            raise MemoryError(f"mindrl_rms_norm_bwd_bf16 could not allocate {_threads()} x {hidden} floats")
+        return dx, dw
+
     def rope(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor | None:
         """RoPE (sign 1) or its transpose (sign -1) of t [s, b, heads, dim] with cos / sin [s, 1, 1, half] (see
         `mindrl.models.fused._rotate`); None where the shapes are not that layout (the caller's form runs)."""
@@ -189,7 +244,10 @@ class Kernels:
             return None
         cos, sin = cos.reshape(s, half).contiguous(), sin.reshape(s, half).contiguous()
         out = torch.empty(t.shape, dtype=t.dtype)
-        self._lib.mindrl_rope(
+        fn = self._lib.mindrl_rope
+        if _bf16(t):  # cos / sin as given (bf16 values), widened: the products and sums in fp32
+            cos, sin, fn = cos.float(), sin.float(), self._lib.mindrl_rope_bf16
+        fn(
             t.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), s, b, heads, dim, half,
             t.stride(0), t.stride(1), t.stride(2), 1 if sign > 0 else -1, _threads(),
         )  # fmt: skip
@@ -227,7 +285,8 @@ class Kernels:
         shift = shift.contiguous()
         s0 = torch.empty(rows, dtype=torch.float32)
         s2 = torch.empty(rows, dtype=torch.float32) if with_entropy else None
-        self._lib.mindrl_softmax_stats(
+        fn = self._lib.mindrl_softmax_stats_bf16 if _bf16(x) else self._lib.mindrl_softmax_stats
+        fn(
             x.data_ptr(), x.stride(0), shift.data_ptr(), s0.data_ptr(), s2.data_ptr() if s2 is not None else None,
             rows, v, temperature, _threads(),
         )  # fmt: skip
@@ -240,8 +299,9 @@ class Kernels:
         dimension contiguous): the log-probabilities' gradient before the label's term, one read and one write."""
         rows, v = x.shape
         lse, neg_grad = lse.contiguous(), neg_grad.contiguous()
-        grad = torch.empty(rows, v, dtype=torch.float32)
-        self._lib.mindrl_softmax_grad(
+        grad = torch.empty(rows, v, dtype=x.dtype)
+        fn = self._lib.mindrl_softmax_grad_bf16 if _bf16(x) else self._lib.mindrl_softmax_grad
+        fn(
             x.data_ptr(), x.stride(0), lse.data_ptr(), neg_grad.data_ptr(), grad.data_ptr(), rows, v, temperature,
             _threads(),
         )  # fmt: skip
@@ -318,6 +378,10 @@ class Kernels:
         return out.reshape(*x.shape[:-1], n)
 
 
+def _bf16(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bfloat16
+
+
 def _threads() -> int:
     return max(1, torch.get_num_threads())
 
@@ -336,8 +400,10 @@ def _load(march: str) -> Kernels | None:
         return None
 
 
-def load(march: str = "native") -> Kernels | None:
-    """This process's kernels (built on first use), or None where they are off or cannot be built."""
+def load(march: str | None = None) -> Kernels | None:
+    """This process's kernels (built on first use), or None where they are off or cannot be built. They are built for
+    `march`, else MINDRL_CPU_KERNELS_MARCH, else this CPU ("native"); e.g. x86-64-v3 gives the build of an AVX2-only
+    CPU, to run this host as one."""
     if not enabled():
         return None
-    return _load(march)
+    return _load(march or os.environ.get(MARCH_ENV, "").strip() or "native")

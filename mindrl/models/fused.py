@@ -1,5 +1,6 @@
 """Fused elementwise ops for hosts without Transformer Engine: RoPE, SwiGLU and RMSNorm, each one autograd function
-running the platform's fused kernels for fp32 where it has them, else torch ops bit-identical to megatron's forms."""
+running the platform's fused kernels for fp32 or bf16 where it has them, else torch ops bit-identical to megatron's
+forms."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch.nn.functional as F
 from mindrl.kernels import current_kernels
 
 
-def kernels_for(*tensors: torch.Tensor):
-    """The platform's fused elementwise kernels where they cover these tensors, else None."""
+def kernels_for(*tensors: torch.Tensor, bf16: bool = False):
+    """The platform's fused elementwise kernels where they cover these tensors (fp32; or bf16, for a caller whose
+    kernels have a bf16 form), else None."""
     kernels = current_kernels().elementwise_kernels()
-    return kernels if kernels is not None and kernels.takes(*tensors) else None
+    return kernels if kernels is not None and kernels.takes(*tensors, bf16=bf16) else None
 
 
 class _RotaryHalves(torch.autograd.Function):
@@ -38,10 +40,10 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
 
     Every product is rounded before the sum, as in megatron's (t * cos) + (rotate_half(t) * sin): the result is
     bit-identical to it (an addcmul would round once and differ in the last bit)."""
-    kernels = kernels_for(t, cos, sin)
+    kernels = kernels_for(t, cos, sin, bf16=True)
     out = kernels.rope(t, cos, sin, 1 if sign > 0 else -1) if kernels is not None else None
     if out is not None:
-        return out  # the same products and sums, each rounded as here: bit-identical
+        return out  # fp32: the same products and sums, each rounded as here (bit-identical); bf16: rounded once
     half = cos.shape[-1]
     x1, x2 = t[..., :half], t[..., half : 2 * half]
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -94,7 +96,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        kernels = kernels_for(x)
+        kernels = kernels_for(x, bf16=True)
         if kernels is not None:
             return kernels.swiglu_forward(x)
         half = x.shape[-1] // 2
@@ -103,7 +105,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
-        kernels = kernels_for(x, grad)
+        kernels = kernels_for(x, grad, bf16=True)
         if kernels is not None:
             return kernels.swiglu_backward(x, grad)
         half = x.shape[-1] // 2
@@ -155,11 +157,17 @@ class _RMSNorm(torch.autograd.Function):
     backward walks that graph: about a dozen passes over [tokens, hidden]. Here forward is torch's `_fused_rms_norm`
     (the very values of the decomposed form) and backward is five passes: the weight's grad, grad * weight, its dot
     with the normalised input, and dx = rstd * (dy - y * mean(dy * y)). Only y (fp32) and rstd are kept. With the
-    platform's kernels (fp32) both directions are one pass each, the sums in the kernels' order."""
+    platform's kernels both directions are one pass each, the sums in the kernels' order; in bf16 they keep x (bf16)
+    and rstd instead of y, and round the output once (weight * y in fp32)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        kernels = kernels_for(x, weight)
+        kernels = kernels_for(x, weight, bf16=True)
+        ctx.dtype, ctx.bf16_kernels = x.dtype, kernels is not None and x.dtype == torch.bfloat16
+        if ctx.bf16_kernels:
+            out, rstd = kernels.rms_norm_forward_bf16(x, weight, eps)
+            ctx.save_for_backward(x, rstd, weight)
+            return out
         if kernels is not None:  # one pass; the sum of squares in the kernel's order (not bit-identical to torch's)
             out, y, rstd = kernels.rms_norm_forward(x, weight, eps)
         else:
@@ -167,12 +175,19 @@ class _RMSNorm(torch.autograd.Function):
             y, rstd = torch.ops.aten._fused_rms_norm(x.to(stats_dtype(x)), [x.shape[-1]], None, eps)
             out = weight * y.to(x.dtype)
         ctx.save_for_backward(y, rstd, weight)
-        ctx.dtype = x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        y, rstd, weight = ctx.saved_tensors
+        if ctx.bf16_kernels:
+            x, rstd, weight = ctx.saved_tensors
+            kernels = kernels_for(grad, weight, bf16=True)
+            if kernels is not None:
+                dx, dw = kernels.rms_norm_backward_bf16(grad, x, rstd, weight, *ctx.needs_input_grad[:2])
+                return dx, dw.to(weight.dtype) if dw is not None else None, None
+            y = x.float() * rstd  # a gradient of another dtype: the torch form below, from y
+        else:
+            y, rstd, weight = ctx.saved_tensors
         kernels = kernels_for(grad, weight) if ctx.dtype == torch.float32 else None
         if kernels is not None:
             return (*kernels.rms_norm_backward(grad, y, rstd, weight, *ctx.needs_input_grad[:2]), None)

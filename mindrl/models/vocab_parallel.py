@@ -44,7 +44,7 @@ class _BlockedLogprobs(torch.autograd.Function):
     all-reduce), which gives the exact gradient: every TP rank computes the same loss from the reduced sums, and its
     own slice's gradient is (onehot - softmax) * grad / temperature. Row blocks stay in cache and nothing of
     vocabulary size is kept for backward beyond the logits themselves; where the platform has fused kernels for fp32
-    rows (`KernelSet.elementwise_kernels`) each row's statistics are one read of its logits and its gradient one read
+    or bf16 rows (`KernelSet.elementwise_kernels`) each row's statistics are one read of its logits and its gradient one read
     and one write."""
 
     @staticmethod
@@ -119,9 +119,9 @@ def _blocked_grad(x: torch.Tensor, temperature: float, lse: torch.Tensor, g: tor
 
 
 def _row_kernels(x: torch.Tensor):
-    """The platform's fused kernels where they take these logit rows (fp32, each row contiguous), else None: then the
-    softmax's statistics are one pass over each row, and its gradient one pass writing it."""
-    kernels = kernels_for(x)
+    """The platform's fused kernels where they take these logit rows (fp32 or bf16, each row contiguous), else None:
+    then the softmax's statistics are one pass over each row, and its gradient one pass writing it (in x's dtype)."""
+    kernels = kernels_for(x, bf16=True)
     return kernels if kernels is not None and x.dim() == 2 and x.stride(1) == 1 else None
 
 

@@ -356,3 +356,120 @@ def test_gemm_without_avx(tmp_path_factory):
     got = kernels.gemm(x, kernels.gemm_pack(w), 37, b).double()
     bound = 71 * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().t() + b.double().abs())
     assert bool(((got - (x.double() @ w.double().t() + b.double())).abs() <= bound).all())
+
+
+# ---- bf16: the kernels' bf16 forms (bf16 in and out, fp32 inside) against the fp64 values of the same bf16 inputs,
+# no further from them than the plain-torch bf16 form (measured here), or within a few fp32 ulps of the largest value.
+# Both builds (this CPU's and x86-64-v3, an AVX2-only CPU's) run them: no bf16 instruction is needed.
+def _bf16_close(got: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor) -> None:
+    assert got.dtype == ref.dtype == torch.bfloat16, (got.dtype, ref.dtype)
+    _close(got, ref, truth)
+    # and on average too: the mean error is no larger than torch's (one rounding against its several)
+    err, ref_err = ((t.double() - truth).abs().mean().item() for t in (got, ref))
+    assert err <= ref_err * 1.001 + 1e-30, (err, ref_err)
+
+
+@pytest.mark.parametrize("rows,half", [(1, 1), (7, 24), (94, 1408)])
+def test_swiglu_bf16(kernels, rows, half):
+    gen = torch.Generator().manual_seed(rows + half)
+    x = (torch.randn(rows, 2 * half, generator=gen) * 4).bfloat16()
+    g = torch.randn(rows, 2, half, generator=gen)[:, 1].bfloat16()  # a strided gradient
+    x64 = x.double().requires_grad_()
+    (F.silu(x64[:, :half]) * x64[:, half:]).backward(g.double())
+    ref_x = x.clone().requires_grad_()
+    ref = F.silu(ref_x[:, :half]) * ref_x[:, half:]
+    ref.backward(g)
+    truth = (F.silu(x64[:, :half]) * x64[:, half:]).detach()
+    _bf16_close(kernels.swiglu_forward(x), ref.detach(), truth)
+    _bf16_close(kernels.swiglu_backward(x, g), ref_x.grad, x64.grad)
+
+
+def _torch_rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama / Qwen2's RMSNorm in bf16: statistics in fp32, the weight applied in bf16."""
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 3), (37, 64), (300, 512)])
+def test_rms_norm_bf16(kernels, rows, hidden):
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 2, hidden, generator=gen)[:, 0] * 3).bfloat16()  # strided rows
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).bfloat16()
+    g = torch.randn(rows, hidden, generator=gen).bfloat16()
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    rstd64 = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    out64 = w64 * (x64 * rstd64)
+    out64.backward(g.double())
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = _torch_rms_norm_bf16(xr, wr, 1e-6)
+    ref.backward(g)
+    out, rstd = kernels.rms_norm_forward_bf16(x, w, 1e-6)
+    assert rstd.dtype == torch.float32 and rstd.shape == (rows, 1)
+    assert (rstd.double() - rstd64.detach()).abs().max() <= 4 * torch.finfo(torch.float32).eps * rstd64.max()
+    _bf16_close(out, ref.detach(), out64.detach())
+    for need in [(True, True), (True, False), (False, True)]:
+        dx, dw = kernels.rms_norm_backward_bf16(g, x, rstd, w, *need)
+        assert (dx is not None, dw is not None) == need
+        if dx is not None:
+            _bf16_close(dx, xr.grad, x64.grad)
+        if dw is not None:  # fp32, the sum over rows: against torch's bf16 weight grad
+            assert dw.dtype == torch.float32
+            _close(dw, wr.grad, w64.grad)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["forward", "transpose"])
+@pytest.mark.parametrize("rot,dim", [(64, 64), (32, 48)], ids=["full", "partial-rotary"])
+def test_rope_bf16(kernels, monkeypatch, sign, rot, dim):
+    from mindrl.models import fused
+
+    gen = torch.Generator().manual_seed(dim)
+    s, b, heads = 11, 3, 4
+    qkv = (torch.randn(s, b, heads, 3 * dim, generator=gen) * 2).bfloat16()
+    t = qkv[..., dim : 2 * dim]  # strided, as megatron's query / key views of the fused QKV output
+    freqs = torch.randn(s, 1, 1, rot // 2, generator=gen)
+    cos, sin = torch.cos(freqs).bfloat16(), torch.sin(freqs).bfloat16()  # as megatron: cast to the activations'
+    monkeypatch.setenv("MINDRL_CPU_KERNELS", "0")
+    ref = fused._rotate(t, cos, sin, sign=float(sign))
+    truth = fused._rotate(t.double(), cos.double(), sin.double(), sign=float(sign))
+    got = kernels.rope(t, cos, sin, sign)
+    assert got is not None and got.is_contiguous()
+    _bf16_close(got, ref, truth)
+    assert torch.equal(got[..., rot:], t[..., rot:])  # pass-through channels exactly
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("rows,v", [(1, 1), (13, 64), (40, 8192)])
+def test_softmax_stats_and_grad_bf16(kernels, rows, v, temperature):
+    """bf16 logit rows: each value widens exactly to fp32, so the statistics are the fp32 kernel's on the widened
+    rows (the double sums in another order: within an fp32 ulp) and the gradient is the fp32 one rounded to bf16,
+    which is torch's bf16 form (fp32 scratch, then a copy into the bf16 gradient)."""
+    gen = torch.Generator().manual_seed(rows + v)
+    x = (torch.randn(rows, v + 3, generator=gen) * 8).bfloat16()[:, 1 : v + 1]
+    x32 = x.float()
+    shift = x32.amax(dim=-1).div(temperature)
+    s0, s2 = kernels.softmax_stats(x, shift, temperature, with_entropy=True)
+    r0, r2 = kernels.softmax_stats(x32, shift, temperature, with_entropy=True)
+    eps = torch.finfo(torch.float32).eps
+    assert torch.allclose(s0, r0, rtol=2 * eps, atol=0) and torch.allclose(s2, r2, rtol=2 * eps, atol=2 * eps)
+    lse = shift + s0.log()
+    ng = torch.randn(rows, generator=gen)
+    grad = kernels.softmax_grad(x, lse, ng, temperature)
+    assert grad.dtype == torch.bfloat16 and grad.shape == (rows, v)
+    assert torch.equal(grad, kernels.softmax_grad(x32, lse, ng, temperature).bfloat16())
+    truth = (x.double() / temperature - lse.double().unsqueeze(1)).exp() * ng.double().unsqueeze(1)
+    ref = ((x32 / temperature - lse.unsqueeze(1)).exp() * ng.unsqueeze(1)).bfloat16()
+    _bf16_close(grad, ref, truth)
+
+
+def test_bf16_kernels_need_no_bf16_instructions(tmp_path_factory):
+    """The x86-64-v3 build (what an AVX2-only CPU compiles) holds no AVX-512 instruction, bf16 ones included: its bf16
+    forms are integer widening and rounding in AVX2 registers."""
+    objdump = shutil.which("objdump")
+    if not HAS_COMPILER or objdump is None or "x86-64-v3" not in _marches():
+        pytest.skip("needs a compiler, objdump and an x86-64 CPU with AVX2")
+    import subprocess
+
+    path = cpu_kernels.build(str(tmp_path_factory.getbasetemp() / "kernels"), march="x86-64-v3")
+    text = subprocess.run([objdump, "-d", path], capture_output=True, text=True, check=True).stdout
+    assert "mindrl_rms_norm_fwd_bf16" in text
+    assert "zmm" not in text and "bf16" not in text.replace("_bf16", ""), "AVX-512 or bf16 instructions in AVX2 build"

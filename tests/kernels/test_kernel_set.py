@@ -79,12 +79,16 @@ def test_the_rollout_kernel_switches(monkeypatch, name, offered):
     assert kernels() is None
 
 
-def test_bf16_takes_torchs_path_on_every_cpu():
-    """No fast path of mindrl's is bf16-specific, so a CPU without bf16 instructions (AVX2 only) runs a bf16 loop through
-    torch's and vLLM's own bf16 code: each kernel covers fp32 host tensors only and declines bf16 ones."""
+def test_bf16_kernels_only_where_a_bf16_form_is():
+    """The training kernels with a bf16 form (SwiGLU, RMSNorm, RoPE, the log-probs' softmax) take bf16 tensors when
+    their caller says so; the rest (the rollout's GEMM and sampler, attention's softmax) keep fp32 only, and a mix of
+    dtypes goes to torch. The bf16 forms use no bf16 instruction (tests/kernels/test_cpu_kernels.py builds them for
+    AVX2 too), so every x86-64 CPU runs them."""
     from mindrl.kernels.cpu_kernels import Kernels
     from mindrl.models.fused import kernels_for
 
     bf16, fp32 = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4)
     assert not Kernels.takes(bf16) and not Kernels.takes(fp32, bf16) and Kernels.takes(fp32)
+    assert Kernels.takes(bf16, bf16, bf16=True) and not Kernels.takes(fp32, bf16, bf16=True)
     assert kernels_for(bf16) is None
+    assert (kernels_for(bf16, bf16=True) is not None) == (kernels_for(fp32) is not None)

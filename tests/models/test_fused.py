@@ -1,8 +1,9 @@
 """mindrl.models.fused against megatron's unfused ops: the SwiGLU activation module and the RoPE hook's dispatch, op by
 op (bit-identical) and in a whole tiny model at TP1 and TP2 (both fusions on vs off, fp32 logits and grads); the
 fused RMSNorm against torch's decomposed one (forward bit-identical, backward as close to fp64 as autograd's). With the
-platform's fp32 kernels (mindrl.kernels.cpu_kernels) the SiLU and the norm's sums are computed there: as close to
-the fp64 values as torch's ops, not bit-identical to them."""
+platform's kernels (mindrl.kernels.cpu_kernels, fp32 and bf16) the SiLU and the norm's sums are computed there: as
+close to the fp64 values as torch's ops, not bit-identical to them (in bf16: rounded once, where torch rounds at each
+op)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import torch.nn.functional as F
 
 
 def _native(dtype) -> bool:
-    """Whether mindrl's fused elementwise kernels run for this dtype here (fp32 where the platform has them)."""
+    """Whether mindrl's fused elementwise kernels run for this dtype here (fp32 and bf16 where the platform has them)."""
     from mindrl.kernels import current_kernels
 
-    return dtype == torch.float32 and current_kernels().elementwise_kernels() is not None
+    return dtype in (torch.float32, torch.bfloat16) and current_kernels().elementwise_kernels() is not None
 
 
 def _no_further_from_truth(got, ref, truth, dtype, ulps: int = 4) -> None:
@@ -28,7 +29,7 @@ def _no_further_from_truth(got, ref, truth, dtype, ulps: int = 4) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_swiglu_matches_megatrons_unfused_glu(dtype, kernels, monkeypatch):
     """Output and input grad bit-identical to the MLP's unfused glu (chunk, silu, mul), on fc1's [s, b, 2F] output,
-    through the torch ops; through the platform's kernels (fp32) as close to the fp64 values as the unfused glu."""
+    through the torch ops; through the platform's kernels (fp32, bf16) as close to the fp64 values as the unfused glu."""
     from mindrl.models.fused import swiglu
 
     monkeypatch.setenv("MINDRL_CPU_KERNELS", kernels)
@@ -136,7 +137,8 @@ def test_rms_norm_matches_the_decomposed_norm(dtype, kernels, monkeypatch):
     x64 = x.double().requires_grad_()
     y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
     (weight.double() * y64).backward(grad.double())
-    true_dw = (grad.double() * hf.to(dtype).double()).sum((0, 1))
+    native = kernels == "1" and _native(dtype)  # the kernels apply the weight to y unrounded (fp32)
+    true_dw = (grad.double() * (hf if native else hf.to(dtype)).double()).sum((0, 1))
     ulp = torch.finfo(dtype).eps
     for got, ref, truth in ((dx, ref_dx, x64.grad), (dw, ref_dw, true_dw)):
         err, ref_err = ((g.double() - truth).abs().max().item() for g in (got, ref))
@@ -223,3 +225,21 @@ def test_fused_model_matches_the_unfused_model(pool, tiny_models, tp, kernels):
         assert norm_logit_diff == 0  # the fused RMSNorm's forward: the very values of torch's
     # the fused RMSNorm's backward, summed in another order: fp32 rounding only
     assert norm_grad_rel < 1e-5
+
+
+def test_bf16_model_held_to_avx2(tiny_models):
+    """An AVX2-only CPU's bf16 run, on this one: torch's kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA)
+    and mindrl's kernels (MINDRL_CPU_KERNELS_MARCH=x86-64-v3) held to AVX2, in a fresh process. The bf16 model's
+    forward and backward run through the kernels' bf16 forms, and their logits and grads are as close to the fp64
+    model's (same weights) as the plain-torch bf16 model's (`tests.models.bf16_checks`). vLLM's AVX2 kernels are
+    forced in tests/rollout/test_vllm_tp.py."""
+    from tests.kernels.test_cpu_kernels import _marches
+    from tests.models.bf16_checks import EXPECT_AVX2_ENV, HF_DIR_ENV
+    from tests.procs import check_in_fresh_process
+
+    if "x86-64-v3" not in _marches():
+        pytest.skip("needs an x86-64 CPU with AVX2 (to run as an AVX2-only one)")
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MINDRL_CPU_KERNELS_MARCH": "x86-64-v3"}
+    check_in_fresh_process(
+        "tests.models.bf16_checks", "bf16_model_gap", **env, **{HF_DIR_ENV: tiny_models["untied"], EXPECT_AVX2_ENV: "1"}
+    )
