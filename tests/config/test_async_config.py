@@ -95,8 +95,9 @@ def test_bounded_defaults_to_one_sampler_actor_on_ray():
     assert (rl.async_transport, rl.async_samplers) == ("zmq", 0)
 
 
-def test_bounded_refuses_dynamic_sampling():
-    issue(errors("dapo_tiny_cpu", "rl_config.async_mode=bounded"), "rl_config.filter_groups_enable", "dynamic sampling")
+def test_bounded_composes_with_dapos_dynamic_sampling():
+    rl = load_config("dapo_tiny_cpu", overrides=["rl_config.async_mode=bounded"]).rl_config
+    assert (rl.async_mode, rl.filter_groups_enable) == ("bounded", True)
 
 
 def test_one_step_off_refuses_dynamic_sampling():
