@@ -28,6 +28,9 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     SECTION: ClassVar[str] = SECTION
     STAGE: ClassVar[str] = "sft"
     TRAINS: ClassVar[str] = "mindrl-sft trains supervised fine-tuning only"
+    READS_MODEL: ClassVar[bool] = False
+    """Whether the config also reads the architecture megatron_training.model names (a `model:` section from the
+    defaults list, architecture keys in megatron_training), for mindrl-plan."""
     # MindSpeed-LLM arguments that SFT launch scripts pass but that mean nothing here: accepted and listed.
     IGNORED: ClassVar[Mapping[str, str]] = {
         **dict.fromkeys(["is_instruction_dataset", "prompt_type", "tokenizer_type", "tokenizer_not_use_fast"], _DATA),
@@ -68,8 +71,9 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     """Megatron checkpoint to start from (mindrl-convert hf2mcore, or an earlier mindrl-sft/mindrl-train save)."""
     save: str = ""
     """Checkpoint directory to write (iter_XXXXXXX/ + tracker + hf_files/): what actor_config.load reads."""
-    world_size: int = 1
-    """Ranks (devices) of the job: TP x PP x DP."""
+    world_size: int | None = None
+    """Ranks (devices) of the job: TP x PP x DP. Unset: TP x PP, the fewest the layout runs on (DP 1; MindSpeed-LLM's
+    YAML has no device count, its launcher gives one)."""
     tensor_model_parallel_size: int = 1
     """TP: the model's tensors are split over this many ranks."""
     pipeline_model_parallel_size: int = 1
@@ -96,6 +100,8 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     """Warmup as a fraction of the decay steps; exclusive with lr_warmup_iters."""
     seed: int = 1234
     """Seeds the data order (a fresh permutation per epoch) and megatron's RNGs."""
+    no_shuffle: bool = False
+    """Draw the training samples in file order, epoch after epoch, instead of a seeded permutation per epoch."""
     bf16: bool = False
     """Train in bfloat16 (fp32 main params in the optimizer)."""
     fp16: bool = False
@@ -105,7 +111,8 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
     eval_interval: int = 0
     """Validation loss every this many steps and at the end (0: never; needs a validation split)."""
     eval_iters: int = 1
-    """Validation batches (of global_batch_size, cycling through the validation split) per evaluation."""
+    """Validation batches (of global_batch_size, cycling through the validation split) per evaluation; 0: no
+    evaluation, whatever eval_interval says (megatron's meaning)."""
     save_interval: int = 0
     """A checkpoint every this many steps (0: only at the end; the last step is always saved)."""
     log_interval: int = 1
@@ -121,6 +128,13 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
         if key == "split" and isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
         return value
+
+    def __post_init__(self) -> None:
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        if self.world_size is None:
+            ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (tp, pp))
+            self.world_size = tp * pp if ok else 1
+        super().__post_init__()
 
     @property
     def dp(self) -> int:
@@ -182,6 +196,9 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
         except ValueError:
             col.add("split", f'must be weights "train,valid,test" such as "95,5,0", got {self.split!r}')
             return
+        if self.eval_interval and self.eval_iters == 0:  # megatron: eval_iters 0 turns evaluation off
+            col.ignore("eval_interval", "eval_iters is 0: no evaluation runs (megatron's meaning)")
+            self.eval_interval = 0
         if min(weights) < 0 or weights[0] <= 0:
             col.add("split", f"needs a positive train weight and no negative one, got {self.split!r}")
         elif self.eval_interval and weights[1] == 0:
@@ -201,6 +218,9 @@ class SFTConfig:
     """The YAML file read (empty when built in code)."""
     ignored_keys: list[str] = field(default_factory=list)
     """MindSpeed-LLM keys accepted but ignored."""
+    model: Any = None
+    """The architecture `megatron_training.model` names (a `mindrl.config.model.ModelArchConfig`, for a schema that
+    reads one: DPO), which mindrl-plan sizes; None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return {SECTION: self.megatron_training.to_dict()}
@@ -227,22 +247,31 @@ def load_sft_config(
     source = os.path.join(config_dir, name + ".yaml")
     raw, provenance, issues = _compose(config_dir, name, list(overrides), source, schema)
     col = Collector(default_source=source, provenance=provenance, issues=issues)
+    arch = None
     with collecting(col):
+        tops = [SECTION, "model"] if schema.READS_MODEL else [SECTION]
         for key in raw:
-            if key != SECTION:
-                col.add(
-                    str(key),
-                    f"unknown section; a {schema.STAGE} config has only '{SECTION}:'" + did_you_mean(key, [SECTION]),
-                )
+            if key not in tops:
+                only = " and ".join(f"'{t}:'" for t in tops)
+                col.add(str(key), f"unknown section; a {schema.STAGE} config has only {only}" + did_you_mean(key, tops))
         section = raw.get(SECTION)
         if not isinstance(section, Mapping):
             col.add(SECTION, "is required: a mapping of megatron training arguments")
             col.raise_if_any(name)  # nothing else is worth checking
+        arch_keys: dict[str, Any] = {}
+        if schema.READS_MODEL:
+            from mindrl.config.arch_section import split_arch_keys
+
+            section, arch_keys = split_arch_keys(section, schema)
         mt = schema.from_dict(section, SECTION, col)
+        if schema.READS_MODEL:
+            from mindrl.config.arch_section import read_arch
+
+            arch = read_arch(mt.model, raw.get("model"), arch_keys, config_dir, col, source)
         for check in checks if not col.issues else ():
             check(mt, col)
     col.raise_if_any(name)
-    return SFTConfig(mt, config_name=name, source=source, ignored_keys=list(col.ignored))
+    return SFTConfig(mt, config_name=name, source=source, ignored_keys=list(col.ignored), model=arch)
 
 
 def _compose(

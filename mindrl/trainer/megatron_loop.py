@@ -269,7 +269,7 @@ def train_loop(cfg: Any, recipe: Recipe, data: SplitData, spec: Any, pool=None, 
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, f"{recipe.name}_config.json"), "w") as f:
         json.dump(cfg.to_dict(), f, indent=2)
-    sampler = ResumableShuffleSampler(data.num("train"), mt.global_batch_size, seed=mt.seed)
+    sampler = ResumableShuffleSampler(data.num("train"), mt.global_batch_size, seed=mt.seed, shuffle=not mt.no_shuffle)
     valid = valid_batches(data, mt) if mt.eval_interval else []
     pad_id = pad_token_id(mt.tokenizer_name_or_path)
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
