@@ -15,7 +15,7 @@ from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
 from mindrl.config import loader
 from mindrl.config import sft as sft_config
 from mindrl.config.cli import check_override_syntax
-from mindrl.config.errors import Collector
+from mindrl.config.errors import Collector, ConfigError, Issue
 from mindrl.config.megatron import dataset_output_prefix
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.root import RLConfig
@@ -74,6 +74,9 @@ def config_from_args(args: argparse.Namespace) -> RLConfig:
     """Load and validate the config the parsed arguments (`mindrl.config.cli.add_config_args`) name, with the path
     checks unless --no-check-paths; raises ConfigError."""
     check_override_syntax(args.overrides)
+    if loader.config_stage(args.config_name, args.config_path, args.overrides) == "dpo":
+        why = f"'dpo' is offline DPO, no rollout: mindrl-train-dpo --config-name {args.config_name} trains it"
+        raise ConfigError([Issue("megatron_training.stage", why + " (mindrl-plan plans it)", args.config_name)])
     return load_config(
         args.config_name,
         config_path=args.config_path,

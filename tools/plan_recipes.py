@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -26,10 +27,15 @@ class Row:
 
 def plan_recipe(configs: str, name: str, device: str | None) -> Row:
     from mindrl.config import ConfigError, load_config
+    from mindrl.config.loader import config_stage
     from mindrl.plan import PlanError, make_plan
+    from mindrl.preflight import load_dpo_config
 
     try:
-        cfg = load_config(name, config_path=configs)
+        if config_stage(name, configs) == "dpo":  # offline DPO: mindrl-train-dpo's config, a training-only plan
+            cfg = load_dpo_config(name, configs, check_paths=False)
+        else:
+            cfg = load_config(name, config_path=configs)
         plan = make_plan(cfg, device)
     except (ConfigError, PlanError, ValueError) as e:
         first = str(e).strip().splitlines()
@@ -41,12 +47,13 @@ def plan_recipe(configs: str, name: str, device: str | None) -> Row:
 
 
 def recipes(configs: str) -> list[str]:
-    """The folder's top-level YAML files that are training recipes (not model or dataset files)."""
+    """The folder's top-level YAML files that are training recipes (not model or dataset files): RL runs, and
+    offline DPO (`stage: dpo`)."""
     names = []
     for path in sorted(glob.glob(os.path.join(configs, "*.yaml"))):
         with open(path) as f:
             text = f.read()
-        if "rl_config:" in text or "actor_config:" in text:
+        if "rl_config:" in text or "actor_config:" in text or re.search(r"^\s+stage:\s*dpo\s*$", text, re.M):
             names.append(os.path.splitext(os.path.basename(path))[0])
     return names
 

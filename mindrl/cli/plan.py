@@ -39,11 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
 def run_plan(args: argparse.Namespace, cfg=None, prog: str = "mindrl-plan") -> int:
     """Load the config (unless given), print the plan; 0 when it fits, 1 when it does not, 2 on a bad config."""
     from mindrl.config import ConfigError
+    from mindrl.config.loader import config_stage
     from mindrl.plan import PlanError, make_plan, to_json, to_text
-    from mindrl.preflight import config_from_args
+    from mindrl.preflight import check_override_syntax, config_from_args, load_dpo_config
 
     try:
-        if cfg is None:
+        if cfg is None and config_stage(args.config_name, args.config_path, args.overrides) == "dpo":
+            check_override_syntax(args.overrides)  # a training-only plan (mindrl.plan.offline)
+            cfg = load_dpo_config(args.config_name, args.config_path, list(args.overrides),
+                                  check_paths=not getattr(args, "no_check_paths", False))  # fmt: skip
+        elif cfg is None:
             cfg = config_from_args(args)
         plan = make_plan(cfg, args.device, args.device_memory_gib, args.devices_per_node)
     except (ConfigError, PlanError, ValueError) as e:

@@ -30,7 +30,9 @@ def read_arch(
     needs one), every key of its model file sorted as mindrl-train sorts it."""
     if not name:
         for key in arch_keys:
-            col.ignore(f"megatron_training.{key}", "no megatron_training.model names an architecture for it to describe")
+            col.ignore(
+                f"megatron_training.{key}", "no megatron_training.model names an architecture for it to describe"
+            )
         return None
     from mindrl.config.loader import _ModelFiles
 

@@ -83,6 +83,27 @@ def load_config(
 
 
 # ---------------------------------------------------------------------------------------------- locate
+def config_stage(config_name: str, config_path: str | None = None, overrides: Sequence[str] = ()) -> str | None:
+    """`megatron_training.stage` as the YAML file (or a `megatron_training.stage=...` override) writes it, before any
+    schema is chosen: 'dpo' selects mindrl-train-dpo's (`mindrl.config.dpo`). None when the file cannot be read (the
+    loader then reports why)."""
+    from omegaconf import OmegaConf
+    from yaml import YAMLError
+
+    for text in reversed(list(overrides)):
+        key, _, value = text.lstrip("+").partition("=")
+        if key == "megatron_training.stage":
+            return value.strip("'\"")
+    try:
+        config_dir, name = _locate(config_name, config_path)
+        raw = OmegaConf.to_container(OmegaConf.load(os.path.join(config_dir, name + ".yaml")))
+    except (ConfigError, OSError, ValueError, YAMLError):  # the loader reports it with its own message
+        return None
+    section = raw.get("megatron_training") if isinstance(raw, dict) else None
+    stage = section.get("stage") if isinstance(section, dict) else None
+    return stage if isinstance(stage, str) else None
+
+
 def _locate(config_name: str, config_path: str | None) -> tuple[str, str]:
     name = config_name
     if config_path is None and (os.sep in name or name.endswith((".yaml", ".yml"))) and os.path.isfile(name):

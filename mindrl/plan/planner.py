@@ -73,7 +73,7 @@ class DeviceSlot:
     local: int
     actor: tuple[int, int, int]
     critic: tuple[int, int, int] | None
-    engine: tuple[int, int]
+    engine: tuple[int, int] | None
 
 
 @dataclass
@@ -85,7 +85,8 @@ class Plan:
     world: int
     train_seq_len: int
     layouts: dict[str, ModelLayout]
-    rollout: RolloutLayout
+    rollout: RolloutLayout | None
+    """None: a training-only run (stage: dpo, mindrl.plan.offline)."""
     placement: list[DeviceSlot]
     memory: dict[str, dict[str, dict[str, int]]]
     """role -> phase -> term -> bytes, for the device with the highest peak; 'total' -> phase -> bytes."""
@@ -445,9 +446,10 @@ def fix_key(
     return f"{section}.tensor_model_parallel_size or pipeline_model_parallel_size (raise it)"
 
 
-def verdict(cfg: RLConfig, plan: Plan, memory: dict, layouts: dict) -> dict[str, object]:
+def verdict(cfg: RLConfig, plan: Plan, memory: dict, layouts: dict, fix=None) -> dict[str, object]:
     """Fits or not: the peak phase of `memory` (one device's per-role, per-phase bytes) against the device, its
-    largest term and the key that would shrink it (also each device group's verdict under separate placement)."""
+    largest term and the key that would shrink it (`fix`, `fix_key`'s signature; also each device group's verdict
+    under separate placement)."""
     totals = memory["total"]
     phase = max(totals, key=totals.get).removesuffix("_bytes")
     peak, limit = totals[f"{phase}_bytes"], plan.device.memory_bytes
@@ -464,7 +466,7 @@ def verdict(cfg: RLConfig, plan: Plan, memory: dict, layouts: dict) -> dict[str,
         "headroom_bytes": limit - peak,
         "largest_term": f"{role}.{phase}.{term}",
         "largest_term_bytes": v,
-        "fix": fix_key(cfg, role, phase, term, layouts, plan.device.kv_by_utilization),
+        "fix": (fix or fix_key)(cfg, role, phase, term, layouts, plan.device.kv_by_utilization),
     }
 
 

@@ -19,7 +19,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "world_size": plan.world,
         "train_seq_len": plan.train_seq_len,
         "layouts": {role: asdict(lay) for role, lay in plan.layouts.items()},
-        "rollout": asdict(plan.rollout),
+        "rollout": None if plan.rollout is None else asdict(plan.rollout),
         "placement": [asdict(s) for s in plan.placement],
         "memory": plan.memory,
         "peak_device": plan.peak_device,
@@ -61,7 +61,7 @@ def _placement_lines(plan: Plan) -> list[str]:
         for s in slots:
             a = f"actor+ref rank {s.device:>3} ({_coords(s.actor)})"
             c = "" if s.critic is None else f" | critic rank {s.device:>3} ({_coords(s.critic)})"
-            e = f" | engine {s.engine[0]} tp {s.engine[1]}"
+            e = "" if s.engine is None else f" | engine {s.engine[0]} tp {s.engine[1]}"
             lines.append(f"    dev {s.local:>2}: {a}{c}{e}")
     return lines
 
@@ -87,7 +87,8 @@ def to_text(plan: Plan) -> str:
         f"mindrl-plan: {plan.config_name} ({plan.source})",
         f"device: {d.name}, {d.memory_bytes / GIB:.1f} GiB each, {d.per_node} per node ({plan.device_why}); "
         f"{plan.world} devices on {-(-plan.world // d.per_node)} node(s)",
-        f"training sequence: up to {plan.train_seq_len} tokens (max_prompt_length + max_tokens)",
+        f"training sequence: up to {plan.train_seq_len} tokens "
+        + ("(max_prompt_length + max_tokens)" if plan.rollout else "(seq_length, each sequence of a pair)"),
         "",
         "layouts",
     ]
@@ -101,27 +102,31 @@ def to_text(plan: Plan) -> str:
             + _recompute_text(lay.recompute)
         )
     r = plan.rollout
-    lines.append(
-        f"  {'rollout engine':<16} infer TP {r.infer_tp} x {r.replicas} replicas  {r.dtype}  max_model_len "
-        f"{r.max_model_len}  max_num_seqs {r.max_num_seqs}  {r.params_per_rank / 1e9:.3f} B params per rank"
-    )
+    if r is not None:
+        lines.append(
+            f"  {'rollout engine':<16} infer TP {r.infer_tp} x {r.replicas} replicas  {r.dtype}  max_model_len "
+            f"{r.max_model_len}  max_num_seqs {r.max_num_seqs}  {r.params_per_rank / 1e9:.3f} B params per rank"
+        )
     if plan.groups:
         lines += ["", *_group_lines(plan)]
     else:
-        lines += ["", "placement (Ray fills a node's devices before the next)", *_placement_lines(plan), ""]
+        fill = "Ray fills" if plan.rollout is not None else "the ranks fill"
+        lines += ["", f"placement ({fill} a node's devices before the next)", *_placement_lines(plan), ""]
         lines += _memory_lines(plan.memory, f"device {plan.peak_device}, the highest peak")
         res = "; ".join(
             f"{role}: " + ", ".join(f"{p} {s}" for p, s in v_.items()) for role, v_ in plan.residency.items()
         )
-        lines.append(f"  residency: {res}")
+        if res:
+            lines.append(f"  residency: {res}")
     kv = plan.kv_cache
-    lines += [
-        "",
-        f"KV cache: {_size(kv['budget_bytes'])} per device, {_size(kv['bytes_per_token'])} per token "
-        f"-> {kv['sequences_at_max_len']} concurrent sequences of {r.max_model_len} tokens per engine "
-        f"(max_num_seqs {kv['max_num_seqs']})",
-        "",
-    ]
+    lines.append("")
+    if r is not None:
+        lines += [
+            f"KV cache: {_size(kv['budget_bytes'])} per device, {_size(kv['bytes_per_token'])} per token "
+            f"-> {kv['sequences_at_max_len']} concurrent sequences of {r.max_model_len} tokens per engine "
+            f"(max_num_seqs {kv['max_num_seqs']})",
+            "",
+        ]
     verdict = "FITS" if v["fits"] else "DOES NOT FIT"
     where = f" (tightest group: {v['group']})" if plan.groups else ""
     lines.append(

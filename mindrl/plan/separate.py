@@ -37,6 +37,10 @@ def make_plan(
 ) -> planner.Plan:
     """The plan of `cfg` in either mode (integrated: mindrl.plan.planner.make_plan). Separate placement: the
     Plan's `groups` hold each device group; its memory, peak device and verdict are the tightest group's."""
+    if not isinstance(cfg, RLConfig):  # a stage: dpo config (mindrl.preflight.load_dpo_config): training only
+        from mindrl.plan.offline import make_dpo_plan
+
+        return make_dpo_plan(cfg, device, device_memory_gib, devices_per_node)
     rl, gen = cfg.rl_config, cfg.generate_config
     if rl.use_integrated_worker:
         return planner.make_plan(cfg, device, device_memory_gib, devices_per_node)
