@@ -131,6 +131,8 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
 
     def __post_init__(self) -> None:
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        # not a field (the config's dict round-trips through the ranks): whether world_size came from the layout
+        self.world_size_from_layout = self.world_size is None
         if self.world_size is None:
             ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (tp, pp))
             self.world_size = tp * pp if ok else 1

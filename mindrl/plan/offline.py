@@ -62,20 +62,9 @@ def make_dpo_plan(
         f"a global batch of {mt.global_batch_size} pairs: {lay.micro_batches_per_step} micro-batches of "
         f"{mt.micro_batch_size} pair(s) ({rows} sequences of up to {seq} tokens) per DP rank",
     ]
-    if "world_size" not in _written(cfg):
+    if getattr(mt, "world_size_from_layout", False):
         plan.notes.append(f"no world_size in the config: {world} devices, TP x PP (DP 1)")
     return plan
-
-
-def _written(cfg: SFTConfig) -> set[str]:
-    from omegaconf import OmegaConf
-
-    try:
-        raw = OmegaConf.to_container(OmegaConf.load(cfg.source))
-    except (OSError, ValueError):
-        return set()
-    section = raw.get("megatron_training") if isinstance(raw, dict) else None
-    return set(section) if isinstance(section, dict) else set()
 
 
 def _stage_memory(plan: planner.Plan, cfg: SFTConfig, lay: planner.ModelLayout, stage: int) -> dict:
