@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the actor, reference, critic and rollout engine; each model's TP/PP/DP/VPP/SP and engine replicas; "
         "memory per device in every phase (weights, grads, optimizer state, activations with and without "
         "recomputation, KV cache); and a verdict naming the largest term and the key that shrinks it. "
+        "A DPO config (stage: dpo, mindrl-train-dpo's) is planned as a training-only run: no engine, no rollout. "
         "Checkpoint and data paths need not exist. See docs/plan.md.",
     )
     add_plan_args(p)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mindrl.config.errors import Collector
+from mindrl.config.loader import _ModelFiles
 from mindrl.config.megatron import MEGATRON_IGNORED, MEGATRON_UNSUPPORTED, megatron_key_kind
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.section import check_neutral
@@ -34,8 +35,6 @@ def read_arch(
                 f"megatron_training.{key}", "no megatron_training.model names an architecture for it to describe"
             )
         return None
-    from mindrl.config.loader import _ModelFiles
-
     files = _ModelFiles(composed, config_dir, col, source)
     data = files.get(name, "megatron_training.model")
     if data is None:
