@@ -28,15 +28,22 @@ class ToolCallError:
 
 @dataclass
 class ParsedTurn:
-    """The calls of one assistant turn, in the order they were written; `errors` holds the malformed blocks (an
-    unclosed `<tool_call>` included)."""
+    """The `<tool_call>` blocks of one assistant turn in the order they were written: each a call or, malformed (an
+    unclosed `<tool_call>` included), an error."""
 
-    calls: list[ToolCall] = field(default_factory=list)
-    errors: list[ToolCallError] = field(default_factory=list)
+    blocks: list[ToolCall | ToolCallError] = field(default_factory=list)
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [b for b in self.blocks if isinstance(b, ToolCall)]
+
+    @property
+    def errors(self) -> list[ToolCallError]:
+        return [b for b in self.blocks if isinstance(b, ToolCallError)]
 
     @property
     def any(self) -> bool:
-        return bool(self.calls or self.errors)
+        return bool(self.blocks)
 
 
 def format_tool_call(call: ToolCall) -> str:
@@ -81,13 +88,13 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         if j >= 0:
             k = j + len(text[j:]) - len(text[j:].lstrip())
             if text.startswith(END, k):
-                out.calls.append(c) if isinstance(c := _call(obj, text[i:j]), ToolCall) else out.errors.append(c)
+                out.blocks.append(_call(obj, text[i:j]))
                 pos = text.find(START, k + len(END))
                 continue
             why = f"text after the JSON object before {END}" if close >= 0 else f"{START} without {END}"
         if close < 0:
-            out.errors.append(ToolCallError(text[body:].strip(), f"{START} without {END}"))
+            out.blocks.append(ToolCallError(text[body:].strip(), f"{START} without {END}"))
             break
-        out.errors.append(ToolCallError(text[body:close].strip(), why))
+        out.blocks.append(ToolCallError(text[body:close].strip(), why))
         pos = text.find(START, close + len(END))
     return out
