@@ -26,10 +26,11 @@ from typing import Any
 
 from mindrl.agent.hermes import ParsedTurn, ToolCall, ToolCallError, parse_tool_calls
 from mindrl.agent.tools import Tool, ToolError
+from mindrl.config.rl import TOOL_RESPONSE_TRUNCATE_SIDES
 from mindrl.trainer.experience import Response
 from mindrl.trainer.pipeline.episode import Episode
 
-TRUNCATE_SIDES = ("left", "right", "middle")
+TRUNCATE_SIDES = TOOL_RESPONSE_TRUNCATE_SIDES
 TRUNCATED = "...(truncated)"
 
 
