@@ -277,3 +277,56 @@ def test_trajectories_of_several_prompts_run_their_tools_together_and_the_seeds_
 def test_bad_limits_are_refused(kw, says):
     with pytest.raises(ValueError, match=says):
         limits(**kw)
+
+
+def test_observation_tokens_carry_no_gradient_and_no_token_count(tok):
+    """The episode's masks through make_batch into GRPO's advantages and the PPO loss (algorithms/, the same
+    functions the update calls): the loss's gradient is exactly 0 on every observation token and nonzero on every
+    policy token, and token-mean divides by the policy tokens only."""
+    import torch
+
+    from mindrl.algorithms.advantages import compute_grpo_outcome_advantage
+    from mindrl.algorithms.losses import count_tokens_and_seqs, policy_loss
+
+    def script(text, turn, j):
+        if "<tool_response>" in text:
+            return "\\boxed{42}" + END
+        return ("\\boxed{41}" + END) if j == 0 else calc("6*7")
+
+    ep, _ = loop(tok, script)
+    p = prompt(tok)
+    groups = ep.run([p], SamplingConfig(max_tokens=200, n=2), [1], {})
+    assert all(r.loss_mask[-1] == 1 for r in groups[0])  # an episode ends on a policy token: the reward's position
+    batch = make_batch([p], groups, 2, tok.pad_token_id)
+    mask = batch["response_mask"].float()
+    policy = torch.zeros_like(mask)
+    for row, r in enumerate(groups[0]):
+        policy[row, : len(r.loss_mask)] = torch.tensor(r.loss_mask, dtype=torch.float)
+    assert torch.equal(mask, policy) and (mask == 0).any()
+    assert count_tokens_and_seqs(mask)[0] == sum(sum(r.loss_mask) for r in groups[0])
+
+    rewards = torch.zeros_like(mask)
+    for row, r in enumerate(groups[0]):
+        rewards[row, len(r.loss_mask) - 1] = [0.0, 1.0][row]
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, [0, 0])
+    old = torch.linspace(-2.0, -0.5, mask.numel()).reshape(mask.shape).double()
+    new = (old + 0.01).requires_grad_()
+    loss, _ = policy_loss(old, new, adv.double(), mask.double())
+    loss.backward()
+    obs = (mask == 0) & (batch["attention_mask"][:, len(p) :] == 1)  # in the context, out of the loss
+    assert obs.any() and torch.all(new.grad[obs] == 0)
+    assert torch.all(new.grad[mask == 1] != 0)
+    per_token = -adv.double() * torch.exp(new.detach() - old)
+    assert loss.item() == pytest.approx((per_token * mask).sum().item() / mask.sum().item(), rel=1e-12)
+
+
+def test_limits_from_the_config_keys(tmp_path):
+    from mindrl.config import load_config
+    from tests.config.test_multi_turn_config import _cfg
+
+    cfg = load_config("cfg", config_path=_cfg(tmp_path, total=300, side="left"))
+    lim = AgentLimits.from_config(cfg.rl_config, cfg.generate_config.sampling_config.max_tokens)
+    assert lim == AgentLimits(1, 1, 300, 256, "left")
+    default = load_config("grpo_tiny_cpu")
+    lim = AgentLimits.from_config(default.rl_config, default.generate_config.sampling_config.max_tokens)
+    assert lim == AgentLimits(1, 1, default.generate_config.sampling_config.max_tokens, 256, "middle")

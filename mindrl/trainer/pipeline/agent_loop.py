@@ -42,6 +42,19 @@ class AgentLimits:
     max_tool_response_length: int
     tool_response_truncate_side: str = "middle"
 
+    @classmethod
+    def from_config(cls, rl, max_tokens: int) -> AgentLimits:
+        """From rl_config's MindSpeed-RL keys; a key left unset takes MindSpeed-RL's recipe value (one call of one
+        block, 256 characters kept from both ends) or, for the episode's length, one turn's `max_tokens`
+        (generate_config.sampling_config.max_tokens)."""
+        return cls(
+            max_tool_calls=rl.max_tool_calls or 1,
+            max_parallel_calls=rl.max_parallel_calls or 1,
+            max_total_response_length=rl.max_total_response_length or max_tokens,
+            max_tool_response_length=rl.max_tool_response_length or 256,
+            tool_response_truncate_side=rl.tool_response_truncate_side or "middle",
+        )
+
     def __post_init__(self) -> None:
         for f in ("max_tool_calls", "max_parallel_calls", "max_total_response_length", "max_tool_response_length"):
             v = getattr(self, f)
