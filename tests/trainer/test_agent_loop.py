@@ -330,3 +330,8 @@ def test_limits_from_the_config_keys(tmp_path):
     default = load_config("grpo_tiny_cpu")
     lim = AgentLimits.from_config(default.rl_config, default.generate_config.sampling_config.max_tokens)
     assert lim == AgentLimits(1, 1, default.generate_config.sampling_config.max_tokens, 256, "middle")
+
+
+def test_no_prompts_no_engine_call(tok):
+    ep, engine = loop(tok, lambda text, turn, j: "x")
+    assert ep.run([], SamplingConfig(), [], {}) == [] and engine.calls == []

@@ -141,6 +141,9 @@ class AgentLoop(Episode):
         return (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
 
     def run(self, prompts, sampling, seeds, timing) -> list[list[Response]]:
+        if not prompts:
+            self.metrics = {}
+            return []
         lim = self.limits
         first = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, lim.max_total_response_length))
         groups = self.engine.generate(prompts, first, seeds, timing)
