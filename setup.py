@@ -26,6 +26,7 @@ setup(
         "tensorboard",
         "tqdm",
         "pyyaml",
+        "jsonschema>=4",  # the tool YAML's schemas and the tool-call arguments (mindrl.agent.tools)
     ],
     extras_require={
         "test": ["pytest", "pytest-timeout"],

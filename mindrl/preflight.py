@@ -8,6 +8,7 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
+from mindrl.agent.tools import ToolConfigError, build_tools
 from mindrl.checkpoint import legacy
 from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.checkpoint.iterations import saved_iterations
@@ -117,6 +118,8 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
         _check_dataset(col, "rl_config.val_data_path", rl.val_data_path, mt.dataset_additional_keys)
     if rl.runtime_env_path:
         _check_runtime_env(col, rl.runtime_env_path)
+    if rl.tool_config_path and not col.is_bad("rl_config.tool_config_path"):
+        check_tool_config(col, rl.tool_config_path)
     if "bfloat16" in (mt.dtype, cfg.generate_config.dtype) and (why := current_platform().bf16_in_software()):
         col.note(f"megatron_training.bf16 / generate_config.dtype bfloat16: {why}; bf16 runs in software here, many "
                  "times slower than float32 (docs/precision.md): set bf16: false and dtype: float32 on this host")  # fmt: skip
@@ -295,6 +298,14 @@ def _check_tokenizer(col: Collector, key: str, path: str) -> None:
         col.add(key, f"tokenizer directory {_p(path)} does not exist")
     elif not has_tokenizer(path):
         col.add(key, f"{_p(path)} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+
+
+def check_tool_config(col: Collector, path: str) -> None:
+    """The tool YAML builds (each entry's class, config and schema); every bad entry reported, naming the file."""
+    try:
+        build_tools(path)
+    except ToolConfigError as e:
+        col.add("rl_config.tool_config_path", str(e))
 
 
 def _check_runtime_env(col: Collector, path: str) -> None:

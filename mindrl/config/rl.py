@@ -44,6 +44,11 @@ ASYNC_IS_THRESHOLD = 2.0
 # rl_config.swanlab_mode: MindSpeed-RL's 'local' and 'cloud', swanlab's own 'online' (= cloud) and 'offline'.
 SWANLAB_MODES = ("offline", "local", "cloud", "online")
 
+# Multi-turn tool use (MindSpeed-RL's keys).
+MULTI_TURN_INTS = ("max_tool_calls", "max_parallel_calls", "max_total_response_length", "max_tool_response_length")
+TOOL_RESPONSE_TRUNCATE_SIDES = ("left", "right", "middle")
+TOOL_PARSER_FORMATS = ("hermes",)
+
 _TRANSFER_DOCK = "a data-dispatch setting of MindSpeed-RL's TransferDock; mindrl's driver shards batches itself"
 
 
@@ -107,16 +112,13 @@ class RLSectionConfig(Section):
             ["vit_forward_micro_batch_size", "reuse_image_embeds"],
             "a multimodal option, read only with is_multimodal, which mindrl requires false",
         ),
-        **dict.fromkeys(
-            [
-                "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
-                "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format",
-            ],
-            "a multi-turn tool-use option, read only with multi_turn_enable, which mindrl requires false",
-        ),
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
-        "multi_turn_enable": ((False,), "multi-turn tool-use rollouts"),
+        "multi_turn_enable": (
+            (False,),
+            "multi-turn tool-use rollouts: the agent-loop episode (trainer/pipeline/agent_loop.py) runs in-process but "
+            "is not yet wired to the engines and schedules; the multi-turn keys are checked but unused",
+        ),
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
@@ -281,6 +283,24 @@ class RLSectionConfig(Section):
     filter_groups_train_batch_size: int | None = None
     """Prompts trained on per iteration with dynamic sampling (kept groups beyond it are dropped); None:
     global_batch_size."""
+    # -- multi-turn tool use (MindSpeed-RL's keys; read only with multi_turn_enable, which mindrl still refuses) ---
+    tool_config_path: str | None = None
+    """The tool YAML: a `tools:` list of class_name, config and an OpenAI-function tool_schema (checked when the
+    config loads, naming the file and the entry)."""
+    max_tool_calls: int | None = None
+    """Tool-call blocks per episode (a malformed one counts: it is answered); once reached, the episode ends."""
+    max_parallel_calls: int | None = None
+    """Tool-call blocks run per assistant turn, concurrently; later ones in the turn are answered "not run"."""
+    max_total_response_length: int | None = None
+    """Response tokens of an episode, the policy's turns and the tool observations together (>= the sampling's
+    max_tokens)."""
+    max_tool_response_length: int | None = None
+    """Characters of each tool output kept in the observation (the rest cut on tool_response_truncate_side)."""
+    tool_response_truncate_side: str | None = None
+    """Which characters of a long tool output are kept: left (the first) | right (the last) | middle (both ends,
+    MindSpeed-RL's default)."""
+    tool_parser_format: str | None = None
+    """How tool calls are read from the model's text: hermes (Qwen2.5's `<tool_call>` JSON blocks)."""
     partial_rollout_max_split: int = 1
     """Partial rollout: > 1 generates responses in pieces of ceil(max_tokens / partial_rollout_max_split) tokens; a
     response not finished when the iteration has global_batch_size finished prompts continues in the next iteration
@@ -456,7 +476,26 @@ class RLSectionConfig(Section):
         self._dapo_stage = False
         super().__post_init__()
 
+    def _validate_multi_turn(self, col: Collector) -> None:
+        for key in MULTI_TURN_INTS:
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                col.add(key, f"must be >= 1, got {v}")
+        side = self.tool_response_truncate_side
+        if side is not None and side not in TOOL_RESPONSE_TRUNCATE_SIDES:
+            col.add("tool_response_truncate_side", f"{side!r} is not one of {', '.join(TOOL_RESPONSE_TRUNCATE_SIDES)}"
+                    f"{did_you_mean(side, TOOL_RESPONSE_TRUNCATE_SIDES)}")  # fmt: skip
+        fmt = self.tool_parser_format
+        if fmt is not None and fmt not in TOOL_PARSER_FORMATS:
+            col.add("tool_parser_format", f"{fmt!r} is not one of {', '.join(TOOL_PARSER_FORMATS)}"
+                    f"{did_you_mean(fmt, TOOL_PARSER_FORMATS)}")  # fmt: skip
+        for key in ("tool_config_path", *MULTI_TURN_INTS, "tool_response_truncate_side", "tool_parser_format"):
+            if getattr(self, key) is not None:
+                col.ignore(key, "a multi-turn tool-use option, read only with multi_turn_enable, which mindrl "
+                           "requires false for now")  # fmt: skip
+
     def validate(self, col: Collector) -> None:
+        self._validate_multi_turn(col)
         if self.actor_resource.num_npus is None:
             col.add("actor_resource.num_npus", "is required (the number of devices)")
         self._validate_placement(col)

@@ -354,6 +354,14 @@ class RLConfig(Section):
             if rl.overlong_buffer >= max_tokens:
                 col.add("rl_config.overlong_buffer", f"{rl.overlong_buffer} must be below "
                         f"sampling_config.max_tokens={max_tokens}")  # fmt: skip
+        total = rl.max_total_response_length
+        if (
+            total is not None
+            and 0 < total < gen.sampling_config.max_tokens
+            and not col.is_bad("rl_config.max_total_response_length")
+        ):  # MindSpeed-RL's rule: an episode holds at least one full turn
+            col.add("rl_config.max_total_response_length", f"{total} < generate_config.sampling_config.max_tokens="
+                    f"{gen.sampling_config.max_tokens}: an episode must hold a whole first turn")  # fmt: skip
         if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
                     f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip

@@ -17,6 +17,7 @@ from mindrl.rewards.extract import (
     last_boxed_content,
     matches_think_answer_format,
 )
+from mindrl.rewards.retool import retool_score
 
 Verifier = Callable[[str, "str | None"], float]
 
@@ -156,6 +157,13 @@ def acc_for_dapo_reward(response: str, label: str | None) -> float:
     """DAPO's math reward: the last "Answer: ..." of the response's tail equals the label after Minerva's
     normalisation (a string comparison, no math-verify): 1.0, else -1.0 (`mindrl.rewards.dapo_math`)."""
     return dapo_math_score(response, label)
+
+
+@register_verifier("retool_reward", inline=True)
+def retool_reward(response: str, label: str | None) -> float:
+    """ReTool's (MindSpeed-RL's name): the last \\boxed{} of the tail equals the label as a string: 1.0; else -1.0
+    plus 0.1 per tool call answered in the response, capped at 0 (`mindrl.rewards.retool`)."""
+    return retool_score(response, label)
 
 
 @register_verifier("math_verify", uses_math=True)

@@ -33,6 +33,7 @@ RULE_VERIFIERS = [
     "math_verify",
     "gsm8k",
     "acc_for_dapo",
+    "retool_reward",
 ]
 # the values each verifier may return (its docstring's contract)
 VALUES = {
@@ -45,6 +46,7 @@ VALUES = {
     "math_verify": {1.0, 0.0},
     "gsm8k": {1.0, 0.0},
     "acc_for_dapo": {1.0, -1.0},
+    "retool_reward": {1.0} | {(k - 10) / 10 for k in range(11)},
 }
 
 # Pieces that steer random text into the parsers' interesting paths.
@@ -88,7 +90,7 @@ def test_every_registered_rule_verifier_is_fuzzed():
 
 
 # String-only verifiers (no math-verify): cheap enough to fuzz in-process with no timeout at all.
-@pytest.mark.parametrize("name", ["format", "strict_format", "gsm8k"])
+@pytest.mark.parametrize("name", ["format", "strict_format", "gsm8k", "retool_reward"])
 @settings(max_examples=200, deadline=2000, **BOUNDED)
 @given(response=fuzz_text, label=st.one_of(st.none(), fuzz_text))
 def test_string_verifiers_never_raise(name, response, label):

@@ -1,0 +1,231 @@
+"""The tool interface the agent loop calls, the tools mindrl ships, and the tool YAML (MindSpeed-RL's
+`tool_config_path`: a `tools:` list of `class_name`, `config` and an OpenAI-function `tool_schema`).
+
+A tool is built once per run from its YAML entry and called from several threads at once (the agent loop runs a
+turn's calls, and every trajectory's, in a thread pool): `execute` must be thread-safe. The loop checks the
+arguments against the entry's `parameters` JSON Schema before calling, so `execute` sees only arguments of that
+shape."""
+
+from __future__ import annotations
+
+import abc
+import ast
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import jsonschema
+import yaml
+
+
+class ToolError(Exception):
+    """A failure the model is shown as the call's observation (bad input, a failed run), not a crash."""
+
+
+class ToolConfigError(ValueError):
+    """The tool YAML is wrong; the message names the file and each bad entry."""
+
+
+class Tool(abc.ABC):
+    """One callable tool. `CONFIG_KEYS`: the keys its YAML `config` may hold (any other is an error at load)."""
+
+    CONFIG_KEYS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config: dict[str, Any], schema: dict[str, Any]) -> None:
+        unknown = sorted(set(config) - self.CONFIG_KEYS)
+        if unknown:
+            allowed = ", ".join(sorted(self.CONFIG_KEYS)) or "none"
+            raise ValueError(f"config: unknown key(s) {unknown} for {type(self).__name__} (allowed: {allowed})")
+        self.config = config
+        self.schema = schema
+        self.name: str = schema["function"]["name"]
+        self.parameters: dict[str, Any] = schema["function"].get("parameters") or {"type": "object"}
+        self._args_validator = jsonschema.validators.validator_for(self.parameters)(self.parameters)
+
+    def check_arguments(self, arguments: dict[str, Any]) -> str | None:
+        """Why `arguments` do not fit the schema's `parameters` (the first problem), or None."""
+        error = jsonschema.exceptions.best_match(self._args_validator.iter_errors(arguments))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"{where + ': ' if where else ''}{error.message}"
+
+    @abc.abstractmethod
+    def execute(self, arguments: dict[str, Any]) -> str:
+        """The observation text for one call; raises `ToolError` for a failure the model should see."""
+
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}  # fmt: skip
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+class CalculatorTool(Tool):
+    """Arithmetic on integers and decimals (+ - * / // % ** and parentheses), evaluated from Python's AST without
+    `eval`: no names, calls or attributes, so model text cannot reach anything but numbers. Integers stay exact;
+    `max_digits` bounds every intermediate integer (and `**`'s exponent is bounded) so a call cannot eat the
+    driver's memory or time. Arguments: `{"expression": str}`."""
+
+    CONFIG_KEYS = frozenset({"max_digits"})
+    DEFAULT_MAX_DIGITS = 100
+
+    def __init__(self, config: dict[str, Any], schema: dict[str, Any]) -> None:
+        super().__init__(config, schema)
+        self.max_digits = config.get("max_digits", self.DEFAULT_MAX_DIGITS)
+        if not isinstance(self.max_digits, int) or isinstance(self.max_digits, bool) or self.max_digits < 1:
+            raise ValueError(f"config.max_digits: must be an integer >= 1, got {self.max_digits!r}")
+
+    def _bounded(self, v):
+        if isinstance(v, int) and len(str(abs(v))) > self.max_digits:
+            raise ToolError(f"a result has more than {self.max_digits} digits")
+        return v
+
+    def _eval(self, node: ast.AST):
+        if isinstance(node, ast.Expression):
+            return self._eval(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return self._bounded(node.value)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](self._eval(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            left, right = self._eval(node.left), self._eval(node.right)
+            if (
+                isinstance(node.op, ast.Pow)
+                and isinstance(left, int)
+                and isinstance(right, int)
+                and abs(left) > 1
+                and right * math.log10(abs(left)) > self.max_digits
+            ):
+                raise ToolError(f"a result has more than {self.max_digits} digits")
+            try:
+                return self._bounded(_BINOPS[type(node.op)](left, right))
+            except ZeroDivisionError:
+                raise ToolError("division by zero") from None
+            except OverflowError:
+                raise ToolError("a result is too large") from None
+        raise ToolError(f"unsupported syntax: {ast.dump(node)[:60]}")
+
+    def execute(self, arguments: dict[str, Any]) -> str:
+        expression = arguments["expression"]
+        if len(expression) > 10 * self.max_digits:
+            raise ToolError(f"expression longer than {10 * self.max_digits} characters")
+        try:
+            tree = ast.parse(expression.strip(), mode="eval")
+        except SyntaxError as e:
+            raise ToolError(f"not an arithmetic expression: {e.msg}") from None
+        result = self._eval(tree)
+        if isinstance(result, complex):
+            raise ToolError("the result is not a real number")
+        return str(result)
+
+
+TOOL_CLASSES: dict[str, type[Tool]] = {
+    "calculator": CalculatorTool,
+    "mindrl.agent.tools.CalculatorTool": CalculatorTool,
+}
+"""YAML class_name -> the tool class."""
+NOT_YET = {
+    "mindspeed_rl.tools.retool.ReTool": "the code tool (a SandboxFusion /run_code client)",
+    "mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool": "the code tool (a SandboxFusion /run_code client)",
+    "mindspeed_rl.tools.search_tool.SearchTool": "the search tool (a retrieval_service_url client)",
+}
+"""MindSpeed-RL tool classes mindrl will map to its own tools once they exist: refused at load, saying which."""
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function-name rule
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    class_name: str
+    config: dict[str, Any]
+    schema: dict[str, Any]
+
+
+def _check_schema(schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return f"tool_schema: must be a mapping, got {type(schema).__name__}"
+    if schema.get("type") != "function":
+        return f"tool_schema.type: must be 'function', got {schema.get('type')!r}"
+    fn = schema.get("function")
+    if not isinstance(fn, dict):
+        return "tool_schema.function: must be a mapping with name, description and parameters"
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        return f"tool_schema.function.name: must be 1-64 letters, digits, '_' or '-', got {name!r}"
+    if not isinstance(fn.get("description", ""), str):
+        return "tool_schema.function.description: must be a string"
+    params = fn.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict) or params.get("type") != "object":
+            return "tool_schema.function.parameters: must be a JSON Schema of type 'object'"
+        try:
+            jsonschema.validators.validator_for(params).check_schema(params)
+        except jsonschema.exceptions.SchemaError as e:
+            return f"tool_schema.function.parameters: not a valid JSON Schema: {e.message}"
+        required = params.get("required", [])
+        missing = [r for r in required if r not in params.get("properties", {})] if isinstance(required, list) else []
+        if missing:
+            return f"tool_schema.function.parameters.required: {missing} not in properties"
+    return None
+
+
+def load_tool_specs(path: str) -> list[ToolSpec]:
+    """The `tools:` entries of the YAML at `path`, each checked; every problem is reported at once, naming the
+    file and the entry (`tools[i]`, with its function name where it has one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ToolConfigError(f"{path}: cannot read the tool config: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ToolConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list) or not data["tools"]:
+        raise ToolConfigError(f"{path}: must hold a non-empty 'tools:' list")
+    problems, specs, names = [], [], {}
+    for i, entry in enumerate(data["tools"]):
+        where = f"{path}: tools[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: must be a mapping with class_name, config and tool_schema")
+            continue
+        fn = entry.get("tool_schema", {}).get("function", {}) if isinstance(entry.get("tool_schema"), dict) else {}
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            where += f" ({fn['name']})"
+        unknown = sorted(set(entry) - {"class_name", "config", "tool_schema"})
+        if unknown:
+            problems.append(f"{where}: unknown key(s) {unknown} (an entry has class_name, config, tool_schema)")
+        cls_name, config = entry.get("class_name"), entry.get("config") or {}
+        if cls_name in NOT_YET:
+            problems.append(f"{where}: class_name {cls_name!r} is {NOT_YET[cls_name]}, which mindrl does not ship yet")
+        elif cls_name not in TOOL_CLASSES:
+            problems.append(f"{where}: class_name {cls_name!r} is not a mindrl tool (known: {sorted(TOOL_CLASSES)})")
+        if not isinstance(config, dict):
+            problems.append(f"{where}: config must be a mapping, got {type(config).__name__}")
+        bad = _check_schema(entry.get("tool_schema"))
+        if bad:
+            problems.append(f"{where}: {bad}")
+        elif fn["name"] in names:
+            problems.append(f"{where}: the function name {fn['name']!r} is also tools[{names[fn['name']]}]'s")
+        else:
+            names[fn["name"]] = i
+            specs.append(ToolSpec(cls_name, dict(config) if isinstance(config, dict) else {}, entry["tool_schema"]))
+    if problems:
+        raise ToolConfigError("\n".join(problems))
+    return specs
+
+
+def build_tools(path: str) -> dict[str, Tool]:
+    """The tools of the YAML at `path`, by function name; a tool whose config it rejects is reported like a bad
+    entry."""
+    tools, problems = {}, []
+    for i, spec in enumerate(load_tool_specs(path)):
+        name = spec.schema["function"]["name"]
+        try:
+            tools[name] = TOOL_CLASSES[spec.class_name](spec.config, spec.schema)
+        except ValueError as e:
+            problems.append(f"{path}: tools[{i}] ({name}): {e}")
+    if problems:
+        raise ToolConfigError("\n".join(problems))
+    return tools

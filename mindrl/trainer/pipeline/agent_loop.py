@@ -1,0 +1,262 @@
+"""The agent-loop episode: generate, parse the turn's tool calls, run the tools, append their observations,
+generate again, until a turn calls no tool or a limit ends the episode. The response is the policy's turns and the
+observations in between, with `loss_mask` 0 exactly on the observation tokens (context the policy did not write).
+
+One engine call per turn for every trajectory still running (the first with `sampling.n` samples per prompt, the
+next ones with one continuation per trajectory), so the engine batches as in a one-turn rollout; a turn's tool
+calls, every trajectory's, run together in one thread pool. Limits, as MindSpeed-RL names them:
+- `max_total_response_length`: response tokens, policy turns and observations together. A turn is cut at it
+  (finish_reason "length"); an observation that would reach it ends the episode instead of being appended.
+- `max_tool_calls`: tool-call blocks per episode (a malformed block counts, it is answered); once reached, the
+  episode ends at the next turn with calls.
+- `max_parallel_calls`: blocks run per turn; the blocks after them are answered "not run".
+- `max_tool_response_length` and `tool_response_truncate_side`: characters of each tool's output kept: `left` the
+  first ones, `right` the last ones, `middle` both ends (MindSpeed-RL's meaning of the sides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindrl.agent.hermes import ParsedTurn, ToolCall, ToolCallError, parse_tool_calls
+from mindrl.agent.tools import Tool, ToolError
+from mindrl.config.rl import TOOL_RESPONSE_TRUNCATE_SIDES
+from mindrl.trainer.experience import Response
+from mindrl.trainer.pipeline.episode import Episode
+
+TRUNCATE_SIDES = TOOL_RESPONSE_TRUNCATE_SIDES
+TRUNCATED = "...(truncated)"
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    max_tool_calls: int
+    max_parallel_calls: int
+    max_total_response_length: int
+    max_tool_response_length: int
+    tool_response_truncate_side: str = "middle"
+
+    @classmethod
+    def from_config(cls, rl, max_tokens: int) -> AgentLimits:
+        """From rl_config's MindSpeed-RL keys; a key left unset takes MindSpeed-RL's recipe value (one call of one
+        block, 256 characters kept from both ends) or, for the episode's length, one turn's `max_tokens`
+        (generate_config.sampling_config.max_tokens)."""
+        return cls(
+            max_tool_calls=rl.max_tool_calls or 1,
+            max_parallel_calls=rl.max_parallel_calls or 1,
+            max_total_response_length=rl.max_total_response_length or max_tokens,
+            max_tool_response_length=rl.max_tool_response_length or 256,
+            tool_response_truncate_side=rl.tool_response_truncate_side or "middle",
+        )
+
+    def __post_init__(self) -> None:
+        for f in ("max_tool_calls", "max_parallel_calls", "max_total_response_length", "max_tool_response_length"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"AgentLimits.{f}: must be an integer >= 1, got {v!r}")
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(f"AgentLimits.tool_response_truncate_side: one of {TRUNCATE_SIDES}, "
+                             f"got {self.tool_response_truncate_side!r}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How an observation enters the context. Qwen2.5's ChatML: the assistant turn is closed (unless the model
+    closed it), the tool outputs come as a user turn of `<tool_response>` blocks, and a new assistant turn opens."""
+
+    turn_end: str = "<|im_end|>"
+    observation_start: str = "\n<|im_start|>user\n"
+    observation_end: str = "<|im_end|>\n<|im_start|>assistant\n"
+    response_start: str = "<tool_response>\n"
+    response_end: str = "\n</tool_response>"
+
+    def observation(self, turn_text: str, outputs: Sequence[str]) -> str:
+        close = "" if turn_text.endswith(self.turn_end) else self.turn_end
+        body = "\n".join(f"{self.response_start}{o}{self.response_end}" for o in outputs)
+        return f"{close}{self.observation_start}{body}{self.observation_end}"
+
+
+def truncate_output(text: str, limit: int, side: str) -> tuple[str, bool]:
+    """`text` cut to `limit` characters on `side` (see the module doc), marked; (text, whether it was cut)."""
+    if len(text) <= limit:
+        return text, False
+    if side == "left":
+        return text[:limit] + TRUNCATED, True
+    if side == "right":
+        return TRUNCATED + text[-limit:], True
+    half = limit // 2
+    return text[:half] + TRUNCATED + text[len(text) - (limit - half) :], True
+
+
+@dataclass
+class _Trajectory:
+    prompt: list[int]
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    finish_reason: str = "stop"
+    turns: int = 0
+    tool_calls: int = 0
+    pending: list[Any] = field(default_factory=list)
+    """This turn's blocks to answer: (ToolCall | ToolCallError | str note)."""
+    turn_text: str = ""
+    outputs: list[str] = field(default_factory=list)
+
+
+class AgentLoop(Episode):
+    """`engine`: `generate(prompts, sampling, seeds, timing) -> per prompt, its samples` (`engines.Engine`).
+    `tokenizer`: an HF tokenizer (`encode(text, add_special_tokens=False)`, `decode(ids)` keeping special tokens).
+    `tools`: by function name. `metrics` holds the last run's: turns, tool calls, errors and latency per tool,
+    truncated observations."""
+
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        tools: dict[str, Tool],
+        limits: AgentLimits,
+        parser: Callable[[str], ParsedTurn] = parse_tool_calls,
+        chat: ChatFormat = ChatFormat(),
+        tool_workers: int = 16,
+    ) -> None:
+        self.engine, self.tokenizer, self.tools, self.limits = engine, tokenizer, tools, limits
+        self.parser, self.chat, self.tool_workers = parser, chat, tool_workers
+        self.metrics: dict[str, float] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    @staticmethod
+    def _turn_seed(seed: int, turn: int) -> int:
+        return (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
+
+    def run(self, prompts, sampling, seeds, timing) -> list[list[Response]]:
+        if not prompts:
+            self.metrics = {}
+            return []
+        lim = self.limits
+        first = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, lim.max_total_response_length))
+        groups = self.engine.generate(prompts, first, seeds, timing)
+        trajs = [[_Trajectory(list(p), s * sampling.n + j) for j in range(sampling.n)] for p, s in zip(prompts, seeds)]
+        stats: dict[str, Any] = defaultdict(float)
+        latency: dict[str, list[float]] = defaultdict(list)
+        active = [(t, s) for ts, g in zip(trajs, groups) for t, s in zip(ts, g)]
+        turn = 0
+        while active:
+            turn += 1
+            calling = [t for t, sample in active if self._take_turn(t, sample, stats)]
+            if not calling:
+                break
+            t0 = time.perf_counter()
+            self._run_tools(calling, stats, latency)
+            timing["timing/tools"] = timing.get("timing/tools", 0.0) + time.perf_counter() - t0
+            going = [t for t in calling if self._observe(t, stats)]
+            if not going:
+                break
+            room = max(lim.max_total_response_length - len(t.token_ids) for t in going)
+            nxt = dataclasses.replace(sampling, n=1, max_tokens=min(sampling.max_tokens, room))
+            out = self.engine.generate([t.prompt + t.token_ids for t in going], nxt,
+                                       [self._turn_seed(t.seed, turn) for t in going], timing)  # fmt: skip
+            active = [(t, g[0]) for t, g in zip(going, out)]
+        flat = [t for ts in trajs for t in ts]
+        self.metrics = {
+            "agent/turns_mean": sum(t.turns for t in flat) / len(flat),
+            "agent/tool_calls_mean": sum(t.tool_calls for t in flat) / len(flat),
+            "agent/tool_calls": stats["calls"],
+            "agent/tool_errors": stats["errors"],
+            "agent/truncated_observations": stats["truncated"],
+            "agent/length_stops": sum(t.finish_reason == "length" for t in flat),
+        }
+        for name, lat in latency.items():
+            self.metrics[f"agent/{name}/calls"] = len(lat)
+            self.metrics[f"agent/{name}/errors"] = stats[f"errors/{name}"]
+            self.metrics[f"agent/{name}/latency_s_mean"] = sum(lat) / len(lat)
+            self.metrics[f"agent/{name}/latency_s_max"] = max(lat)
+        return [[Response(t.token_ids, t.logprobs, t.finish_reason, [], t.loss_mask) for t in ts] for ts in trajs]
+
+    def _take_turn(self, t: _Trajectory, sample, stats) -> bool:
+        """Appends the policy's turn (cut to the episode's room); whether the episode goes on to run tools."""
+        lim = self.limits
+        room = lim.max_total_response_length - len(t.token_ids)
+        ids, lps = list(sample.token_ids)[:room], list(sample.logprobs)[:room]
+        t.turns += 1
+        t.token_ids += ids
+        t.logprobs += lps
+        t.loss_mask += [1] * len(ids)
+        t.finish_reason = sample.finish_reason
+        if len(sample.token_ids) > room or len(t.token_ids) >= lim.max_total_response_length:
+            t.finish_reason = "length"
+            return False
+        parsed = self.parser(self._decode(ids))
+        if not parsed.any or t.tool_calls >= lim.max_tool_calls:
+            return False
+        budget = min(lim.max_parallel_calls, lim.max_tool_calls - t.tool_calls)
+        t.pending = list(parsed.blocks[:budget])
+        t.tool_calls += len(t.pending)
+        skipped = len(parsed.blocks) - budget
+        if skipped > 0:
+            stats["skipped"] += skipped
+            t.pending.append(f"Error: {skipped} more tool call(s) not run: at most {budget} in this turn")
+        t.turn_text = self._decode(ids)
+        return True
+
+    def _call(self, block) -> tuple[str, str | None, bool, float]:
+        """(output text, tool name or None, failed, seconds) of one block."""
+        if isinstance(block, str):
+            return block, None, False, 0.0
+        if isinstance(block, ToolCallError):
+            return f"Error: malformed tool call ({block.reason})", None, True, 0.0
+        assert isinstance(block, ToolCall)
+        tool = self.tools.get(block.name)
+        if tool is None:
+            return f"Error: no tool named {block.name!r} (tools: {', '.join(sorted(self.tools))})", None, True, 0.0
+        bad = tool.check_arguments(block.arguments)
+        if bad:
+            return f"Error: bad arguments for {block.name}: {bad}", block.name, True, 0.0
+        t0 = time.perf_counter()
+        try:
+            return tool.execute(block.arguments), block.name, False, time.perf_counter() - t0
+        except ToolError as e:
+            return f"Error: {e}", block.name, True, time.perf_counter() - t0
+        except Exception as e:  # a tool's own bug must not end the rollout; the model sees it as a failed call
+            return f"Error: the tool failed ({type(e).__name__}: {e})", block.name, True, time.perf_counter() - t0
+
+    def _run_tools(self, calling: list[_Trajectory], stats, latency) -> None:
+        jobs = [(t, b) for t in calling for b in t.pending]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.tool_workers, len(jobs)))) as pool:
+            results = list(pool.map(lambda job: self._call(job[1]), jobs))
+        outputs: dict[int, list[str]] = defaultdict(list)
+        for (t, b), (text, name, failed, seconds) in zip(jobs, results):
+            if not isinstance(b, str):
+                stats["calls"] += 1
+                stats["errors"] += failed
+            if name is not None:
+                latency[name].append(seconds)
+                stats[f"errors/{name}"] += failed
+            text, cut = truncate_output(text, self.limits.max_tool_response_length,
+                                        self.limits.tool_response_truncate_side)  # fmt: skip
+            stats["truncated"] += cut
+            outputs[id(t)].append(text)
+        for t in calling:
+            t.outputs = outputs[id(t)]
+
+    def _observe(self, t: _Trajectory, stats) -> bool:
+        """Appends the observation (loss mask 0); False when it would reach the episode's length limit."""
+        ids = self._encode(self.chat.observation(t.turn_text, t.outputs))
+        if len(t.token_ids) + len(ids) >= self.limits.max_total_response_length:
+            t.finish_reason = "length"
+            return False
+        t.token_ids += ids
+        t.logprobs += [0.0] * len(ids)
+        t.loss_mask += [0] * len(ids)
+        return True

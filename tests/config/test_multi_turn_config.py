@@ -1,0 +1,92 @@
+"""MindSpeed-RL's multi-turn keys (dapo_qwen25_7b_A2_multi_turn): read and checked at load with errors naming the
+key and the file; multi_turn_enable: true refused with its reason (the agent loop is not wired to the engines);
+the tool YAML checked by preflight, naming the file and the entry."""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from mindrl.config import load_config
+from mindrl.config.errors import Collector
+from mindrl.preflight import check_tool_config
+from tests.agent.test_tools import CALC_SCHEMA
+from tests.config.test_errors import GRPO, _edited, errors, issue
+
+# The recipe's block, as MindSpeed-RL writes it (their multi_turn_enable: true is what mindrl refuses for now).
+RECIPE = """
+  multi_turn_enable: {enable}
+  tool_config_path: ./configs/tools/retool_config.yaml
+  max_tool_calls: 1
+  max_parallel_calls: 1
+  max_total_response_length: {total}
+  max_tool_response_length: 256
+  tool_response_truncate_side: '{side}'
+  tool_parser_format: '{fmt}'
+"""
+
+
+def _cfg(tmp_path, enable="false", total=2048, side="middle", fmt="hermes"):
+    block = RECIPE.format(enable=enable, total=total, side=side, fmt=fmt)
+    return _edited(tmp_path, GRPO, "rl_config:\n", "rl_config:" + block)
+
+
+def test_the_recipes_keys_are_read_and_listed_as_unused_while_multi_turn_is_off(tmp_path):
+    d = _cfg(tmp_path)
+    cfg = load_config("cfg", config_path=d)
+    rl = cfg.rl_config
+    assert (rl.max_tool_calls, rl.max_parallel_calls, rl.max_total_response_length) == (1, 1, 2048)
+    assert (rl.max_tool_response_length, rl.tool_response_truncate_side, rl.tool_parser_format) == (
+        256,
+        "middle",
+        "hermes",
+    )
+    assert rl.tool_config_path == "./configs/tools/retool_config.yaml"
+    assert {f"rl_config.{k}" for k in ("tool_config_path", "max_tool_calls", "tool_parser_format")} <= set(
+        cfg.ignored_keys
+    )
+
+
+def test_multi_turn_enable_is_refused_with_the_reason(tmp_path):
+    err = errors("cfg", config_path=_cfg(tmp_path, enable="true"))
+    issue(err, "rl_config.multi_turn_enable", "not supported", "agent-loop episode", "not yet wired",
+          source=os.path.join(tmp_path, "cfg.yaml"))  # fmt: skip
+
+
+def test_bad_values_name_the_key_and_the_file(tmp_path):
+    d = _cfg(tmp_path, side="midle", fmt="mistral")
+    text = open(os.path.join(d, "cfg.yaml")).read().replace("max_tool_calls: 1", "max_tool_calls: 0")
+    open(os.path.join(d, "cfg.yaml"), "w").write(text)
+    err = errors("cfg", config_path=d)
+    src = os.path.join(d, "cfg.yaml")
+    issue(err, "rl_config.max_tool_calls", "must be >= 1, got 0", source=src)
+    issue(err, "rl_config.tool_response_truncate_side", "'midle' is not one of", "did you mean 'middle'?", source=src)
+    issue(err, "rl_config.tool_parser_format", "'mistral' is not one of hermes", source=src)
+
+
+def test_an_episode_must_hold_a_whole_first_turn(tmp_path):
+    err = errors("cfg", config_path=_cfg(tmp_path, total=8))
+    issue(err, "rl_config.max_total_response_length", "8 < generate_config.sampling_config.max_tokens")
+
+
+def test_wrong_types_are_reported(tmp_path):
+    d = _cfg(tmp_path)
+    text = open(os.path.join(d, "cfg.yaml")).read().replace("max_parallel_calls: 1", "max_parallel_calls: many")
+    open(os.path.join(d, "cfg.yaml"), "w").write(text)
+    issue(errors("cfg", config_path=d), "rl_config.max_parallel_calls")
+
+
+def test_preflight_checks_the_tool_yaml_naming_file_and_entry(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"tools": [{"class_name": "calculator", "tool_schema": CALC_SCHEMA}]}))
+    col = Collector()
+    check_tool_config(col, str(good))
+    assert col.issues == []
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"tools": [{"class_name": "calculator", "config": {"nope": 1},
+                                              "tool_schema": CALC_SCHEMA}]}))  # fmt: skip
+    check_tool_config(col, str(bad))
+    [i] = col.issues
+    assert i.key == "rl_config.tool_config_path"
+    assert f"{bad}: tools[0] (calculator): config: unknown key(s) ['nope']" in i.message
