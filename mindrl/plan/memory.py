@@ -86,11 +86,12 @@ def norm_activation_bytes(
 ) -> int:
     """One RMSNorm (statistics in fp32, see mindrl.models.builder) and its output (the next linear's input):
     torch's rms_norm under autograd keeps the fp32 input and the normalised e-byte copy, s b h' (4 + 2e) bytes;
-    mindrl's eager fused one (fused_norm, on CPU) only the fp32 normalised rows, s b h' (4 + e); a device's fused
-    kernel (fused_norm="device") its e-byte input and 4-byte 1/rms per token, s b (2 e h' + 4)."""
+    mindrl's eager fused one (fused_norm, on CPU) only the fp32 normalised rows, s b h' (4 + e), and in 16 bits its
+    e-byte input and 1/rms in fp32 (its bf16 kernel), as a device's fused kernel (fused_norm="device") does:
+    s b (2 e h' + 4)."""
     h = int(arch.hidden_size)
     h_local = h // tp if sp and tp > 1 else h
-    if fused_norm == "device":
+    if fused_norm == "device" or (fused_norm and e < 4):
         return s * b * (2 * e * h_local + 4)
     return s * b * h_local * (4 + e + (0 if fused_norm else e))
 
