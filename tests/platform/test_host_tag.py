@@ -19,7 +19,9 @@ def test_the_session_tag_names_our_segments_and_marks_our_processes(tmp_path):
     ours = f"/dev/shm/{shm_prefix()}_reshard_{os.getpid()}_ours"
     other_env = {k: v for k, v in os.environ.items() if k != SHM_TAG_ENV}
     sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
-    procs = [subprocess.Popen(sleep, env=other_env), subprocess.Popen(sleep)]
+    # os.environ given explicitly: what Python code (Ray's driver included) hands its children. Inheriting the C-level
+    # environment instead failed once in a suite run, the tag missing though os.environ had it (unexplained).
+    procs = [subprocess.Popen(sleep, env=other_env), subprocess.Popen(sleep, env=dict(os.environ))]
     try:
         for path in (foreign, ours):
             open(path, "wb").close()
