@@ -14,6 +14,7 @@ seconds and the split into generation / scoring (logprobs, reference, rewards) /
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
@@ -25,20 +26,28 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load(name: str, rel: str):
-    """A module of mindrl by path, under its own name (mindrl.rewards' __init__ imports math_verify, absent here)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, rel))
+def _load(name: str):
+    """A module of mindrl.rewards by path, under its own name (the package's __init__ imports math_verify, absent
+    here), after the sibling modules it imports at its top (found in its source, so a new sibling needs no edit)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(ROOT, *name.split(".")) + ".py"
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mindrl.rewards."):
+            _load(node.module)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-for _pkg in ("mindrl", "mindrl.rewards"):  # empty parents: only the two modules below are loaded
+for _pkg in ("mindrl", "mindrl.rewards"):  # empty parents: only the modules below (and their siblings) are loaded
     sys.modules.setdefault(_pkg, types.ModuleType(_pkg))
-_EXTRACT = _load("mindrl.rewards.extract", "mindrl/rewards/extract.py")
-_load("mindrl.rewards.dapo_math", "mindrl/rewards/dapo_math.py")  # imported by verifiers.py
-_VERIFIERS = _load("mindrl.rewards.verifiers", "mindrl/rewards/verifiers.py")
+_EXTRACT = _load("mindrl.rewards.extract")
+_VERIFIERS = _load("mindrl.rewards.verifiers")
 
 
 def format_reward(completions: list[str], **kwargs) -> list[float]:
