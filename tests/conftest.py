@@ -8,7 +8,10 @@ import signal
 import pytest
 import torch
 
-from tests.cputime import pytest_runtest_protocol  # noqa: F401  (MINDRL_TEST_CPU=FILE: each test's CPU seconds)
+from tests.cputime import (
+    leave_cgroup,
+    pytest_runtest_protocol,  # noqa: F401  (MINDRL_TEST_CPU=FILE: each test's CPU seconds)
+)
 from tests.parallel import pytest_collection_modifyitems  # noqa: F401  (the xdist group of tests that start processes)
 from tests.procs import SESSION_TAG
 
@@ -101,6 +104,7 @@ def get_pool():
 def pytest_sessionfinish(session, exitstatus):
     if _POOL is not None:
         _POOL.close()
+    leave_cgroup()
 
 
 # ---- leak check: a test module leaves the process as it found it -------------------------------------------
