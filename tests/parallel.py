@@ -1,17 +1,21 @@
-"""The serial xdist groups: under `bash tests/run.sh` (2 pytest-xdist workers, --dist loadgroup) the tests that start
-rank pools, Ray, servers or trainer runs run one after another within their group, each group on one worker; the rest
-run beside them.
+"""The serial xdist groups ("lanes"): under `bash tests/run.sh` (3 pytest-xdist workers, --dist loadgroup) the tests
+that start rank pools, Ray, servers or trainer runs run one after another within their lane, each lane on one worker;
+the rest run beside them.
 
-Two groups, because one chain of them leaves a core idle most of the time (start-ups wait on imports and sockets,
-one rank waits for the other): `serial` holds the tests that read the session's shared runs (tests/README.md), which
-must be built once on one worker; `serial2` the self-contained modules, which start all they use."""
+Three lanes on 2 cores, because a lane's start-ups wait on imports, sockets and one rank for another: two lanes left
+~35% of the cores idle. A lane is what its tests share: `RUNS` reads the session's shared trainer runs
+(rl_helpers: straight, half, layout and integrated-RM runs) and holds every serial module not listed elsewhere;
+`QUICKSTART` reads the quickstart's runs (quickstart_run, sft_assets, learning_run); `OWN` holds self-contained modules,
+which start all they use (they may go in any lane: they are placed to balance the lanes' CPU seconds, measured with
+MINDRL_TEST_CPU). A shared run is built in its own lane only (`require_lane`): a test reading it from another lane fails
+with the lane to put it in, rather than building the run a second time on its worker."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import re
 
-GROUP = "serial"
-SECOND_GROUP = "serial2"  # xdist --dist loadgroup sends the tests whose ids end in the same "@name" to one worker
+import pytest
 
 # A test that requests one of these (directly or through another fixture) starts or uses the session's 4 gloo ranks
 # or a trainer run's assets (built on those ranks).
@@ -42,30 +46,58 @@ SERIAL_MODULES = {
     "tests/workers/test_runtime_env.py",  # Ray
 }
 
-# Serial modules that use none of the shared runs (straight/half/layout/integrated-RM runs, the quickstart run and
-# sft_assets): they run in the second group, beside the first. A session fixture they use (`assets`, `pool`) is built
-# once per worker; the SmolLM2 checkpoint is cached on disk.
-SECOND_GROUP_MODULES = {
-    "tests/checkpoint/test_convert.py",
-    "tests/checkpoint/test_export_loads.py",
-    "tests/models/test_qwen3.py",
-    "tests/models/test_real_llama.py",
-    "tests/rollout/test_vllm_tp.py",
-    "tests/serving/test_server.py",
-    "tests/test_launchers.py",
-    "tests/test_recipe_smollm2.py",
-    "tests/test_rlhf_dpo_example.py",
-    "tests/trainer/test_async_bounded.py",
-    "tests/trainer/test_bench_async.py",
-    "tests/trainer/test_dapo_e2e.py",
-    "tests/trainer/test_faults.py",
-    "tests/trainer/test_lora_e2e.py",
-    "tests/trainer/test_partial_rollout_e2e.py",
-    "tests/trainer/test_qwen3_e2e.py",
-    "tests/trainer/test_ref_sync_e2e.py",
-    "tests/trainer/test_resume_distopt.py",
-    "tests/trainer/test_separate_engines_e2e.py",
+RUNS, QUICKSTART, OWN = "serial-runs", "serial-quickstart", "serial-own"
+LANES = (RUNS, QUICKSTART, OWN)
+
+# Tests (a module, or module::function for all its parameters) in the QUICKSTART and OWN lanes; every other serial
+# test is in RUNS. QUICKSTART: the readers of the quickstart's runs, then self-contained modules for balance.
+LANE_OF = {
+    # the readers of the quickstart's runs
+    "tests/test_quickstart.py": QUICKSTART,
+    "tests/test_rlhf_3stage.py": QUICKSTART,
+    "tests/trainer/test_bf16_e2e.py": QUICKSTART,
+    "tests/trainer/test_ppo_e2e.py::test_training_learns": QUICKSTART,
+    # self-contained modules, placed for balance
+    "tests/models/test_real_llama.py": QUICKSTART,
+    "tests/rollout/test_vllm_tp.py": QUICKSTART,
+    "tests/serving/test_server.py": QUICKSTART,
+    "tests/test_launchers.py": QUICKSTART,
+    "tests/test_rlhf_dpo_example.py": QUICKSTART,
+    "tests/trainer/test_faults.py": QUICKSTART,
+    "tests/checkpoint/test_bad_input.py": OWN,
+    "tests/checkpoint/test_convert.py": OWN,
+    "tests/checkpoint/test_export_loads.py": OWN,
+    "tests/checkpoint/test_legacy.py": OWN,
+    "tests/models/test_qwen3.py": OWN,
+    "tests/plan/test_plan_vs_megatron.py": OWN,
+    "tests/platform/test_platform.py": OWN,
+    "tests/test_recipe_smollm2.py": OWN,
+    "tests/trainer/test_async_bounded.py": OWN,
+    "tests/trainer/test_bench_async.py": OWN,
+    "tests/trainer/test_dapo_e2e.py": OWN,
+    "tests/trainer/test_lora_e2e.py": OWN,
+    "tests/trainer/test_partial_rollout_e2e.py": OWN,
+    "tests/trainer/test_qwen3_e2e.py": OWN,
+    "tests/trainer/test_ref_sync_e2e.py": OWN,
+    "tests/trainer/test_resume_distopt.py": OWN,
+    "tests/trainer/test_separate_engines_e2e.py": OWN,
 }
+
+
+def lane_of(nodeid: str) -> str:
+    """The lane of a serial test's id (parameters and any lane suffix ignored)."""
+    module, _, rest = nodeid.partition("::")
+    function = re.split(r"[\[@]", rest, maxsplit=1)[0]
+    return LANE_OF.get(f"{module}::{function}", LANE_OF.get(module, RUNS))
+
+
+def require_lane(lane: str, what: str) -> None:
+    """Fails when the running test, grouped by xdist, is not in `lane`: the shared run `what` is built there only."""
+    current = re.search(r"@(\S+) \(", os.environ.get("PYTEST_CURRENT_TEST", ""))
+    if current and current[1] != lane:
+        test = os.environ["PYTEST_CURRENT_TEST"].split("@", 1)[0]
+        raise RuntimeError(f"{test} reads {what}, which is built in the xdist lane {lane!r}, but runs in "
+                           f"{current[1]!r}: list it under {lane} in tests/parallel.py LANE_OF")  # fmt: skip
 
 
 def is_serial(item: pytest.Item) -> bool:
@@ -80,15 +112,14 @@ def is_serial(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Marks the serial tests `serial`; on an xdist worker under --dist loadgroup, also gives them their group's id
-    suffix ("@serial" or "@serial2") by which xdist schedules a group. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer
+    suffix (its lane, "@serial-runs" ...) by which xdist schedules a group. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer
     reads (the id is `item._id`), so it is written here."""
     grouped = config.getoption("loadgroup", False)  # set on the workers by xdist
     for item in items:
         if not is_serial(item):
             continue
         item.add_marker(pytest.mark.serial)
-        module = item.nodeid.split("::", 1)[0]
-        suffix = "@" + (SECOND_GROUP if module in SECOND_GROUP_MODULES else GROUP)
+        suffix = "@" + lane_of(item.nodeid)
         if grouped and "@" not in item.nodeid:
             if hasattr(item, "_id"):
                 item._id = type(item._id).parse(item.nodeid + suffix)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import QUICKSTART, require_lane
 from tests.procs import project_view
 from tools.check_learning import BOUNDS, assert_rises, measure
 
@@ -38,6 +39,7 @@ def quickstart_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]
     check included (the script exits 1 when the reward does not rise), once per session. test_rlhf_3stage reads its
     assets (OUT: ./outputs/quickstart). Read-only."""
     if not _RUN:
+        require_lane(QUICKSTART, "quickstart_run")
         view = project_view(tmp_path_factory.mktemp("quickstart"))
         env = {k: v for k, v in os.environ.items() if k not in ("OUT", "RUN_DIR", "MIN_RISE", "WINDOW")}
         env.update(ITERS=str(SHORT_ITERS))

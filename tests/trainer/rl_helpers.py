@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import QUICKSTART, RUNS, require_lane
 from tests.procs import started_by_this_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -240,6 +241,7 @@ _STRAIGHT: dict[str, SharedRun] = {}
 def straight_run(algo: str, assets, tmp_path_factory) -> SharedRun:
     """`{algo}_tiny_cpu` for 4 iterations, saved at 2 and 4 (TensorBoard on; GRPO: SwanLab offline too)."""
     if algo not in _STRAIGHT:
+        require_lane(RUNS, f"straight_run({algo!r})")
         run_dir = tmp_path_factory.mktemp(f"straight_{algo}")
         cfg = _config(
             f"{algo}_tiny_cpu", assets, run_dir, "megatron_training.train_iters=4", "megatron_training.save_interval=2",
@@ -260,6 +262,7 @@ _HALF: dict[str, SharedRun] = {}
 def half_run(assets, tmp_path_factory) -> SharedRun:
     """`ppo_tiny_cpu` with HALF_EXTRA, once per session. Read-only: copy its dir to resume from it."""
     if "ppo" not in _HALF:
+        require_lane(RUNS, "half_run")
         run_dir = tmp_path_factory.mktemp("resume_ppo") / "half"
         cfg = _config("ppo_tiny_cpu", assets, run_dir, *HALF_EXTRA)
         _, results, lines, rollouts = _train(cfg)
@@ -294,6 +297,7 @@ def layout_overrides(name: str) -> list[str]:
 def layout_run(assets, tmp_path_factory, name: str) -> SharedRun:
     """`ppo_tiny_cpu` for one iteration at layout `name` (a key of LAYOUTS), from the session's assets."""
     if name not in _LAYOUT_RUNS:
+        require_lane(RUNS, f"layout_run({name!r})")
         run_dir = tmp_path_factory.mktemp(f"layout_{name}")
         cfg = _config("ppo_tiny_cpu", assets, run_dir, *layout_overrides(name))
         _, results, lines, rollouts = _train(cfg)
@@ -314,6 +318,7 @@ _RM_RUN: dict[str, SharedRun] = {}
 def integrated_rm_run(assets, tmp_path_factory) -> SharedRun:
     """`ppo_tiny_cpu_rm` with ONE_DEVICE, integrated, once per session."""
     if "run" not in _RM_RUN:
+        require_lane(RUNS, "integrated_rm_run")
         run_dir = tmp_path_factory.mktemp("integrated_rm")
         cfg = _config("ppo_tiny_cpu_rm", assets, run_dir, f"reward_config.load={assets / 'critic'}", *ONE_DEVICE)
         _, results, lines, rollouts = _train(cfg)
@@ -352,6 +357,7 @@ def learning_run(algo: str, tmp_path_factory) -> SharedRun:
     from tests.test_quickstart import SHORT_ITERS, quickstart_run
 
     if algo not in _LEARNING:
+        require_lane(QUICKSTART, f"learning_run({algo!r})")
         _, project = quickstart_run(tmp_path_factory)
         qs = project / "outputs" / "quickstart"
         if algo == "ppo":  # the short form's run: the script's own paths, SHORT_ITERS (= LEARN_ITERS) iterations
