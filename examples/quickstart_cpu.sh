@@ -36,6 +36,9 @@ case "$ALGO" in ppo|grpo|dapo|retool) ;; -h|--help) sed -n '2,26p' "$0" | sed 's
 RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 check_learning() {  # step 8; its exit status is the script's
     local args=("$RUN_DIR" --run "quickstart-$ALGO")
+    # retool: no bound measured over seeds yet; the reward must not fall (first vs last 5 iterations)
+    [[ "$ALGO" == retool ]] && args=("$RUN_DIR" --key retool_reward_rewards/mean --window "${WINDOW:-5}"
+                                     --min-rise "${MIN_RISE:-0}")
     [[ -n "${MIN_RISE:-}" ]] && args+=(--min-rise "$MIN_RISE")
     [[ -n "${WINDOW:-}" ]] && args+=(--window "$WINDOW")
     "${PY:-python3}" tools/check_learning.py "${args[@]}"
