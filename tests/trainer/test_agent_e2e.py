@@ -20,7 +20,7 @@ from tests.trainer.rl_helpers import _config, _run, _train
 pytestmark = pytest.mark.slow
 
 
-def _fit(hf: str, prompts: list[list[int]], responses: list[list[int]], steps: int = 120) -> None:
+def _fit(hf: str, prompts: list[list[int]], responses: list[list[int]], steps: int = 80) -> None:
     """Fits the HF model at `hf` to answer each prompt with its response (in place)."""
     import torch
     from transformers import AutoModelForCausalLM
