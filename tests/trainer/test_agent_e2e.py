@@ -9,6 +9,7 @@ own prompts (a policy that calls the tool, in seconds; the retool quickstart lea
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import ThreadingHTTPServer
 
@@ -105,12 +106,17 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
     assert m["agent/turns_mean"] > 1.4 and m["agent/code/latency_s_mean"] > 0
     assert m["rollout/logprob_diff_max"] < 1e-3, m  # observations (logprob 0 placeholders) are out of the check
     tok = AutoTokenizer.from_pretrained(str(retool_assets / "hf"))
-    called = [r for r in rollouts if "<tool_response>" in r["response"]]
-    assert len(called) >= 8
-    for r in called:
-        a, b = (int(t) for t in r["response"].split("print(")[1].split(")")[0].split("*"))
-        out = f"{a * b}\n"
-        assert f"<tool_response>\n{out}\n</tool_response>" in r["response"]  # the sandbox's answer
-        observation = tok.encode(ChatFormat().observation("</tool_call>", [out]), add_special_tokens=False)
-        assert r["response_length"] == len(r["response_ids"]) - len(observation), r  # trained: all but them
-    assert sum(r["retool_reward"] == 1.0 for r in called) >= len(called) // 2
+    well_formed = []  # episodes whose first turn is one call of print(a*b): their observation is known exactly
+    for r in rollouts:
+        text = tok.decode(r["response_ids"], skip_special_tokens=False)
+        call = re.match(
+            r'<tool_call>\n\{"name": "code", "arguments": \{"code": "print\((\d+)\*(\d+)\)"\}\}\n</tool_call>', text
+        )
+        if call:
+            observation = ChatFormat().observation(call[0], [f"{int(call[1]) * int(call[2])}\n"])
+            assert text.startswith(call[0] + observation), text  # the sandbox's answer
+            # trained: every token but the observation's
+            assert r["response_length"] == len(r["response_ids"]) - len(tok.encode(observation)), r
+            well_formed.append(r)
+    assert len(well_formed) >= 8, [r["response"] for r in rollouts]
+    assert sum(r["retool_reward"] == 1.0 for r in well_formed) >= len(well_formed) // 2
