@@ -55,6 +55,7 @@ SECOND_GROUP_MODULES = {
     "tests/test_launchers.py",
     "tests/test_recipe_smollm2.py",
     "tests/test_rlhf_dpo_example.py",
+    "tests/trainer/test_agent_e2e.py",
     "tests/trainer/test_async_bounded.py",
     "tests/trainer/test_bench_async.py",
     "tests/trainer/test_dapo_e2e.py",
