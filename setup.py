@@ -43,6 +43,7 @@ setup(
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-rollout-server=mindrl.cli.rollout_server:main",
             "mindrl-sampler=mindrl.cli.sampler:main",
+            "mindrl-sandbox=mindrl.cli.sandbox:main",
             "mindrl-sft=mindrl.cli.sft:main",
             "mindrl-train-rm=mindrl.cli.train_rm:main",
             "mindrl-train-dpo=mindrl.cli.train_dpo:main",

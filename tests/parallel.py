@@ -72,6 +72,7 @@ LANE_OF = {
     "tests/plan/test_plan_vs_megatron.py": OWN,
     "tests/platform/test_platform.py": OWN,
     "tests/test_recipe_smollm2.py": OWN,
+    "tests/trainer/test_agent_e2e.py": OWN,
     "tests/trainer/test_async_bounded.py": OWN,
     "tests/trainer/test_bench_async.py": OWN,
     "tests/trainer/test_dapo_e2e.py": OWN,

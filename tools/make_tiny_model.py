@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen3's reasoning markers: added (not special) tokens of its tokenizer, so decoding keeps them in the text.
 THINK_TOKENS = ["<think>", "</think>"]
+# Qwen2.5's hermes tool-call markers: added (not special) tokens, one id each (--tool-tokens).
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 # Qwen2's pre-tokenizer split pattern (numbers are split into single digits).
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -88,6 +90,8 @@ class TinyModelSpec:
     """qwen3_moe only: renormalise the top-k routing weights (as Qwen3-30B-A3B does)."""
     rope_scaling_factor: float | None = None
     """Llama only: Llama-3.1 ("llama3") RoPE scaling with this factor (None: plain RoPE)."""
+    tool_tokens: bool = False
+    """Add Qwen2.5's tool-call markers (TOOL_TOKENS) to the tokenizer, one token each (the retool task)."""
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -150,9 +154,9 @@ def synthetic_corpus(seed: int = 0, lines: int = 8000) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False):
+def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False, tools: bool = False):
     """Qwen2-style byte-level BPE, trained locally; the ChatML special tokens come last, as in Qwen2 (then Qwen3's
-    <think> / </think> with `think`)."""
+    <think> / </think> with `think`, then the tool-call markers with `tools`)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -165,7 +169,10 @@ def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False):
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS) - (len(THINK_TOKENS) if think else 0),
+        vocab_size=vocab_size
+        - len(SPECIAL_TOKENS)
+        - (len(THINK_TOKENS) if think else 0)
+        - (len(TOOL_TOKENS) if tools else 0),
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -175,15 +182,17 @@ def train_tokenizer(vocab_size: int, seed: int = 0, think: bool = False):
     tok.add_special_tokens(SPECIAL_TOKENS)
     if think:
         tok.add_tokens(THINK_TOKENS)
+    if tools:
+        tok.add_tokens(TOOL_TOKENS)
     return tok
 
 
-def make_tokenizer(out: str, vocab_size: int, seed: int = 0, arch: str = "qwen2"):
+def make_tokenizer(out: str, vocab_size: int, seed: int = 0, arch: str = "qwen2", tools: bool = False):
     from transformers import PreTrainedTokenizerFast
 
     template = QWEN3_TEMPLATE if arch in QWEN3_ARCHS else CHATML_TEMPLATE
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(vocab_size, seed, think=arch in QWEN3_ARCHS),
+        tokenizer_object=train_tokenizer(vocab_size, seed, think=arch in QWEN3_ARCHS, tools=tools),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
@@ -242,7 +251,7 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         setattr(spec, k, v)
     spec.validate()
     os.makedirs(out, exist_ok=True)
-    tok = make_tokenizer(out, spec.vocab_size, spec.seed, spec.arch)
+    tok = make_tokenizer(out, spec.vocab_size, spec.seed, spec.arch, spec.tool_tokens)
     if len(tok) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens > --vocab-size {spec.vocab_size}")
     common = dict(
@@ -318,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init-std", type=float, default=d.init_std)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--orm", action="store_true", help="write a *ForSequenceClassification (num_labels=1)")
+    p.add_argument("--tool-tokens", action="store_true", help="add Qwen2.5's <tool_call> markers, one token each")
     p.add_argument(
         "--arch", choices=ARCHS, default=d.arch,
         help="qwen2 (q/k/v biases, default), llama (no biases) or qwen3 (no biases, q/k RMSNorm per head)",
@@ -355,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         num_experts_per_tok=a.num_experts_per_tok,
         moe_intermediate_size=a.moe_intermediate_size,
         mlp_only_layers=a.mlp_only_layers,
+        tool_tokens=a.tool_tokens,
     )
     try:
         make_tiny_model(a.out, spec)

@@ -13,6 +13,7 @@ import ast
 import math
 import operator
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -123,14 +124,67 @@ class CalculatorTool(Tool):
         return str(result)
 
 
+class CodeTool(Tool):
+    """Runs the model's Python on a SandboxFusion-compatible `/run_code` endpoint (`sandbox_fusion_url`: a real
+    SandboxFusion deployment, or `mindrl-sandbox --serve`). The observation is the run's stdout (and stderr, if any);
+    a run that fails (an exception, a limit hit) or a sandbox that does not answer is a failed call the model sees.
+    MindSpeed-RL's ReTool keys: `default_timeout` (run seconds), `memory_limit_mb`, `default_language`; `rate_limit`
+    bounds the calls in flight (`enable_global_rate_limit: false`: no bound); `num_workers` and `type` are read and
+    have no effect (the agent loop's thread pool runs the calls). Arguments: `{"code": str}`."""
+
+    CONFIG_KEYS = frozenset({"sandbox_fusion_url", "num_workers", "enable_global_rate_limit", "rate_limit",
+                             "default_timeout", "default_language", "memory_limit_mb", "type"})  # fmt: skip
+
+    def __init__(self, config: dict[str, Any], schema: dict[str, Any]) -> None:
+        super().__init__(config, schema)
+        self.url = config.get("sandbox_fusion_url")
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"config.sandbox_fusion_url: an http(s) URL of a /run_code endpoint is required, "
+                             f"got {self.url!r}")  # fmt: skip
+        self.timeout = config.get("default_timeout", 30)
+        self.memory_mb = config.get("memory_limit_mb", 1024)
+        self.language = config.get("default_language", "python")
+        for key, v in (("default_timeout", self.timeout), ("memory_limit_mb", self.memory_mb),
+                       ("rate_limit", config.get("rate_limit", 1))):  # fmt: skip
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"config.{key}: must be a positive number, got {v!r}")
+        limited = config.get("enable_global_rate_limit", True)
+        self.slots = threading.BoundedSemaphore(int(config.get("rate_limit", 64))) if limited else None
+
+    def execute(self, arguments: dict[str, Any]) -> str:
+        import requests
+
+        body = {"code": arguments["code"], "language": self.language, "run_timeout": self.timeout,
+                "memory_limit_MB": self.memory_mb}  # fmt: skip
+        if self.slots is not None:
+            self.slots.acquire()
+        try:
+            resp = requests.post(self.url, json=body, timeout=self.timeout + 30)
+            out = resp.json()
+        except (requests.RequestException, ValueError) as e:
+            raise ToolError(f"the code sandbox at {self.url} did not answer: {type(e).__name__}") from None
+        finally:
+            if self.slots is not None:
+                self.slots.release()
+        run = out.get("run_result") or {}
+        text = (run.get("stdout") or "") + (run.get("stderr") or "")
+        if out.get("status") == "Success":
+            return text or "(no output)"
+        if run.get("status") == "TimeLimitExceeded":
+            raise ToolError(f"time limit exceeded ({self.timeout} s){': ' + text if text else ''}")
+        raise ToolError(text or out.get("message") or f"the sandbox answered {out.get('status')!r}")
+
+
 TOOL_CLASSES: dict[str, type[Tool]] = {
     "calculator": CalculatorTool,
     "mindrl.agent.tools.CalculatorTool": CalculatorTool,
+    "code_interpreter": CodeTool,
+    "mindrl.agent.tools.CodeTool": CodeTool,
+    "mindspeed_rl.tools.retool.ReTool": CodeTool,
+    "mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool": CodeTool,
 }
-"""YAML class_name -> the tool class."""
+"""YAML class_name -> the tool class (MindSpeed-RL's code tools are mindrl's CodeTool)."""
 NOT_YET = {
-    "mindspeed_rl.tools.retool.ReTool": "the code tool (a SandboxFusion /run_code client)",
-    "mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool": "the code tool (a SandboxFusion /run_code client)",
     "mindspeed_rl.tools.search_tool.SearchTool": "the search tool (a retrieval_service_url client)",
 }
 """MindSpeed-RL tool classes mindrl will map to its own tools once they exist: refused at load, saying which."""

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from mindrl.algorithms import LOSS_AGG_MODES, POLICY_LOSS_MODES, list_advantage_estimators
 from mindrl.algorithms.kl import KL_PENALTY_KINDS
 from mindrl.config.errors import Collector, did_you_mean
-from mindrl.config.section import Section
+from mindrl.config.section import Section, ignored_field
 from mindrl.rewards.verifiers import list_verifiers
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -114,18 +114,9 @@ class RLSectionConfig(Section):
         ),
     }  # fmt: skip
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
-        "multi_turn_enable": (
-            (False,),
-            "multi-turn tool-use rollouts: the agent-loop episode (trainer/pipeline/agent_loop.py) runs in-process but "
-            "is not yet wired to the engines and schedules; the multi-turn keys are checked but unused",
-        ),
         "is_multimodal": ((False,), "multimodal models"),
         "colocate_actor_and_vit": ((False,), "multimodal models"),
         "vit_resource": ((None,), "multimodal models"),
-        "async_engine": (
-            (False,),
-            "vLLM's asynchronous engine, which with partial rollout also changes which responses an iteration finishes",
-        ),
         "require_max_age_all_finished": (
             (True,),
             "responses left unfinished after partial_rollout_max_split iterations",
@@ -283,7 +274,18 @@ class RLSectionConfig(Section):
     filter_groups_train_batch_size: int | None = None
     """Prompts trained on per iteration with dynamic sampling (kept groups beyond it are dropped); None:
     global_batch_size."""
-    # -- multi-turn tool use (MindSpeed-RL's keys; read only with multi_turn_enable, which mindrl still refuses) ---
+    # -- multi-turn tool use (MindSpeed-RL's keys; read only with multi_turn_enable) -----------------------------------
+    multi_turn_enable: bool = False
+    """true: each prompt's episode is the agent loop (generate, parse the turn's tool calls, run the tools of
+    tool_config_path, append their outputs as observation tokens that are never trained on, generate again);
+    docs/agentic.md. false: one turn."""
+    async_engine: bool = ignored_field(
+        False,
+        "MindSpeed-RL's switch to vLLM's asynchronous engine, which it requires with multi_turn_enable; mindrl's agent "
+        "loop batches each turn of every running episode into one call of the synchronous engine, so each episode's "
+        "tokens come from the same weights either way (without multi_turn_enable, true is refused: with partial "
+        "rollout it changes which responses an iteration finishes)",
+    )
     tool_config_path: str | None = None
     """The tool YAML: a `tools:` list of class_name, config and an OpenAI-function tool_schema (checked when the
     config loads, naming the file and the entry)."""
@@ -489,10 +491,35 @@ class RLSectionConfig(Section):
         if fmt is not None and fmt not in TOOL_PARSER_FORMATS:
             col.add("tool_parser_format", f"{fmt!r} is not one of {', '.join(TOOL_PARSER_FORMATS)}"
                     f"{did_you_mean(fmt, TOOL_PARSER_FORMATS)}")  # fmt: skip
-        for key in ("tool_config_path", *MULTI_TURN_INTS, "tool_response_truncate_side", "tool_parser_format"):
-            if getattr(self, key) is not None:
-                col.ignore(key, "a multi-turn tool-use option, read only with multi_turn_enable, which mindrl "
-                           "requires false for now")  # fmt: skip
+        if self.async_engine and not self.multi_turn_enable:
+            col.add("async_engine", "True is not supported by mindrl without multi_turn_enable (vLLM's asynchronous "
+                    "engine, which with partial rollout also changes which responses an iteration finishes); remove "
+                    "it or set it to False")  # fmt: skip
+        if not self.multi_turn_enable:
+            for key in ("tool_config_path", *MULTI_TURN_INTS, "tool_response_truncate_side", "tool_parser_format"):
+                if getattr(self, key) is not None:
+                    col.ignore(key, "a multi-turn tool-use option, read only with multi_turn_enable: true")
+            return
+        if not self.tool_config_path:
+            col.add("tool_config_path", "is required with multi_turn_enable: true (the tool YAML: a tools: list of "
+                    "class_name, config and tool_schema)")  # fmt: skip
+        # Refused combinations: the agent loop runs in the trainer's process over the Engine front (episode.py).
+        if self.partial_rollout_max_split > 1:
+            col.add("multi_turn_enable", "does not combine with partial rollout (partial_rollout_max_split > 1): "
+                    "partial carries a cut response into the next iteration as tokens to continue, and an agent-loop "
+                    "episode cut between turns also holds its pending tool calls, its turn and call counts and the "
+                    "observations' loss mask, which partial's pool does not keep; set partial_rollout_max_split: 1")  # fmt: skip
+        if self.async_mode == "bounded":
+            col.add("multi_turn_enable", "does not combine with async_mode bounded: bounded's sampler processes "
+                    "generate one-turn responses with engines of their own, and the agent loop (with its tools) runs "
+                    "in the trainer's process; use async_mode sync or one_step_off")  # fmt: skip
+        if self.val_data_path:
+            col.add("val_data_path", "does not combine with multi_turn_enable yet: the evaluation samples one turn, so "
+                    "a policy that calls tools would be scored without their results; remove val_data_path")  # fmt: skip
+        if not self.use_integrated_worker:
+            col.add("multi_turn_enable", "needs use_integrated_worker: true: separate placement's engine group takes "
+                    "the weights as a new version on every engine call, and the agent loop calls the engines once per "
+                    "turn, so every turn would stream the same weights again")  # fmt: skip
 
     def validate(self, col: Collector) -> None:
         self._validate_multi_turn(col)

@@ -107,6 +107,11 @@ class RLConfig(Section):
                     "publishes its weights to them, never to the rollout servers, so the servers would generate "
                     "nothing; run mindrl-sampler processes on the rollout hosts (async_transport: zmq), or keep the "
                     "servers with async_mode sync or one_step_off")  # fmt: skip
+        if gen.rollout_mode == "server" and rl.multi_turn_enable:
+            col.add("rl_config.multi_turn_enable", "does not combine with generate_config.rollout_mode 'server': every "
+                    "call to the rollout servers pushes the weights as a new version, and the agent loop calls the "
+                    "engines once per turn, so every turn would push the same weights again; use rollout_mode "
+                    "integrated")  # fmt: skip
         if mt.stage == "ray_dapo" and rl.sync_ref_model:
             col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
                     "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip
@@ -337,6 +342,14 @@ class RLConfig(Section):
             col.add(key, f"global_batch_size={gbs} prompts must split evenly over the {world // itp} engine replicas "
                     f"(num_npus / infer TP = {world} / {itp})")  # fmt: skip
 
+    @property
+    def sequence_length(self) -> int:
+        """The longest sequence the trainer sees: the prompt and one turn, or with multi_turn_enable the prompt and a
+        whole episode (max_total_response_length, its turns and observations)."""
+        rl, max_tokens = self.rl_config, self.generate_config.sampling_config.max_tokens
+        total = rl.max_total_response_length if rl.multi_turn_enable and rl.max_total_response_length else 0
+        return rl.max_prompt_length + max(max_tokens, total)
+
     def _check_lengths(self, col: Collector) -> None:
         gen, rl, mt = self.generate_config, self.rl_config, self.megatron_training
         need = rl.max_prompt_length + gen.sampling_config.max_tokens
@@ -362,6 +375,12 @@ class RLConfig(Section):
         ):  # MindSpeed-RL's rule: an episode holds at least one full turn
             col.add("rl_config.max_total_response_length", f"{total} < generate_config.sampling_config.max_tokens="
                     f"{gen.sampling_config.max_tokens}: an episode must hold a whole first turn")  # fmt: skip
+        if rl.multi_turn_enable and total and not col.is_bad("rl_config.max_total_response_length"):
+            if gen.max_model_len < rl.max_prompt_length + total:  # the last turn's context: prompt + whole episode
+                col.add("generate_config.max_model_len", f"{gen.max_model_len} < rl_config.max_prompt_length + "
+                        f"rl_config.max_total_response_length = {rl.max_prompt_length} + {total} = "
+                        f"{rl.max_prompt_length + total}: an episode's last turn sees the prompt and every earlier "
+                        "turn and observation")  # fmt: skip
         if mt.seq_length is not None and gen.max_model_len < mt.seq_length:
             col.add("generate_config.max_model_len", f"{gen.max_model_len} < megatron_training.seq_length="
                     f"{mt.seq_length} (MindSpeed-RL's rule: the engine must hold a training sequence)")  # fmt: skip

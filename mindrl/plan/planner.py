@@ -115,7 +115,7 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
     settings = _model_settings(cfg, role)
     dp = world // (settings.tp * settings.pp * settings.cp)
     rl = cfg.rl_config
-    seq = rl.max_prompt_length + cfg.generate_config.sampling_config.max_tokens
+    seq = cfg.sequence_length
     update = mem.micro_batch_shape(
         seq, settings.micro_batch_size, settings.token_budget, settings.max_rows, settings.remove_padding
     )
@@ -205,7 +205,7 @@ def make_plan(
         )
         for i in range(world)
     ]
-    seq = rl.max_prompt_length + gen.sampling_config.max_tokens
+    seq = cfg.sequence_length
     plan = Plan(cfg.config_name, cfg.source, dev, why, world, seq, layouts, rollout, placement, {}, 0, {}, {})
     _fill_memory(plan, cfg, has_ref)
     _judge(plan, cfg)

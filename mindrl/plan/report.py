@@ -88,7 +88,11 @@ def to_text(plan: Plan) -> str:
         f"device: {d.name}, {d.memory_bytes / GIB:.1f} GiB each, {d.per_node} per node ({plan.device_why}); "
         f"{plan.world} devices on {-(-plan.world // d.per_node)} node(s)",
         f"training sequence: up to {plan.train_seq_len} tokens "
-        + ("(max_prompt_length + max_tokens)" if plan.rollout else "(seq_length, each sequence of a pair)"),
+        + (
+            "(max_prompt_length + max_tokens, or + max_total_response_length with multi_turn_enable)"
+            if plan.rollout
+            else "(seq_length, each sequence of a pair)"
+        ),
         "",
         "layouts",
     ]

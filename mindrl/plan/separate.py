@@ -59,7 +59,7 @@ def make_plan(
     itp = gen.infer_tensor_parallel_size
     rollout = planner.RolloutLayout(itp, size["rollout"] // itp, gen.dtype, gen.max_model_len, gen.max_num_seqs,
                                     stage_params(cfg.model, "actor", itp, 1, 0).total)  # fmt: skip
-    seq = rl.max_prompt_length + gen.sampling_config.max_tokens
+    seq = cfg.sequence_length
     plan = planner.Plan(cfg.config_name, cfg.source, dev, why, total, seq, layouts, rollout, [], {}, 0, {}, {})
     plan.groups = [_group_plan(plan, cfg, g, has_ref) for g in groups]
     worst = min(plan.groups, key=lambda g: g.verdict["headroom_bytes"])

@@ -41,7 +41,7 @@ def test_a_calculator_entry_builds_the_tool(tmp_path):
     assert tools["calculator"].execute({"expression": "12*(3+4)"}) == "84"
 
 
-def test_mindspeed_rls_retool_yaml_is_refused_naming_the_missing_tool(tmp_path):
+def test_mindspeed_rls_retool_yaml_builds_the_code_tool(tmp_path):
     entry = {
         "class_name": "mindspeed_rl.tools.retool.ReTool",
         "config": {"sandbox_fusion_url": "http://localhost:8080/run_code", "num_workers": 128},
@@ -55,8 +55,11 @@ def test_mindspeed_rls_retool_yaml_is_refused_naming_the_missing_tool(tmp_path):
         },
     }
     path = _write(tmp_path, [entry])
-    with pytest.raises(ToolConfigError, match=r"tools\[0\] \(code_interpreter\): class_name .*SandboxFusion"):
-        load_tool_specs(path)
+    tool = build_tools(path)["code_interpreter"]
+    assert type(tool).__name__ == "CodeTool" and tool.url == "http://localhost:8080/run_code"
+    entry["config"]["sandbox_fusion_url"] = "localhost:8080"
+    with pytest.raises(ToolConfigError, match=r"tools\[0\] \(code_interpreter\): config.sandbox_fusion_url"):
+        build_tools(_write(tmp_path, [entry]))
 
 
 @pytest.mark.parametrize(

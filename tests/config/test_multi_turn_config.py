@@ -1,6 +1,6 @@
 """MindSpeed-RL's multi-turn keys (dapo_qwen25_7b_A2_multi_turn): read and checked at load with errors naming the
-key and the file; multi_turn_enable: true refused with its reason (the agent loop is not wired to the engines);
-the tool YAML checked by preflight, naming the file and the entry."""
+key and the file; the mode combinations multi-turn refuses, each with its reason; the tool YAML checked by
+preflight, naming the file and the entry."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from mindrl.preflight import check_tool_config
 from tests.agent.test_tools import CALC_SCHEMA
 from tests.config.test_errors import GRPO, _edited, errors, issue
 
-# The recipe's block, as MindSpeed-RL writes it (their multi_turn_enable: true is what mindrl refuses for now).
+# The recipe's block, as MindSpeed-RL writes it.
 RECIPE = """
   multi_turn_enable: {enable}
   tool_config_path: ./configs/tools/retool_config.yaml
@@ -48,10 +48,36 @@ def test_the_recipes_keys_are_read_and_listed_as_unused_while_multi_turn_is_off(
     )
 
 
-def test_multi_turn_enable_is_refused_with_the_reason(tmp_path):
-    err = errors("cfg", config_path=_cfg(tmp_path, enable="true"))
-    issue(err, "rl_config.multi_turn_enable", "not supported", "agent-loop episode", "not yet wired",
-          source=os.path.join(tmp_path, "cfg.yaml"))  # fmt: skip
+def test_multi_turn_loads_with_async_engine_and_the_episode_length_checked_against_max_model_len(tmp_path):
+    d = _cfg(tmp_path, enable="true", total=64)
+    text = open(os.path.join(d, "cfg.yaml")).read().replace("  multi_turn_enable: true\n",
+                                                            "  multi_turn_enable: true\n  async_engine: true\n")  # fmt: skip
+    open(os.path.join(d, "cfg.yaml"), "w").write(text)
+    cfg = load_config("cfg", config_path=d)
+    assert cfg.rl_config.multi_turn_enable and "rl_config.async_engine" in cfg.ignored_keys
+    assert cfg.sequence_length == cfg.rl_config.max_prompt_length + 64
+    err = errors("cfg", config_path=_cfg(tmp_path / "long", enable="true", total=100_000))
+    issue(err, "generate_config.max_model_len", "rl_config.max_prompt_length + rl_config.max_total_response_length")
+
+
+def test_async_engine_without_multi_turn_is_refused(tmp_path):
+    err = errors("cfg", "+rl_config.async_engine=true", config_path=_cfg(tmp_path))
+    issue(err, "rl_config.async_engine", "without multi_turn_enable", "set it to False")
+
+
+REFUSED = [  # override -> (key, words of the reason)
+    ("rl_config.partial_rollout_max_split=2", "rl_config.multi_turn_enable", "partial rollout", "pending tool calls"),
+    ("rl_config.async_mode=bounded", "rl_config.multi_turn_enable", "async_mode bounded", "sampler processes"),
+    ("rl_config.use_integrated_worker=false", "rl_config.multi_turn_enable", "once per turn"),
+    ("generate_config.rollout_mode=server", "rl_config.multi_turn_enable", "rollout_mode 'server'", "once per turn"),
+    ("+rl_config.val_data_path=/x/val", "rl_config.val_data_path", "evaluation samples one turn"),
+]
+
+
+def test_the_refused_combinations_say_why(tmp_path):
+    for i, (override, key, *words) in enumerate(REFUSED):
+        err = errors("cfg", override, config_path=_cfg(tmp_path / str(i), enable="true", total=64))
+        issue(err, key, *words)
 
 
 def test_bad_values_name_the_key_and_the_file(tmp_path):

@@ -335,3 +335,43 @@ def test_limits_from_the_config_keys(tmp_path):
 def test_no_prompts_no_engine_call(tok):
     ep, engine = loop(tok, lambda text, turn, j: "x")
     assert ep.run([], SamplingConfig(), [], {}) == [] and engine.calls == []
+
+
+def test_a_turn_is_never_cut_for_another_trajectorys_lack_of_room(tok):
+    """Trajectories with different room left share one engine call per turn (capped at the smallest room, so that no
+    context + max_tokens passes the engine's length); the one with more room continues its turn in another call."""
+    answer = tok.encode("The answer is \\boxed{12345678}." + END, add_special_tokens=False)
+    opened = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    calls = []
+
+    class Continuing:
+        def generate(self, prompts, sampling, seeds, timing):
+            calls.append([len(p) + sampling.max_tokens for p in prompts])
+            out = []
+            for p in prompts:
+                text = tok.decode(p, skip_special_tokens=False)
+                if "<tool_response>" not in text:  # the first turn: a short or a long call
+                    ids = [tok.encode(calc("1+1" if j == 0 else "+".join(["1"] * 12)), add_special_tokens=False)
+                           for j in range(sampling.n)]  # fmt: skip
+                else:  # the answer, continued where the context's last turn stopped
+                    start = max(i + len(opened) for i in range(len(p)) if p[i : i + len(opened)] == opened)
+                    ids = [answer[len(p) - start :]]
+                group = []
+                for x in ids:
+                    cut = len(x) > sampling.max_tokens
+                    x = x[: sampling.max_tokens]
+                    group.append(RolloutSample(x, [-0.5] * len(x), "length" if cut else "stop"))
+                out.append(group)
+            return out
+
+    p = prompt(tok)
+    long_call = len(tok.encode(calc("+".join(["1"] * 12)), add_special_tokens=False))
+    obs = len(tok.encode(ChatFormat().observation(calc("1"), ["2"]), add_special_tokens=False))
+    total = long_call + obs + len(answer) // 2  # the long-call episode has room for half the answer
+    ep = AgentLoop(Continuing(), tok, {"calculator": CalculatorTool({}, CALC_SCHEMA)},
+                   limits(max_total_response_length=total))  # fmt: skip
+    [[short, long]] = ep.run([p], SamplingConfig(max_tokens=total, n=2), [0], {})
+    assert all(n <= len(p) + total for call in calls for n in call), calls  # every context fits
+    assert len(calls) == 3  # the first turn, the second for both, its continuation for the one with room
+    assert short.finish_reason == "stop" and short.token_ids[-len(answer) :] == answer
+    assert long.finish_reason == "length" and len(long.token_ids) <= total

@@ -116,3 +116,25 @@ def test_restore_refuses_other_settings():
     with pytest.raises(ValueError, match="resume with the same async settings"):
         async_rollout.restore(OneStepOff(0, 5), state)
     async_rollout.restore(None, TrainerState(iteration=2, loader={}, kl_ctrl={}))  # a synchronous checkpoint
+
+
+def test_an_agent_loops_observation_mask_survives_the_checkpoint(tmp_path):
+    """A pending multi-turn batch: its observation tokens stay out of training after a resume."""
+    from mindrl.trainer.experience import Response
+
+    masks = [[1, 0, 0, 1], [0, 1, 1, 0]]
+
+    def generate(prompts, iteration, timing):
+        return [[Response([int(i), k, 5, 6], [-0.5, 0.0, 0.0, -1.0], "stop", [], masks[k]) for k in range(N)]
+                for i in prompts.indices]  # fmt: skip
+
+    pipe = OneStepOff(1, 4)
+    stream = prompt_stream()
+    pipe.take(stream, generate, 1, {})
+    meta, blob = pipe.state_dict()
+    assert meta["batches"][0]["observations"] == [[[1, 3]], [[0, 1], [3, 4]]] * 2
+    back = OneStepOff(1, 4)
+    back.load_state_dict(meta, blob)
+    [pending] = back.pending
+    assert [[s.loss_mask for s in g] for g in pending.samples] == [masks, masks]
+    assert pending.samples[1][1].token_ids == [3, 1, 5, 6]

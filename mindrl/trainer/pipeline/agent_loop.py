@@ -3,7 +3,8 @@ generate again, until a turn calls no tool or a limit ends the episode. The resp
 observations in between, with `loss_mask` 0 exactly on the observation tokens (context the policy did not write).
 
 One engine call per turn for every trajectory still running (the first with `sampling.n` samples per prompt, the
-next ones with one continuation per trajectory), so the engine batches as in a one-turn rollout; a turn's tool
+next ones with one continuation per trajectory; a turn that call cut at another trajectory's smaller room goes on
+in one more), so the engine batches as in a one-turn rollout; a turn's tool
 calls, every trajectory's, run together in one thread pool. Limits, as MindSpeed-RL names them:
 - `max_total_response_length`: response tokens, policy turns and observations together. A turn is cut at it
   (finish_reason "length"); an observation that would reach it ends the episode instead of being appended.
@@ -27,6 +28,7 @@ from typing import Any
 from mindrl.agent.hermes import ParsedTurn, ToolCall, ToolCallError, parse_tool_calls
 from mindrl.agent.tools import Tool, ToolError
 from mindrl.config.rl import TOOL_RESPONSE_TRUNCATE_SIDES
+from mindrl.rollout.base import RolloutSample
 from mindrl.trainer.experience import Response
 from mindrl.trainer.pipeline.episode import Episode
 
@@ -137,8 +139,8 @@ class AgentLoop(Episode):
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     @staticmethod
-    def _turn_seed(seed: int, turn: int) -> int:
-        return (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
+    def _turn_seed(seed: int, turn: int, piece: int = 0) -> int:
+        return (seed * 1_000_003 + turn * 7_919 + piece * 104_729) % (2**31 - 1)
 
     def run(self, prompts, sampling, seeds, timing) -> list[list[Response]]:
         if not prompts:
@@ -163,11 +165,7 @@ class AgentLoop(Episode):
             going = [t for t in calling if self._observe(t, stats)]
             if not going:
                 break
-            room = max(lim.max_total_response_length - len(t.token_ids) for t in going)
-            nxt = dataclasses.replace(sampling, n=1, max_tokens=min(sampling.max_tokens, room))
-            out = self.engine.generate([t.prompt + t.token_ids for t in going], nxt,
-                                       [self._turn_seed(t.seed, turn) for t in going], timing)  # fmt: skip
-            active = [(t, g[0]) for t, g in zip(going, out)]
+            active = list(zip(going, self._next_turn(going, sampling, turn, timing)))
         flat = [t for ts in trajs for t in ts]
         self.metrics = {
             "agent/turns_mean": sum(t.turns for t in flat) / len(flat),
@@ -183,6 +181,34 @@ class AgentLoop(Episode):
             self.metrics[f"agent/{name}/latency_s_mean"] = sum(lat) / len(lat)
             self.metrics[f"agent/{name}/latency_s_max"] = max(lat)
         return [[Response(t.token_ids, t.logprobs, t.finish_reason, [], t.loss_mask) for t in ts] for ts in trajs]
+
+    def _next_turn(self, going: list[_Trajectory], sampling, turn: int, timing) -> list[RolloutSample]:
+        """Each trajectory's next turn, at most `sampling.max_tokens` tokens and its own room in the episode. One
+        engine call serves them all with the smallest of those bounds (the engine takes one max_tokens per call,
+        and a context plus max_tokens must fit max_model_len); a trajectory that call stopped short of its own
+        bound continues its turn in the next call, so no turn is cut for another's lack of room."""
+        lim = self.limits
+        turns = [RolloutSample([], [], "stop") for _ in going]
+        pending = list(range(len(going)))
+        piece = 0
+        while pending:
+            bounds = [min(sampling.max_tokens - len(turns[i].token_ids),
+                          lim.max_total_response_length - len(going[i].token_ids) - len(turns[i].token_ids))
+                      for i in pending]  # fmt: skip
+            step = min(bounds)
+            nxt = dataclasses.replace(sampling, n=1, max_tokens=step)
+            out = self.engine.generate([going[i].prompt + going[i].token_ids + turns[i].token_ids for i in pending],
+                                       nxt, [self._turn_seed(going[i].seed, turn, piece) for i in pending],
+                                       timing)  # fmt: skip
+            more = []
+            for i, bound, [sample] in zip(pending, bounds, out):
+                turns[i].token_ids += sample.token_ids
+                turns[i].logprobs += sample.logprobs
+                turns[i].finish_reason = sample.finish_reason
+                if sample.finish_reason == "length" and len(sample.token_ids) == step < bound:
+                    more.append(i)
+            pending, piece = more, piece + 1
+        return turns
 
     def _take_turn(self, t: _Trajectory, sample, stats) -> bool:
         """Appends the policy's turn (cut to the episode's room); whether the episode goes on to run tools."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from mindrl.trainer.pipeline import Pipeline, bounded, one_step_off, partial
 from mindrl.trainer.pipeline.engines import Engine
-from mindrl.trainer.pipeline.episode import OneTurn
+from mindrl.trainer.pipeline.episode import Episode, OneTurn
 from mindrl.trainer.pipeline.filter import DynamicSampling
 from mindrl.trainer.pipeline.schedule import Schedule, Seeds, Sync
 
@@ -21,7 +22,8 @@ def build(cfg, loader, dataset, engine: Engine, sampling, tokenizer, rewards, ex
         schedule = bounded.bounded(cfg, dataset)
         schedule.export = export
     else:
-        sync = Sync(loader, OneTurn(engine), sampling, Seeds(mt.seed, n))
+        sync = Sync(loader, episode(cfg, engine, tokenizer, sampling), tool_stops(cfg, sampling, tokenizer),
+                    Seeds(mt.seed, n))  # fmt: skip
         pool, ahead = partial.from_config(cfg, sampling), one_step_off.one_step_off(cfg)
         schedule = (partial.PartialSchedule(pool, sync) if pool is not None
                     else one_step_off.OneStepOffSchedule(ahead, sync) if ahead is not None else sync)  # fmt: skip
@@ -30,3 +32,28 @@ def build(cfg, loader, dataset, engine: Engine, sampling, tokenizer, rewards, ex
         names = rewards.client.settings.verifier_function
         keep = DynamicSampling(rl, n, names, rewards, tokenizer, engine.enter_phase)
     return Pipeline(schedule, n, tokenizer.pad_token_id, keep)
+
+
+def episode(cfg, engine: Engine, tokenizer, sampling) -> Episode:
+    """One turn, or with rl_config.multi_turn_enable the agent loop over the tools of tool_config_path."""
+    rl = cfg.rl_config
+    if not rl.multi_turn_enable:
+        return OneTurn(engine)
+    from mindrl.agent.tools import build_tools
+    from mindrl.trainer.pipeline.agent_loop import AgentLimits, AgentLoop
+
+    return AgentLoop(
+        engine, tokenizer, build_tools(rl.tool_config_path), AgentLimits.from_config(rl, sampling.max_tokens)
+    )
+
+
+def tool_stops(cfg, sampling, tokenizer):
+    """The rollout's sampling; with multi_turn_enable a turn also ends at the hermes `</tool_call>` token where the
+    tokenizer has it as one token (Qwen2.5's), so the tools run as soon as a call is written. A model whose
+    tokenizer spells it in several tokens ends its turn at its end token instead (the calls are parsed either way)."""
+    if not cfg.rl_config.multi_turn_enable:
+        return sampling
+    ids = tokenizer.encode("</tool_call>", add_special_tokens=False)
+    if len(ids) != 1 or ids[0] in (sampling.stop_token_ids or []):
+        return sampling
+    return dataclasses.replace(sampling, stop_token_ids=[*(sampling.stop_token_ids or []), ids[0]])

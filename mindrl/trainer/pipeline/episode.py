@@ -11,6 +11,9 @@ from mindrl.rollout.base import SamplingConfig
 
 
 class Episode(abc.ABC):
+    metrics: dict[str, float]
+    """The last `run`'s metrics (the agent loop's agent/*), which the schedule hands to the trainer with the batch."""
+
     @abc.abstractmethod
     def run(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int], timing: dict[str, float]
@@ -24,6 +27,7 @@ class OneTurn(Episode):
 
     def __init__(self, engine):
         self.engine = engine
+        self.metrics = {}
 
     def run(self, prompts, sampling, seeds, timing) -> list:
         return self.engine.generate(prompts, sampling, seeds, timing)

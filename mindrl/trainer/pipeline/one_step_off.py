@@ -14,7 +14,7 @@ from mindrl.algorithms.staleness import staleness
 from mindrl.data.prompt_dataset import PromptBatch
 from mindrl.rollout.base import RolloutSample
 from mindrl.serving import experience as wire
-from mindrl.trainer.experience import stamp
+from mindrl.trainer.experience import Response, stamp
 from mindrl.trainer.pipeline import schedule
 from mindrl.trainer.pipeline.schedule import Schedule, Sync, generated, refuse_pending
 
@@ -96,6 +96,8 @@ class OneStepOff:
                     "indices": g.prompts.indices.tolist(),
                     "extras": {k: [t.tolist() for t in v] for k, v in g.prompts.extras.items()},
                     "group_sizes": [len(group) for group in g.samples],
+                    # the wire format has no loss mask: an agent loop's observation tokens as [start, end) spans
+                    "observations": [_spans(getattr(s, "loss_mask", None)) for group in g.samples for s in group],
                 }
             )
             for i, (prompt, group) in enumerate(zip(g.prompts.prompts, g.samples)):
@@ -126,21 +128,42 @@ class OneStepOff:
         pos = 0
         for b in meta["batches"]:
             prompts, samples = [], []
+            observations = iter(b.get("observations") or [])
             for size in b["group_sizes"]:
                 group = records[pos : pos + size]
                 pos += size
                 prompts.append(torch.from_numpy(group[0].prompt_ids.astype("int64")))
-                samples.append(
-                    [
-                        RolloutSample(e.response_ids.tolist(), e.behaviour_logprobs.tolist(), e.finish_reason)
-                        for e in group
-                    ]
-                )
+                samples.append([_sample(e, next(observations, None)) for e in group])
             extras = {k: [torch.tensor(x, dtype=torch.long) for x in v] for k, v in b["extras"].items()}
             batch = PromptBatch(prompts, torch.tensor(b["indices"], dtype=torch.long), extras)
             self.pending.append(Generated(batch, samples, int(b["version"]), int(b["iteration"])))
         if pos != len(records):
             raise ValueError(f"the checkpoint's pending experiences hold {len(records)} responses, its state {pos}")
+
+
+def _spans(loss_mask: list[int] | None) -> list[list[int]] | None:
+    """The [start, end) runs of 0 in `loss_mask`; None when every token is the policy's."""
+    if loss_mask is None or all(loss_mask):
+        return None
+    spans: list[list[int]] = []
+    for i, m in enumerate(loss_mask):
+        if m:
+            continue
+        if spans and spans[-1][1] == i:
+            spans[-1][1] = i + 1
+        else:
+            spans.append([i, i + 1])
+    return spans
+
+
+def _sample(e: wire.Experience, spans: list[list[int]] | None) -> RolloutSample | Response:
+    ids, lps = e.response_ids.tolist(), e.behaviour_logprobs.tolist()
+    if not spans:
+        return RolloutSample(ids, lps, e.finish_reason)
+    mask = [1] * len(ids)
+    for start, end in spans:
+        mask[start:end] = [0] * (end - start)
+    return Response(ids, lps, e.finish_reason, [], mask)
 
 
 def one_step_off(cfg) -> OneStepOff | None:
@@ -184,6 +207,7 @@ class OneStepOffSchedule(Schedule):
         out = generated(got.prompts, stamp(got.samples, got.version), n,
                         weight_version=[got.version] * (len(got.samples) * n))  # fmt: skip
         out.metrics.update(metrics)
+        out.metrics.update(self.sync.episode.metrics)  # the episodes run in this call (the batch trained next)
         return out
 
     def state_dict(self) -> dict:

@@ -101,5 +101,7 @@ class Sync(Schedule):
         ids = [p.tolist() for p in prompts.prompts]
         groups = self.episode.run(ids, self.sampling, self.seeds(iteration, gen_batch, prompts.indices), timing)
         rows = len(groups) * self.seeds.n
-        return generated(prompts, experience.stamp(groups, iteration - 1), self.seeds.n,
-                         weight_version=[iteration - 1] * rows)  # fmt: skip
+        out = generated(prompts, experience.stamp(groups, iteration - 1), self.seeds.n,
+                        weight_version=[iteration - 1] * rows)  # fmt: skip
+        out.metrics.update(self.episode.metrics)
+        return out
