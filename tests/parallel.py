@@ -59,7 +59,6 @@ SECOND_GROUP_MODULES = {
     "tests/trainer/test_bench_async.py",
     "tests/trainer/test_dapo_e2e.py",
     "tests/trainer/test_faults.py",
-    "tests/trainer/test_lora_e2e.py",
     "tests/trainer/test_partial_rollout_e2e.py",
     "tests/trainer/test_qwen3_e2e.py",
     "tests/trainer/test_ref_sync_e2e.py",
