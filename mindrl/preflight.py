@@ -12,7 +12,7 @@ from mindrl.agent.tools import ToolConfigError, build_tools
 from mindrl.checkpoint import legacy
 from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.checkpoint.iterations import saved_iterations
-from mindrl.checkpoint.mcore_ckpt import TRACKER, read_model_meta
+from mindrl.checkpoint.mcore_ckpt import MODEL_META, TRACKER, iteration_dir, read_model_meta, read_tracker
 from mindrl.config import loader
 from mindrl.config import sft as sft_config
 from mindrl.config.cli import check_override_syntax
@@ -20,6 +20,7 @@ from mindrl.config.errors import Collector, ConfigError, Issue
 from mindrl.config.megatron import dataset_output_prefix
 from mindrl.config.model import ModelArchConfig
 from mindrl.config.root import RLConfig
+from mindrl.config.settings import LoRASettings
 from mindrl.config.sft import SECTION as SFT_SECTION
 from mindrl.config.sft import SFTConfig, SFTTrainingConfig, split_counts
 from mindrl.data.indexed import IndexedDataset
@@ -112,6 +113,8 @@ def check_rl_paths(cfg: RLConfig, col: Collector) -> None:
         spec = _check_checkpoint(col, key, path, arch, value_model)
         if spec is not None:
             _check_vocab_rows(col, key, path, spec.vocab_size, arch, role, getattr(cfg, role).tp, tokenizer)
+    if not col.is_bad("actor_config.load"):
+        _check_adapters(col, cfg.actor_config.load, cfg.actor_config)
     if mt.data_path and not col.is_bad("megatron_training.data_path"):
         _check_dataset(col, "megatron_training.data_path", mt.data_path, mt.dataset_additional_keys)
     if rl.val_data_path and not col.is_bad("rl_config.val_data_path"):
@@ -237,6 +240,23 @@ def _check_checkpoint(
             col.add(f"{where}.{name}", f"is {ours} but the checkpoint {key}={path!r} has {theirs}: the model file "
                     "must describe the checkpoint's network")  # fmt: skip
     return spec
+
+
+def _check_adapters(col: Collector, path: str | None, settings: LoRASettings) -> None:
+    """The LoRA adapters the checkpoint at `path` holds (a LoRA run's save, or an HF model + PEFT adapter converted
+    with mindrl-convert hf2mcore --adapter) are the ones the actor's keys describe."""
+    if not path or not os.path.isdir(path) or legacy.is_legacy(path):
+        return
+    try:
+        _, meta = read_model_meta(path)
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+        return  # reported by _check_checkpoint, or an older iteration serves
+    saved = meta.get("lora")
+    where = os.path.join(iteration_dir(path, read_tracker(path)), MODEL_META)
+    if saved and saved.get("source"):
+        where += f", converted from {saved['source']}"
+    for key, message in settings.checkpoint_problems(saved):
+        col.add(f"actor_config.{key}", f"{message} (actor_config.load: {where})")
 
 
 class _TokenizerSize:

@@ -57,6 +57,7 @@ LANE_OF = {
     "tests/test_rlhf_3stage.py": QUICKSTART,
     "tests/trainer/test_bf16_e2e.py": QUICKSTART,
     "tests/trainer/test_ppo_e2e.py::test_training_learns": QUICKSTART,
+    "tests/trainer/test_lora_e2e.py": QUICKSTART,
     # self-contained modules, placed for balance
     "tests/models/test_real_llama.py": QUICKSTART,
     "tests/rollout/test_vllm_tp.py": QUICKSTART,
@@ -76,7 +77,6 @@ LANE_OF = {
     "tests/trainer/test_async_bounded.py": OWN,
     "tests/trainer/test_bench_async.py": OWN,
     "tests/trainer/test_dapo_e2e.py": OWN,
-    "tests/trainer/test_lora_e2e.py": OWN,
     "tests/trainer/test_partial_rollout_e2e.py": OWN,
     "tests/trainer/test_qwen3_e2e.py": OWN,
     "tests/trainer/test_ref_sync_e2e.py": OWN,

@@ -76,6 +76,14 @@ BOUNDS: dict[str, Bound] = {
     # lr 1e-12, seeds 1, 2: 12 block pairs mean -0.010, min -0.088, max +0.044 (per-iteration sd 0.12, 0.10: the
     # sd of a window-10 rise 0.048; the bound is 2.7 of it).
     "quickstart-grpo": Bound(("acc_for_ppo_rewards/mean",), 10, 0.13),
+    # The same GRPO run through LoRA adapters (tests/trainer/test_lora_e2e.py: r 8, alpha 16 on every linear, lr 3e-3,
+    # share_backbone), 30 iterations, seeds 1234, 1, 2: rise +0.312, +0.250, +0.253. No learning is the same run
+    # either way (a policy that does not move samples alike with or without adapters): quickstart-grpo's lr 1e-12
+    # spread, max +0.044. The bound is the midpoint.
+    #   mindrl-train --config-name grpo_tiny_cpu + quickstart_cpu.sh grpo's step-5 paths, train_iters=30,
+    #       '+actor_config.lora_target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]' +actor_config.lora_r=8
+    #       +actor_config.lora_alpha=16 actor_config.lr=3e-3 +rl_config.share_backbone=true megatron_training.seed=S
+    "quickstart-grpo-lora": Bound(("acc_for_ppo_rewards/mean",), 10, 0.14),
     # DAPO (the tiny Qwen3's own SFT start), train/generated_reward_mean (every sampled response, kept or filtered),
     # 30 iterations, seeds 1, 1234: rise +0.284, +0.270 (seed 1234: +0.324 at its config's 40).
     # lr 1e-12, seed 1: 6 block pairs mean -0.007, min -0.021, max +0.016 (per-iteration sd 0.068: the sd of a

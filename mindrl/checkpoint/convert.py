@@ -123,7 +123,9 @@ def _peak_rss() -> int:
 
 
 # ------------------------------------------------------------------------------------- hf2mcore
-def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, dtype: str, ep: int = 1) -> dict:
+def _hf2mcore_rank(
+    hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, dtype: str, ep: int = 1, adapter: str | None = None
+) -> dict:
     from megatron.core import parallel_state as ps
     from tqdm import tqdm
 
@@ -135,6 +137,13 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
     rss_before = _peak_rss()  # interpreter + torch + megatron, before any weight exists
     spec = ModelSpec.from_dict(spec_dict)
     model = build_model(spec, _role(spec), dtype=dtype, perform_initialization=False)
+    peft = None
+    if adapter is not None:  # an HF model + PEFT adapter: mindrl's LoRA layers, holding the adapter's A and B
+        from mindrl.checkpoint.peft_io import load_peft_adapter
+        from mindrl.models.lora import adapter_mapping, apply_lora, is_adapter_param
+
+        peft = load_peft_adapter(adapter, spec)
+        apply_lora(model, peft.lora_r, peft.lora_alpha, peft.lora_target_modules)
     reader = HFCheckpoint(hf_dir)
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     offset = pp_rank * (spec.num_layers // pp)
@@ -143,8 +152,12 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
     show = torch.distributed.get_rank() == 0
     with torch.no_grad():
         for name, param in tqdm(params, desc="hf2mcore rank 0", disable=not show, unit="tensor"):
-            mapping = param_mapping(spec, global_name(name, offset, expert_offset))
-            full = hf_to_full(spec, mapping, [reader.get(n) for n in mapping.hf_names])
+            if peft is not None and is_adapter_param(name):
+                mapping = adapter_mapping(spec, global_name(name, offset))[0]
+                full = peft.tensors[mapping.mcore_name]
+            else:
+                mapping = param_mapping(spec, global_name(name, offset, expert_offset))
+                full = hf_to_full(spec, mapping, [reader.get(n) for n in mapping.hf_names])
             local = full_to_local(mapping, full, tp_rank, tp)
             if tuple(local.shape) != tuple(param.shape):
                 raise CheckpointError(
@@ -158,23 +171,29 @@ def _hf2mcore_rank(hf_dir: str, it_dir: str, spec_dict: dict, tp: int, pp: int, 
 
 def hf2mcore(
     hf_dir: str, save_dir: str, tp: int = 1, pp: int = 1, orm: bool = False, dtype: str | None = None,
-    overwrite: bool = False, pool=None, ep: int = 1,
+    overwrite: bool = False, pool=None, ep: int = 1, adapter: str | None = None,
 ) -> ConversionStats:  # fmt: skip
-    """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP (x EP for a MoE model) ranks."""
+    """Convert an HF checkpoint into a mindrl/megatron checkpoint saved from TP x PP (x EP for a MoE model) ranks.
+    adapter: a PEFT LoRA directory for that model (adapter_config.json + adapter_model.safetensors): the checkpoint
+    is then a LoRA model's, its adapters in mindrl's LoRA layers (`mindrl.models.lora`), as a LoRA run saves one; a
+    run whose lora_r / lora_alpha / lora_target_modules are the adapter's trains on from it."""
     t0 = time.perf_counter()
     spec = ModelSpec.from_hf_dir(hf_dir)
     _check_orm_flag(spec, orm, hf_dir)
     spec.validate_layout(tp, pp, ep)
     dtype = str(torch_dtype(dtype or spec.dtype)).replace("torch.", "")
     validate_hf_checkpoint(hf_dir, spec)
+    lora = None
+    if adapter is not None:
+        lora = _adapter_meta(adapter, spec, orm)
     _check_pool(pool, tp * pp, ep)
     partial = _prepare_out_dir(save_dir, overwrite, hf_dir)
     it_dir = mcore_ckpt.iteration_dir(partial, mcore_ckpt.RELEASE)
     os.makedirs(it_dir)
     try:
         with _ranks(pool, tp * pp, ep) as ranks:
-            results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype, ep)
-        mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype)
+            results = ranks.run(_hf2mcore_rank, hf_dir, it_dir, spec.to_dict(), tp, pp, dtype, ep, adapter)
+        mcore_ckpt.write_model_meta(it_dir, spec, _role(spec), tp, pp, dtype, lora=lora)
         carry_files(hf_dir, os.path.join(partial, mcore_ckpt.HF_FILES))
         mcore_ckpt.write_tracker(partial, mcore_ckpt.RELEASE)
     except BaseException:
@@ -189,6 +208,21 @@ def hf2mcore(
         peak_rss_bytes=[r["peak_rss"] for r in results],
         base_rss_bytes=[r["rss_before"] for r in results],
     )
+
+
+def _adapter_meta(adapter: str, spec: ModelSpec, orm: bool) -> dict:
+    """The checkpoint meta's `lora` for a PEFT adapter, read and checked (every tensor, before any rank starts)."""
+    from mindrl.checkpoint.peft_io import CONFIG, load_peft_adapter
+
+    if orm or spec.is_moe:
+        raise CheckpointError(f"--adapter {adapter}: LoRA adapters load onto a dense causal LM only")
+    peft = load_peft_adapter(adapter, spec)
+    return {
+        "lora_r": peft.lora_r,
+        "lora_alpha": peft.lora_alpha,
+        "lora_target_modules": peft.lora_target_modules,
+        "source": os.path.abspath(os.path.join(adapter, CONFIG)),
+    }
 
 
 # ------------------------------------------------------------------------------------- mcore2hf

@@ -12,7 +12,7 @@ import torch
 
 from mindrl.checkpoint.hf_io import CheckpointError
 from mindrl.models.hf_config import ModelSpec
-from mindrl.models.lora import LoRAError, adapter_mapping, adapter_names, full_to_peft, peft_to_full
+from mindrl.models.lora import LoRAError, adapter_mapping, adapter_names, adapter_shape, full_to_peft, peft_to_full
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -24,6 +24,17 @@ HF_MODULES = {
     "linear_fc2": ("down_proj",),
 }
 _PREFIX = "base_model.model."
+# adapter_config.json keys that change what the adapter computes beyond y = W x + (alpha / r) B A x on the target
+# projections of every layer: such an adapter has no place in mindrl's layers.
+_UNSUPPORTED = {
+    "modules_to_save": "fully trained copies of whole modules are not LoRA adapters",
+    "layers_to_transform": "adapters on some layers only; mindrl adapts every layer",
+    "fan_in_fan_out": "transposed (Conv1D) weights are not megatron's linears",
+    "lora_bias": "a bias on lora_B is not mindrl's LoRA",
+    "target_parameters": "adapters on raw parameters (MoE experts) are not implemented",
+    "layer_replication": "replicated layers change the model",
+    "trainable_token_indices": "trained embedding rows are not LoRA adapters",
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,12 @@ def load_peft_adapter(path: str, spec: ModelSpec) -> PeftAdapter:
         problems.append("rsLoRA, DoRA and adapter biases are not mindrl's LoRA (scale alpha / r, no bias)")
     if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
         problems.append("per-module ranks or alphas (rank_pattern / alpha_pattern) are not supported")
+    for key, why in _UNSUPPORTED.items():
+        if cfg.get(key):
+            problems.append(f"{key} {cfg[key]!r}: {why}")
+    for key in ("r", "lora_alpha"):
+        if not isinstance(cfg.get(key), (int, float)) or cfg[key] <= 0:
+            problems.append(f"{key} {cfg.get(key)!r} is not a positive number")
     modules = cfg.get("target_modules") or []
     modules = [modules] if isinstance(modules, str) else list(modules)
     targets = [t for t, hf in HF_MODULES.items() if set(hf) <= set(modules)]
@@ -105,12 +122,31 @@ def load_peft_adapter(path: str, spec: ModelSpec) -> PeftAdapter:
         problems.append(f"target_modules {unknown} are not among {sorted(m for h in HF_MODULES.values() for m in h)}")
     if problems:
         raise CheckpointError(f"{cfg_path}: " + "; ".join(problems))
+    r = int(cfg["r"])
     state = {k.removeprefix(_PREFIX).replace(".default.", "."): v for k, v in load_file(w_path).items()}
-    tensors = {}
+    tensors, used = {}, set()
     for name in adapter_names(spec, targets):
-        mapping, _ = adapter_mapping(spec, name)
+        mapping, matrix = adapter_mapping(spec, name)
         absent = [n for n in mapping.hf_names if n not in state]
         if absent:
-            raise CheckpointError(f"{w_path}: {absent[0]} is missing")
-        tensors[name] = peft_to_full(spec, name, [state[n] for n in mapping.hf_names], source=f"{w_path}: ")
-    return PeftAdapter(int(cfg["r"]), float(cfg["lora_alpha"]), targets, tensors)
+            raise CheckpointError(f"{w_path}: {absent[0]} is missing (every layer's adapted projections are needed)")
+        for n, want in zip(mapping.hf_names, _peft_shapes(spec, name, r)):
+            if tuple(state[n].shape) != want:
+                raise CheckpointError(f"{w_path}: {n} has shape {tuple(state[n].shape)}, but r = {r} "
+                                      f"({cfg_path}) and the model imply {want}")  # fmt: skip
+        used.update(mapping.hf_names)
+        try:
+            tensors[name] = peft_to_full(spec, name, [state[n] for n in mapping.hf_names], source=f"{w_path}: ")
+        except LoRAError as e:
+            raise CheckpointError(str(e)) from None
+    extra = sorted(set(state) - used)
+    if extra:
+        raise CheckpointError(f"{w_path}: tensors that are not LoRA adapters of {targets}: {extra[:4]}"
+                              f"{f' ({len(extra)} in all)' if len(extra) > 4 else ''}")  # fmt: skip
+    return PeftAdapter(r, float(cfg["lora_alpha"]), targets, tensors)
+
+
+def _peft_shapes(spec: ModelSpec, mcore_name: str, r: int) -> list[tuple[int, ...]]:
+    """The shapes of the PEFT tensors of one megatron adapter matrix (in adapter_mapping's hf_names order)."""
+    full = torch.empty(adapter_shape(spec, mcore_name, r), device="meta")
+    return [tuple(t.shape) for _, t in full_to_peft(spec, mcore_name, full)]

@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--dtype", choices=["float32", "bfloat16", "float16"], help="param dtype (default: the checkpoint's)"
     )
+    a.add_argument(
+        "--adapter",
+        help="a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) for --hf-dir's model: the "
+        "checkpoint gets mindrl's LoRA layers holding its adapters, for a LoRA run (actor_config.lora_r, "
+        "lora_alpha and lora_target_modules must be the adapter's) to train on",
+    )
     a.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
 
     b = sub.add_parser("mcore2hf", help="megatron checkpoint (latest iteration) -> HF safetensors checkpoint")
@@ -93,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "hf2mcore":
             stats = convert.hf2mcore(
-                args.hf_dir, args.save_dir, args.tp, args.pp, args.orm, args.dtype, args.overwrite, ep=args.ep
-            )
+                args.hf_dir, args.save_dir, args.tp, args.pp, args.orm, args.dtype, args.overwrite, ep=args.ep,
+                adapter=args.adapter,
+            )  # fmt: skip
             print(
                 f"hf2mcore: {stats.num_params / 1e6:.1f}M params at TP{args.tp} PP{args.pp} -> {args.save_dir} "
                 f"in {stats.seconds:.1f} s; peak RSS per rank {max(stats.peak_rss_bytes) / 2**20:.0f} MiB"

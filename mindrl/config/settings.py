@@ -161,6 +161,29 @@ class LoRASettings:
             out.append(("lora_alpha", f"must be > 0, got {self.lora_alpha}"))
         return out
 
+    def checkpoint_problems(self, saved: dict | None) -> list[tuple[str, str]]:
+        """(key, message) for each way these settings differ from the adapters a checkpoint holds (its model meta's
+        `lora`: lora_r, lora_alpha, lora_target_modules; None: a checkpoint without adapters, which any setting may
+        start from). Loading such adapters into other layers would fail, or with another alpha silently scale them
+        wrong."""
+        if not saved:
+            return []
+        held = f"r = {saved['lora_r']}, alpha = {saved['lora_alpha']:g} on {saved['lora_target_modules']}"
+        if not self.lora:
+            return [("lora_target_modules", f"is not set, but the checkpoint holds LoRA adapters ({held}): set the "
+                     "adapters' keys to train them, or export it merged (mindrl-convert mcore2hf, then hf2mcore) "
+                     "to train the whole model")]  # fmt: skip
+        out = []
+        if set(self.lora_target_modules) != set(saved["lora_target_modules"]):
+            out.append(("lora_target_modules", f"is {list(self.lora_target_modules)}, but the checkpoint's adapters "
+                        f"are on {saved['lora_target_modules']}"))  # fmt: skip
+        if self.lora_r != saved["lora_r"]:
+            out.append(("lora_r", f"is {self.lora_r}, but the checkpoint's adapters have rank {saved['lora_r']}"))
+        if float(self.lora_alpha) != float(saved["lora_alpha"]):
+            out.append(("lora_alpha", f"is {self.lora_alpha:g}, but the checkpoint's adapters were trained with "
+                        f"{saved['lora_alpha']:g} (their scale is alpha / r)"))  # fmt: skip
+        return out
+
     @property
     def lora(self) -> bool:
         """Whether the model trains through adapters."""

@@ -239,8 +239,10 @@ def adapted_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def merged_weight(module: torch.nn.Module) -> torch.Tensor:
     """One adapted linear's W + scale * B A (this rank's shard, W's dtype; computed in fp32): a new tensor."""
     adapter, w = module.lora, module.weight
-    # addmm: W's fp32 copy and the result are the only weight-sized temporaries (the reshard's merge buffer).
-    merged = torch.addmm(w.float(), adapter.lora_B.weight.float(), adapter.lora_A.weight.float(), alpha=adapter.scale)
+    # The reshard's merge buffer: W's fp32 copy, B A added into it in place, then (a 16-bit W) the result in W's dtype;
+    # with A and B's fp32 copies, what mindrl.plan.memory.merge_buffer_bytes counts.
+    merged = w.to(torch.float32, copy=True)
+    merged.addmm_(adapter.lora_B.weight.float(), adapter.lora_A.weight.float(), alpha=adapter.scale)
     return merged.to(w.dtype)
 
 

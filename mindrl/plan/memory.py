@@ -290,6 +290,29 @@ def engine_activation_bytes(arch: ModelArchConfig, tokens: int, seqs: int, infer
     return tokens * per_token * e + min(seqs, tokens) * int(arch.padded_vocab_size) // infer_tp * 4
 
 
+def merge_buffer_bytes(arch: ModelArchConfig, targets: list[str] | None, r: int, tp: int, e: int) -> int:
+    """The reshard's peak transient for a LoRA actor (`mindrl.models.lora.merged_weight`, one adapted linear's shard
+    at a time): W + scale * B A in fp32 (n params), plus, for a 16-bit W (e bytes), the fp32 copies of A and B while
+    B A is added, then the result cast back; the largest adapted linear sets it. 0 without adapters."""
+    if not targets:
+        return 0
+    h, d, f = int(arch.hidden_size), arch.head_dim, arch.ffn_size
+    q, kv = int(arch.num_attention_heads) * d, arch.num_kv_heads * d
+    shard = {  # (out, in) of this TP rank's shard of W
+        "linear_qkv": ((q + 2 * kv) // tp, h),
+        "linear_proj": (h, q // tp),
+        "linear_fc1": (2 * f // tp, h),
+        "linear_fc2": (h, f // tp),
+    }
+    peak = 0
+    for t in targets:
+        out, inp = shard[t]
+        n = out * inp
+        # 16-bit W: A and B's fp32 copies live while B A is added, the 16-bit result after
+        peak = max(peak, 4 * n if e == 4 else 4 * n + max(e * n, 4 * r * (out + inp)))
+    return peak
+
+
 def sequences_in_cache(kv_budget: int, max_model_len: int, per_token: int) -> int:
     """Sequences of max_model_len tokens (whole blocks) the KV budget holds at once."""
     if kv_budget <= 0:

@@ -302,6 +302,13 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
         return {k: (v if _KIND_OF[k] in on else 0) for k, v in state.items()}
 
     out["actor"]["rollout"] = held("actor", "rollout", actor)
+    if a.trainable_per_stage is not None:  # LoRA: the reshard merges each adapted linear before the engine gets it
+        rc = cfg.actor_config
+        # A transient of the reshard, which wakes the engine's weights before its KV cache: counted with the
+        # rollout, an upper bound.
+        out["actor"]["rollout"]["merge_buffer_bytes"] = mem.merge_buffer_bytes(
+            cfg.model, rc.lora_target_modules, rc.lora_r, a.tp, ea
+        )
     out["rollout"]["rollout"] = engine
     fwd_a = 0 if rl.on_policy else mem.forward_bytes(cfg.model, "actor", *_local(a.forward_shape, a.cp), a.tp, ea)
     out["actor"]["score"] = {**held("actor", "score", actor), "activations_bytes": fwd_a}

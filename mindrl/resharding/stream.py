@@ -141,6 +141,12 @@ class _MergedParams(Mapping):
     def __iter__(self):
         return iter(self._params)
 
+    @property
+    def unmerged(self) -> dict[str, torch.Tensor]:
+        """The parameters as they are (a merged weight has its base weight's shape and dtype): for looking at them
+        without merging."""
+        return self._params
+
     def __len__(self) -> int:
         return len(self._params)
 
@@ -229,7 +235,8 @@ class WeightStreamer:
     # ----------------------------------------------------------------------------------- planning
     def _make_plan(self) -> list[list[_Param]]:
         """Buckets of parameters, identical on every rank: one metadata exchange over the PP group."""
-        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in self._params().items()]
+        params = self._params()
+        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in getattr(params, "unmerged", params).items()]
         stages: list[Any] = [None] * self.pp
         if self.pp > 1:
             torch.distributed.all_gather_object(stages, mine, group=_pp_group())

@@ -4,6 +4,7 @@ plain language-model steps on random tokens: the shared core of the actor, the c
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ def build_model_and_optimizer(
 
     from mindrl.checkpoint.loading import build_and_load
 
+    _check_saved_adapters(load_dir, iteration, lora or LoRASettings())
     adapt = None
     if lora is not None and lora.lora:
         from mindrl.models.lora import apply_lora
@@ -100,6 +102,22 @@ def build_model_and_optimizer(
         lr_wsd_decay_style="linear" if optim.lr_decay_style == "WSD" else None,
     )
     return spec, ddp, optimizer, scheduler
+
+
+def _check_saved_adapters(load_dir: str, iteration: int | str | None, lora: LoRASettings) -> None:
+    """The adapters the checkpoint holds are the ones `lora` describes (preflight checks `load`; this also covers a
+    resume from the run's own saves)."""
+    from mindrl.checkpoint import legacy, mcore_ckpt
+    from mindrl.checkpoint.hf_io import CheckpointError
+
+    if legacy.is_legacy(load_dir, iteration):
+        return
+    iteration = mcore_ckpt.read_tracker(load_dir) if iteration is None else iteration
+    _, meta = mcore_ckpt.read_model_meta(load_dir, iteration)
+    problems = lora.checkpoint_problems(meta.get("lora"))
+    if problems:
+        where = os.path.join(mcore_ckpt.iteration_dir(load_dir, iteration), mcore_ckpt.MODEL_META)
+        raise CheckpointError(f"{where}: " + "; ".join(f"{key} {message}" for key, message in problems))
 
 
 def accumulate_wgrad_in_main_grad(ddp) -> None:

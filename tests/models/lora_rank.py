@@ -222,3 +222,17 @@ def resume_lora(load_dir: str, save_root: str, tp: int, pp: int, ids: torch.Tens
         "saved_backbone": sorted(k for k in saved_keys if ".lora.lora_" not in k),
         "meta": mcore_ckpt.read_model_meta(save_root, 1)[1],
     }
+
+
+def checkpoint_logits(load_dir: str, tp: int, pp: int, ids: torch.Tensor) -> torch.Tensor | None:
+    """Logits of `ids` from the checkpoint as every loader builds it (a LoRA checkpoint with its adapters), at TP x PP;
+    on the last stage's first TP rank of dp rank 0."""
+    from megatron.core import parallel_state as ps
+
+    from mindrl.checkpoint import loading
+    from mindrl.models.forward import forward_outputs
+
+    _, meta, model = loading.build_and_load(load_dir, tp, pp, "float32")
+    logits = forward_outputs(model, ids)
+    first = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+    return logits if first and logits is not None else None

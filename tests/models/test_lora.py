@@ -262,3 +262,67 @@ def test_trainer_state_resumes_exactly(pool, saved, case, tmp_path, ckpt_filter)
             assert lora["backbone"]["load"] == os.path.abspath(saved)
         else:
             assert r["saved_backbone"] and "backbone" not in lora
+
+
+def test_hf_model_plus_peft_adapter_converts_at_any_layout(pool, tiny_models, case, reference, tmp_path):
+    """An HF model + a PEFT adapter written by peft itself -> `mindrl-convert hf2mcore --adapter` at TP2 and at PP2:
+    the checkpoint, as every loader builds it, gives HF + peft's logits (fp64 reference, within 10x peft's own
+    fp32-vs-fp64 gap), and `mcore2hf --adapter-only` writes peft's adapter file back bit for bit. An adapter that does
+    not fit the model is refused before any rank starts, naming the tensor and the file; LoRA keys that are not the
+    adapter's are refused at load (preflight) and at the worker's load, naming the key and the file."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from mindrl.checkpoint import convert
+    from mindrl.checkpoint.hf_io import CheckpointError
+    from mindrl.config import ConfigError
+    from mindrl.config.settings import LoRASettings
+    from mindrl.preflight import load_config
+    from mindrl.workers.train_setup import _check_saved_adapters
+    from tests.models.lora_rank import checkpoint_logits
+
+    spec, ids, full = case
+    (logits_ref, _, _, _), gap = reference
+    hf_dir, peft_dir = tiny_models["untied"], str(tmp_path / "peft")
+    _peft_model(hf_dir, spec, full, torch.float32).save_pretrained(peft_dir)
+    peft_tensors = load_file(f"{peft_dir}/adapter_model.safetensors")
+    for tp, pp in [(2, 1), (1, 2)]:
+        ckpt = str(tmp_path / f"ckpt_tp{tp}pp{pp}")
+        convert.hf2mcore(hf_dir, ckpt, tp, pp, adapter=peft_dir, pool=pool)
+        logits = next(x for x in pool.run(checkpoint_logits, ckpt, tp, pp, ids[:, :-1]) if x is not None)
+        diff = (logits[..., : spec.vocab_size].double() - logits_ref).abs().max().item()
+        print(f"hf2mcore --adapter at tp{tp} pp{pp}: max |logits - HF+peft fp64| {diff:.3g}, gap {gap['logits']:.3g}")
+        assert diff <= 10 * gap["logits"]
+        back = str(tmp_path / f"back_tp{tp}pp{pp}")
+        convert.mcore2hf(ckpt, back, adapter_only=True, pool=pool)
+        written = load_file(f"{back}/adapter_model.safetensors")
+        assert sorted(written) == sorted(peft_tensors)
+        assert all(written[k].dtype == v.dtype and torch.equal(written[k], v) for k, v in peft_tensors.items())
+
+    meta = f"{ckpt}/release/mindrl_model.json"
+    source = f"{peft_dir}/adapter_config.json"
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo_tiny_cpu", overrides=[
+            f"actor_config.load={ckpt}", "+actor_config.lora_target_modules=[linear_qkv,linear_fc1]",
+            "+actor_config.lora_r=8", "+rl_config.share_backbone=true"])  # fmt: skip
+    text = str(e.value)
+    assert f"actor_config.lora_r: is 8, but the checkpoint's adapters have rank 4 (actor_config.load: {meta}, " \
+           f"converted from {source})" in text  # fmt: skip
+    assert "actor_config.lora_target_modules: is ['linear_qkv', 'linear_fc1'], but the checkpoint's adapters" in text
+    assert "actor_config.lora_alpha: is 16, but the checkpoint's adapters were trained with 8" in text
+    with pytest.raises(CheckpointError, match=f"{meta}: lora_alpha is 16, but"):
+        _check_saved_adapters(ckpt, None, LoRASettings(list(TARGETS), lora_r=R, lora_alpha=16))
+    with pytest.raises(CheckpointError, match="lora_target_modules is not set, but the checkpoint holds LoRA"):
+        _check_saved_adapters(ckpt, None, LoRASettings())
+    _check_saved_adapters(ckpt, None, LoRASettings(list(TARGETS), lora_r=R, lora_alpha=ALPHA))
+
+    cfg = json.load(open(source))
+    json.dump({**cfg, "r": 8}, open(source, "w"))
+    with pytest.raises(CheckpointError, match=r"adapter_model.safetensors: .*lora_A.weight has shape \(4, 128\), but "
+                       r"r = 8 \(.*adapter_config.json\) and the model imply \(8, 128\)"):  # fmt: skip
+        convert.hf2mcore(hf_dir, str(tmp_path / "refused"), adapter=peft_dir, pool=pool)
+    json.dump({**cfg, "modules_to_save": ["lm_head"]}, open(source, "w"))
+    with pytest.raises(CheckpointError, match="modules_to_save"):
+        convert.hf2mcore(hf_dir, str(tmp_path / "refused"), adapter=peft_dir, pool=pool)
+    assert not os.path.exists(tmp_path / "refused")

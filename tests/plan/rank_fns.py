@@ -190,3 +190,68 @@ def recompute_activation_peak(
             mrandom.CheckpointFunction.backward = backward
             mrandom.CheckpointWithoutOutput._recompute = restore
     return {"forward_end_bytes": forward_end, "peak_bytes": state["peak"]}
+
+
+class _LiveAllocations:
+    """The bytes of the storages the operators run inside `track()` allocate that are still alive, and their peak
+    (checked after every operator): a host-side allocation profile of one piece of code."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._refs: list = []
+
+    def live(self) -> int:
+        storages = {}
+        for t in (r() for r in self._refs):
+            if t is not None:
+                storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    @contextlib.contextmanager
+    def track(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                          if isinstance(t, torch.Tensor)}  # fmt: skip
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                        outer._refs.append(weakref.ref(t))
+                outer.peak = max(outer.peak, outer.live())
+                return out
+
+        with Mode():
+            yield
+
+
+def merge_buffer_peak(load_dir: str, tp: int, dtype: str, r: int, alpha: float, targets: list[str]) -> dict:
+    """The reshard of a LoRA model built from `load_dir` at TP x 1 in `dtype` (`WeightStreamer.stream`, as the
+    rollout engine is fed): the peak bytes allocated while each adapted linear is merged (`merged_weight`, tracked
+    alone), over the whole stream."""
+    from unittest import mock
+
+    import mindrl.models.lora as lora
+    from mindrl.checkpoint import loading
+    from mindrl.resharding import WeightStreamer
+
+    spec, _, model = loading.build_and_load(load_dir, tp, 1, dtype)
+    lora.apply_lora(model, r, alpha, targets)
+    merge, peaks = lora.merged_weight, []
+
+    def tracked(module):
+        allocations = _LiveAllocations()
+        with allocations.track():
+            out = merge(module)
+        peaks.append(allocations.peak)
+        return out
+
+    with mock.patch.object(lora, "merged_weight", tracked):
+        streamed = sum(1 for _ in WeightStreamer(model, spec).stream())
+    return {"peak_bytes": max(peaks), "merges": len(peaks), "streamed": streamed}

@@ -37,6 +37,10 @@ def test_lora_recipe_plans_adapters_and_one_backbone():
                for k, v in plan.memory["reference"][phase].items() if k == "weights_bytes")  # fmt: skip
     assert full_plan.memory["reference"]["score"]["weights_bytes"] > 0
     assert plan.memory["actor"]["score"]["weights_bytes"] > 0, "the shared reference pass needs the actor's weights"
+    # The reshard's merge of the largest adapted linear, linear_fc1's TP4 shard (n = 2 x 27648 / 4 x 5120): its fp32
+    # copy with B A added (4n), then the bf16 result (2n); counted with the rollout, not at all without LoRA.
+    assert plan.memory["actor"]["rollout"]["merge_buffer_bytes"] == 6 * (2 * 27648 // 4 * 5120)
+    assert "merge_buffer_bytes" not in full_plan.memory["actor"]["rollout"]
     train, full_train = plan.memory["total"]["train_bytes"], full_plan.memory["total"]["train_bytes"]
     print(f"{NAME} per device: train {train / 2**30:.2f} GiB with LoRA, {full_train / 2**30:.2f} GiB full; "
           f"peak {plan.verdict['peak_bytes'] / 2**30:.2f} GiB in {plan.verdict['peak_phase']}")  # fmt: skip

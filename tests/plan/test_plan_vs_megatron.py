@@ -182,3 +182,26 @@ def test_recompute_activation_estimate_vs_autograd(
             print(f"{mode} tp{tp} b{b} s{s}: estimated {est} measured {measured} ({r}) ratio {est / measured:.3f}")
             assert abs(est / measured - 1) <= 0.10, (mode, tp, sp, b, s, est, r)
             assert est < plain_est, (mode, est, plain_est)  # every mode saves something here
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_merge_buffer_vs_the_reshard(actor_ckpt, dtype, capsys):
+    """A LoRA actor's reshard merges each adapted linear (W + scale * B A) before the engine gets it: the planner's
+    merge_buffer_bytes against the peak bytes the real stream allocates in those merges (the tiny actor at TP2, r 4
+    on every linear), in fp32 and in bf16 (W's fp32 copy, A and B's, the result cast back)."""
+    targets = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    cfg = load_config("grpo_tiny_cpu", overrides=[
+        f"+actor_config.lora_target_modules=[{','.join(targets)}]", "+actor_config.lora_r=4",
+        "+actor_config.lora_alpha=8", "+rl_config.share_backbone=true",
+        f"megatron_training.bf16={str(dtype == 'bfloat16').lower()}"])  # fmt: skip
+    plan = make_plan(cfg)
+    lay = plan.layouts["actor"]
+    assert (lay.tp, lay.dtype) == (2, dtype)
+    est = plan.memory["actor"]["rollout"]["merge_buffer_bytes"]
+    got = shared_pool().run(rank_fns.merge_buffer_peak, actor_ckpt, 2, dtype, 4, 8.0, targets)
+    with capsys.disabled():
+        print(f"\nmerge buffer {dtype}: estimated {est}, measured {[g['peak_bytes'] for g in got]}")
+    for g in got:
+        assert g["merges"] == len(targets) * cfg.model.num_layers, "each adapted linear is merged once per stream"
+        assert g["streamed"] > 0
+        assert abs(est / g["peak_bytes"] - 1) <= 0.10, (est, g)

@@ -1,23 +1,25 @@
-"""A tiny LoRA GRPO run through the trainer (one start): the actor trains adapters on its frozen backbone, the
-reference is that backbone with the adapters off (share_backbone: no reference model is loaded), and the rollout
-engine runs the merged weights each step, so the every-step rollout-vs-trainer logprob check holds. Its checkpoint
-exports with mindrl-convert as a merged HF model and, with --adapter-only, as a PEFT directory that peft loads onto
-the base model with the merged export's logits."""
+"""A tiny LoRA GRPO run through the trainer (one start) from the quickstart task's SFT start (`sft_assets`): the actor
+trains adapters on its frozen backbone, the reference is that backbone with the adapters off (share_backbone: no
+reference model is loaded), the rollout engine runs the merged weights each step, so the every-step
+rollout-vs-trainer logprob check holds, and the reward rises by a bound measured over seeds. Its checkpoint exports
+with mindrl-convert as a merged HF model and, with --adapter-only, as a PEFT directory that peft loads onto the base
+model with the merged export's logits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.trainer.rl_helpers import _config, _train
+from tests.trainer.rl_helpers import LEARN_ITERS, _config, _train
+from tools.check_learning import BOUNDS, assert_rises
 
 pytestmark = pytest.mark.slow
 
 TARGETS = "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"
-# The tiny policy scores 0 on the task (zero advantages): the entropy bonus is what moves the adapters.
-LORA = [f"+actor_config.lora_target_modules={TARGETS}", "+actor_config.lora_r=4", "+actor_config.lora_alpha=8",
-        "+rl_config.share_backbone=true", "rl_config.entropy_coeff=0.01", "megatron_training.train_iters=2",
-        "megatron_training.save_interval=2", "rl_config.use_tensorboard=false"]  # fmt: skip
+# r 8, alpha 16 (MindSpeed-RL's defaults) on every linear; LoRA's learning rate is 10x the full fine-tune's 3e-4.
+LORA = [f"+actor_config.lora_target_modules={TARGETS}", "+actor_config.lora_r=8", "+actor_config.lora_alpha=16",
+        "actor_config.lr=3e-3", "+rl_config.share_backbone=true", f"megatron_training.train_iters={LEARN_ITERS}",
+        f"megatron_training.save_interval={LEARN_ITERS}", "rl_config.use_tensorboard=false"]  # fmt: skip
 
 
 def _logits(model, ids) -> torch.Tensor:
@@ -25,7 +27,7 @@ def _logits(model, ids) -> torch.Tensor:
         return model(ids).logits.double()
 
 
-def test_lora_grpo_run_shares_the_backbone_and_exports_to_peft(assets, tmp_path):
+def test_lora_grpo_run_learns_shares_the_backbone_and_exports_to_peft(sft_assets, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -33,9 +35,12 @@ def test_lora_grpo_run_shares_the_backbone_and_exports_to_peft(assets, tmp_path)
     from tests.conftest import shared_pool
 
     run_dir = tmp_path / "run"
+    assets = sft_assets
     cfg = _config("grpo_tiny_cpu", assets, run_dir, *LORA)
     _, _, lines, _ = _train(cfg)
-    assert len(lines) == 2
+    assert len(lines) == LEARN_ITERS
+    # The reward rises through the adapters alone, by the bound measured over seeds (tools/check_learning.py).
+    assert_rises(lines, BOUNDS["quickstart-grpo-lora"], where=str(run_dir))
     # Iteration 1: B = 0, so the actor is its backbone and the shared-backbone reference's KL is exactly 0. Then the
     # adapters have moved: the reference (adapters off) and the actor differ.
     assert lines[0]["actor/kl_loss"] == 0.0, lines[0]
@@ -48,7 +53,7 @@ def test_lora_grpo_run_shares_the_backbone_and_exports_to_peft(assets, tmp_path)
 
     ckpt = run_dir / "ckpt_actor"
     _, meta = mcore_ckpt.read_model_meta(str(ckpt))
-    assert meta["lora"] == {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": TARGETS[1:-1].split(",")}
+    assert meta["lora"] == {"lora_r": 8, "lora_alpha": 16.0, "lora_target_modules": TARGETS[1:-1].split(",")}
     merged_dir, peft_dir = tmp_path / "merged", tmp_path / "peft"
     convert.mcore2hf(str(ckpt), str(merged_dir), pool=shared_pool())
     convert.mcore2hf(str(ckpt), str(peft_dir), adapter_only=True, pool=shared_pool())
