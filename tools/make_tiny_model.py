@@ -97,8 +97,8 @@ class TinyModelSpec:
     qk_rope_head_dim: int = 16
     v_head_dim: int = 32
     n_shared_experts: int = 1
-    n_group: int = 4
-    topk_group: int = 2
+    n_group: int = 2
+    topk_group: int = 1
     routed_scaling_factor: float = 2.5
     first_k_dense_replace: int = 1
     yarn_factor: float = 4.0
@@ -309,8 +309,10 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
                 "original_max_position_embeddings": spec.max_position_embeddings // int(spec.yarn_factor),
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
             }  # fmt: skip
+        mla_common = {k: v for k, v in common.items() if k != "rope_theta"}
+        mla_common["num_key_value_heads"] = spec.num_heads  # MLA expands one key / value per query head
         cfg = DeepseekV3Config(
-            **{k: v for k, v in common.items() if k != "rope_theta"}, rope_parameters=rope,
+            **mla_common, rope_parameters=rope,
             n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
             moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=spec.n_shared_experts,
             n_group=spec.n_group, topk_group=spec.topk_group, routed_scaling_factor=spec.routed_scaling_factor,

@@ -515,6 +515,10 @@ def _mla_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         problems.append(f"q_lora_rank={q_rank!r} must be a positive integer or null (one query projection)")
     if isinstance(out["qk_rope_head_dim"], int) and out["qk_rope_head_dim"] % 2:
         problems.append(f"qk_rope_head_dim={out['qk_rope_head_dim']} must be even (RoPE rotates pairs)")
+    heads = cfg.get("num_attention_heads")
+    if cfg.get("num_key_value_heads", heads) != heads:
+        problems.append(f"num_key_value_heads={cfg.get('num_key_value_heads')!r} must equal num_attention_heads={heads}: "
+                        "MLA expands one key / value per query head")  # fmt: skip
     if cfg.get("rope_interleave", True) is not True:
         problems.append(
             "rope_interleave=false is not supported: megatron's MLA takes the rope dims as interleaved pairs"

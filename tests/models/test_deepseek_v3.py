@@ -18,7 +18,7 @@ from tests.checkpoint.test_convert import assert_bit_exact
 # hidden 64, 4 heads of q/k 32 nope + 16 rope and v 32, latents q 48 / kv 32; layer 0 dense, layers 1-3 MoE.
 TINY_DSV3 = dict(
     arch="deepseek_v3", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=4, intermediate_size=128,
-    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, seed=43,
+    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, n_group=4, topk_group=2, seed=43,
 )  # fmt: skip
 SEQ = 32
 
