@@ -20,6 +20,7 @@ from mindrl.config.settings import RecomputeSettings
 from mindrl.models.attention import MLASDPAttention, SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
+from mindrl.models.mla import MLASelfAttentionTP
 from mindrl.models.moe import install_fp64_routing
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
@@ -95,6 +96,7 @@ def _one_layer_spec(config, num_experts: int | None, sdpa: bool) -> ModuleSpec:
     )
     attention = layer.submodules.self_attention.submodules
     if mla:  # megatron's DotProductAttention takes no separate key / value widths
+        layer.submodules.self_attention.module = MLASelfAttentionTP
         attention.core_attention = MLASDPAttention
     elif sdpa:
         attention.core_attention = SDPAttention

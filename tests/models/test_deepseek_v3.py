@@ -202,3 +202,46 @@ def test_router_bias_and_shared_expert_matter(dsv3_hf, reference, tmp_path, tens
     gap = (hf32.double() - exact).abs().max().item()
     print(f"{tensor} zeroed: max |logits - original| {effect:.3g} vs fp32 gap {gap:.3g}")
     assert effect > 1000 * gap
+
+
+# ------------------------------------------------------------------------------------------------ training
+# (name, TP, EP, dtype); 4 ranks: DP = 4 / TP, EP ranks carved out of DP. TP2 runs sequence parallel.
+TRAIN_LAYOUTS = [("tp1", 1, 1, "float32"), ("tp1_fp64", 1, 1, "float64"), ("tp2ep2", 2, 2, "float32")]
+NO_ROUTER_LOSS = {"moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": None}
+
+
+@pytest.fixture(scope="module")
+def layout_grads(saved_tp2, get_pool) -> dict:
+    """layout name -> every HF-named gradient of one PPO actor update of the same global batch (~3-10 s each)."""
+    from tests.models import moe_rank_fns
+    from tests.models.test_qwen3_moe import TRAIN_LOSS, moe_rl_batch
+
+    batch, out = moe_rl_batch(), {}
+    for name, tp, ep, dtype in TRAIN_LAYOUTS:
+        results = get_pool().run(
+            moe_rank_fns.moe_update_grads_rank, saved_tp2, tp, ep, batch, TRAIN_LOSS, dtype, NO_ROUTER_LOSS
+        )
+        grads: dict[str, torch.Tensor] = {}
+        for r in results:
+            for k, v in (r["grads"] or {}).items():
+                grads.setdefault(k, v.double())
+        out[name] = grads
+    return out
+
+
+def test_gradients_agree_across_layouts(dsv3_hf, layout_grads):
+    """The PPO loss's gradients at TP2 x EP2 (sequence parallel, tokens exchanged by the all-to-all dispatcher, the
+    MLA latents gathered over TP) land as close to the fp64 TP1 run's as TP1's own fp32 run does. Without
+    `mindrl.models.mla`'s gather the key/value down projection's gradient was 6.7e-3 off."""
+    from mindrl.checkpoint.hf_io import HFCheckpoint
+    from tests.models.test_qwen3_moe import _max_diff
+
+    ref = layout_grads["tp1_fp64"]
+    trained = {k for k in HFCheckpoint(dsv3_hf).keys() if not k.endswith("e_score_correction_bias")}  # a buffer
+    assert sorted(ref) == sorted(trained)
+    gap = _max_diff(layout_grads["tp1"], ref)
+    scale = max(g.abs().max().item() for g in ref.values())
+    assert 0 < gap < 1e-4 * scale
+    diff = _max_diff(layout_grads["tp2ep2"], ref)
+    print(f"TP2 x EP2: max |grad - fp64 TP1| {diff:.3g} (TP1 fp32: {gap:.3g}; largest grad {scale:.3g})")
+    assert diff <= 4 * gap, f"TP2 x EP2: {diff:.3g} vs TP1's own fp32 gap {gap:.3g}"
