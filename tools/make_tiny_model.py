@@ -321,6 +321,8 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
             qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, rope_interleave=True,
             attention_bias=False, num_nextn_predict_layers=0,
         )  # fmt: skip
+        # the router keys a real DeepSeek-V3 config.json carries (transformers 5 implies them; vLLM reads them)
+        cfg.topk_method, cfg.scoring_func = "noaux_tc", "sigmoid"
         lm_cls, orm_cls = DeepseekV3ForCausalLM, None
     else:
         cfg = Qwen2Config(**common, use_sliding_window=False)
