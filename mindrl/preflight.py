@@ -141,6 +141,12 @@ def check_runnable(cfg: RLConfig, col: Collector) -> None:
         col.add("generate_config.infer_expert_parallel_size", f"{gen.infer_expert_parallel_size}: vLLM's expert "
                 "parallelism across engines (its data-parallel groups) is not built by mindrl's rollout; mindrl-plan "
                 "sizes it, and a run needs 1 (each engine holds all its experts)")  # fmt: skip
+    for role, rc, arch in (("actor_config", cfg.actor_config, cfg.model), ("critic_config", cfg.critic_config,
+                                                                           cfg.critic_model)):  # fmt: skip
+        if arch is not None and rc is not None and arch.num_layers and arch.num_layers % rc.pp:
+            col.add(f"{role}.num_layer_list", f"{rc.num_layer_list!r}: mindrl's pipeline splits the layers evenly, "
+                    f"and PP={rc.pp} does not divide num_layers={arch.num_layers}; mindrl-plan sizes the uneven "
+                    "stages, and a run needs a PP that divides the layers")  # fmt: skip
     for arch in (cfg.model, cfg.critic_model):
         if arch is not None and arch.noop_layer_indices:
             col.add(f"model.{arch.name}.noop_layers", f"{arch.noop_layers!r}: mindrl builds no identity layers (its "
@@ -223,15 +229,38 @@ def _check_checkpoint(
         ("kv_channels", arch.head_dim, spec.head_dim),
         ("padded_vocab_size", arch.padded_vocab_size, spec.vocab_size),
         ("add_qkv_bias", arch.add_qkv_bias, spec.qkv_bias),
-        ("qk_layernorm", arch.qk_layernorm, spec.qk_layernorm),
+        # with MLA, MindSpeed's qk_layernorm names the query / key-value latents' RMSNorms, which MLA always has
+        ("qk_layernorm", arch.qk_layernorm, spec.is_mla or spec.qk_layernorm),
         ("num_experts", arch.num_experts or 0, spec.num_experts),
+        ("multi_latent_attention", arch.multi_latent_attention, spec.is_mla),
     ]
+    if arch.multi_latent_attention and spec.is_mla:
+        pairs += [
+            ("q_lora_rank", arch.q_lora_rank or 0, spec.q_lora_rank),
+            ("kv_lora_rank", arch.kv_lora_rank, spec.kv_lora_rank),
+            ("qk_head_dim", arch.qk_head_dim, spec.qk_nope_head_dim),
+            ("qk_pos_emb_head_dim", arch.qk_pos_emb_head_dim, spec.qk_rope_head_dim),
+            ("v_head_dim", arch.v_head_dim, spec.v_head_dim),
+            ("rope_scaling_factor", arch.rope_scaling_factor if arch.rope_scaling_type == "yarn" else 0.0,
+             spec.yarn_factor),
+        ]  # fmt: skip
     if arch.is_moe and spec.is_moe:
         pairs += [
             ("moe_router_topk", arch.moe_router_topk, spec.moe_router_topk),
             ("moe_ffn_hidden_size", arch.expert_ffn_size, spec.moe_ffn_hidden_size),
             ("norm_topk_prob", arch.norm_topk_prob, spec.norm_topk_prob),
         ]
+    if arch.is_moe and spec.family == "deepseek_v3":
+        pairs += [
+            ("first_k_dense_replace", arch.first_k_dense_replace, min(spec.moe_layers, default=0)),
+            ("n_shared_experts (x moe_ffn_hidden_size)", arch.shared_expert_ffn_size, spec.moe_shared_expert_ffn),
+            ("moe_router_score_function", arch.moe_router_score_function, spec.moe_score_function),
+            ("moe_router_enable_expert_bias", arch.moe_router_enable_expert_bias, spec.moe_expert_bias),
+            ("moe_router_num_groups", arch.moe_router_num_groups or 0, spec.moe_num_groups),
+            ("moe_router_group_topk", arch.moe_router_group_topk or 0, spec.moe_group_topk),
+            ("moe_router_topk_scaling_factor", arch.moe_router_topk_scaling_factor or 1.0,
+             spec.moe_routed_scaling_factor),
+        ]  # fmt: skip
     if not value_model:
         pairs.append(("untie_embeddings_and_output_weights", arch.untie_embeddings_and_output_weights,
                       not spec.tie_word_embeddings))  # fmt: skip

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a tiny HF Qwen2- (default), Llama-, Qwen3- or Qwen3-MoE-architecture checkpoint and a locally trained Qwen2-style BPE
+"""Write a tiny HF Qwen2- (default), Llama-, Qwen3-, Qwen3-MoE- or DeepSeek-V3-architecture checkpoint and a locally trained Qwen2-style BPE
 tokenizer.
 
 No network: the tokenizer is trained on a synthetic math corpus generated here, and the weights are
@@ -11,6 +11,7 @@ shows up as a logit difference.
     python tools/make_tiny_model.py --out /tmp/tiny-llama --arch llama --rope-scaling-factor 8   # Llama-3.1 RoPE
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3   # QK norm, head_dim 64 != hidden/heads
     python tools/make_tiny_model.py --out /tmp/tiny-moe --arch qwen3_moe --num-layers 3 --mlp-only-layers 1
+    python tools/make_tiny_model.py --out /tmp/tiny-dsv3 --arch deepseek_v3 --num-layers 3   # MLA, YaRN, layer 0 dense
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ QWEN3_HEAD_DIM = 64
 """--arch qwen3's default head_dim: twice hidden/heads at the default sizes, decoupled as in Qwen3-32B (128 vs 80)."""
 
 
-ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe")
+ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "deepseek_v3")
+MOE_ARCHS = ("qwen3_moe", "deepseek_v3")
 QWEN3_ARCHS = ("qwen3", "qwen3_moe")
 # The fixed part of a Llama-3.1 "llama3" rope_scaling block (only the factor varies).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -92,6 +94,18 @@ class TinyModelSpec:
     """Llama only: Llama-3.1 ("llama3") RoPE scaling with this factor (None: plain RoPE)."""
     tool_tokens: bool = False
     """Add Qwen2.5's tool-call markers (TOOL_TOKENS) to the tokenizer, one token each (the retool task)."""
+    # deepseek_v3 only: MLA's ranks and head parts, the router's groups and scaling, YaRN (factor 0: plain RoPE).
+    q_lora_rank: int = 48
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    n_shared_experts: int = 1
+    n_group: int = 2
+    topk_group: int = 1
+    routed_scaling_factor: float = 2.5
+    first_k_dense_replace: int = 1
+    yarn_factor: float = 4.0
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -106,9 +120,11 @@ class TinyModelSpec:
             raise ValueError("--head-dim needs --arch qwen3 (Qwen2 and Llama checkpoints use hidden/heads)")
         if self.resolved_head_dim() < 32:
             raise ValueError(f"head_dim = {self.resolved_head_dim()}; vLLM-CPU needs head_dim >= 32")
-        if self.arch == "qwen3_moe" and self.orm:
-            raise ValueError("--orm needs a dense --arch: transformers has no Qwen3-MoE sequence classifier")
-        if self.arch == "qwen3_moe" and not 1 <= self.num_experts_per_tok <= self.num_experts:
+        if self.arch in MOE_ARCHS and self.orm:
+            raise ValueError("--orm needs a dense --arch: mindrl builds no MoE sequence classifier")
+        if self.arch == "deepseek_v3" and not 0 <= self.first_k_dense_replace < self.num_layers:
+            raise ValueError(f"--first-k-dense-replace must leave a MoE layer among {self.num_layers}")
+        if self.arch in MOE_ARCHS and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"--num-experts-per-tok must be in 1..{self.num_experts}")
         if any(not 0 <= i < self.num_layers for i in self.mlp_only_layers):
             raise ValueError(
@@ -118,6 +134,8 @@ class TinyModelSpec:
             raise ValueError(f"--vocab-size {self.vocab_size} is too small: the byte-level BPE needs >= 300")
 
     def resolved_head_dim(self) -> int:
+        if self.arch == "deepseek_v3":  # a query / key head (vLLM-CPU's bound applies to it)
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.head_dim is not None:
             return self.head_dim
         return QWEN3_HEAD_DIM if self.arch in QWEN3_ARCHS else self.hidden_size // self.num_heads
@@ -227,6 +245,9 @@ def randomise_(model, std: float, seed: int) -> None:
                 p.copy_(0.1 * noise)
             else:
                 p.copy_(std * noise)
+        for name, b in model.named_buffers():  # DeepSeek-V3's router bias: it steers which experts are chosen
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
 def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) -> str:
@@ -287,6 +308,31 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
             norm_topk_prob=spec.norm_topk_prob, decoder_sparse_step=1,
         )  # fmt: skip
         lm_cls, orm_cls = Qwen3MoeForCausalLM, None
+    elif spec.arch == "deepseek_v3":
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+        rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
+        if spec.yarn_factor:  # DeepSeek-V3's own YaRN block, scaled down: the context before scaling 1/4 of the model's
+            rope = {
+                "rope_type": "yarn", "rope_theta": spec.rope_theta, "factor": float(spec.yarn_factor),
+                "original_max_position_embeddings": spec.max_position_embeddings // int(spec.yarn_factor),
+                "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            }  # fmt: skip
+        mla_common = {k: v for k, v in common.items() if k != "rope_theta"}
+        mla_common["num_key_value_heads"] = spec.num_heads  # MLA expands one key / value per query head
+        cfg = DeepseekV3Config(
+            **mla_common, rope_parameters=rope,
+            n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=spec.n_shared_experts,
+            n_group=spec.n_group, topk_group=spec.topk_group, routed_scaling_factor=spec.routed_scaling_factor,
+            first_k_dense_replace=spec.first_k_dense_replace, norm_topk_prob=True, q_lora_rank=spec.q_lora_rank,
+            kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+            qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, rope_interleave=True,
+            attention_bias=False, num_nextn_predict_layers=0,
+        )  # fmt: skip
+        # the router keys a real DeepSeek-V3 config.json carries (transformers 5 implies them; vLLM reads them)
+        cfg.topk_method, cfg.scoring_func = "noaux_tc", "sigmoid"
+        lm_cls, orm_cls = DeepseekV3ForCausalLM, None
     else:
         cfg = Qwen2Config(**common, use_sliding_window=False)
         lm_cls, orm_cls = Qwen2ForCausalLM, Qwen2ForSequenceClassification
@@ -305,12 +351,21 @@ def make_tiny_model(out: str, spec: TinyModelSpec | None = None, **overrides) ->
         del record["head_dim"]
     else:
         record["head_dim"] = spec.resolved_head_dim()
-    if spec.arch != "qwen3_moe":  # and the dense models'
+    if spec.arch not in MOE_ARCHS:  # and the dense models'
         for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "norm_topk_prob"):
+            del record[key]
+    if spec.arch != "deepseek_v3":
+        for key in DEEPSEEK_FIELDS:
             del record[key]
     with open(os.path.join(out, "tiny_model_spec.json"), "w") as f:
         json.dump(record, f, indent=2)
     return out
+
+
+DEEPSEEK_FIELDS = (
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_shared_experts", "n_group",
+    "topk_group", "routed_scaling_factor", "first_k_dense_replace", "yarn_factor",
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,6 +401,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--rope-scaling-factor", type=float, default=None, help="llama only: Llama-3.1 'llama3' RoPE scaling factor"
     )
+    p.add_argument(
+        "--first-k-dense-replace", type=int, default=d.first_k_dense_replace,
+        help="deepseek_v3 only: the first layers that keep a dense MLP",
+    )  # fmt: skip
+    p.add_argument("--yarn-factor", type=float, default=d.yarn_factor, help="deepseek_v3 only: YaRN factor (0: none)")
     a = p.parse_args(argv)
     spec = TinyModelSpec(
         hidden_size=a.hidden_size,
@@ -366,13 +426,21 @@ def main(argv: list[str] | None = None) -> None:
         moe_intermediate_size=a.moe_intermediate_size,
         mlp_only_layers=a.mlp_only_layers,
         tool_tokens=a.tool_tokens,
+        first_k_dense_replace=a.first_k_dense_replace,
+        yarn_factor=a.yarn_factor,
     )
     try:
         make_tiny_model(a.out, spec)
     except ValueError as e:
         p.error(str(e))
     n = sum(1 for _ in open(os.path.join(a.out, "config.json")))
-    name = {"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE"}[a.arch]
+    name = {
+        "qwen2": "Qwen2",
+        "llama": "Llama",
+        "qwen3": "Qwen3",
+        "qwen3_moe": "Qwen3-MoE",
+        "deepseek_v3": "DeepSeek-V3",
+    }[a.arch]
     print(f"wrote {'ORM ' if a.orm else ''}tiny {name} model + tokenizer to {a.out} ({n} config lines)")
 
 

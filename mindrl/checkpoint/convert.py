@@ -15,7 +15,13 @@ import torch
 from mindrl.checkpoint import legacy, loading, mcore_ckpt
 from mindrl.checkpoint.hf_io import CheckpointError, HFCheckpoint, HFShardWriter, carry_files
 from mindrl.models.hf_config import ModelSpec, torch_dtype
-from mindrl.models.weight_map import expected_hf_names, expected_hf_shape, mcore_param_names, param_mapping
+from mindrl.models.weight_map import (
+    expected_hf_names,
+    expected_hf_shape,
+    mcore_param_names,
+    named_weights,
+    param_mapping,
+)
 
 
 @dataclass
@@ -148,7 +154,7 @@ def _hf2mcore_rank(
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     offset = pp_rank * (spec.num_layers // pp)
     expert_offset = ps.get_expert_model_parallel_rank() * (spec.num_experts // ep)
-    params = list(model.named_parameters())
+    params = named_weights(model)
     show = torch.distributed.get_rank() == 0
     with torch.no_grad():
         for name, param in tqdm(params, desc="hf2mcore rank 0", disable=not show, unit="tensor"):
@@ -238,7 +244,7 @@ def _mcore2hf_rank(
     spec, meta, model = loading.build_and_load(load_dir, 1, 1, hf_config=hf_config)
     if torch.distributed.get_rank() != 0:
         return {"peak_rss": _peak_rss()}
-    params = dict(model.named_parameters())
+    params = dict(named_weights(model))
     if adapter_only:  # a LoRA checkpoint's adapters as a PEFT directory for the base model
         from mindrl.checkpoint.peft_io import save_peft_adapter
 
@@ -377,10 +383,32 @@ def _router_in_dtype(module: torch.nn.Module, hidden_states: torch.Tensor):
     return logits, top, index
 
 
+def _deepseek_router_in_dtype(module: torch.nn.Module, hidden_states: torch.Tensor):
+    """transformers' DeepSeek-V3 router (`DeepseekV3TopkRouter.forward`) with its logits and sigmoid in the input's
+    dtype (transformers takes them in fp32 whatever the dtype)."""
+    hidden_states = hidden_states.view(-1, module.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, module.weight)
+    scores = logits.sigmoid()
+    choice = scores + module.e_score_correction_bias
+    groups, per_group = module.num_group, module.num_experts // module.num_group
+    group_scores = choice.view(-1, groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=module.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, groups, per_group).reshape(-1, module.num_experts)
+    index = torch.topk(choice.masked_fill(~score_mask.bool(), float("-inf")), k=module.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, index)
+    if module.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * module.routed_scaling_factor, index
+
+
+_ROUTERS_IN_DTYPE = {"Qwen3MoeTopKRouter": _router_in_dtype, "DeepseekV3TopkRouter": _deepseek_router_in_dtype}
+
+
 def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The HF model's logits, or per-token scores for a sequence-classification model, in `dtype`. In fp64 its
     RMSNorms keep fp64 statistics too (HF computes them in fp32 whatever the dtype), as mindrl's do in fp64, and so
-    does a MoE router's softmax. A MoE model runs transformers' eager per-expert loop (its grouped-GEMM default
+    does a MoE router's softmax (sigmoid). A MoE model runs transformers' eager per-expert loop (its grouped-GEMM default
     refuses fp64) in every dtype."""
     import functools
 
@@ -394,8 +422,8 @@ def hf_outputs(hf_dir: str, input_ids: torch.Tensor, dtype: torch.dtype = torch.
         for module in model.modules():
             if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
                 module.forward = functools.partial(_rms_norm_in_dtype, module)
-            if type(module).__name__ == "Qwen3MoeTopKRouter":
-                module.forward = functools.partial(_router_in_dtype, module)
+            if type(module).__name__ in _ROUTERS_IN_DTYPE:
+                module.forward = functools.partial(_ROUTERS_IN_DTYPE[type(module).__name__], module)
     with torch.no_grad():
         if spec.is_value_model:
             hidden = model.model(input_ids=input_ids).last_hidden_state

@@ -23,10 +23,6 @@ _MEMORY = (
     "sizes the run without it)"
 )
 _DATA = "a dataset-building option of MindSpeed-LLM; mindrl reads the packed prompts as mindrl-preprocess wrote them"
-_MOE = (
-    "a DeepSeek-V3 mixture-of-experts / MLA option (dense layers first, shared experts, the sigmoid router, MLA), read "
-    "only with those models, which mindrl does not build; a Qwen3-MoE model has none (docs/moe.md)"
-)
 _DPO = "a DPO option; not used by PPO/GRPO"
 _LOG = "a logging option of megatron's own training loop, which mindrl's trainer replaces (it logs every iteration)"
 _UNREAD = "carried by MindSpeed-RL's config class but read by none of its RL trainers"
@@ -101,25 +97,8 @@ MEGATRON_IGNORED: dict[str, str] = {
     "no_check_for_nan_in_loss_and_grad": "mindrl always checks: a non-finite gradient skips the update, and "
     "rl_config.max_consecutive_skipped_updates of them in a row abort the run",
     **dict.fromkeys(["do_sample", "use_kv_cache", "algorithm"], _UNREAD),
-    **dict.fromkeys(
-        [
-            "seq_aux",
-            "first_k_dense_replace",
-            "moe_layer_freq",
-            "n_shared_experts",
-            "moe_router_num_groups",
-            "moe_router_group_topk",
-            "moe_router_topk_scaling_factor",
-            "moe_router_score_function",
-            "moe_router_enable_expert_bias",
-            "qk_pos_emb_head_dim",
-            "qk_head_dim",
-            "q_lora_rank",
-            "kv_lora_rank",
-            "v_head_dim",
-        ],
-        _MOE,
-    ),
+    "seq_aux": "MindSpeed-LLM's switch between two forms of DeepSeek's sequence-wise balance loss; mindrl passes "
+    "moe_router_load_balancing_type (seq_aux_loss) to megatron, which computes it per sequence either way",
     **dict.fromkeys(
         ["moe_grouped_gemm", "moe_permutation_async_comm", "use_fused_moe_token_permute_and_unpermute"],
         "a MoE kernel switch (grouped expert GEMM, fused or asynchronous token permutation); the same experts and "
@@ -132,22 +111,11 @@ MEGATRON_IGNORED: dict[str, str] = {
     "moe_tp_extend_ep": "MindSpeed's layout of each expert whole on one TP rank, the TP ranks acting as more expert-"
     "parallel ranks, instead of each expert split over TP: the same experts, routing and per-device expert bytes; "
     "mindrl splits every expert over TP (megatron's expert_tensor_parallel_size = TP)",
-    **dict.fromkeys(
-        [
-            "beta_fast",
-            "beta_slow",
-            "rope_scaling_mscale",
-            "rope_scaling_mscale_all_dim",
-            "rope_scaling_original_max_position_embeddings",
-        ],
-        "a YaRN RoPE-scaling parameter, read only with rope_scaling_type: yarn, which mindrl refuses",
-    ),  # fmt: skip
     "eval_iters": "megatron's batches per evaluation; mindrl's held-out evaluation takes rl_config.val_max_prompts",
     **dict.fromkeys(["dpo_loss_type", "ref_model", "refer_model_iter"], _DPO),
 }
 
 MEGATRON_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "multi_latent_attention": ((False,), "multi-head latent attention (DeepSeek)"),
     "attention_bias": ((False,), "biases on every attention projection"),
     "vocab_extra_ids": ((0,), "extra vocabulary ids"),
     "mm_model": ((None,), "multimodal models"),
@@ -346,8 +314,21 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     EP must divide DP x CP, and num_experts."""
     num_layer_list: str | list[int] | None = None
     """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers summing to num_layers.
-    mindrl splits the layers evenly: an uneven list is accepted with a warning (the trained model is the same; each
-    stage's memory is the even split's, which mindrl-plan sizes)."""
+    mindrl splits the layers evenly: where PP divides num_layers an uneven list is accepted with a warning (the
+    trained model is the same; each stage's memory is the even split's, which mindrl-plan sizes); where it does not
+    (DeepSeek-V3's 61 layers over PP=8), mindrl-plan sizes each stage's own layers and mindrl-train refuses it."""
+
+    def stage_layer_counts(self, num_layers: int) -> list[int] | None:
+        """num_layer_list as PP layer counts when it is a valid split of num_layers, else None."""
+        given = self.num_layer_list
+        if given is None:
+            return None
+        try:
+            counts = [int(x) for x in given.split(",")] if isinstance(given, str) else [int(x) for x in given]
+        except (TypeError, ValueError):
+            return None
+        ok = len(counts) == self.pipeline_model_parallel_size and sum(counts) == num_layers and min(counts) >= 1
+        return counts if ok else None
 
     def validate(self, col: Collector) -> None:
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size",

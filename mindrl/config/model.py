@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from mindrl.config.errors import Collector
 from mindrl.config.section import Section
 
-SUPPORTED_ROPE_SCALING = (None, "llama3")
+SUPPORTED_ROPE_SCALING = (None, "llama3", "yarn")
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 """moe_router_load_balancing_type values: megatron-core's router losses (sinkhorn routing is not built)."""
 
@@ -52,7 +52,8 @@ class ModelArchConfig(Section):
     rotary_base: float = 10000.0
     """RoPE theta (Qwen2.5: 1e6)."""
     rope_scaling_type: str | None = None
-    """RoPE scaling: None or 'llama3' (Llama-3.1); MindSpeed-RL's 'linear' / 'yarn' are not supported."""
+    """RoPE scaling: None, 'llama3' (Llama-3.1) or 'yarn' (DeepSeek-V3, with multi_latent_attention); MindSpeed-RL's
+    'linear' is not supported."""
     rope_scaling_factor: float = 1.0
     """RoPE scaling factor (with rope_scaling_type)."""
     low_freq_factor: float | None = None
@@ -61,6 +62,30 @@ class ModelArchConfig(Section):
     """Llama-3 RoPE scaling: high-frequency factor."""
     original_max_position_embeddings: int | None = None
     """Llama-3 RoPE scaling: the context length before scaling."""
+    beta_fast: float = 32.0
+    """YaRN: the rotation count above which dimensions keep their frequency."""
+    beta_slow: float = 1.0
+    """YaRN: the rotation count below which dimensions are interpolated by rope_scaling_factor."""
+    rope_scaling_mscale: float = 1.0
+    """YaRN: mscale, the numerator's weight of the cos / sin scale."""
+    rope_scaling_mscale_all_dim: float = 0.0
+    """YaRN: mscale_all_dim, the denominator's weight of the cos / sin scale and the softmax scale's."""
+    rope_scaling_original_max_position_embeddings: int | None = None
+    """YaRN: the context length before scaling (DeepSeek-V3: 4096)."""
+    multi_latent_attention: bool = False
+    """DeepSeek-V3's multi-head latent attention (megatron's MLASelfAttention): queries through a q_lora_rank
+    bottleneck, keys and values from one kv_lora_rank latent per token plus a shared qk_pos_emb_head_dim rope key;
+    the rollout engine caches the latent and the rope key per token (docs/moe.md)."""
+    q_lora_rank: int | None = None
+    """MLA: the query latent's width (DeepSeek-V3: 1536); None: one query projection."""
+    kv_lora_rank: int | None = None
+    """MLA: the key/value latent's width (DeepSeek-V3: 512)."""
+    qk_head_dim: int | None = None
+    """MLA: each query/key head's part without RoPE (DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int | None = None
+    """MLA: each query/key head's RoPE part (DeepSeek-V3: 64)."""
+    v_head_dim: int | None = None
+    """MLA: each value head's width (DeepSeek-V3: 128)."""
     untie_embeddings_and_output_weights: bool = False
     """Separate input embedding and output layer weights (Qwen2.5-7B/32B: true)."""
     add_qkv_bias: bool = False
@@ -101,6 +126,28 @@ class ModelArchConfig(Section):
     none). It replaces the checkpoint's router_aux_loss_coef, as in MindSpeed-RL."""
     moe_z_loss_coeff: float | None = None
     """Weight of the router z-loss (ST-MoE) in training; None: none."""
+    first_k_dense_replace: int = 0
+    """DeepSeek-V3: the first layers keep a dense MLP of ffn_hidden_size (DeepSeek-V3: 3)."""
+    moe_layer_freq: int = 1
+    """Every this-many layers after the dense ones is a MoE layer; mindrl builds 1 (every one), as DeepSeek-V3 has."""
+    n_shared_experts: int | None = None
+    """DeepSeek-V3: shared experts every token runs through beside its routed ones, one SwiGLU of n_shared_experts x
+    moe_ffn_hidden_size."""
+    moe_router_score_function: str = "softmax"
+    """The router's score: softmax (Qwen3-MoE) or sigmoid (DeepSeek-V3, its top-k scores renormalised)."""
+    moe_router_enable_expert_bias: bool = False
+    """DeepSeek-V3: each expert's correction bias (the checkpoint's e_score_correction_bias) added to its score for
+    the choice only."""
+    moe_router_bias_update_rate: float = 0.0
+    """How far megatron moves each expert's bias per step towards an even load (sign of its deficit x this rate);
+    0 keeps the checkpoint's bias (mindrl's default; megatron's pre-training default is 1e-3)."""
+    moe_router_num_groups: int | None = None
+    """DeepSeek-V3: experts form this many groups (n_group: 8) ..."""
+    moe_router_group_topk: int | None = None
+    """... of which each token's experts come from the best this many (topk_group: 4), a group ranked by its
+    best moe_router_topk / moe_router_group_topk scores."""
+    moe_router_topk_scaling_factor: float | None = None
+    """DeepSeek-V3: the chosen experts' weights are multiplied by this (routed_scaling_factor: 2.5)."""
 
     def validate(self, col: Collector) -> None:
         for key in ("num_layers", "hidden_size", "num_attention_heads"):
@@ -143,7 +190,11 @@ class ModelArchConfig(Section):
         if self.rotary_base <= 0:
             col.add("rotary_base", f"must be > 0, got {self.rotary_base}")
         if self.rope_scaling_type not in SUPPORTED_ROPE_SCALING:
-            col.add("rope_scaling_type", f"{self.rope_scaling_type!r} is not supported; use null or 'llama3'")
+            col.add("rope_scaling_type", f"{self.rope_scaling_type!r} is not supported; use null, 'llama3' or 'yarn'")
+        elif self.rope_scaling_type == "yarn" and not self.multi_latent_attention:
+            col.add("rope_scaling_type", "yarn is built inside megatron's multi-latent attention only (DeepSeek-V3); "
+                    "set multi_latent_attention: true or use null / 'llama3'")  # fmt: skip
+        self._validate_mla(col)
         # mindrl builds Qwen2 / Llama / Qwen3-style decoders only; a model file describing anything else is wrong here.
         style = (
             "mindrl builds Qwen2/Llama/Qwen3-style decoders (RMSNorm, SwiGLU, RoPE, no linear biases but the QKV bias)"
@@ -157,8 +208,21 @@ class ModelArchConfig(Section):
         if not self.disable_bias_linear:
             col.add("disable_bias_linear", f"must be true: {style}")
 
+    def _validate_mla(self, col: Collector) -> None:
+        if not self.multi_latent_attention:
+            return
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            v = getattr(self, key)
+            if v is None or v < 1:
+                col.add(key, f"must be >= 1 with multi_latent_attention, got {v}")
+        if self.q_lora_rank is not None and self.q_lora_rank < 1:
+            col.add("q_lora_rank", f"must be >= 1 (or unset: one query projection), got {self.q_lora_rank}")
+
     def _validate_moe(self, col: Collector) -> None:
         if not self.num_experts:
+            for key, default in (("first_k_dense_replace", 0), ("n_shared_experts", None)):
+                if getattr(self, key) not in (default, 0):
+                    col.add(key, "needs a mixture-of-experts model (num_experts)")
             return
         if self.num_experts < 0:
             col.add("num_experts", f"must be >= 0 (0 or null: a dense model), got {self.num_experts}")
@@ -169,10 +233,22 @@ class ModelArchConfig(Section):
         if self.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
             col.add("moe_router_load_balancing_type", f"{self.moe_router_load_balancing_type!r} is not one of "
                     f"{', '.join(LOAD_BALANCING_TYPES)}")  # fmt: skip
-        for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
             v = getattr(self, key)
             if v is not None and v < 0:
                 col.add(key, f"must be >= 0, got {v}")
+        if self.moe_router_score_function not in ("softmax", "sigmoid"):
+            col.add("moe_router_score_function", f"{self.moe_router_score_function!r} is not one of softmax, sigmoid")
+        if self.moe_layer_freq != 1:
+            col.add("moe_layer_freq", f"{self.moe_layer_freq} is not supported: mindrl builds every layer after "
+                    "first_k_dense_replace as a MoE layer (1)")  # fmt: skip
+        if self.num_layers and not 0 <= self.first_k_dense_replace < self.num_layers:
+            col.add("first_k_dense_replace", f"must leave a MoE layer among num_layers={self.num_layers}")
+        groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+        if groups or group_topk:
+            if not groups or not group_topk or self.num_experts % groups or not 1 <= group_topk <= groups:
+                col.add("moe_router_num_groups", f"{groups} groups with moe_router_group_topk={group_topk} must divide "
+                        f"num_experts={self.num_experts} and choose 1..{groups} of them")  # fmt: skip
 
     # -- derived ----------------------------------------------------------------------------------------
     @property
@@ -189,12 +265,27 @@ class ModelArchConfig(Section):
 
     @property
     def num_kv_heads(self) -> int:
-        """Key/value heads: num_query_groups with grouped-query attention, else one per query head."""
+        """Key/value heads: num_query_groups with grouped-query attention, else one per query head (MLA: the keys
+        and values megatron expands from the latent, one per query head)."""
+        if self.multi_latent_attention:
+            return int(self.num_attention_heads or 0)
         return self.num_query_groups if self.group_query_attention else int(self.num_attention_heads or 0)
 
     @property
     def head_dim(self) -> int:
+        """A query / key head's width (MLA: its nope and rope parts)."""
+        if self.multi_latent_attention:
+            return int((self.qk_head_dim or 0) + (self.qk_pos_emb_head_dim or 0))
         return int(self.kv_channels or (self.hidden_size or 0) // max(1, self.num_attention_heads or 1))
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether global layer `index` holds experts (every layer from first_k_dense_replace on of a MoE model)."""
+        return self.is_moe and index >= self.first_k_dense_replace
+
+    @property
+    def shared_expert_ffn_size(self) -> int:
+        """The shared expert's SwiGLU width (n_shared_experts x the experts' width); 0 without one."""
+        return int(self.n_shared_experts or 0) * self.expert_ffn_size if self.is_moe else 0
 
     @property
     def noop_layer_indices(self) -> list[int]:
@@ -223,13 +314,16 @@ class ModelArchConfig(Section):
             moe_router_load_balancing_type=kind,
             moe_aux_loss_coeff=0.0 if kind == "none" else float(self.moe_aux_loss_coeff),
             moe_z_loss_coeff=self.moe_z_loss_coeff or None,
+            moe_router_bias_update_rate=float(self.moe_router_bias_update_rate),
         )
 
     @property
     def token_ffn_size(self) -> int:
         """The MLP width one token runs through: ffn_size, or for a MoE model its k experts' (moe_router_topk x
         expert_ffn_size); what activation memory scales with."""
-        return self.moe_router_topk * self.expert_ffn_size if self.is_moe else self.ffn_size
+        if not self.is_moe:
+            return self.ffn_size
+        return self.moe_router_topk * self.expert_ffn_size + self.shared_expert_ffn_size
 
     @property
     def ffn_size(self) -> int:

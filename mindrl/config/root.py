@@ -211,8 +211,9 @@ class RLConfig(Section):
             bad = [f"{what}={size}" for what, size in dims if size and size % tp]
             if bad:
                 col.add(tp_key, f"TP={tp} does not divide {where}: {', '.join(bad)}")
-        if arch.name and arch.num_layers and arch.num_layers % pp:
-            col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers}")
+        if arch.name and arch.num_layers and arch.num_layers % pp and rc.stage_layer_counts(arch.num_layers) is None:
+            col.add(pp_key, f"PP={pp} does not divide {where}.num_layers={arch.num_layers} (an uneven split needs "
+                    f"{role}.num_layer_list)")  # fmt: skip
         elif arch.name and arch.num_layers:
             self._check_layer_list(col, role, rc, arch.num_layers, where)
             general = rc.recompute_problems()
@@ -279,7 +280,9 @@ class RLConfig(Section):
         if len(layers) != pp or sum(layers) != num_layers or min(layers) < 1:
             col.add(key, f"{given!r} must give each of the PP={pp} stages >= 1 layer, {num_layers} in all "
                     f"({where}.num_layers)")  # fmt: skip
-        elif layers == [even] * pp:
+        elif num_layers % pp:
+            col.note(f"{key}={given!r}: mindrl-plan sizes each stage's own layers; mindrl-train refuses it at start "
+                     "(its pipeline splits the layers evenly)")  # fmt: skip
             col.ignore(key, "the even split mindrl makes")
         else:
             col.ignore(key, "an uneven split of the layers over the pipeline stages; mindrl splits them evenly")

@@ -105,8 +105,9 @@ class GemmAttention(torch.autograd.Function):
         b, kv, gs, d = q.shape
         sq, s = mask.shape[2], k.shape[2]
         g = gs // sq
+        dv = v.shape[-1]  # MLA: values narrower than queries / keys
         chunk = max(1, SCORE_CHUNK_BYTES // (kv * gs * s * q.element_size()))
-        out = torch.empty_like(q)
+        out = q.new_empty(b, kv, gs, dv)
         probs = []
         for i in range(0, b, chunk):
             j = min(b, i + chunk)
@@ -121,7 +122,7 @@ class GemmAttention(torch.autograd.Function):
             else:
                 scores.mul_(scale).view(n, kv, g, sq, s).masked_fill_(mask[i:j].unsqueeze(2), float("-inf"))
                 p = torch.softmax(scores, dim=-1)
-            torch.bmm(p, v[i:j].reshape(n * kv, s, d), out=out[i:j].view(n * kv, gs, d))
+            torch.bmm(p, v[i:j].reshape(n * kv, s, dv), out=out[i:j].view(n * kv, gs, dv))
             probs.append(p)
         ctx.save_for_backward(q, k, v, *probs)
         ctx.scale, ctx.chunk = scale, chunk
@@ -131,16 +132,16 @@ class GemmAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, *probs = ctx.saved_tensors
         b, kv, gs, d = q.shape
-        s = k.shape[2]
+        s, d_v = k.shape[2], v.shape[-1]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for c, p in enumerate(probs):
             i = c * ctx.chunk
             n = p.shape[0] // kv
             j = i + n
-            do = grad_out[i:j].view(n * kv, gs, d)
-            torch.bmm(p.transpose(1, 2), do, out=dv[i:j].view(n * kv, s, d))
-            dp = torch.bmm(do, v[i:j].reshape(n * kv, s, d).transpose(1, 2))
+            do = grad_out[i:j].view(n * kv, gs, d_v)
+            torch.bmm(p.transpose(1, 2), do, out=dv[i:j].view(n * kv, s, d_v))
+            dp = torch.bmm(do, v[i:j].reshape(n * kv, s, d_v).transpose(1, 2))
             kernels = kernels_for(dp, p)
             if kernels is not None:
                 ds = kernels.softmax_backward_(p, dp, ctx.scale)
@@ -163,7 +164,7 @@ def gemm_attention(
         mask = torch.ones(sq, s, dtype=torch.bool, device=query.device).triu_(s - sq + 1).expand(b, 1, sq, s)
     q = query.permute(1, 2, 0, 3).reshape(b, kv, heads // kv * sq, d)
     k, v = (t.permute(1, 2, 0, 3).contiguous() for t in (key, value))
-    return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, sq, d)
+    return GemmAttention.apply(q, k, v, mask, scale).view(b, heads, sq, value.shape[-1])
 
 
 class _PackedContext(torch.autograd.Function):
@@ -212,10 +213,11 @@ def prefix_gemm_attention(
     # [g * r, b, kv * hg, d] -> [b * g, kv, hg * r, d]
     q = qr.reshape(g, r, b, kv, hg, d).permute(2, 0, 3, 4, 1, 5).reshape(b * g, kv, hg * r, d)
 
-    def keys(shared, own):  # -> [b * g, kv, p + r, d]: the prompt's rows, then the sample's own
-        shared = shared.permute(1, 2, 0, 3).unsqueeze(1).expand(b, g, kv, p, d)
-        own = own.reshape(g, r, b, kv, d).permute(2, 0, 3, 1, 4)
-        return torch.cat([shared, own], 3).view(b * g, kv, p + r, d)
+    def keys(shared, own):  # -> [b * g, kv, p + r, width]: the prompt's rows, then the sample's own
+        w = shared.shape[-1]  # MLA: values narrower than keys
+        shared = shared.permute(1, 2, 0, 3).unsqueeze(1).expand(b, g, kv, p, w)
+        own = own.reshape(g, r, b, kv, w).permute(2, 0, 3, 1, 4)
+        return torch.cat([shared, own], 3).view(b * g, kv, p + r, w)
 
     samples = GemmAttention.apply(q, keys(kp, kr), keys(vp, vr), sample_mask, scale)
     return _PackedContext.apply(prompt, samples, g, kv)
@@ -342,3 +344,16 @@ class SDPAttention(DotProductAttention):
         """[b, n, s, d] -> [s, b, n*d]."""
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
+
+
+class MLASDPAttention(SDPAttention):
+    """SDPAttention as megatron's multi-latent attention builds its core attention: query / key heads of k_channels
+    (nope + rope parts), values of v_channels (the config's kv_channels, which sizes the output), the YaRN softmax scale
+    given by the caller."""
+
+    def __init__(self, config, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs):
+        if v_channels is not None and v_channels != config.kv_channels:
+            raise ValueError(
+                f"MLA core attention: v_channels={v_channels} but the config's kv_channels={config.kv_channels}"
+            )
+        super().__init__(config, *args, **kwargs)

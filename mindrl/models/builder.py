@@ -17,9 +17,10 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from mindrl.config.settings import RecomputeSettings
-from mindrl.models.attention import SDPAttention
+from mindrl.models.attention import MLASDPAttention, SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
+from mindrl.models.mla import MLASelfAttentionTP
 from mindrl.models.moe import install_fp64_routing
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
@@ -89,15 +90,28 @@ def layer_spec(config, sdpa: bool = True) -> ModuleSpec:
 
 
 def _one_layer_spec(config, num_experts: int | None, sdpa: bool) -> ModuleSpec:
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm", num_experts=num_experts, moe_grouped_gemm=False)
-    if sdpa:
-        layer.submodules.self_attention.submodules.core_attention = SDPAttention
-    mlp = layer.submodules.mlp.submodules.experts.submodules if num_experts else layer.submodules.mlp.submodules
+    mla = getattr(config, "multi_latent_attention", False)
+    layer = get_gpt_layer_local_spec(
+        normalization="RMSNorm", num_experts=num_experts, moe_grouped_gemm=False, multi_latent_attention=mla
+    )
+    attention = layer.submodules.self_attention.submodules
+    if mla:  # megatron's DotProductAttention takes no separate key / value widths
+        layer.submodules.self_attention.module = MLASelfAttentionTP
+        attention.core_attention = MLASDPAttention
+    elif sdpa:
+        attention.core_attention = SDPAttention
+    mlps = [layer.submodules.mlp.submodules.experts.submodules] if num_experts else [layer.submodules.mlp.submodules]
+    if num_experts and config.moe_shared_expert_intermediate_size:
+        mlps.append(layer.submodules.mlp.submodules.shared_experts.submodules)
     if config.use_te_activation_func:  # the MLP calls this module in place of its glu (no TE module in a local spec)
-        mlp.activation_func = SwiGLU
+        for mlp in mlps:
+            mlp.activation_func = SwiGLU
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
-    if config.qk_layernorm:  # Qwen3: over each head's kv_channels; megatron sums their grads over TP by name
+    if mla:  # the RMSNorms over the query and key/value latents (replicated over TP)
+        attention.q_layernorm = RMSNorm if config.q_lora_rank else attention.q_layernorm
+        attention.kv_layernorm = RMSNorm
+    elif config.qk_layernorm:  # Qwen3: over each head's kv_channels; megatron sums their grads over TP by name
         layer.submodules.self_attention.submodules.q_layernorm = RMSNorm
         layer.submodules.self_attention.submodules.k_layernorm = RMSNorm
     return layer

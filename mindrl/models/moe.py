@@ -13,14 +13,19 @@ _ROUTER_MODULE = "megatron.core.transformer.moe.router"
 
 
 def _fp64_softmax_routing(original, logits: torch.Tensor, topk: int, *args, **kwargs):
-    """megatron's top-k routing, with the probabilities of an fp64 softmax router recomputed in fp64 (megatron takes
-    that softmax in fp32 whatever the dtype): the experts chosen are megatron's own."""
+    """megatron's top-k routing, with the probabilities of an fp64 softmax or sigmoid router recomputed in fp64
+    (megatron takes that softmax / sigmoid in fp32 whatever the dtype): the experts chosen are megatron's own."""
     probs, routing_map = original(logits, topk, *args, **kwargs)
     options = dict(zip(("use_pre_softmax", "num_groups", "group_topk", "scaling_factor", "score_function"), args))
     options.update(kwargs)
-    if logits.dtype != torch.float64 or options.get("score_function", "softmax") != "softmax":
+    score_function = options.get("score_function", "softmax")
+    if logits.dtype != torch.float64 or score_function not in ("softmax", "sigmoid"):
         return probs, routing_map
-    if options.get("use_pre_softmax"):
+    if score_function == "sigmoid":  # the chosen experts' scores, renormalised when k > 1 (as megatron does)
+        exact = torch.sigmoid(logits) * routing_map
+        if topk > 1:
+            exact = exact / (exact.sum(dim=-1, keepdim=True) + 1e-20)
+    elif options.get("use_pre_softmax"):
         exact = torch.softmax(logits, dim=-1) * routing_map
     else:  # the softmax over each token's selected logits only
         exact = torch.softmax(logits.masked_fill(~routing_map, float("-inf")), dim=-1)

@@ -17,6 +17,27 @@ _EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linea
 _EXPERT_HF = {"linear_fc1": ("gate_proj.weight", "up_proj.weight"), "linear_fc2": ("down_proj.weight",)}
 _DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
 _ROUTER = "mlp.router.weight"
+# DeepSeek-V3's MoE layer: the router's correction bias (a megatron buffer, fp32) and the shared expert.
+_ROUTER_BIAS = "mlp.router.expert_bias"
+_SHARED = {
+    "mlp.shared_experts.linear_fc1.weight": (
+        "mlp.shared_experts.gate_proj.weight",
+        "mlp.shared_experts.up_proj.weight",
+    ),
+    "mlp.shared_experts.linear_fc2.weight": ("mlp.shared_experts.down_proj.weight",),
+}
+MAPPED_BUFFERS = (_ROUTER_BIAS,)
+"""Buffers that are checkpoint weights (layer suffixes): converted and streamed with the parameters."""
+# Multi-latent attention (megatron's MLASelfAttention) in place of linear_qkv and the per-head q/k norms.
+_MLA_MAP = {
+    "self_attention.linear_q_proj.weight": ("self_attn.q_proj.weight",),
+    "self_attention.linear_q_down_proj.weight": ("self_attn.q_a_proj.weight",),
+    "self_attention.q_layernorm.weight": ("self_attn.q_a_layernorm.weight",),
+    "self_attention.linear_q_up_proj.weight": ("self_attn.q_b_proj.weight",),
+    "self_attention.linear_kv_down_proj.weight": ("self_attn.kv_a_proj_with_mqa.weight",),
+    "self_attention.kv_layernorm.weight": ("self_attn.kv_a_layernorm.weight",),
+    "self_attention.linear_kv_up_proj.weight": ("self_attn.kv_b_proj.weight",),
+}
 
 # megatron per-layer suffix -> HF per-layer suffixes (under "model.layers.{i}.")
 _LAYER_MAP = {
@@ -41,6 +62,14 @@ _TP_SPLIT = {
     "self_attention.linear_proj.weight": "row",
     "mlp.linear_fc1.weight": "gated_column",  # each rank holds [gate_shard; up_shard]
     "mlp.linear_fc2.weight": "row",
+    "mlp.shared_experts.linear_fc1.weight": "gated_column",
+    "mlp.shared_experts.linear_fc2.weight": "row",
+    # MLA: every projection is megatron's ColumnParallelLinear, the down projections' outputs gathered over TP
+    "self_attention.linear_q_proj.weight": "column",
+    "self_attention.linear_q_down_proj.weight": "column",
+    "self_attention.linear_q_up_proj.weight": "column",
+    "self_attention.linear_kv_down_proj.weight": "column",
+    "self_attention.linear_kv_up_proj.weight": "column",
     "embedding.word_embeddings.weight": "column",
     "output_layer.weight": "column",
 }
@@ -59,8 +88,35 @@ def _is_qk_norm(suffix: str) -> bool:
     return suffix in ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 
 
+def _attention_suffixes(spec: ModelSpec) -> list[str]:
+    """The megatron attention parameters of one layer (layer suffixes), in HF file order."""
+    if spec.is_mla:
+        q = ["linear_q_down_proj", "q_layernorm", "linear_q_up_proj"] if spec.q_lora_rank else ["linear_q_proj"]
+        kv = ["linear_kv_down_proj", "kv_layernorm", "linear_kv_up_proj", "linear_proj"]
+        return [f"self_attention.{n}.weight" for n in q + kv]
+    out = []
+    for suffix in _LAYER_MAP:
+        if not suffix.startswith("self_attention."):
+            continue
+        if (suffix.endswith(".bias") and not spec.qkv_bias) or (_is_qk_norm(suffix) and not spec.qk_layernorm):
+            continue
+        out.append(suffix)
+    return out
+
+
+def _layer_map(spec: ModelSpec, suffix: str) -> tuple[str, ...] | None:
+    """HF per-layer suffixes of a megatron layer suffix of a non-MoE-specific parameter, None if it has none."""
+    if spec.is_mla and suffix.startswith("self_attention."):
+        if suffix == "self_attention.linear_proj.weight":
+            return _LAYER_MAP[suffix]
+        return _MLA_MAP.get(suffix) if suffix in _attention_suffixes(spec) else None
+    if suffix not in _LAYER_MAP or (_is_qk_norm(suffix) and not spec.qk_layernorm):
+        return None
+    return _LAYER_MAP[suffix]
+
+
 def param_mapping(spec: ModelSpec, mcore_name: str) -> ParamMapping:
-    """The mapping for a megatron parameter name (with global layer index)."""
+    """The mapping for a megatron parameter (or mapped buffer, `MAPPED_BUFFERS`) name (with global layer index)."""
     m = _LAYER_RE.match(mcore_name)
     if m and int(m.group(1)) in spec.moe_layers:
         layer, suffix = int(m.group(1)), m.group(2)
@@ -70,13 +126,19 @@ def param_mapping(spec: ModelSpec, mcore_name: str) -> ParamMapping:
             return ParamMapping(mcore_name, hf, _TP_SPLIT[f"mlp.{e.group(2)}.weight"])
         if suffix == _ROUTER:
             return ParamMapping(mcore_name, (f"model.layers.{layer}.mlp.gate.weight",), "replicated")
+        if suffix == _ROUTER_BIAS and spec.moe_expert_bias:
+            return ParamMapping(mcore_name, (f"model.layers.{layer}.mlp.gate.e_score_correction_bias",), "replicated")
+        if suffix in _SHARED and spec.moe_shared_expert_ffn:
+            hf = tuple(f"model.layers.{layer}.{s}" for s in _SHARED[suffix])
+            return ParamMapping(mcore_name, hf, _TP_SPLIT[suffix])
         if suffix in _DENSE_MLP:
             raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}: layer {layer} is a MoE layer")
     if m:
         layer, suffix = int(m.group(1)), m.group(2)
-        if suffix not in _LAYER_MAP or (_is_qk_norm(suffix) and not spec.qk_layernorm):
+        hf_suffixes = _layer_map(spec, suffix)
+        if hf_suffixes is None:
             raise KeyError(f"no HF mapping for megatron parameter {mcore_name!r}")
-        hf = tuple(f"model.layers.{layer}.{s}" for s in _LAYER_MAP[suffix])
+        hf = tuple(f"model.layers.{layer}.{s}" for s in hf_suffixes)
         return ParamMapping(mcore_name, hf, _TP_SPLIT.get(suffix, "replicated"))
     if mcore_name == "embedding.word_embeddings.weight":
         return ParamMapping(mcore_name, ("model.embed_tokens.weight",), "column")
@@ -94,18 +156,18 @@ def mcore_param_names(spec: ModelSpec) -> list[str]:
     """All megatron parameter names of the full model (global layer numbering), in HF file order."""
     names = ["embedding.word_embeddings.weight"]
     for i in range(spec.num_layers):
-        for suffix in _LAYER_MAP:
-            if suffix.endswith(".bias") and not spec.qkv_bias:
-                continue
-            if _is_qk_norm(suffix) and not spec.qk_layernorm:
-                continue
-            if suffix in _DENSE_MLP and i in spec.moe_layers:
-                if suffix == _DENSE_MLP[0]:
-                    names.append(f"decoder.layers.{i}.{_ROUTER}")
-                    for e in range(spec.num_experts):
-                        names += [f"decoder.layers.{i}.mlp.experts.local_experts.{e}.{fc}.weight" for fc in _EXPERT_HF]
-                continue
-            names.append(f"decoder.layers.{i}.{suffix}")
+        suffixes = ["input_layernorm.weight", *_attention_suffixes(spec), "pre_mlp_layernorm.weight"]
+        if i in spec.moe_layers:
+            suffixes.append(_ROUTER)
+            if spec.moe_expert_bias:
+                suffixes.append(_ROUTER_BIAS)
+            for e in range(spec.num_experts):
+                suffixes += [f"mlp.experts.local_experts.{e}.{fc}.weight" for fc in _EXPERT_HF]
+            if spec.moe_shared_expert_ffn:
+                suffixes += list(_SHARED)
+        else:
+            suffixes += list(_DENSE_MLP)
+        names += [f"decoder.layers.{i}.{suffix}" for suffix in suffixes]
     names.append("decoder.final_layernorm.weight")
     if spec.is_value_model or not spec.tie_word_embeddings:
         names.append("output_layer.weight")
@@ -126,6 +188,24 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
     """The shape the tensor `hf_name` of an HF checkpoint of this model has (unpadded vocabulary)."""
     h, hd, ffn, v = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.vocab_size
     leaf = hf_name.split(".", 3)[-1] if hf_name.startswith("model.layers.") else hf_name
+    if spec.is_mla:
+        heads, qk, rope = spec.num_heads, spec.head_dim, spec.qk_rope_head_dim
+        mla = {
+            "self_attn.q_proj.weight": (heads * qk, h),
+            "self_attn.q_a_proj.weight": (spec.q_lora_rank, h),
+            "self_attn.q_a_layernorm.weight": (spec.q_lora_rank,),
+            "self_attn.q_b_proj.weight": (heads * qk, spec.q_lora_rank),
+            "self_attn.kv_a_proj_with_mqa.weight": (spec.kv_lora_rank + rope, h),
+            "self_attn.kv_a_layernorm.weight": (spec.kv_lora_rank,),
+            "self_attn.kv_b_proj.weight": (heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank),
+            "self_attn.o_proj.weight": (h, heads * spec.v_head_dim),
+        }
+        if leaf in mla:
+            return mla[leaf]
+    shared = re.match(r"^mlp\.shared_experts\.(.+)$", leaf)
+    if shared:
+        f_s = spec.moe_shared_expert_ffn
+        return {"gate_proj.weight": (f_s, h), "up_proj.weight": (f_s, h), "down_proj.weight": (h, f_s)}[shared.group(1)]
     expert = re.match(r"^mlp\.experts\.\d+\.(.+)$", leaf)
     if expert:  # one expert's SwiGLU, of the experts' own width
         h_e = spec.moe_ffn_hidden_size
@@ -150,6 +230,7 @@ def expected_hf_shape(spec: ModelSpec, hf_name: str) -> tuple[int, ...]:
         "mlp.up_proj.weight": (ffn, h),
         "mlp.down_proj.weight": (h, ffn),
         "mlp.gate.weight": (spec.num_experts, h),
+        "mlp.gate.e_score_correction_bias": (spec.num_experts,),
     }
     return shapes[leaf]
 
@@ -245,3 +326,10 @@ def local_to_full(mapping: ParamMapping, shards: list[torch.Tensor]) -> torch.Te
         return torch.cat(shards, dim=1)
     gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
     return torch.cat(list(gates) + list(ups), dim=0)
+
+
+def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A megatron model's checkpoint weights: its parameters and the buffers that map to HF tensors
+    (`MAPPED_BUFFERS`: DeepSeek-V3's router bias)."""
+    buffers = [(n, b) for n, b in model.named_buffers() if n.endswith(MAPPED_BUFFERS)]
+    return list(model.named_parameters()) + buffers

@@ -248,14 +248,14 @@ def recomputed_layers_bytes(
 def train_activation_bytes(
     arch: ModelArchConfig, role: str, s: int, b: int, tp: int, pp: int, sp: bool, e: int,
     stage: int, micro_batches: int, recompute: RecomputeSettings | None = None, fused_norm: bool = False,
-    gemm_attention_max_len: int = 0, path: KernelPath | None = None, cp: int = 1,
+    gemm_attention_max_len: int = 0, path: KernelPath | None = None, cp: int = 1, stage_layers: int | None = None,
 ) -> int:  # fmt: skip
-    """Peak activations of one rank of pipeline stage `stage` in an update (cp > 1: s is the rank's columns of a
+    """Peak activations of one rank of pipeline stage `stage` (of `stage_layers` layers; None: L/PP) in an update (cp > 1: s is the rank's columns of a
     context-parallel row, `core_attention_bytes`). Under 1F1B stage k holds
     min(PP - k, micro-batches) micro-batches in flight, each keeping what its L/PP layers keep under `recompute`
     (`recomputed_layers_bytes`); the backward of one of them first frees the head of the last stage (the final
     norm, and an actor's logits), then rebuilds what the recomputation rebuilds: the larger of the two counts."""
-    layers = int(arch.num_layers) // pp
+    layers = int(arch.num_layers) // pp if stage_layers is None else stage_layers
     in_flight = max(1, min(pp - stage, micro_batches))
     gemm = s * cp <= gemm_attention_max_len
     kept, rebuilt = recomputed_layers_bytes(arch, s, b, tp, sp, e, layers, recompute, fused_norm, gemm, path, cp)
@@ -276,7 +276,11 @@ def forward_bytes(arch: ModelArchConfig, role: str, s: int, b: int, tp: int, e: 
 
 def kv_bytes_per_token(arch: ModelArchConfig, infer_tp: int, e: int) -> int:
     """K and V of every layer for one token on one engine rank (KV heads split over infer TP, replicated
-    when infer TP exceeds them, as vLLM does)."""
+    when infer TP exceeds them, as vLLM does). Multi-latent attention caches instead each layer's compressed KV,
+    the kv_lora_rank latent and the qk_pos_emb_head_dim rope key, whole on every TP rank (vLLM's MLA backends:
+    every head reads the one latent)."""
+    if arch.multi_latent_attention:
+        return int(arch.num_layers) * (int(arch.kv_lora_rank) + int(arch.qk_pos_emb_head_dim)) * e
     kv_heads = max(1, arch.num_kv_heads // infer_tp)
     return 2 * int(arch.num_layers) * kv_heads * arch.head_dim * e
 

@@ -51,6 +51,9 @@ class ModelLayout:
     ep: int = 1
     """Expert parallelism of a MoE model (expert_model_parallel_size)."""
     expert_params_per_stage: list[int] = field(default_factory=list)
+    stage_layer_counts: list[int] | None = None
+    """Each pipeline stage's layers when num_layer_list splits them unevenly (PP does not divide num_layers); None:
+    num_layers / PP each."""
     """Of params_per_stage, the routed experts' (a MoE model; empty: none)."""
 
 
@@ -114,6 +117,8 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
     model_role = "critic" if role == "critic" else "actor"
     settings = _model_settings(cfg, role)
     dp = world // (settings.tp * settings.pp * settings.cp)
+    # an uneven split is sized as given where mindrl-train cannot run the even one (PP does not divide the layers)
+    counts = rc.stage_layer_counts(int(arch.num_layers)) if int(arch.num_layers) % rc.pp else None
     rl = cfg.rl_config
     seq = cfg.sequence_length
     update = mem.micro_batch_shape(
@@ -144,9 +149,12 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
         params_total=total_params(arch, model_role)
         + (adapter_params(arch, rc.lora_target_modules, rc.lora_r, 1) if lora else 0),
         params_per_stage=[
-            stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).total + adapters[s] for s in range(rc.pp)
+            stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep, counts).total + adapters[s] for s in range(rc.pp)
         ],
-        expert_params_per_stage=[stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep).experts for s in range(rc.pp)],
+        expert_params_per_stage=[
+            stage_params(arch, model_role, rc.tp, rc.pp, s, rc.ep, counts).experts for s in range(rc.pp)
+        ],
+        stage_layer_counts=counts,
         ep=rc.ep,
         recompute=settings.recompute,
         cp=settings.cp,
@@ -258,6 +266,7 @@ def _acts(lay: ModelLayout, arch, stage: int, recompute: RecomputeSettings, dev:
         arch, "critic" if lay.role == "critic" else "actor", -(-s // lay.cp), b, lay.tp, lay.pp,
         lay.sequence_parallel, mem.DTYPE_BYTES[lay.dtype], stage, lay.micro_batches_per_step, recompute,
         dev.kernels.norm == "eager_fused", dev.kernels.gemm_attention_max_len, dev.kernels, lay.cp,
+        lay.stage_layer_counts[stage] if lay.stage_layer_counts else None,
     )  # fmt: skip
 
 
@@ -287,8 +296,12 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
 
         cap = current_platform().rollout_kv_cache_bytes()  # the engine's own default (VllmEngine): capped full batch
         m = cfg.model
-        full = full_batch_kv_bytes(int(m.num_layers), m.num_kv_heads, m.head_dim, ei, gen.max_num_seqs,
-                                   gen.max_model_len, gen.infer_tensor_parallel_size)  # fmt: skip
+        if m.multi_latent_attention:  # the compressed KV: vLLM's blocks as full_batch_kv_bytes counts them
+            per_token = mem.kv_bytes_per_token(m, gen.infer_tensor_parallel_size, ei)
+            full = (gen.max_num_seqs * -(-gen.max_model_len // mem.KV_BLOCK) + 2) * mem.KV_BLOCK * per_token
+        else:
+            full = full_batch_kv_bytes(int(m.num_layers), m.num_kv_heads, m.head_dim, ei, gen.max_num_seqs,
+                                       gen.max_model_len, gen.infer_tensor_parallel_size)  # fmt: skip
         kv = min(cap, full) if cap else int(gen.gpu_memory_utilization * dev.memory_bytes)
     else:
         kv = int(gen.gpu_memory_utilization * dev.memory_bytes) - eng_w - eng_act

@@ -381,6 +381,11 @@ def adapt_megatron() -> None:
     moe_utils = sys.modules["megatron.core.transformer.moe.moe_utils"]
     if not getattr(moe_utils, "HAVE_TE", False):
         moe_utils.te_general_gemm = None
+    # Multi-latent attention tests `isinstance(linear_proj, TELinear)` when HAVE_TE, which it sets when megatron's TE
+    # extension imports: without TE that module stands mock objects in for the classes, and isinstance raises.
+    mla = importlib.import_module("megatron.core.transformer.multi_latent_attention")
+    if not isinstance(mla.TELinear, type):
+        mla.HAVE_TE = False
     # The all-to-all dispatcher moves its split sizes to the host as numpy arrays (all_to_all_single takes a
     # sequence of ints, not a tensor), but only when they are on a GPU: on the CPU they stayed tensors.
     original_to_cpu = moe_utils.maybe_move_tensor_to_cpu

@@ -39,21 +39,28 @@ def test_param_counts_equal_megatron(tiny_cfg, tiny_models, role, variant, tp, p
         assert r["params"] == want, f"rank {rank} (pp stage {r['pp_rank']}): megatron {r['params']} != plan {want}"
 
 
-@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)])
-def test_moe_param_counts_equal_megatron(tmp_path_factory, tp, ep):
-    """configs/model/tiny_qwen3_moe.yaml (tools/make_tiny_model.py --arch qwen3_moe): the router, replicated, and
-    num_experts / EP experts split over TP per rank, as megatron builds them."""
+@pytest.mark.parametrize(
+    "name,tp,pp,ep",
+    [("qwen3_moe", 1, 1, 1), ("qwen3_moe", 2, 1, 1), ("qwen3_moe", 1, 1, 2), ("qwen3_moe", 2, 1, 2),
+     ("deepseek_v3", 2, 1, 2), ("deepseek_v3", 1, 2, 2)],
+)  # fmt: skip
+def test_moe_param_counts_equal_megatron(tmp_path_factory, name, tp, pp, ep):
+    """configs/model/tiny_qwen3_moe.yaml and tiny_deepseek_v3.yaml (tools/make_tiny_model.py --arch NAME): the
+    router, replicated, and num_experts / EP experts split over TP per rank, as megatron builds them; DeepSeek-V3's
+    multi-latent attention (latent projections and norms), shared expert and dense first layer (PP2: the dense layer
+    on stage 0, the MoE layer on stage 1)."""
     from tools.make_tiny_model import make_tiny_model
 
-    hf = str(tmp_path_factory.getbasetemp() / "plan_tiny_moe")
-    if not (tmp_path_factory.getbasetemp() / "plan_tiny_moe" / "config.json").exists():
-        make_tiny_model(hf, arch="qwen3_moe")
-    moe = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe",
+    hf = str(tmp_path_factory.getbasetemp() / f"plan_tiny_{name}")
+    if not (tmp_path_factory.getbasetemp() / f"plan_tiny_{name}" / "config.json").exists():
+        make_tiny_model(hf, arch=name)
+    model = f"tiny_{name}"
+    moe = [f"model={model}", f"megatron_training.model={model}", f"actor_config.model={model}",
            "actor_config.tensor_model_parallel_size=1"]  # fmt: skip
     arch = load_config("grpo_tiny_cpu", overrides=moe).model
     assert arch.is_moe
-    for rank, r in enumerate(shared_pool().run(rank_fns.count_params, hf, "actor", tp, 1, ep)):
-        want = stage_params(arch, "actor", tp, 1, 0, ep)
+    for rank, r in enumerate(shared_pool().run(rank_fns.count_params, hf, "actor", tp, pp, ep)):
+        want = stage_params(arch, "actor", tp, pp, r["pp_rank"], ep)
         assert (r["params"], r["experts"]) == (want.total, want.experts), f"rank {rank}: megatron {r} != plan {want}"
 
 
