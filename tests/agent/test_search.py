@@ -272,3 +272,25 @@ def test_a_service_that_is_down_or_silent_is_a_tool_error():
         s.listen(1)
         with pytest.raises(ToolError, match=r"did not answer within 0.2 s"):
             search_tool(f"http://127.0.0.1:{port}/retrieve", timeout=0.2).execute({"query_list": ["a"]})
+
+
+def test_the_console_entry_serves_the_corpus(tmp_path):
+    """`mindrl-retrieval` as a process (its module, as the console script runs it): it prints the URL it serves and
+    answers there; terminated, it is gone."""
+    import subprocess
+    import sys
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    cmd = [sys.executable, "-m", "mindrl.cli.retrieval", "--corpus", corpus, "--port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()  # the first line names the URL, once the index is built and the port bound
+        assert f"6 documents from {corpus}; serving http://127.0.0.1:" in line, line
+        served = line.split("serving ")[1].strip()
+        hits = post(served, {"queries": ["volcano"], "topk": 1}).json()["result"]
+        assert hits == [[{"id": "d0", "contents": "Etna\netna volcano sicily volcano eruption volcano"}]]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert proc.returncode is not None
