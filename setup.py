@@ -33,6 +33,8 @@ setup(
         "parquet": ["pyarrow"],
         # GGUF model files -> HF checkpoints (mindrl-convert gguf2hf, tools/get_model.py)
         "gguf": ["gguf>=0.19", "accelerate>=1.0"],
+        # BM25 for the local retrieval server the search tool can use (mindrl-retrieval)
+        "retrieval": ["bm25s>=0.3"],
     },
     entry_points={
         "console_scripts": [
@@ -43,6 +45,7 @@ setup(
             "mindrl-preprocess=mindrl.cli.preprocess:main",
             "mindrl-rollout-server=mindrl.cli.rollout_server:main",
             "mindrl-sampler=mindrl.cli.sampler:main",
+            "mindrl-retrieval=mindrl.cli.retrieval:main",
             "mindrl-sandbox=mindrl.cli.sandbox:main",
             "mindrl-sft=mindrl.cli.sft:main",
             "mindrl-train-rm=mindrl.cli.train_rm:main",

@@ -95,6 +95,8 @@ echo "[setup_env] the gguf extra (mindrl[gguf]: GGUF -> HF for tools/get_model.p
 pipi "gguf==0.19.0" "accelerate==1.15.0"
 echo "[setup_env] peft (the independent LoRA reference of tests/models/test_lora.py)"
 pipi "peft==0.21.2"
+echo "[setup_env] bm25s (the retrieval extra: mindrl-retrieval, the search tool's local server; numpy only)"
+pipi "bm25s==0.3.16"
 echo "[setup_env] mindrl (editable)"
 pipi --no-deps -e "$ROOT"
 

@@ -175,6 +175,79 @@ class CodeTool(Tool):
         raise ToolError(text or out.get("message") or f"the sandbox answered {out.get('status')!r}")
 
 
+class SearchTool(Tool):
+    """Searches a Search-R1-style retrieval endpoint (`retrieval_service_url`: `mindrl-retrieval`, or Search-R1's own
+    retrieval server): POSTs `{"queries": query_list, "topk": topk, "return_scores": true}` and shows the model each
+    query's documents as `Doc i (Title: ...)` followed by the text, queries separated by `---`, as MindSpeed-RL's
+    search tool does. A service that does not answer within `timeout` seconds, an HTTP error or a body that is not
+    the expected JSON is a failed call the model sees (no retries: a rollout waits on its slowest call).
+    `rate_limit` bounds the calls in flight (`enable_global_rate_limit: false`: no bound); `num_workers` and `type`
+    are read and have no effect. Arguments: `{"query_list": [str, ...]}`."""
+
+    CONFIG_KEYS = frozenset({"retrieval_service_url", "topk", "timeout", "num_workers", "enable_global_rate_limit",
+                             "rate_limit", "type"})  # fmt: skip
+
+    def __init__(self, config: dict[str, Any], schema: dict[str, Any]) -> None:
+        super().__init__(config, schema)
+        self.url = config.get("retrieval_service_url")
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"config.retrieval_service_url: an http(s) URL of a /retrieve endpoint is required, "
+                             f"got {self.url!r}")  # fmt: skip
+        self.topk = config.get("topk", 3)
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or not 1 <= self.topk <= 100:
+            raise ValueError(f"config.topk: must be an integer in 1..100, got {self.topk!r}")
+        self.timeout = config.get("timeout", 30)
+        for key, v in (("timeout", self.timeout), ("rate_limit", config.get("rate_limit", 1))):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"config.{key}: must be a positive number, got {v!r}")
+        limited = config.get("enable_global_rate_limit", True)
+        self.slots = threading.BoundedSemaphore(int(config.get("rate_limit", 120))) if limited else None
+
+    def execute(self, arguments: dict[str, Any]) -> str:
+        import requests
+
+        queries = arguments.get("query_list")
+        # MindSpeed-RL's schema spells `item` for `items`, so the loop's schema check lets any list through
+        if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q.strip() for q in queries):
+            raise ToolError("'query_list' must be a non-empty list of non-empty strings")
+        if self.slots is not None:
+            self.slots.acquire()
+        try:
+            resp = requests.post(self.url, json={"queries": queries, "topk": self.topk, "return_scores": True},
+                                 timeout=self.timeout)  # fmt: skip
+            body = resp.json()
+        except requests.Timeout:
+            raise ToolError(f"the retrieval service at {self.url} did not answer within {self.timeout} s") from None
+        except (requests.RequestException, ValueError) as e:
+            raise ToolError(f"the retrieval service at {self.url} did not answer: {type(e).__name__}") from None
+        finally:
+            if self.slots is not None:
+                self.slots.release()
+        if resp.status_code != 200:
+            why = body.get("error") or body.get("detail") if isinstance(body, dict) else None
+            raise ToolError(f"the retrieval service answered HTTP {resp.status_code}{': ' + str(why) if why else ''}")
+        results = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(results, list) or len(results) != len(queries):
+            raise ToolError(f"the retrieval service answered no 'result' list of {len(queries)} queries' hits")
+        try:
+            blocks = [_passages(hits) for hits in results]
+        except (TypeError, KeyError, AttributeError):
+            raise ToolError("the retrieval service answered hits without document 'contents'") from None
+        return "\n---\n".join(blocks)
+
+
+def _passages(hits: list) -> str:
+    """One query's hits (`{"document": row, "score": s}` or bare rows) as `Doc i (Title: first line)` + the rest."""
+    if not hits:
+        return "No search results found."
+    docs = []
+    for i, hit in enumerate(hits, 1):
+        contents = (hit["document"] if "document" in hit else hit)["contents"]
+        title, _, text = contents.partition("\n")
+        docs.append(f"Doc {i} (Title: {title})\n{text}")
+    return "\n\n".join(docs)
+
+
 TOOL_CLASSES: dict[str, type[Tool]] = {
     "calculator": CalculatorTool,
     "mindrl.agent.tools.CalculatorTool": CalculatorTool,
@@ -182,11 +255,12 @@ TOOL_CLASSES: dict[str, type[Tool]] = {
     "mindrl.agent.tools.CodeTool": CodeTool,
     "mindspeed_rl.tools.retool.ReTool": CodeTool,
     "mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool": CodeTool,
+    "search": SearchTool,
+    "mindrl.agent.tools.SearchTool": SearchTool,
+    "mindspeed_rl.tools.search_tool.SearchTool": SearchTool,
 }
-"""YAML class_name -> the tool class (MindSpeed-RL's code tools are mindrl's CodeTool)."""
-NOT_YET = {
-    "mindspeed_rl.tools.search_tool.SearchTool": "the search tool (a retrieval_service_url client)",
-}
+"""YAML class_name -> the tool class (MindSpeed-RL's code tools are mindrl's CodeTool, its search tool SearchTool)."""
+NOT_YET: dict[str, str] = {}
 """MindSpeed-RL tool classes mindrl will map to its own tools once they exist: refused at load, saying which."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function-name rule
 

@@ -375,3 +375,30 @@ def test_a_turn_is_never_cut_for_another_trajectorys_lack_of_room(tok):
     assert len(calls) == 3  # the first turn, the second for both, its continuation for the one with room
     assert short.finish_reason == "stop" and short.token_ids[-len(answer) :] == answer
     assert long.finish_reason == "length" and len(long.token_ids) <= total
+
+
+def test_a_search_calls_documents_land_in_the_context_outside_the_loss(tok, tmp_path):
+    """The search tool against mindrl's retrieval server (in a thread): the served documents are the observation,
+    in the context with loss mask 0; a second call to a service that is gone is an error observation."""
+    from mindrl.agent.tools import SearchTool
+    from tests.agent.test_search import SEARCH_SCHEMA, serving, write_corpus
+
+    query = format_tool_call(ToolCall("search", {"query_list": ["volcano"]}))
+
+    def script(text, turn, j):
+        return ("Let me look it up. " + query) if turn == 1 else "\\boxed{Etna}" + END
+
+    with serving(write_corpus(tmp_path / "corpus.jsonl")) as url:
+        search = SearchTool({"retrieval_service_url": url, "topk": 1}, SEARCH_SCHEMA)
+        ep, _ = loop(tok, script, tools={"search": search})
+        [[r]] = ep.run([prompt(tok, "Which volcano erupts most?")], SamplingConfig(max_tokens=300), [0], {})
+    doc = "Doc 1 (Title: Etna)\netna volcano sicily volcano eruption volcano"
+    obs = f"{END}\n<|im_start|>user\n<tool_response>\n{doc}\n</tool_response>{END}\n<|im_start|>assistant\n"
+    assert pieces(tok, r) == [(1, "Let me look it up. " + query), (0, obs), (1, "\\boxed{Etna}" + END)]
+    assert ep.metrics["agent/search/calls"] == 1 and ep.metrics["agent/tool_errors"] == 0
+
+    ep, _ = loop(tok, script, tools={"search": search})  # the server is shut down now
+    [[r]] = ep.run([prompt(tok)], SamplingConfig(max_tokens=300), [0], {})
+    [(_, said)] = [(m, text) for m, text in pieces(tok, r) if m == 0]
+    assert "<tool_response>\nError: the retrieval service at" in said and "did not answer" in said
+    assert ep.metrics["agent/search/errors"] == 1
