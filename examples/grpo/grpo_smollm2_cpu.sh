@@ -8,7 +8,7 @@
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
 #      (the held-out set, from another generator)
 #   3. preprocess with SmolLM2's chat template (prompt_type smollm2): the RL prompts, and the same problems as SFT
-#      pairs (response "a + b = c", then <|im_end|>)
+#      pairs (response: the sum worked column by column, "47+38: 7+8=15, 4+3+1=8, so 85", then <|im_end|>)
 #   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, SFT_ITERS; 0: none)
 #   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
 #   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
@@ -72,10 +72,11 @@ ln -sfn "$HF" "$OUT/hf"   # the config's tokenizer_name_or_path
 echo "HF checkpoint: $HF"
 
 stamp "2/7 the task: one-step arithmetic word problems (train + its test split; held-out from another generator)"
-# the wide frames (more kinds of question), distractor numbers and equations as the SFT target: the training
-# generator's own, worded apart from the held-out generator's
+# the wide frames (more kinds of question), distractor numbers and, as the SFT target, the sum worked column by
+# column with its carry or borrow (single-digit steps, the answer last): the training generator's own, worded apart
+# from the held-out generator's
 DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE" --easy 0.25 --frames wide --distractors 0.5
-    --solution equation)
+    --solution columns)
 if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
     "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
     echo "${DATA_ARGS[*]}" > "$OUT/raw/args.txt"   # a later run with other settings writes the data again

@@ -53,7 +53,7 @@ def test_wide_frames_distractors_and_equations(tmp_path):
         used.add(re.sub(r"\d+", "", row["problem"]))
     assert 0.35 < distracted / len(train + test) < 0.65 and 0.05 < easy / len(train + test) < 0.3
     assert len(used) > 100 and frames
-    with pytest.raises(ValueError, match="--solution must be sentence or equation"):
+    with pytest.raises(ValueError, match="--solution must be one of sentence, equation, columns"):
         gen.make_splits(10, 1, solution="boxed")
     with pytest.raises(ValueError, match="--min-value must be in"):
         gen.make_splits(10, 1, max_value=5, min_value=9)
