@@ -36,6 +36,10 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 2 and "ITERS must be a positive integer, got 'x'" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "0"}, capture_output=True, text=True)
     assert r.returncode == 2 and "MAX_VALUE must be a positive integer, got '0'" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "100"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "MAX_VALUE must be at most 99" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "VAL_SET": "x"}, capture_output=True, text=True)
     assert r.returncode == 2 and "VAL_SET must be heldout or test, got 'x'" in r.stderr
     r = subprocess.run(

@@ -17,7 +17,7 @@
 # Assets (model link, data, checkpoints) go to OUT (default ./outputs/smollm2, where the config points); a second
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
 # the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
-# the training generator's own), MAX_VALUE (largest training operand, default 99; a quarter of the problems keep
+# the training generator's own), MAX_VALUE (largest training operand, at most and by default 99; a quarter of the problems keep
 # operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
@@ -45,6 +45,7 @@ done
 [[ -z "${ITERS:-}" || "$ITERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2; }
 [[ -z "${VAL_SET:-}" || "$VAL_SET" == heldout || "$VAL_SET" == test ]] || { echo "error: VAL_SET must be heldout or test, got '$VAL_SET'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
+[[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" -le 99 ]] || { echo "error: MAX_VALUE must be at most 99 (the SFT target works two-digit sums column by column), got '$MAX_VALUE'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
