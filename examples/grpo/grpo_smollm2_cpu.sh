@@ -18,7 +18,8 @@
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
 # the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
 # the training generator's own), MAX_VALUE (largest training operand, at most and by default 99; a quarter of the problems keep
-# operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), VENV (default ./.venv),
+# operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), SFT_TARGET
+# (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
 # to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
@@ -27,7 +28,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 SFT_OVERRIDES=()
@@ -46,6 +47,7 @@ done
 [[ -z "${VAL_SET:-}" || "$VAL_SET" == heldout || "$VAL_SET" == test ]] || { echo "error: VAL_SET must be heldout or test, got '$VAL_SET'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" -le 99 ]] || { echo "error: MAX_VALUE must be at most 99 (the SFT target works two-digit sums column by column), got '$MAX_VALUE'" >&2; exit 2; }
+[[ -z "${SFT_TARGET:-}" || "$SFT_TARGET" == columns || "$SFT_TARGET" == equation ]] || { echo "error: SFT_TARGET must be columns or equation, got '$SFT_TARGET'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
@@ -77,7 +79,7 @@ stamp "2/7 the task: one-step arithmetic word problems (train + its test split; 
 # column with its carry or borrow (single-digit steps, the answer last): the training generator's own, worded apart
 # from the held-out generator's
 DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE" --easy 0.25 --frames wide --distractors 0.5
-    --solution columns)
+    --solution "${SFT_TARGET:-columns}")
 if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
     "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
     echo "${DATA_ARGS[*]}" > "$OUT/raw/args.txt"   # a later run with other settings writes the data again
