@@ -36,6 +36,14 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 2 and "ITERS must be a positive integer, got 'x'" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "0"}, capture_output=True, text=True)
     assert r.returncode == 2 and "MAX_VALUE must be a positive integer, got '0'" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "100"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "MAX_VALUE must be at most 99" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "SFT_TARGET": "x"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "SFT_TARGET must be columns or equation, got 'x'" in r.stderr
     r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "VAL_SET": "x"}, capture_output=True, text=True)
     assert r.returncode == 2 and "VAL_SET must be heldout or test, got 'x'" in r.stderr
     r = subprocess.run(
@@ -55,7 +63,7 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
         **os.environ, "VENV": os.path.dirname(os.path.dirname(sys.executable)),
         "MINDRL_MODEL_CACHE": os.path.dirname(os.path.dirname(smollm2_hf)),  # the session's model, no download
         "OUT": str(out), "RUN_DIR": str(run_dir), "EVAL_INTERVAL": str(ITERS), "VAL_PROMPTS": str(VAL_PROMPTS),
-        "VAL_SET": "test", "MAX_VALUE": "20", "SFT_ITERS": str(SFT_ITERS),
+        "VAL_SET": "test", "MAX_VALUE": "20", "SFT_ITERS": str(SFT_ITERS), "SFT_TARGET": "equation",
     }  # fmt: skip
     r = _run(["--iters", str(ITERS), *SHRINK], env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

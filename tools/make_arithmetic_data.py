@@ -66,10 +66,40 @@ DISTRACTORS = (
 )
 
 
+def columns(a: int, op: str, b: int) -> str:
+    """The sum or difference worked column by column, the answer last: "47+38: 7+8=15, 4+3+1=8, so 85",
+    "94-59: 14-9=5, 9-5-1=3, so 35" (the borrow and the carry written out, each step one single-digit fact a 135M
+    model can look up); one-digit operands give "8+1=9". Operands in [0, 99]; a - b with a >= b."""
+    if not (0 <= a <= 99 and 0 <= b <= 99) or op not in "+-" or (op == "-" and a < b):
+        raise ValueError(f"columns() works two-digit a + b or a - b with a >= b, got {a} {op} {b}")
+    c = a + b if op == "+" else a - b
+    if a < 10 and b < 10:
+        return f"{a}{op}{b}={c}"
+    (at, ao), (bt, bo) = divmod(a, 10), divmod(b, 10)
+    if op == "+":
+        ones, carry = f"{ao}+{bo}={ao + bo}", ao + bo >= 10
+        tens = "+".join(str(x) for x in (at, bt) if x) + ("+1" if carry else "")
+        tens_value = at + bt + carry
+    else:
+        borrow = ao < bo
+        ones = f"{ao + 10 * borrow}-{bo}={ao + 10 * borrow - bo}"
+        tens = f"{at}" + (f"-{bt}" if bt else "") + ("-1" if borrow else "")
+        tens_value = at - bt - borrow
+    steps = ones if tens in (str(tens_value), "") else f"{ones}, {tens}={tens_value}"
+    return f"{a}{op}{b}: {steps}, so {c}"
+
+
+SOLUTIONS = {
+    "sentence": lambda a, op, b, c: f"The answer is {c}.",
+    "equation": lambda a, op, b, c: f"{a} {op} {b} = {c}",
+    "columns": lambda a, op, b, c: columns(a, op, b),
+}
+
+
 def problem(
     rng: random.Random, max_value: int, min_value: int = 1, wide: bool = False, distractors: float = 0.0
-) -> tuple[str, int, str]:
-    """One word problem, its answer and its equation ("a + b = c"): a + b or a - b (never negative), operands in
+) -> tuple[str, int, tuple[int, str, int]]:
+    """One word problem, its answer and its sum (a, "+" or "-", b): a + b or a - b (never negative), operands in
     [min_value, max_value]; `wide`: the wide frames; `distractors`: the share opening with an unrelated number."""
     names, things = (WIDE_NAMES, WIDE_THINGS) if wide else (NAMES, THINGS)
     n, t = rng.choice(names), rng.choice(things)
@@ -78,9 +108,9 @@ def problem(
     if distractors and rng.random() < distractors:
         d = rng.choice(DISTRACTORS).format(n=n, x=rng.randint(2, 99))
     if rng.random() < 0.5:
-        return d + rng.choice(WIDE_ADD if wide else ADD).format(n=n, t=t, a=a, b=b), a + b, f"{a} + {b} = {a + b}"
+        return d + rng.choice(WIDE_ADD if wide else ADD).format(n=n, t=t, a=a, b=b), a + b, (a, "+", b)
     a, b = max(a, b), min(a, b)
-    return d + rng.choice(WIDE_SUB if wide else SUB).format(n=n, t=t, a=a, b=b), a - b, f"{a} - {b} = {a - b}"
+    return d + rng.choice(WIDE_SUB if wide else SUB).format(n=n, t=t, a=a, b=b), a - b, (a, "-", b)
 
 
 def make_splits(
@@ -98,23 +128,23 @@ def make_splits(
 ) -> tuple[list[dict], list[dict]]:
     """(train rows, test rows): distinct problems drawn with `seed`, the first `test` of them held out. `easy`: the
     share drawn with operands in [1, easy_max] instead (an easier part that gives GRPO signal from the start);
-    `solution`: the row's worked answer, "sentence" ("The answer is c.") or "equation" ("a + b = c", the SFT
-    target)."""
+    `solution`: the row's worked answer, "sentence" ("The answer is c."), "equation" ("a + b = c") or "columns"
+    (worked column by column, `columns()`: the recipe's SFT target)."""
     if train < 1 or test < 0:
         raise ValueError(f"--train must be >= 1 and --test >= 0, got {train} and {test}")
     if not 1 <= min_value <= max_value:
         raise ValueError(f"--min-value must be in [1, --max-value], got {min_value} and {max_value}")
     if not 0.0 <= easy <= 1.0 or not 0.0 <= distractors <= 1.0:
         raise ValueError(f"--easy and --distractors are shares in [0, 1], got {easy} and {distractors}")
-    if solution not in ("sentence", "equation"):
-        raise ValueError(f"--solution must be sentence or equation, got {solution!r}")
+    if solution not in SOLUTIONS:
+        raise ValueError(f"--solution must be one of {', '.join(SOLUTIONS)}, got {solution!r}")
     rng = random.Random(seed)
-    seen: dict[str, tuple[int, str]] = {}
+    seen: dict[str, tuple[int, tuple[int, str, int]]] = {}
     budget = 50 * (train + test)
     while len(seen) < train + test and budget:
         lo, hi = (1, easy_max) if easy and rng.random() < easy else (min_value, max_value)
-        text, answer, equation = problem(rng, hi, lo, wide, distractors)
-        seen.setdefault(text, (answer, equation))
+        text, answer, terms = problem(rng, hi, lo, wide, distractors)
+        seen.setdefault(text, (answer, terms))
         budget -= 1
     if len(seen) < train + test:
         raise ValueError(
@@ -122,10 +152,9 @@ def make_splits(
             f"{train + test} or raise --max-value"
         )
     rows = [
-        {"problem": f"{text} {INSTRUCTION}", "answer": str(answer),
-         "solution": equation if solution == "equation" else f"The answer is {answer}."}
-        for text, (answer, equation) in seen.items()
-    ]  # fmt: skip
+        {"problem": f"{text} {INSTRUCTION}", "answer": str(answer), "solution": SOLUTIONS[solution](*terms, answer)}
+        for text, (answer, terms) in seen.items()
+    ]
     return rows[test:], rows[:test]
 
 
@@ -148,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distractors", type=float, default=0.0, help="share opening with an unrelated number")
     ap.add_argument(
         "--solution",
-        choices=("sentence", "equation"),
+        choices=tuple(SOLUTIONS),
         default="sentence",
-        help="the rows' worked answer: 'The answer is c.' or 'a + b = c' (an SFT target)",
+        help="the rows' worked answer: 'The answer is c.', 'a + b = c' or the columns worked with their carries and "
+        "borrows, 'a+b: ..., so c' (an SFT target)",
     )
     a = ap.parse_args(argv)
     train, test = make_splits(a.train, a.test, a.seed, a.max_value, min_value=a.min_value, easy=a.easy,

@@ -8,7 +8,7 @@
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
 #      (the held-out set, from another generator)
 #   3. preprocess with SmolLM2's chat template (prompt_type smollm2): the RL prompts, and the same problems as SFT
-#      pairs (response "a + b = c", then <|im_end|>)
+#      pairs (response: the sum worked column by column, "47+38: 7+8=15, 4+3+1=8, so 85", then <|im_end|>)
 #   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, SFT_ITERS; 0: none)
 #   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
 #   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
@@ -17,8 +17,9 @@
 # Assets (model link, data, checkpoints) go to OUT (default ./outputs/smollm2, where the config points); a second
 # run reuses the model, the data and the base checkpoint. Environment: OUT, RUN_DIR, ITERS (RL iterations; default
 # the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
-# the training generator's own), MAX_VALUE (largest training operand, default 99; a quarter of the problems keep
-# operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), VENV (default ./.venv),
+# the training generator's own), MAX_VALUE (largest training operand, at most and by default 99; a quarter of the problems keep
+# operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), SFT_TARGET
+# (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
 # to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
@@ -27,7 +28,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 SFT_OVERRIDES=()
@@ -45,6 +46,8 @@ done
 [[ -z "${ITERS:-}" || "$ITERS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2; }
 [[ -z "${VAL_SET:-}" || "$VAL_SET" == heldout || "$VAL_SET" == test ]] || { echo "error: VAL_SET must be heldout or test, got '$VAL_SET'" >&2; exit 2; }
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" =~ ^[1-9][0-9]*$ ]] || { echo "error: MAX_VALUE must be a positive integer, got '$MAX_VALUE'" >&2; exit 2; }
+[[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" -le 99 ]] || { echo "error: MAX_VALUE must be at most 99 (the SFT target works two-digit sums column by column), got '$MAX_VALUE'" >&2; exit 2; }
+[[ -z "${SFT_TARGET:-}" || "$SFT_TARGET" == columns || "$SFT_TARGET" == equation ]] || { echo "error: SFT_TARGET must be columns or equation, got '$SFT_TARGET'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
@@ -72,10 +75,11 @@ ln -sfn "$HF" "$OUT/hf"   # the config's tokenizer_name_or_path
 echo "HF checkpoint: $HF"
 
 stamp "2/7 the task: one-step arithmetic word problems (train + its test split; held-out from another generator)"
-# the wide frames (more kinds of question), distractor numbers and equations as the SFT target: the training
-# generator's own, worded apart from the held-out generator's
+# the wide frames (more kinds of question), distractor numbers and, as the SFT target, the sum worked column by
+# column with its carry or borrow (single-digit steps, the answer last): the training generator's own, worded apart
+# from the held-out generator's
 DATA_ARGS=(--train 2000 --test 200 --seed 0 --max-value "$MAX_VALUE" --easy 0.25 --frames wide --distractors 0.5
-    --solution equation)
+    --solution "${SFT_TARGET:-columns}")
 if [[ ! -f "$OUT/raw/train.json" || ! -f "$OUT/raw/test.json" || "$(cat "$OUT/raw/args.txt" 2>/dev/null)" != "${DATA_ARGS[*]}" ]]; then
     "$PY" tools/make_arithmetic_data.py --out "$OUT/raw" "${DATA_ARGS[@]}"
     echo "${DATA_ARGS[*]}" > "$OUT/raw/args.txt"   # a later run with other settings writes the data again

@@ -53,7 +53,30 @@ def test_wide_frames_distractors_and_equations(tmp_path):
         used.add(re.sub(r"\d+", "", row["problem"]))
     assert 0.35 < distracted / len(train + test) < 0.65 and 0.05 < easy / len(train + test) < 0.3
     assert len(used) > 100 and frames
-    with pytest.raises(ValueError, match="--solution must be sentence or equation"):
+    with pytest.raises(ValueError, match="--solution must be one of sentence, equation, columns"):
         gen.make_splits(10, 1, solution="boxed")
     with pytest.raises(ValueError, match="--min-value must be in"):
         gen.make_splits(10, 1, max_value=5, min_value=9)
+
+
+def test_columns_work_every_sum_with_its_carry_or_borrow():
+    """--solution columns (the recipe's SFT target) on every a + b and a - b in [0, 99]: each step is a true
+    single-digit fact (the ones borrow exactly when their digit is smaller), the answer is the last number."""
+    assert gen.columns(47, "+", 38) == "47+38: 7+8=15, 4+3+1=8, so 85"
+    assert gen.columns(94, "-", 59) == "94-59: 14-9=5, 9-5-1=3, so 35"
+    assert gen.columns(8, "+", 1) == "8+1=9"
+    for a in range(100):
+        for b in range(100):
+            for op in "+-" if a >= b else "+":
+                c = a + b if op == "+" else a - b
+                text = gen.columns(a, op, b)
+                assert gsm8k_reward(text, str(c)) == 1.0, text
+                for lhs, rhs in re.findall(r"([\d+-]+)=(\d+)", text):
+                    assert eval(lhs) == int(rhs), text  # noqa: S307 - digits and +/- only
+                if a >= 10 or b >= 10:
+                    ones = re.search(r": (\d+)[+-]", text)[1]
+                    assert int(ones) == a % 10 + 10 * (op == "-" and a % 10 < b % 10), text
+    with pytest.raises(ValueError, match="a - b with a >= b, got 3 - 5"):
+        gen.columns(3, "-", 5)
+    rows, _ = gen.make_splits(50, 0, max_value=99, solution="columns")
+    assert all(gsm8k_reward(r["solution"], r["answer"]) == 1.0 for r in rows)
