@@ -261,6 +261,9 @@ def test_a_prompt_near_max_model_len_gets_the_tokens_left(vllm_engine):
     short, long_ = vllm_engine.generate([[1, 2], [3] * 250], s)
     assert len(short[0].token_ids) == 10 and len(long_[0].token_ids) == 6
     assert short[0].finish_reason == long_[0].finish_reason == "length"
+    # vLLM on its own (mindrl's split bypassed): the same 6 tokens, no error
+    ((raw,),) = vllm_engine._generate([[3] * 250], s, None)
+    assert raw.token_ids == long_[0].token_ids and raw.finish_reason == "length"
 
 
 def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
