@@ -56,7 +56,6 @@ MEGATRON_IGNORED: dict[str, str] = {
     **dict.fromkeys(
         [
             "swap_attention",
-            "swap_optimizer",
             "reuse_fp32_param",
             "overlap_grad_reduce",
             "overlap_param_gather",
@@ -191,6 +190,11 @@ class MegatronTrainingConfig(Section, RecomputeSettings):
     """Train in float16 with loss scaling (mindrl addition; MindSpeed-RL trains in bf16)."""
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (a role section may override)."""
+    swap_optimizer: bool = False
+    """Keep the actor's optimizer state (Adam moments, fp32 main params) in host memory except during its optimizer
+    steps, as MindSpeed's swap_optimizer does: off the device in every phase and through the update's forward and
+    backward, on it only around each step (`mindrl.resharding.residency`, docs/plan.md). The RL trainers' actor only;
+    the critic keeps its optimizer state on the device while it trains."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism within TP groups (a role section may override)."""
     variable_seq_lengths: bool = ignored_field(

@@ -355,10 +355,18 @@ class RLConfig(Section):
 
     def _check_lengths(self, col: Collector) -> None:
         gen, rl, mt = self.generate_config, self.rl_config, self.megatron_training
-        need = rl.max_prompt_length + gen.sampling_config.max_tokens
-        if gen.max_model_len < need:
-            col.add("generate_config.max_model_len", f"{gen.max_model_len} < rl_config.max_prompt_length + "
-                    f"sampling_config.max_tokens = {rl.max_prompt_length} + {gen.sampling_config.max_tokens} = {need}")  # fmt: skip
+        max_tokens = gen.sampling_config.max_tokens
+        need = rl.max_prompt_length + max_tokens
+        if gen.max_model_len <= rl.max_prompt_length:  # vLLM refuses a prompt that leaves no room for a response
+            col.add("generate_config.max_model_len", f"{gen.max_model_len} <= rl_config.max_prompt_length = "
+                    f"{rl.max_prompt_length}: the longest prompts leave no room for a response token")  # fmt: skip
+        elif gen.max_model_len < need:  # vLLM stops a request at max_model_len (finish_reason 'length'); so does mindrl
+            longest = gen.max_model_len - max_tokens
+            col.note(f"generate_config.max_model_len={gen.max_model_len} < rl_config.max_prompt_length + "
+                     f"sampling_config.max_tokens = {rl.max_prompt_length} + {max_tokens} = {need}: a prompt longer "
+                     f"than {longest} tokens gets at most max_model_len - its length response tokens (down to "
+                     f"{gen.max_model_len - rl.max_prompt_length} for a {rl.max_prompt_length}-token prompt), stopped "
+                     f"with finish_reason 'length' as vLLM does; prompts up to {longest} tokens get max_tokens")  # fmt: skip
         if rl.overlong_buffer_enable:  # MindSpeed-RL's rules
             max_tokens = gen.sampling_config.max_tokens
             if rl.rollout_max_tokens is None:

@@ -12,7 +12,7 @@ from mindrl.config.settings import RecomputeSettings
 from mindrl.plan.devices import Device, pick_device
 from mindrl.plan.params import PlanError, adapter_params, stage_params, total_params
 from mindrl.resharding.offload import OffloadConfig
-from mindrl.resharding.residency import MODELS, PHASES
+from mindrl.resharding.residency import MODELS, PHASES, PLAN_PHASES, STEP
 from mindrl.workers import from_config
 
 _KIND_OF = {"weights_bytes": "param", "grads_bytes": "grad", "optimizer_bytes": "optimizer"}
@@ -357,8 +357,13 @@ def _device_memory(plan: Plan, cfg: RLConfig, slot: DeviceSlot, has_ref: bool) -
     out["rollout"]["train"] = asleep
     if has_ref:
         out["reference"]["train"] = {**held("reference", "train", ref_w), "activations_bytes": 0}
+    if sched.swap_optimizer:  # the optimizer steps, apart: the state swapped in, the micro-batches' activations freed
+        for role, by_phase in out.items():
+            if "train" in by_phase:
+                step = {k: (0 if k.startswith("activations") else v) for k, v in by_phase["train"].items()}
+                by_phase[STEP] = {**step, **held(role, STEP, actor)} if role == "actor" else dict(by_phase["train"])
     out = {role: phases for role, phases in out.items() if phases}
-    phases = [p for p in PHASES if any(p in v for v in out.values())]
+    phases = [p for p in PLAN_PHASES if any(p in v for v in out.values())]
     out["total"] = {f"{p}_bytes": _phase_total(out, p) for p in phases}
     return out
 
@@ -410,7 +415,7 @@ def _fill_memory(plan: Plan, cfg: RLConfig, has_ref: bool) -> None:
     }
     sched = from_config.residency(cfg)
     plan.residency = {
-        role: {p: sched.describe(role, p) for p in PHASES if p in best[role]}
+        role: {p: sched.describe(role, p) for p in PLAN_PHASES if p in best[role]}
         for role in MODELS if role in best
     }  # fmt: skip
     plan.residency["rollout"] = {

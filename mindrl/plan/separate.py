@@ -10,7 +10,7 @@ from mindrl.config.root import RLConfig
 from mindrl.plan import planner
 from mindrl.plan.devices import pick_device
 from mindrl.plan.params import stage_params
-from mindrl.resharding.residency import PHASES
+from mindrl.resharding.residency import PLAN_PHASES
 from mindrl.workers import from_config
 
 
@@ -111,13 +111,13 @@ def _group_plan(plan: planner.Plan, cfg: RLConfig, g: DeviceGroup, has_ref: bool
         )  # fmt: skip
         full = planner._device_memory(gp, cfg, slot, has_ref and "reference" in g.roles)
         memory = {role: full[role] for role in g.roles if role in full}
-        phases = [p for p in PHASES if any(p in v for v in memory.values())]
+        phases = [p for p in PLAN_PHASES if any(p in v for v in memory.values())]
         memory["total"] = {f"{p}_bytes": planner._phase_total(memory, p) for p in phases}
         if best is None or max(memory["total"].values()) > max(best["total"].values()):
             best, best_j = memory, j
     devices = list(g.devices)
     residency = {
-        role: {p: sched.describe(role, p) for p in PHASES if p in best[role]} for role in g.roles
+        role: {p: sched.describe(role, p) for p in PLAN_PHASES if p in best[role]} for role in g.roles
         if role in best and role != "rollout"
     }  # fmt: skip
     return GroupPlan(

@@ -240,6 +240,17 @@ class TrainStateOffloader:
                 self.offload(moved)
             self._kept.clear()  # only valid across this block
 
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """An optimizer step with the optimizer state swapped in (swap_optimizer): on the device for the block, on the
+        host after it, including the state the block created (Adam's first step), so it never stays behind."""
+        if "optimizer" in self.offloaded_kinds:
+            self.onload(["optimizer"])
+        try:
+            yield
+        finally:
+            self.offload(["optimizer"])
+
     def _begin(self) -> OffloadStats:
         self.platform.synchronize()
         return OffloadStats(device_bytes_before=self.device_bytes(), allocated_before=self.platform.memory_allocated())

@@ -8,7 +8,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -171,7 +171,19 @@ class RolloutEngine(abc.ABC):
             raise ValueError(
                 f"detokenize / stop strings need a tokenizer; {self.config.model} has none (use stop_token_ids)"
             )
-        return self._generate(prompts, sampling, seeds)
+        # As vLLM does: a request stops at max_model_len (finish_reason "length"), so a prompt longer than
+        # max_model_len - max_tokens gets the tokens left to it; such prompts are sampled apart with that cap.
+        caps = [min(sampling.max_tokens, self.config.max_model_len - len(p)) for p in prompts]
+        if all(c == sampling.max_tokens for c in caps):
+            return self._generate(prompts, sampling, seeds)
+        out: list = [None] * len(prompts)
+        for cap in sorted(set(caps)):
+            idx = [i for i, c in enumerate(caps) if c == cap]
+            part = self._generate([prompts[i] for i in idx], replace(sampling, max_tokens=cap),
+                                  None if seeds is None else [seeds[i] for i in idx])  # fmt: skip
+            for i, samples in zip(idx, part):
+                out[i] = samples
+        return out
 
     @abc.abstractmethod
     def _generate(
@@ -220,10 +232,9 @@ class RolloutEngine(abc.ABC):
             p = p.tolist() if isinstance(p, torch.Tensor) else [int(t) for t in p]
             if not p:
                 raise ValueError(f"prompt {i} is empty")
-            if len(p) + sampling.max_tokens > limit:
+            if len(p) >= limit:  # vLLM's rule: the prompt and at least one response token must fit
                 raise ValueError(
-                    f"prompt {i} has {len(p)} tokens; with max_tokens={sampling.max_tokens} that is "
-                    f"{len(p) + sampling.max_tokens} > max_model_len={limit}"
+                    f"prompt {i} has {len(p)} tokens: max_model_len={limit} leaves no room for a response token"
                 )
             lo, hi = min(p), max(p)
             if lo < 0 or hi >= vocab_size:

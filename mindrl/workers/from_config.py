@@ -250,13 +250,16 @@ def residency(cfg) -> ResidencySchedule:
     switches; its weights are needed while scoring unless the run is on-policy (no old logprobs to compute) and the
     reference has weights of its own (share_backbone: the reference pass runs on the actor's).
     Separate placement: a model alone on its devices stays there; a merged reference / reward model leaves outside
-    scoring with ref_reward_offload; the actor offloads only for engines in its own processes."""
+    scoring with ref_reward_offload; the actor offloads only for engines in its own processes.
+    megatron_training.swap_optimizer: the actor's optimizer state is on the device for its optimizer steps only."""
     rl = cfg.rl_config
     offload = OffloadConfig.from_generate_config(cfg.generate_config)
+    swap = bool(cfg.megatron_training.swap_optimizer)
     if rl.use_integrated_worker:
-        return ResidencySchedule(offload, actor_forward=not rl.on_policy or rl.share_backbone)
+        return ResidencySchedule(offload, actor_forward=not rl.on_policy or rl.share_backbone, swap_optimizer=swap)
     return ResidencySchedule(
         offload if rl.rollout_resource is None else OffloadConfig(),
+        swap_optimizer=swap,
         actor_forward=not rl.on_policy,
         critic_offload=False,
         reward_offload=rl.colocate_critic_reward and rl.ref_reward_offload,

@@ -38,10 +38,10 @@ class IntegratedWorker(MegatronRank):
             from mindrl.resharding import WeightStreamer
 
             self.streamer = WeightStreamer(self.actor, self.spec, s.bucket_size_mb)
-            self.actor_offloader = TrainStateOffloader([self.actor], self.optimizer, s.residency.offload)
+            self.actor_offloader = TrainStateOffloader([self.actor], self.optimizer, s.residency.actor_offload)
             return info
         engine = VllmEngine(s.rollout)
-        offload = s.residency.offload
+        offload = s.residency.actor_offload
         self.hybrid = HybridEngine(self.actor, self.spec, self.optimizer, engine, offload, s.bucket_size_mb)
         self.actor_offloader = self.hybrid.manager.offloader  # one record of what is offloaded
         # Engine replicas: consecutive groups of infer-TP ranks; their first rank receives the prompts.
@@ -156,10 +156,28 @@ class IntegratedWorker(MegatronRank):
     @register(Dispatch.DP_OUTPUT)
     def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:
         shard = self.receive(shard)
-        with self.profiler.stage("actor_update"), self.actor_offloader.holding():
+        on = self.settings.residency.on_device("actor", "train")  # swap_optimizer: not the optimizer state
+        with self.profiler.stage("actor_update"), self.actor_offloader.holding(on):
             result = self._ppo_update(self.actor, shard, "actor", self.settings.actor, num_mini_batches, epochs)
             self._note_held()
         return self.output(result)
+
+    def _step_context(self, role: str):
+        """swap_optimizer: each of the actor's optimizer steps brings its optimizer state to the device and sends it
+        back after, recorded in the ledger's "step" phase."""
+        if role != "actor" or not self.settings.residency.swap_optimizer:
+            return None
+        import contextlib
+
+        from mindrl.resharding.residency import STEP
+
+        @contextlib.contextmanager
+        def step():
+            with self.actor_offloader.stepping():
+                yield
+                self._note_held(STEP)
+
+        return step
 
     @register(Dispatch.ALL)
     def sync_reference(self, alpha: float) -> float:

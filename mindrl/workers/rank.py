@@ -117,7 +117,12 @@ class MegatronRank:
             m.micro_batching(False),
             num_mini_batches,
             epochs,
+            step_context=self._step_context(role),
         )
+
+    def _step_context(self, role: str):
+        """A context around each optimizer step of `role`'s update; None: nothing around it."""
+        return None
 
     @register(Dispatch.ALL)
     def profile_iteration(self, iteration: int | None) -> list[str]:
@@ -148,12 +153,14 @@ class MegatronRank:
         self.phase = phase
         self.ledger[phase] = self._held()
 
-    def _note_held(self) -> None:
-        """Fold what the models hold now into the current phase's ledger, which keeps the most each term held during
-        the phase (called as a computation of the phase ends: an update's first step creates Adam's state)."""
-        if self.phase is None:
+    def _note_held(self, phase: str | None = None) -> None:
+        """Fold what the models hold now into the ledger of `phase` (default: the current one), which keeps the most
+        each term held during it (called as a computation of the phase ends: an update's first step creates Adam's
+        state)."""
+        phase = phase or self.phase
+        if phase is None:
             return
-        entry = self.ledger.setdefault(self.phase, {})
+        entry = self.ledger.setdefault(phase, {})
         for model, terms in self._held().items():
             for term, n in terms.items():
                 entry.setdefault(model, {})[term] = max(entry.get(model, {}).get(term, 0), n)

@@ -4,7 +4,7 @@ updates through megatron's pipeline schedule, collective over the model's world 
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -570,10 +570,13 @@ def ppo_update(
     micro_batch_size: int | MicroBatching,
     num_mini_batches: int,
     epochs: int,
+    step_context=None,
 ) -> UpdateResult:
     """Epochs x mini-batches of optimizer steps on this DP rank's shard (see `mindrl.batch.shard_rows`: its
     mini-batch k is its slice of the global mini-batch k). role: "actor" or "critic". micro_batch_size: rows per
     micro-batch, or how to cut and lay them out (`MicroBatching`); the loss is the mini-batch's whatever the cut.
+    step_context: a context manager factory entered around each optimizer step (swap_optimizer brings the optimizer
+    state to the device in it); None: none.
 
     Returns metrics averaged over the optimizer steps (the same on every rank), plus `<role>/lr`,
     `<role>/grad_norm`, `<role>/skipped_updates` (steps skipped for non-finite loss or gradients); the positions
@@ -644,7 +647,8 @@ def ppo_update(
             if not finite:
                 skipped += 1
                 continue
-            with torch.profiler.record_function(OPTIMIZER_RANGE):  # the profile's summary counts it apart
+            around = step_context() if step_context is not None else nullcontext()
+            with torch.profiler.record_function(OPTIMIZER_RANGE), around:  # the profile's summary counts it apart
                 ok, grad_norm, _ = optimizer.step()
             if not ok:
                 skipped += 1

@@ -5,6 +5,7 @@ plain language-model steps on random tokens: the shared core of the actor, the c
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -180,10 +181,19 @@ def _loss_step(data_iterator, model):
 
 
 def train_steps(
-    ddp, optimizer, vocab: int, steps: int, seed: int, first_step: int = 0, batch: int = 4, seq: int = 32
+    ddp,
+    optimizer,
+    vocab: int,
+    steps: int,
+    seed: int,
+    first_step: int = 0,
+    batch: int = 4,
+    seq: int = 32,
+    step_context=None,
 ) -> list[float]:
     """`steps` optimizer steps on random tokens (2 micro-batches each) through megatron's schedule; step i's
-    tokens depend only on (seed, i). Returns the losses (on every rank: the last stage's, broadcast over PP)."""
+    tokens depend only on (seed, i). Returns the losses (on every rank: the last stage's, broadcast over PP).
+    step_context: a context manager factory entered around each optimizer step (as `rl_model.ppo_update`'s)."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -205,7 +215,8 @@ def train_steps(
             micro_batch_size=micro[0].shape[0],
             forward_only=False,
         )
-        ok, _, _ = optimizer.step()
+        with step_context() if step_context is not None else nullcontext():
+            ok, _, _ = optimizer.step()
         if not ok:
             raise RuntimeError(f"optimizer step {step} was skipped (non-finite gradients)")
         loss = torch.stack([o["loss"] for o in out]).mean() if out else torch.zeros((), device=model_device(ddp))

@@ -181,10 +181,23 @@ def test_prompts_must_split_over_engine_replicas():
 
 
 # ------------------------------------------------------------------------------------------- lengths
-def test_max_model_len_covers_prompt_plus_response_and_seq_length():
-    err = errors("grpo_tiny_cpu", "generate_config.sampling_config.max_tokens=100", "megatron_training.seq_length=256")
-    issue(err, "generate_config.max_model_len", "128 < rl_config.max_prompt_length + sampling_config.max_tokens = 64 + 100",
+def test_max_model_len_covers_the_prompt_and_seq_length():
+    err = errors("grpo_tiny_cpu", "rl_config.max_prompt_length=128", "megatron_training.seq_length=256")
+    issue(err, "generate_config.max_model_len", "128 <= rl_config.max_prompt_length = 128", "no room for a response",
           "megatron_training.seq_length=256")  # fmt: skip
+
+
+def test_max_model_len_below_prompt_plus_response_caps_the_longest_prompts(caplog):
+    """As vLLM (0.32's check_stop: a request stops at max_model_len, finish_reason 'length'; it refuses only a prompt
+    of max_model_len tokens or more): the load notes which prompts get fewer tokens, and how few at most."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="mindrl.config"):
+        cfg = load_config("grpo_tiny_cpu", overrides=["generate_config.sampling_config.max_tokens=100"])
+    assert cfg.generate_config.max_model_len == 128
+    notes = [r.getMessage() for r in caplog.records if "generate_config.max_model_len=128" in r.getMessage()]
+    assert len(notes) == 1 and "64 + 100 = 164" in notes[0], notes
+    assert "longer than 28 tokens" in notes[0] and "down to 64 for a 64-token prompt" in notes[0], notes
 
 
 def test_stop_strings_need_detokenize():

@@ -341,3 +341,24 @@ def test_plan_recipes_tool_tables_a_configs_folder(capsys):
     out = capsys.readouterr().out
     assert "| grpo_qwen25_32b_A2 | yes | 910b | FITS |" in out
     assert plan_recipes.main([os.path.join(CONFIG_DIR, "nowhere")]) == 2
+
+
+def test_swap_optimizer_counts_the_optimizer_state_in_the_steps_only(cfgs):
+    """megatron_training.swap_optimizer (ppo_qwen25_32b_A3 with its optimizer switch off): the actor's optimizer state
+    leaves every phase and the update's forward / backward, and appears in a 'step' phase of its own, which holds the
+    update's weights and grads beside it but not its activations (the micro-batches are done)."""
+    keep = ["generate_config.offload_train_optimizer=false"]
+    plain = make_plan(load_config("ppo_qwen25_32b_A3", overrides=keep))
+    swap = make_plan(load_config("ppo_qwen25_32b_A3", overrides=[*keep, "megatron_training.swap_optimizer=true"]))
+    opt = plain.memory["actor"]["train"]["optimizer_bytes"]
+    assert opt > 0 and "step" not in plain.memory["total"]
+    for phase in ("rollout", "score", "critic_train", "train"):
+        assert swap.memory["actor"][phase]["optimizer_bytes"] == 0, phase
+        assert swap.memory["total"][f"{phase}_bytes"] == plain.memory["total"][f"{phase}_bytes"] - (
+            opt if phase != "score" or plain.memory["actor"]["score"]["optimizer_bytes"] else 0
+        ), phase
+    step, train = swap.memory["actor"]["step"], plain.memory["actor"]["train"]
+    assert step["optimizer_bytes"] == opt and step["activations_bytes"] == 0
+    assert step["weights_bytes"] == train["weights_bytes"] and step["grads_bytes"] == train["grads_bytes"]
+    assert swap.memory["critic"]["step"] == swap.memory["critic"]["train"]
+    assert swap.residency["actor"]["train"] == "weights+grads on" and swap.residency["actor"]["step"] == "resident"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import torch
@@ -196,7 +197,20 @@ def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: 
         torch.equal(a.reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
         for a, b in zip(snapshot, trainer_tensors(ddp, optimizer))
     )
-    losses += train_steps(ddp, optimizer, spec.vocab_size, after, seed=5, first_step=before)
+    # The steps after the rollout with swap_optimizer's schedule: the optimizer state on the host between steps, on
+    # the device only in each step (TrainStateOffloader.stepping, what the worker wraps the actor's steps in).
+    offloader.offload(["optimizer"])
+    swapped = {"in_step": [], "between": []}
+
+    @contextlib.contextmanager
+    def step():
+        with offloader.stepping():
+            yield
+            swapped["in_step"].append(offloader.device_bytes()["optimizer"])
+        swapped["between"].append(offloader.device_bytes()["optimizer"])
+
+    losses += train_steps(ddp, optimizer, spec.vocab_size, after, seed=5, first_step=before, step_context=step)
+    offloader.onload()
     final = [t.detach() for t in list(ddp.module.parameters()) + _optimizer_states(optimizer)]
     return {
         "ref_losses": ref_losses,
@@ -210,6 +224,7 @@ def offload_round_trip(load_dir: str, tp: int, pp: int, before: int = 2, after: 
         "kinds_offloaded": kinds_offloaded,
         "host_bytes": host_bytes,
         "received": len(received),
+        "swapped": swapped,
         "moved": {**to_infer.offload_before.moved_bytes, **to_infer.offload_after.moved_bytes},
         "onloaded": to_train.moved_bytes,
         # the platform allocator's bytes (0 on CPU): before the offload, with everything offloaded, after the onload

@@ -42,6 +42,9 @@ def test_offload_round_trip_is_exact(pool, tiny_models, saved_untied, tp, pp):
         # ... the engine got the weights in between, and training continues exactly as without offload.
         assert r["received"] == n_names, where
         assert r["losses"] == r["ref_losses"] and r["final_equal"], (where, r["losses"], r["ref_losses"])
+        # the steps after it ran with swap_optimizer's schedule: the state on the device in each step only
+        sw = r["swapped"]
+        assert sw["between"] == [0, 0] and sw["in_step"] == [r["kinds_before"]["optimizer"]] * 2, (where, sw)
 
 
 def test_plain_module_offload_round_trip():

@@ -71,3 +71,57 @@ def test_the_trainer_and_the_planner_read_one_schedule():
     s = from_config.residency(cfg)
     assert s.offload == OffloadConfig(True, True, False)
     assert s.actor_forward == (not cfg.rl_config.on_policy)
+
+
+@pytest.mark.parametrize("switches", [(False, False, False), (True, True, True), (False, True, True)])
+def test_swap_optimizer_keeps_the_actors_optimizer_state_on_the_host_outside_its_steps(switches):
+    """megatron_training.swap_optimizer: the optimizer state is on the device in the optimizer steps (STEP) only,
+    not through the update's forward and backward; every other kind, and every other model, as without it."""
+    from mindrl.resharding.residency import PLAN_PHASES, STEP
+
+    plain, swap = (
+        ResidencySchedule(OffloadConfig(*switches)),
+        ResidencySchedule(OffloadConfig(*switches), swap_optimizer=True),
+    )
+    assert swap.on_device("actor", STEP) == ALL and swap.on_device("actor", "train") == ALL - {"optimizer"}
+    assert plain.on_device("actor", STEP) == plain.on_device("actor", "train") == ALL
+    for phase in PLAN_PHASES:
+        assert "optimizer" not in swap.on_device("actor", phase) or phase == STEP, phase
+        assert swap.on_device("actor", phase) | {"optimizer"} == plain.on_device("actor", phase) | {"optimizer"}, phase
+        for model in ("reference", "critic", "reward"):
+            assert swap.on_device(model, phase) == plain.on_device(model, phase), (model, phase)
+    assert swap.actor_offload.kinds == tuple(k for k in KINDS if k == "optimizer" or k in plain.offload.kinds)
+    assert swap.describe("actor", "train") == "weights+grads on" and swap.describe("actor", STEP) == "resident"
+
+
+def test_swapped_optimizer_steps_leave_the_state_on_the_host_and_train_exactly():
+    """`TrainStateOffloader.stepping`, what the worker wraps each of the actor's optimizer steps in under
+    swap_optimizer: Adam's state (created by the first step inside it) is off the device after each step and on it
+    during the step, and the weights are bit-identical to the same steps with the state never moved."""
+    import torch
+
+    from mindrl.resharding import TrainStateOffloader
+
+    def run(swap: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        off = TrainStateOffloader([model], opt, OffloadConfig(offload_train_optimizer=True))
+        held = []
+        for i in range(3):
+            opt.zero_grad()
+            model(torch.full((4, 16), float(i + 1))).square().sum().backward()
+            if swap:
+                with off.stepping():
+                    opt.step()
+                    held.append(off.device_bytes()["optimizer"])
+                assert off.device_bytes()["optimizer"] == 0 and off.host_bytes() > 0
+            else:
+                opt.step()
+        return [p.detach().clone() for p in model.parameters()], held, off
+
+    plain, _, _ = run(False)
+    swapped, held, off = run(True)
+    adam = 2 * (16 * 8 + 8) * 4  # exp_avg and exp_avg_sq of the weight and bias, fp32 (the step counters besides)
+    assert all(h >= adam for h in held) and off.host_bytes() >= adam
+    assert all(torch.equal(a, b) for a, b in zip(plain, swapped))

@@ -42,6 +42,19 @@ def test_logprobs_equal_hf_forward(hf_engine, hf_models, sampling):
         assert helpers.max_logprob_diff(hf_models["a"], PROMPTS, out, SamplingConfig(max_tokens=16)) > 1e-2
 
 
+def test_a_prompt_near_max_model_len_gets_the_tokens_left(hf_engine, hf_models):
+    """As vLLM's check_stop: prompt + max_tokens past max_model_len=256 stops at 256 tokens (finish_reason 'length'),
+    the same greedy tokens as an uncapped HF generate; the other prompts in the call get max_tokens; a prompt of
+    max_model_len tokens is refused, as vLLM refuses it."""
+    long_prompt = (PROMPTS[0] * 256)[:250]
+    short, long_ = hf_engine.generate([PROMPTS[1], long_prompt], SamplingConfig(max_tokens=10, ignore_eos=True,
+                                                                               temperature=0.0))  # fmt: skip
+    assert len(short[0].token_ids) == 10 and long_[0].token_ids == helpers.hf_greedy(hf_models["a"], long_prompt, 6)
+    assert short[0].finish_reason == long_[0].finish_reason == "length"
+    with pytest.raises(ValueError, match=r"prompt 0 has 256 tokens: max_model_len=256 leaves no room"):
+        hf_engine.generate([(PROMPTS[0] * 256)[:256]], SamplingConfig(max_tokens=1))
+
+
 def test_truncation_restricts_the_support(hf_engine, hf_models):
     """top_k=3: every sampled token is among the 3 most likely under the HF forward."""
     sampling = SamplingConfig(max_tokens=12, temperature=1.5, top_k=3, n=4, seed=0)

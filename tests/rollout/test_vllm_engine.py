@@ -242,10 +242,8 @@ def test_side_effects_of_generate_and_load(vllm_engine, weights):
 
 def test_bad_prompts(vllm_engine):
     s = SamplingConfig(max_tokens=10)
-    with pytest.raises(
-        ValueError, match=r"prompt 1 has 250 tokens; with max_tokens=10 that is 260 > max_model_len=256"
-    ):
-        vllm_engine.generate([[1, 2], [3] * 250], s)
+    with pytest.raises(ValueError, match=r"prompt 1 has 256 tokens: max_model_len=256 leaves no room"):
+        vllm_engine.generate([[1, 2], [3] * 256], s)
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         vllm_engine.generate([[]], s)
     with pytest.raises(ValueError, match=r"prompt 0 has token id 1024 outside the vocab \[0, 1024\)"):
@@ -254,6 +252,18 @@ def test_bad_prompts(vllm_engine):
         vllm_engine.generate([[1]], {"max_tokens": 3})
     with pytest.raises(ValueError, match=r"stop_token_ids \[5, 1024\] has ids outside the vocab \[0, 1024\)"):
         vllm_engine.generate([[1, 2]], SamplingConfig(max_tokens=3, stop_token_ids=[5, 1024]))
+
+
+def test_a_prompt_near_max_model_len_gets_the_tokens_left(vllm_engine):
+    """As vLLM itself does: prompt + max_tokens past max_model_len=256 stops at 256 tokens, finish_reason 'length';
+    the other prompts in the call get max_tokens."""
+    s = SamplingConfig(max_tokens=10, temperature=0.0, ignore_eos=True)
+    short, long_ = vllm_engine.generate([[1, 2], [3] * 250], s)
+    assert len(short[0].token_ids) == 10 and len(long_[0].token_ids) == 6
+    assert short[0].finish_reason == long_[0].finish_reason == "length"
+    # vLLM on its own (mindrl's split bypassed): the same 6 tokens, no error
+    ((raw,),) = vllm_engine._generate([[3] * 250], s, None)
+    assert raw.token_ids == long_[0].token_ids and raw.finish_reason == "length"
 
 
 def test_engine_and_hf_engine_agree(vllm_engine, rollout_models, weights):
