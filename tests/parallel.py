@@ -1,14 +1,14 @@
-"""The serial xdist groups ("lanes"): under `bash tests/run.sh` (3 pytest-xdist workers, --dist loadgroup) the tests
+"""The serial xdist groups ("lanes"): under `bash tests/run.sh` (2 pytest-xdist workers, --dist loadgroup) the tests
 that start rank pools, Ray, servers or trainer runs run one after another within their lane, each lane on one worker;
 the rest run beside them.
 
-Three lanes on 2 cores, because a lane's start-ups wait on imports, sockets and one rank for another: two lanes left
-~35% of the cores idle. A lane is what its tests share: `RUNS` reads the session's shared trainer runs
-(rl_helpers: straight, half, layout and integrated-RM runs) and holds every serial module not listed elsewhere;
-`QUICKSTART` reads the quickstart's runs (quickstart_run, sft_assets, learning_run); `OWN` holds self-contained modules,
-which start all they use (they may go in any lane: they are placed to balance the lanes' CPU seconds, measured with
-MINDRL_TEST_CPU). A shared run is built in its own lane only (`require_lane`): a test reading it from another lane fails
-with the lane to put it in, rather than building the run a second time on its worker."""
+Two lanes, one per core: `SHARED` reads the session's shared runs (rl_helpers' straight, half, layout and
+integrated-RM runs, and the quickstart's runs: quickstart_run, sft_assets, learning_run) and holds every serial module
+not listed; `OWN` holds self-contained modules, which start all they use. Self-contained modules may go in either lane:
+they are placed to balance the lanes' CPU seconds, measured with MINDRL_TEST_CPU (the suite is CPU-bound on 2 cores: a
+third lane, tried, added contention and no speed). A shared run is built in its own lane only (`require_lane`): a test
+reading it from another lane fails with the lane to put it in, rather than building the run a second time on its
+worker."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ SERIAL_FIXTURES = {"pool", "get_pool", "assets", "qwen3_assets", "sft_assets", "
 
 # Modules whose tests start processes of their own that use more than one core, or that look at the whole host.
 SERIAL_MODULES = {
+    "tests/agent/test_sandbox.py",  # looks for sandboxed processes host-wide: alone with the other sandbox user
     "tests/checkpoint/test_bad_input.py",  # a RankPool of its own
     "tests/checkpoint/test_legacy.py",  # replaces the shared pool
     "tests/models/test_qwen3.py",  # a RankPool of its own
@@ -46,11 +47,11 @@ SERIAL_MODULES = {
     "tests/workers/test_runtime_env.py",  # Ray
 }
 
-RUNS, QUICKSTART, OWN = "serial-runs", "serial-quickstart", "serial-own"
-LANES = (RUNS, QUICKSTART, OWN)
+SHARED, OWN = "serial-shared", "serial-own"
+LANES = (SHARED, OWN)
+RUNS = QUICKSTART = SHARED  # the lane of rl_helpers' shared runs, and of the quickstart's
 
-# Tests (a module, or module::function for all its parameters) in the QUICKSTART and OWN lanes; every other serial
-# test is in RUNS. QUICKSTART: the readers of the quickstart's runs, then self-contained modules for balance.
+# Tests (a module, or module::function for all its parameters) placed in a lane; every other serial test is in SHARED.
 LANE_OF = {
     # the readers of the quickstart's runs
     "tests/test_quickstart.py": QUICKSTART,
@@ -58,30 +59,32 @@ LANE_OF = {
     "tests/trainer/test_bf16_e2e.py": QUICKSTART,
     "tests/trainer/test_ppo_e2e.py::test_training_learns": QUICKSTART,
     "tests/trainer/test_lora_e2e.py": QUICKSTART,
-    # self-contained modules, placed for balance
-    "tests/models/test_real_llama.py": QUICKSTART,
-    "tests/serving/test_server.py": QUICKSTART,
-    "tests/test_launchers.py": QUICKSTART,
-    "tests/trainer/test_faults.py": QUICKSTART,
+    # self-contained modules
+    "tests/agent/test_sandbox.py": OWN,  # beside test_agent_e2e's sandbox, never at the same time
     "tests/checkpoint/test_bad_input.py": OWN,
     "tests/checkpoint/test_convert.py": OWN,
     "tests/checkpoint/test_export_loads.py": OWN,
     "tests/checkpoint/test_legacy.py": OWN,
     "tests/models/test_qwen3.py": OWN,
+    "tests/models/test_real_llama.py": OWN,
     "tests/plan/test_plan_vs_megatron.py": OWN,
     "tests/platform/test_platform.py": OWN,
     "tests/rollout/test_vllm_tp.py": OWN,
+    "tests/serving/test_server.py": OWN,
+    "tests/test_launchers.py": OWN,
     "tests/test_recipe_smollm2.py": OWN,
     "tests/test_rlhf_dpo_example.py": OWN,
     "tests/trainer/test_agent_e2e.py": OWN,
     "tests/trainer/test_async_bounded.py": OWN,
     "tests/trainer/test_bench_async.py": OWN,
     "tests/trainer/test_dapo_e2e.py": OWN,
+    "tests/trainer/test_dpo.py": OWN,
+    "tests/trainer/test_faults.py": OWN,
     "tests/trainer/test_partial_rollout_e2e.py": OWN,
     "tests/trainer/test_qwen3_e2e.py": OWN,
     "tests/trainer/test_ref_sync_e2e.py": OWN,
     "tests/trainer/test_resume_distopt.py": OWN,
-    "tests/trainer/test_separate_engines_e2e.py": OWN,
+    "tests/workers/test_hybrid_engine.py": OWN,
 }
 
 
@@ -89,7 +92,7 @@ def lane_of(nodeid: str) -> str:
     """The lane of a serial test's id (parameters and any lane suffix ignored)."""
     module, _, rest = nodeid.partition("::")
     function = re.split(r"[\[@]", rest, maxsplit=1)[0]
-    return LANE_OF.get(f"{module}::{function}", LANE_OF.get(module, RUNS))
+    return LANE_OF.get(f"{module}::{function}", LANE_OF.get(module, SHARED))
 
 
 def require_lane(lane: str, what: str) -> None:
@@ -113,7 +116,7 @@ def is_serial(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Marks the serial tests `serial`; on an xdist worker under --dist loadgroup, also gives them their group's id
-    suffix (its lane, "@serial-runs" ...) by which xdist schedules a group. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer
+    suffix (its lane, "@serial-shared" or "@serial-own") by which xdist schedules a group. xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9.2 no longer
     reads (the id is `item._id`), so it is written here."""
     grouped = config.getoption("loadgroup", False)  # set on the workers by xdist
     for item in items:
