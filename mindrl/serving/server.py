@@ -229,6 +229,13 @@ class RolloutServer:
                 version=self.version,
                 expected=expected,
             )
+        # As vLLM's OpenAI server does (its offline engine caps instead): a request must fit max_model_len whole, so
+        # a client gets its max_tokens or an error, never fewer tokens than it asked for without being told.
+        limit = self.config.engine.max_model_len
+        for i, p in enumerate(prompts):
+            if len(p) + sampling.max_tokens > limit:
+                raise bad_request(f"prompt {i} has {len(p)} tokens; with max_tokens={sampling.max_tokens} that is "
+                                  f"{len(p) + sampling.max_tokens} > max_model_len={limit}")  # fmt: skip
         try:
             samples = self.engine.generate(prompts, sampling, seeds) if prompts else []
         except (ValueError, TypeError) as e:  # the engine's checks of prompts against the model
