@@ -17,3 +17,14 @@ def fast_exit() -> None:
     if not _FAST_EXIT:
         atexit.register(gc.freeze)
         _FAST_EXIT = True
+
+
+def serve_until_interrupted(server) -> int:
+    """Serves an http.server until Ctrl-C, then closes its socket; 0 (a CLI's exit status)."""
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -10,6 +10,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mindrl.agent.retrieval import CorpusError, Retriever
+from mindrl.cli import serve_until_interrupted
 
 MAX_BODY = 1 << 20
 
@@ -65,13 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     server = make_server(retriever, a.host, a.port)
     print(f"mindrl-retrieval: {len(retriever.rows)} documents from {a.corpus}; serving "
           f"http://{a.host}:{server.server_address[1]}/retrieve", file=sys.stderr, flush=True)  # fmt: skip
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve_until_interrupted(server)
 
 
 if __name__ == "__main__":

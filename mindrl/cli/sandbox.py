@@ -11,6 +11,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mindrl.agent.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+from mindrl.cli import serve_until_interrupted
 
 MAX_BODY = 1 << 20
 
@@ -85,13 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if out["status"] != "SandboxError" else 1
     server = ThreadingHTTPServer((a.host, a.port), _handler(sandbox))
     print(f"mindrl-sandbox: serving http://{a.host}:{server.server_address[1]}/run_code", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve_until_interrupted(server)
 
 
 if __name__ == "__main__":
