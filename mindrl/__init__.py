@@ -15,4 +15,8 @@ for _name in filter(None, _os.environ.get("MINDRL_BLOCKED_IMPORTS", "").split(",
 _warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*|Apex is not installed.*")
 _warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch\.distributed|megatron)\..*")
 
+from mindrl import _lazy_jit  # noqa: E402  (before megatron: its jit_fuser compiles on first call, not at import)
+
+_lazy_jit.install()
+
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -99,6 +100,13 @@ def get_pool():
     """For module- and session-scoped fixtures, which cannot use the function-scoped `pool`: call it for the
     shared pool at the moment it is needed (the pool may have been re-created since)."""
     return shared_pool
+
+
+def pytest_collection_finish(session):
+    # What the session imported to collect (torch, megatron, the test modules: ~500k objects) lives to its end;
+    # Python's full collections in between need not walk it again (collected first: nothing is frozen as garbage).
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):

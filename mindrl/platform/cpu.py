@@ -132,10 +132,12 @@ class CpuPlatform(Platform):
         # alone are ~70 MiB of each worker's RSS (docs/performance.md, footprint). `mindrl` keeps it out (BLOCKED_IMPORTS).
         # pyarrow: Ray's serialization context imports it, when it can, for Ray Data's tables, which mindrl never
         # sends (~25 MiB; the driver hides it the same way while Ray makes its context: workers.group.start_ray).
+        # wandb: megatron's inference context imports it when installed (~0.3 CPU s per worker start); trackers log
+        # from the driver, never from a worker.
         return {
             "MALLOC_MMAP_MAX_": "0",
             "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-            "MINDRL_BLOCKED_IMPORTS": "triton,pyarrow",
+            "MINDRL_BLOCKED_IMPORTS": "triton,pyarrow,wandb",
         }
 
     def deterministic_env(self) -> dict[str, str]:

@@ -228,15 +228,21 @@ def test_one_class_per_device_kind():
 def test_a_cpu_worker_keeps_triton_out():
     """A process with the CPU platform's worker env imports megatron-core and vLLM without triton (no CPU backend;
     ~70 MiB of RSS); megatron then knows it has none. pyarrow (Ray's serializers for Ray Data's tables, ~25 MiB) is
-    kept out too: `import pyarrow` raises ModuleNotFoundError, the error Ray skips those serializers on."""
+    kept out too: `import pyarrow` raises ModuleNotFoundError, the error Ray skips those serializers on; and wandb
+    (megatron's inference context imports it when installed; trackers run in the driver). megatron's jit_fuser is
+    lazy in any process that imported mindrl first: the import pulls in no torch._inductor."""
     from mindrl.platform import CpuPlatform
 
     code = (
         "import sys, mindrl, megatron.core.utils as u, vllm.entrypoints.llm\n"
         "try:\n    import pyarrow\nexcept ModuleNotFoundError:\n    pyarrow = None\n"
-        "print(sys.modules.get('triton', 'absent'), u.HAVE_TRITON, pyarrow)"
+        "inductor = 'torch._inductor' in sys.modules\n"
+        "print(sys.modules.get('triton', 'absent'), u.HAVE_TRITON, pyarrow, sys.modules.get('wandb', 'absent'), inductor)"
     )
     env = {**os.environ, "MINDRL_BLOCKED_IMPORTS": CpuPlatform().worker_env["MINDRL_BLOCKED_IMPORTS"]}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == ["None", "False", "None"]
+    assert out.stdout.split()[-5:] == ["None", "False", "None", "None", "True"]  # vLLM imports torch._inductor
+    code = "import sys, mindrl, megatron.core.models.gpt, megatron.core.jit as j; print(j.jit_fuser.__name__, 'torch._inductor' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-2:] == ["lazy_compile", "False"], out.stderr[-2000:]
