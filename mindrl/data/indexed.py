@@ -1,5 +1,7 @@
-"""A read-only reader of megatron's indexed datasets (.idx + .bin, the format in docs/data.md), checked as it opens so
-that a truncated or corrupted file is named; numpy only, so the driver need not import megatron-core."""
+"""megatron's indexed datasets (.idx + .bin, the format in docs/data.md): a reader, checked as it opens so that a
+truncated or corrupted file is named, and a writer that writes what megatron's IndexedDatasetBuilder writes, byte for
+byte (tests/data/test_indexed.py); numpy only, so neither the driver nor mindrl-preprocess imports megatron-core
+(~2.5 CPU s of torch and megatron imports per preprocessing run)."""
 
 from __future__ import annotations
 
@@ -93,3 +95,36 @@ class IndexedDataset:
         """(length_i,) the tokens of sequence i, in the file's dtype (a read-only view of the .bin)."""
         start = int(self.sequence_pointers[i])
         return np.frombuffer(self._bin, self.dtype, int(self.sequence_lengths[i]), start)
+
+
+class IndexedWriter:
+    """Writes `{prefix}.bin` as documents come (`add_document`), then `{prefix}.idx` (`finalize`): megatron's
+    IndexedDatasetBuilder's files for the same calls (no multimodal modes)."""
+
+    def __init__(self, bin_path: str, dtype: type[np.number] = np.int32) -> None:
+        self.dtype = np.dtype(dtype)
+        codes = {np.dtype(t): code for code, t in DTYPES.items()}
+        if self.dtype not in codes:
+            raise ValueError(f"megatron's indexed format has no code for token dtype {self.dtype}")
+        self._code = codes[self.dtype]
+        self.data_file = open(bin_path, "wb")
+        self._lengths: list[int] = []
+        self._documents = [0]
+
+    def add_document(self, tokens, lengths: list[int]) -> None:
+        """One document: `tokens` (its sequences back to back) and the length of each sequence."""
+        self.data_file.write(np.asarray(tokens, dtype=self.dtype).tobytes(order="C"))
+        self._lengths.extend(lengths)
+        self._documents.append(len(self._lengths))
+
+    def finalize(self, idx_path: str) -> None:
+        self.data_file.close()
+        lengths = np.asarray(self._lengths, dtype=np.int32)
+        pointers = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
+        with open(idx_path, "wb") as f:
+            f.write(MAGIC + VERSION.to_bytes(8, "little") + bytes([self._code]))
+            f.write(len(lengths).to_bytes(8, "little") + len(self._documents).to_bytes(8, "little"))
+            f.write(lengths.tobytes(order="C"))
+            f.write(pointers.tobytes(order="C"))
+            f.write(np.asarray(self._documents, dtype=np.int64).tobytes(order="C"))

@@ -74,10 +74,10 @@ def load_tokenizer(path: str) -> Any:
             f"tokenizer_name_or_path: tokenizer directory not found: {path} "
             "(give the local HF model directory holding tokenizer.json / tokenizer_config.json)"
         )
-    from transformers import AutoTokenizer
+    from mindrl.data.tokenizer import load_tokenizer as load_named  # AutoTokenizer's class, without its model imports
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_named(path)
     except Exception as e:  # transformers raises OSError/ValueError/... depending on what is missing
         raise ConfigError(f"tokenizer_name_or_path: cannot load a tokenizer from {path}: {e}") from None
     # Without its vocabulary files, transformers still builds a tokenizer from config.json alone: one that
@@ -188,9 +188,9 @@ def preprocess(cfg: PreprocessConfig, log: TextIO = sys.stderr) -> PreprocessRep
     reasons: Counter[str] = Counter()
     builders: dict[str, Any] = {}
     try:
-        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+        from mindrl.data.indexed import IndexedWriter
 
-        builders = {k: IndexedDatasetBuilder(finals[k] + ".bin" + tmp_tag, dtype=handler.dtype_of(k)) for k in keys}
+        builders = {k: IndexedWriter(finals[k] + ".bin" + tmp_tag, dtype=handler.dtype_of(k)) for k in keys}
         next_log = cfg.log_interval
         # Rates count from here: tokenizer loading and imports are setup, reported apart in the summary.
         rows_start = time.perf_counter()

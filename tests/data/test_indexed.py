@@ -1,5 +1,6 @@
 """mindrl's indexed-dataset reader against megatron-core's own builder and reader: the same sequences and document
-starts bit for bit, in every token dtype, one or several sequences per document; broken files named."""
+starts bit for bit, in every token dtype, one or several sequences per document; broken files named. mindrl's writer
+against megatron's builder: the same .bin and .idx bytes for the same documents."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mindrl.data.indexed import DTYPES, IndexedDataset
+from mindrl.data.indexed import DTYPES, IndexedDataset, IndexedWriter
 
 # megatron's IndexedDataset.__del__ fails on an object whose __init__ raised: its noise, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -70,6 +71,33 @@ def test_same_sequences_and_document_starts_as_megatron(tmp_path, dtype, max_seq
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), i
     flat = [s for d in docs for s in d]
     assert [ours[i].tolist() for i in range(len(ours))] == flat
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=lambda t: t.__name__)
+def test_the_writer_writes_megatrons_bytes(tmp_path, dtype):
+    """mindrl-preprocess writes with IndexedWriter: for the same add_document calls (several sequences per document,
+    empty ones included), the files megatron's IndexedDatasetBuilder writes, byte for byte."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    docs = _docs(np.random.default_rng(1), dtype, 9, 4)
+    docs[0][0] = docs[0][0] or [1]
+    ours, theirs = (
+        IndexedWriter(str(tmp_path / "a.bin"), dtype=dtype),
+        IndexedDatasetBuilder(str(tmp_path / "b.bin"), dtype=dtype),
+    )
+    for seqs in docs:
+        flat = np.array([t for q in seqs for t in q], dtype=dtype)
+        for writer in (ours, theirs):
+            writer.add_document(flat, [len(q) for q in seqs])
+    ours.finalize(str(tmp_path / "a.idx"))
+    theirs.finalize(str(tmp_path / "b.idx"))
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"a{ext}").read_bytes() == (tmp_path / f"b{ext}").read_bytes(), ext
+    assert [IndexedDataset(str(tmp_path / "a"))[i].tolist() for i in range(sum(map(len, docs)))] == [
+        q for d in docs for q in d
+    ]
+    with pytest.raises(ValueError, match="no code for token dtype"):
+        IndexedWriter(str(tmp_path / "c.bin"), dtype=np.uint32)
 
 
 def test_multimodal_files_read_their_tokens(tmp_path):
