@@ -20,7 +20,7 @@ TORCH_VERSION="2.13.0"
 STAMP_INPUTS="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/tools/requirements-cpu.txt" "$ROOT/setup.py")"
 STAMP="$(printf '%s' "$STAMP_INPUTS" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$VENV/.mindrl_env_stamp" && "$(cat "$VENV/.mindrl_env_stamp")" == "$STAMP" ]] \
-   && "$VENV/bin/python" -c "import torch, megatron.core, vllm, ray, mindrl" >/dev/null 2>&1; then
+   && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'megatron.core', 'vllm', 'ray', 'mindrl')))" >/dev/null 2>&1; then
   echo "[setup_env] $VENV is up to date"
   exit 0
 fi

@@ -53,7 +53,8 @@ START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 # after the README's setup this is a no-op; a fresh clone without it gets tools/setup_env.sh
-"$PY" -c "import torch, megatron.core, vllm, ray, mindrl" >/dev/null 2>&1 || VENV="$VENV" bash tools/setup_env.sh
+"$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'megatron.core', 'vllm', 'ray', 'mindrl')))" >/dev/null 2>&1 \
+    || VENV="$VENV" bash tools/setup_env.sh
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
