@@ -257,6 +257,25 @@ def sweep_stale_stacks_dirs(root: str | None = None) -> list[str]:
     return removed
 
 
+THREADS_ENV = "MINDRL_WORKER_THREADS"
+
+
+def threads_from_env() -> int | None:
+    """$MINDRL_WORKER_THREADS, the torch threads of every rank (Ray worker groups and mindrl-sft / -dpo / -rm's rank
+    pool), or None when unset. The tests pin 1: their two lanes fill both cores, and an OpenMP team of two per process
+    then spins for cores the other lane holds (a 40-step tiny SFT: 30-35 CPU s with 2 threads, 11.4 with 1)."""
+    value = os.environ.get(THREADS_ENV)
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"${THREADS_ENV}={value!r}: expected a positive number of threads")
+    return threads
+
+
 class RankPool:
     """`world_size` local ranks with torch.distributed initialised; `run(fn, ...)` runs fn on all of them.
 

@@ -260,7 +260,7 @@ def train_loop(cfg: Any, recipe: Recipe, data: SplitData, spec: Any, pool=None, 
     world_size ranks; default: a new one): per step a batch from a seeded reshuffling sampler, validation every
     eval_interval steps and at the end, checkpoints every save_interval steps and at the end."""
     from mindrl.data.prompt_dataset import ResumableShuffleSampler
-    from mindrl.launch import RankPool
+    from mindrl.launch import RankPool, threads_from_env
     from mindrl.trainer.metrics import MetricsLogger, format_eta
 
     mt = cfg.megatron_training
@@ -276,7 +276,7 @@ def train_loop(cfg: Any, recipe: Recipe, data: SplitData, spec: Any, pool=None, 
 
     own_pool = pool is None
     if own_pool:
-        pool = RankPool(mt.world_size, threads=max(1, (os.cpu_count() or 1) // mt.world_size))
+        pool = RankPool(mt.world_size, threads=threads_from_env() or max(1, (os.cpu_count() or 1) // mt.world_size))
     elif pool.world_size != mt.world_size:
         raise ValueError(f"the rank pool has {pool.world_size} ranks but megatron_training.world_size={mt.world_size}")
     result = TrainResult(run_dir=run_dir, save_dir=mt.save, iterations=mt.train_iters, seconds=0.0)

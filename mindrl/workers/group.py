@@ -259,9 +259,6 @@ def collect(refs: Sequence[Any], what: str, kill: Sequence[Any] = (), labels: Se
     return ray.get(list(refs))
 
 
-THREADS_ENV = "MINDRL_WORKER_THREADS"
-
-
 def worker_threads(pg, world_size: int) -> list[int]:
     """Torch threads for each rank of a group on `pg`: $MINDRL_WORKER_THREADS if set (the tests pin 1), else its
     node's CPUs (as Ray counts them) shared among the group's ranks on that node, at least 1: a world-1 run uses
@@ -272,14 +269,10 @@ def worker_threads(pg, world_size: int) -> list[int]:
     import ray
     from ray.util.placement_group import placement_group_table
 
-    value = os.environ.get(THREADS_ENV)
-    if value:
-        try:
-            threads = int(value)
-        except ValueError:
-            threads = 0
-        if threads < 1:
-            raise ValueError(f"${THREADS_ENV}={value!r}: expected a positive number of threads")
+    from mindrl.launch import threads_from_env
+
+    threads = threads_from_env()
+    if threads is not None:
         return [threads] * world_size
     by_bundle = placement_group_table(pg).get("bundles_to_node_id", {})
     nodes = [by_bundle.get(i) for i in range(world_size)]
