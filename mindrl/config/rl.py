@@ -506,9 +506,11 @@ class RLSectionConfig(Section):
         # Refused combinations: the agent loop runs in the trainer's process over the Engine front (episode.py).
         if self.partial_rollout_max_split > 1:
             col.add("multi_turn_enable", "does not combine with partial rollout (partial_rollout_max_split > 1): "
-                    "partial carries a cut response into the next iteration as tokens to continue, and an agent-loop "
-                    "episode cut between turns also holds its pending tool calls, its turn and call counts and the "
-                    "observations' loss mask, which partial's pool does not keep; set partial_rollout_max_split: 1")  # fmt: skip
+                    "partial carries a cut response into the next iteration as tokens to continue, but a cut episode "
+                    "is more than tokens: the agent loop would have to resume it mid-turn (the turn's text so far, for "
+                    "its tool calls to be parsed whole) with its pending calls, turn and call counts and the "
+                    "observations' loss mask, and partial's pool and checkpoint keep only tokens, logprobs and "
+                    "versions; set partial_rollout_max_split: 1")  # fmt: skip
         if self.async_mode == "bounded":
             col.add("multi_turn_enable", "does not combine with async_mode bounded: bounded's sampler processes "
                     "generate one-turn responses with engines of their own, and the agent loop (with its tools) runs "
