@@ -112,8 +112,11 @@ class IntegratedRollout(RolloutSource):
         _slowest(timing, self.group.wake_engine(True))
         try:
             yield
-        finally:
-            _slowest(timing, self.group.sleep_engine())
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error that ended the rollout is the one to report
+                self.group.sleep_engine()
+            raise
+        _slowest(timing, self.group.sleep_engine())
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
