@@ -339,3 +339,31 @@ def test_the_search_tasks_traces_show_what_the_server_answers(tmp_path):
             observation = tool.execute({"query_list": [name]})
             assert row["solution"].startswith(call + chat.observation(call, [observation]))
             assert f"{name}'s badge number is {row['answer']}." in observation
+
+
+def test_the_tool_servers_hold_an_agent_loops_concurrent_calls():
+    """mindrl-retrieval's and mindrl-sandbox's server queues 64 connections it has not accepted yet (the agent loop
+    calls a turn's tools at once); http.server's default backlog of 5 drops the rest, which resend a second later."""
+    from mindrl.cli import ToolServer
+
+    def queued(server_class, n: int) -> int:
+        server = server_class(("127.0.0.1", 0), BaseHTTPRequestHandler)  # listening, never accepting
+        clients, done = [], 0
+        try:
+            for _ in range(n):
+                c = socket.socket()
+                c.settimeout(0.1)
+                clients.append(c)
+                try:
+                    c.connect(server.server_address)
+                    done += 1
+                except OSError:  # the SYN was dropped: the client would resend after a second
+                    pass
+        finally:
+            for c in clients:
+                c.close()
+            server.server_close()
+        return done
+
+    assert queued(ToolServer, 64) == 64
+    assert queued(ThreadingHTTPServer, 12) < 12  # the control: the default backlog does drop them
