@@ -96,7 +96,8 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
         cfg = _config("retool_tiny_cpu", retool_assets, tmp_path / "run", f"rl_config.tool_config_path={tools}",
                       "megatron_training.train_iters=1", "megatron_training.global_batch_size=4",
                       "rl_config.mini_batch_size=4", "megatron_training.save_interval=0",
-                      f"rl_config.val_data_path={retool_assets / 'data' / 'train'}", "rl_config.val_before_train=false")  # fmt: skip
+                      f"rl_config.val_data_path={retool_assets / 'data' / 'train'}",
+                      "rl_config.val_before_train=false")  # fmt: skip
         _, _, [m], rollouts = _train(cfg)
     finally:
         server.shutdown()
