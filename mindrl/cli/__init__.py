@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+from http.server import ThreadingHTTPServer
 
 _FAST_EXIT = False
 
@@ -17,6 +18,16 @@ def fast_exit() -> None:
     if not _FAST_EXIT:
         atexit.register(gc.freeze)
         _FAST_EXIT = True
+
+
+class ToolServer(ThreadingHTTPServer):
+    """The tool services' HTTP server (mindrl-sandbox, mindrl-retrieval): a thread per request, and a listen backlog
+    that holds an agent loop's concurrent calls. http.server's backlog of 5 drops the connections beyond it, whose
+    clients resend after a second: with 16 concurrent calls, 7 of 96 took >= 0.9 s (median 0.085 s); none does at
+    128 (max 0.26 s, loaded 2-core host)."""
+
+    request_queue_size = 128
+    daemon_threads = True
 
 
 def serve_until_interrupted(server) -> int:

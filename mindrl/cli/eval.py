@@ -127,6 +127,12 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
             cfg = load_config(args.config_name, config_path=args.config_path, overrides=args.overrides)
         except ConfigError as e:
             raise EvalInputError(f"--config-name {args.config_name}: {e}") from None
+        if cfg.rl_config.multi_turn_enable:
+            raise EvalInputError(
+                f"--config-name {args.config_name}: rl_config.multi_turn_enable is true, and mindrl-eval samples one "
+                "turn without tools, so it would score answers written without the tools' results; evaluate the "
+                "policy in mindrl-train with rl_config.val_data_path (the agent loop with its tools)"
+            )
         for dest, (key, _) in CONFIG_DEFAULTS.items():
             section, *rest = key.split(".")
             value = getattr(cfg, section)

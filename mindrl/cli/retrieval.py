@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from mindrl.agent.retrieval import CorpusError, Retriever
-from mindrl.cli import serve_until_interrupted
+from mindrl.cli import ToolServer, serve_until_interrupted
 
 MAX_BODY = 1 << 20
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> ToolServer:
     """The HTTP server answering `/retrieve` from `retriever` (not yet serving: call `serve_forever`)."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -51,9 +51,7 @@ def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) ->
         def log_message(self, fmt: str, *args) -> None:
             sys.stderr.write(f"mindrl-retrieval: {self.address_string()} {fmt % args}\n")
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return ToolServer((host, port), Handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,10 @@ import argparse
 import json
 import os
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from mindrl.agent.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
-from mindrl.cli import serve_until_interrupted
+from mindrl.cli import ToolServer, serve_until_interrupted
 
 MAX_BODY = 1 << 20
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         out = sandbox.handle(req)
         print(json.dumps(out))
         return 0 if out["status"] != "SandboxError" else 1
-    server = ThreadingHTTPServer((a.host, a.port), _handler(sandbox))
+    server = ToolServer((a.host, a.port), _handler(sandbox))
     print(f"mindrl-sandbox: serving http://{a.host}:{server.server_address[1]}/run_code", file=sys.stderr, flush=True)
     return serve_until_interrupted(server)
 

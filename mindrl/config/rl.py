@@ -506,16 +506,15 @@ class RLSectionConfig(Section):
         # Refused combinations: the agent loop runs in the trainer's process over the Engine front (episode.py).
         if self.partial_rollout_max_split > 1:
             col.add("multi_turn_enable", "does not combine with partial rollout (partial_rollout_max_split > 1): "
-                    "partial carries a cut response into the next iteration as tokens to continue, and an agent-loop "
-                    "episode cut between turns also holds its pending tool calls, its turn and call counts and the "
-                    "observations' loss mask, which partial's pool does not keep; set partial_rollout_max_split: 1")  # fmt: skip
+                    "partial carries a cut response into the next iteration as tokens to continue, but a cut episode "
+                    "is more than tokens: the agent loop would have to resume it mid-turn (the turn's text so far, for "
+                    "its tool calls to be parsed whole) with its pending calls, turn and call counts and the "
+                    "observations' loss mask, and partial's pool and checkpoint keep only tokens, logprobs and "
+                    "versions; set partial_rollout_max_split: 1")  # fmt: skip
         if self.async_mode == "bounded":
             col.add("multi_turn_enable", "does not combine with async_mode bounded: bounded's sampler processes "
                     "generate one-turn responses with engines of their own, and the agent loop (with its tools) runs "
                     "in the trainer's process; use async_mode sync or one_step_off")  # fmt: skip
-        if self.val_data_path:
-            col.add("val_data_path", "does not combine with multi_turn_enable yet: the evaluation samples one turn, so "
-                    "a policy that calls tools would be scored without their results; remove val_data_path")  # fmt: skip
         if not self.use_integrated_worker:
             col.add("multi_turn_enable", "needs use_integrated_worker: true: separate placement's engine group takes "
                     "the weights as a new version on every engine call, and the agent loop calls the engines once per "

@@ -188,8 +188,12 @@ class PPOTrainer:
         timing/eval. It leaves the models where the step left them and draws nothing from training's random streams
         (its own seeds; the engine's samples depend only on them)."""
 
-        def generate(prompts, sampling, seeds):  # each call streams the weights into the engines
-            return self.engine.generate(prompts, sampling, seeds, {})
+        episode, agent = self.pipeline.episode, []
+
+        def generate(prompts, sampling, seeds):  # the training's episode: one turn, or the agent loop with its tools
+            samples = episode.run(prompts, sampling, seeds, {})
+            agent.append(episode.metrics)
+            return samples
 
         def score(responses, labels):
             return self.reward.collect(self.reward.score(responses, labels), self.iteration)
@@ -200,6 +204,7 @@ class PPOTrainer:
 
         with_model = model_score if self.rm_scorer is not None else None
         metrics = self.evaluator.run(self.iteration, self.sampling, generate, score, self.tokenizer, with_model)
+        metrics.update({f"val/{k}": v for k, v in agent[0].items()})  # the greedy responses' agent/* metrics
         self._enter_phase("train", {})
         self._memory_ledger()  # the evaluation's phases are not the next iteration's
         return metrics

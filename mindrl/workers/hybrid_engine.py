@@ -59,6 +59,7 @@ class HybridEngine:
         self.manager = ShardingManager(
             WeightStreamer(actor, spec, bucket_size_mb), TrainStateOffloader([actor], optimizer, offload)
         )
+        self.awake = False
         if engine.supports_sleep:
             engine.sleep()
 
@@ -71,6 +72,18 @@ class HybridEngine:
     ) -> tuple[list[list[RolloutSample]], RolloutStats]:
         """reshard_to_infer -> rollout (n samples per prompt) -> reshard_to_train, which brings back the offloaded
         kinds in `onload` (default: all of them)."""
+        reshard_s, peak, held = self.wake()
+        samples, rollout_s = self.sample(prompts, sampling, seeds)
+        onload_s = self.rest(onload)
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        return samples, RolloutStats(reshard_s, peak, rollout_s, onload_s, tokens, held)
+
+    def wake(self) -> tuple[float, int, dict[str, int]]:
+        """reshard_to_infer: the engine holds the actor's current weights and its KV cache until `rest`, so that
+        several `sample` calls (an agent loop's turns) share one weight load. Returns (seconds, the stream's peak of
+        live gathered bytes, the actor's bytes left on the device)."""
+        if self.awake:
+            raise RuntimeError("HybridEngine.wake: the engine is already awake (rest() first)")
         t0 = time.perf_counter()
         if self.engine.supports_sleep:
             self.engine.wake(["weights"])
@@ -78,15 +91,27 @@ class HybridEngine:
         held = (to_infer.offload_after or to_infer.offload_before).device_bytes_after
         if self.engine.supports_sleep:
             self.engine.wake(["kv_cache"])
-        t1 = time.perf_counter()
+        self.awake = True
+        return time.perf_counter() - t0, to_infer.reshard.peak_extra_bytes, held
+
+    def sample(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int] | None = None
+    ) -> tuple[list[list[RolloutSample]], float]:
+        """n samples per prompt from the weights the last `wake` loaded; (samples, seconds)."""
+        if not self.awake:
+            raise RuntimeError("HybridEngine.sample: the engine is asleep (wake() loads the actor's weights first)")
+        t0 = time.perf_counter()
         samples = self.engine.generate([list(p) for p in prompts], sampling, seeds)
-        t2 = time.perf_counter()
+        return samples, time.perf_counter() - t0
+
+    def rest(self, onload: Iterable[str] | None = None) -> float:
+        """reshard_to_train: the engine sleeps and the offloaded kinds in `onload` (default: all) come back; seconds."""
+        t0 = time.perf_counter()
         if self.engine.supports_sleep:
             self.engine.sleep()
         self.manager.reshard_to_train(onload)
-        t3 = time.perf_counter()
-        tokens = sum(len(s.token_ids) for group in samples for s in group)
-        return samples, RolloutStats(t1 - t0, to_infer.reshard.peak_extra_bytes, t2 - t1, t3 - t2, tokens, held)
+        self.awake = False
+        return time.perf_counter() - t0
 
     @torch.no_grad()
     def actor_logprobs(

@@ -33,7 +33,7 @@ class IntegratedWorker(MegatronRank):
             # that the schedule and its ledger run there too.
             self.ref_offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
             self.ref_offloader.place(s.residency.on_entry("reference", "rollout"))
-        self.hybrid = None
+        self.hybrid, self.held_awake = None, False
         if s.remote_rollout:  # the rollout servers hold the engines: only the weight stream lives here
             from mindrl.resharding import WeightStreamer
 
@@ -53,8 +53,9 @@ class IntegratedWorker(MegatronRank):
 
     @register(Dispatch.PER_RANK)
     def generate(self, prompts, seeds, sampling) -> tuple[list | None, dict]:
-        """reshard_to_infer -> rollout -> reshard_to_train for this engine replica's prompts (given to its first
-        rank). Returns (samples on the replica's first rank else None, timings)."""
+        """This engine replica's prompts (given to its first rank): reshard_to_infer -> rollout -> reshard_to_train,
+        or only the rollout while `wake_engine` holds the engine awake. Returns (samples on the replica's first rank
+        else None, timings)."""
         itp = self.settings.rollout.infer_tensor_parallel_size
         if itp > 1:
             box = [(prompts, seeds)]
@@ -62,18 +63,28 @@ class IntegratedWorker(MegatronRank):
             torch.distributed.broadcast_object_list(box, src=self.replica * itp, group=group)
             prompts, seeds = box[0]
         with self.profiler.stage("actor_generate"):
-            # scoring follows: only what it needs comes back
-            onload = self.settings.residency.on_device("actor", "score")
-            samples, stats = self.hybrid.generate(prompts, sampling, seeds, onload)
-        held = self._held()
-        held["actor"] = {TERMS[k]: v for k, v in stats.device_bytes.items()}  # while the engine ran
-        self.ledger["rollout"] = held
-        timing = {
-            "timing/reshard_to_infer": stats.reshard_s,
-            "timing/rollout": stats.rollout_s,
-            "timing/reshard_to_train": stats.onload_s,
-        }
+            timing = {} if self.hybrid.awake else self.wake_engine()
+            samples, timing["timing/rollout"] = self.hybrid.sample(prompts, sampling, seeds)
+            if not self.held_awake:
+                timing.update(self.sleep_engine())
         return (samples if self.rank % itp == 0 else None), timing
+
+    @register(Dispatch.ALL)
+    def wake_engine(self, hold: bool = False) -> dict:
+        """reshard_to_infer: the engine holds the actor's weights; with `hold` until `sleep_engine`, across
+        several `generate` calls (an agent loop's turns load the weights once). Collective over all ranks."""
+        reshard_s, _, device_bytes = self.hybrid.wake()
+        self.held_awake = hold
+        held = self._held()
+        held["actor"] = {TERMS[k]: v for k, v in device_bytes.items()}  # while the engine runs
+        self.ledger["rollout"] = held
+        return {"timing/reshard_to_infer": reshard_s, "rollout/weight_loads": 1.0}
+
+    @register(Dispatch.ALL)
+    def sleep_engine(self) -> dict:
+        """reshard_to_train: the engine sleeps and what scoring needs comes back (scoring follows a rollout)."""
+        self.held_awake = False
+        return {"timing/reshard_to_train": self.hybrid.rest(self.settings.residency.on_device("actor", "score"))}
 
     @register(Dispatch.PER_RANK)
     def push_weights(

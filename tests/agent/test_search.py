@@ -316,3 +316,54 @@ def test_the_index_leaves_numba_out():
     from tests.procs import check_in_fresh_process
 
     check_in_fresh_process("tests.agent.test_search", "check_the_index_leaves_numba_out")
+
+
+def test_the_search_tasks_traces_show_what_the_server_answers(tmp_path):
+    """tools/make_search_data.py: the SFT and RL splits name different people, and each tool-use trace's observation
+    is the search tool's answer from mindrl-retrieval over the written corpus, holding the label."""
+    from mindrl.trainer.pipeline.agent_loop import ChatFormat
+    from tools.make_search_data import TOOL_NAME, TOPK, main, tool_call
+
+    main(["--out", str(tmp_path), "--sft-people", "200", "--tool-share", "1.0"])
+    sft, rl = (json.loads((tmp_path / f"{s}.json").read_text()) for s in ("sft", "rl"))
+    assert len(sft) == 200 and len(rl) == 56 and not {r["problem"] for r in sft} & {r["problem"] for r in rl}
+    [tool] = build_tools(str(tmp_path / "tools.yaml")).values()
+    assert tool.name == TOOL_NAME and tool.topk == TOPK
+    chat = ChatFormat()
+    with serving(str(tmp_path / "corpus.jsonl")) as live:
+        tool.url = live
+        for row in rl[:8]:
+            name = row["problem"].removeprefix("What is the badge number of ").removeprefix("Which badge number does ")
+            name = name.removesuffix("?").removesuffix(" have")
+            call = tool_call(name)
+            observation = tool.execute({"query_list": [name]})
+            assert row["solution"].startswith(call + chat.observation(call, [observation]))
+            assert f"{name}'s badge number is {row['answer']}." in observation
+
+
+def test_the_tool_servers_hold_an_agent_loops_concurrent_calls():
+    """mindrl-retrieval's and mindrl-sandbox's server queues 64 connections it has not accepted yet (the agent loop
+    calls a turn's tools at once); http.server's default backlog of 5 drops the rest, which resend a second later."""
+    from mindrl.cli import ToolServer
+
+    def queued(server_class, n: int) -> int:
+        server = server_class(("127.0.0.1", 0), BaseHTTPRequestHandler)  # listening, never accepting
+        clients, done = [], 0
+        try:
+            for _ in range(n):
+                c = socket.socket()
+                c.settimeout(0.1)
+                clients.append(c)
+                try:
+                    c.connect(server.server_address)
+                    done += 1
+                except OSError:  # the SYN was dropped: the client would resend after a second
+                    pass
+        finally:
+            for c in clients:
+                c.close()
+            server.server_close()
+        return done
+
+    assert queued(ToolServer, 64) == 64
+    assert queued(ThreadingHTTPServer, 12) < 12  # the control: the default backlog does drop them

@@ -66,11 +66,10 @@ def test_async_engine_without_multi_turn_is_refused(tmp_path):
 
 
 REFUSED = [  # override -> (key, words of the reason)
-    ("rl_config.partial_rollout_max_split=2", "rl_config.multi_turn_enable", "partial rollout", "pending tool calls"),
+    ("rl_config.partial_rollout_max_split=2", "rl_config.multi_turn_enable", "partial rollout", "resume it mid-turn"),
     ("rl_config.async_mode=bounded", "rl_config.multi_turn_enable", "async_mode bounded", "sampler processes"),
     ("rl_config.use_integrated_worker=false", "rl_config.multi_turn_enable", "once per turn"),
     ("generate_config.rollout_mode=server", "rl_config.multi_turn_enable", "rollout_mode 'server'", "once per turn"),
-    ("+rl_config.val_data_path=/x/val", "rl_config.val_data_path", "evaluation samples one turn"),
 ]
 
 

@@ -17,6 +17,7 @@ SHIPPED = [
     "grpo_tiny_cpu",
     "dapo_tiny_cpu",
     "retool_tiny_cpu",
+    "search_tiny_cpu",
     "grpo_smollm2_cpu",
     "ppo_qwen25_32b_A3",
     "grpo_qwen25_7b_A3",

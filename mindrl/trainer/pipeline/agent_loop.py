@@ -2,7 +2,8 @@
 generate again, until a turn calls no tool or a limit ends the episode. The response is the policy's turns and the
 observations in between, with `loss_mask` 0 exactly on the observation tokens (context the policy did not write).
 
-One engine call per turn for every trajectory still running (the first with `sampling.n` samples per prompt, the
+The engines hold the policy's weights for the whole episode (loaded once, not once per turn). One engine call per turn
+for every trajectory still running (the first with `sampling.n` samples per prompt, the
 next ones with one continuation per trajectory; a turn that call cut at another trajectory's smaller room goes on
 in one more), so the engine batches as in a one-turn rollout; a turn's tool
 calls, every trajectory's, run together in one thread pool. Limits, as MindSpeed-RL names them:
@@ -113,10 +114,11 @@ class _Trajectory:
 
 
 class AgentLoop(Episode):
-    """`engine`: `generate(prompts, sampling, seeds, timing) -> per prompt, its samples` (`engines.Engine`).
+    """`engine`: `generate(prompts, sampling, seeds, timing) -> per prompt, its samples` and `awake(timing)`, the
+    context in which its calls share one weight load (`engines.Engine`).
     `tokenizer`: an HF tokenizer (`encode(text, add_special_tokens=False)`, `decode(ids)` keeping special tokens).
-    `tools`: by function name. `metrics` holds the last run's: turns, tool calls, errors and latency per tool,
-    truncated observations."""
+    `tools`: by function name. `turn_stop`: a token that also ends a turn (`build.tool_call_end`). `metrics` holds the
+    last run's: turns, tool calls, errors and latency per tool, truncated observations."""
 
     def __init__(
         self,
@@ -127,9 +129,10 @@ class AgentLoop(Episode):
         parser: Callable[[str], ParsedTurn] = parse_tool_calls,
         chat: ChatFormat = ChatFormat(),
         tool_workers: int = 16,
+        turn_stop: int | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.tools, self.limits = engine, tokenizer, tools, limits
-        self.parser, self.chat, self.tool_workers = parser, chat, tool_workers
+        self.parser, self.chat, self.tool_workers, self.turn_stop = parser, chat, tool_workers, turn_stop
         self.metrics: dict[str, float] = {}
 
     def _encode(self, text: str) -> list[int]:
@@ -146,6 +149,13 @@ class AgentLoop(Episode):
         if not prompts:
             self.metrics = {}
             return []
+        stops = list(sampling.stop_token_ids or [])
+        if self.turn_stop is not None and self.turn_stop not in stops:
+            sampling = dataclasses.replace(sampling, stop_token_ids=[*stops, self.turn_stop])
+        with self.engine.awake(timing):  # the weights load into the engines once, for every turn
+            return self._run(prompts, sampling, seeds, timing)
+
+    def _run(self, prompts, sampling, seeds, timing) -> list[list[Response]]:
         lim = self.limits
         first = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, lim.max_total_response_length))
         groups = self.engine.generate(prompts, first, seeds, timing)

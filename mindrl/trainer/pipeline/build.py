@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from mindrl.trainer.pipeline import Pipeline, bounded, one_step_off, partial
@@ -18,12 +17,13 @@ def build(cfg, loader, dataset, engine: Engine, sampling, tokenizer, rewards, ex
     rl, mt = cfg.rl_config, cfg.megatron_training
     n = rl.n_samples_per_prompt
     schedule: Schedule
+    ep = None
     if rl.async_mode == "bounded":  # the samplers are the engines
         schedule = bounded.bounded(cfg, dataset)
         schedule.export = export
     else:
-        sync = Sync(loader, episode(cfg, engine, tokenizer, sampling), tool_stops(cfg, sampling, tokenizer),
-                    Seeds(mt.seed, n))  # fmt: skip
+        ep = episode(cfg, engine, tokenizer, sampling)
+        sync = Sync(loader, ep, sampling, Seeds(mt.seed, n))
         pool, ahead = partial.from_config(cfg, sampling), one_step_off.one_step_off(cfg)
         schedule = (partial.PartialSchedule(pool, sync) if pool is not None
                     else one_step_off.OneStepOffSchedule(ahead, sync) if ahead is not None else sync)  # fmt: skip
@@ -31,7 +31,7 @@ def build(cfg, loader, dataset, engine: Engine, sampling, tokenizer, rewards, ex
     if rl.filter_groups_enable:
         names = rewards.client.settings.verifier_function
         keep = DynamicSampling(rl, n, names, rewards, tokenizer, engine.enter_phase)
-    return Pipeline(schedule, n, tokenizer.pad_token_id, keep)
+    return Pipeline(schedule, n, tokenizer.pad_token_id, keep, ep)
 
 
 def episode(cfg, engine: Engine, tokenizer, sampling) -> Episode:
@@ -42,18 +42,13 @@ def episode(cfg, engine: Engine, tokenizer, sampling) -> Episode:
     from mindrl.agent.tools import build_tools
     from mindrl.trainer.pipeline.agent_loop import AgentLimits, AgentLoop
 
-    return AgentLoop(
-        engine, tokenizer, build_tools(rl.tool_config_path), AgentLimits.from_config(rl, sampling.max_tokens)
-    )
+    return AgentLoop(engine, tokenizer, build_tools(rl.tool_config_path), AgentLimits.from_config(rl, sampling.max_tokens),
+                     turn_stop=tool_call_end(tokenizer))  # fmt: skip
 
 
-def tool_stops(cfg, sampling, tokenizer):
-    """The rollout's sampling; with multi_turn_enable a turn also ends at the hermes `</tool_call>` token where the
-    tokenizer has it as one token (Qwen2.5's), so the tools run as soon as a call is written. A model whose
-    tokenizer spells it in several tokens ends its turn at its end token instead (the calls are parsed either way)."""
-    if not cfg.rl_config.multi_turn_enable:
-        return sampling
+def tool_call_end(tokenizer) -> int | None:
+    """The hermes `</tool_call>` token where the tokenizer has it as one token (Qwen2.5's): a turn also ends there, so
+    the tools run as soon as a call is written. A model whose tokenizer spells it in several tokens ends its turn at
+    its end token instead (the calls are parsed either way)."""
     ids = tokenizer.encode("</tool_call>", add_special_tokens=False)
-    if len(ids) != 1 or ids[0] in (sampling.stop_token_ids or []):
-        return sampling
-    return dataclasses.replace(sampling, stop_token_ids=[*(sampling.stop_token_ids or []), ids[0]])
+    return ids[0] if len(ids) == 1 else None

@@ -5,6 +5,7 @@ call. (bounded's sampler processes are engines outside the trainer: `bounded`.)"
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -41,36 +42,81 @@ class RolloutSource(abc.ABC):
         """Samples from the current policy (its weights are the trainer's latest). seeds: one per prompt, so
         the samples do not depend on how the prompts are spread over engine replicas."""
 
+    def awake(self, timing: dict[str, float]) -> contextlib.AbstractContextManager:
+        """Within it, every `generate` samples from the weights loaded on entry, loaded once for all of them (an
+        agent loop's turns); its own timings added to `timing`. By default each call loads them itself."""
+        return contextlib.nullcontext()
+
 
 class Engine:
     """The rollout as episodes and the evaluation call it: each call enters the rollout phase (a rollout leaves the
     models where scoring wants them), pads the prompts to split over the `replicas` engine replicas (the copies'
-    samples dropped), and sums the call's timings into `timing`."""
+    samples dropped), and sums the call's timings into `timing`. Inside `awake` the calls share one weight load."""
+
+    SUMMED = ("timing/", "rollout/weight_loads")
+    """Metrics that add up over the calls of one iteration (the others are the last call's)."""
 
     def __init__(self, source: RolloutSource, enter_phase: Callable[[str, dict], None], replicas: int):
         self.source, self.enter_phase, self.replicas = source, enter_phase, replicas
+        self._awake = False
+
+    @contextlib.contextmanager
+    def awake(self, timing: dict[str, float]):
+        """The rollout phase and the current weights in the engines for all the `generate` calls within (an agent
+        loop's turns): entered and loaded once, not once per call."""
+        if self._awake:
+            yield
+            return
+        self.enter_phase("rollout", timing)
+        t0 = time.perf_counter()
+        got: dict[str, float] = {}
+        with self.source.awake(got):
+            self._awake = True
+            try:
+                yield
+            finally:
+                self._awake = False
+        timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
+        self._add(timing, got)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int], timing: dict[str, float]
     ) -> list[list[RolloutSample]]:
-        self.enter_phase("rollout", timing)
+        if not self._awake:
+            self.enter_phase("rollout", timing)
         prompts, seeds = list(prompts), list(seeds)
         pad = -len(prompts) % self.replicas
         t0 = time.perf_counter()
         result = self.source.generate(prompts + prompts[-1:] * pad, sampling, seeds + seeds[-1:] * pad)
-        timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
-        for k, v in result.timing.items():
-            timing[k] = timing.get(k, 0.0) + v if k.startswith("timing/") else v
+        if not self._awake:  # else the time is awake's, which also holds the weight load and the tools
+            timing["timing/rollout_total"] = timing.get("timing/rollout_total", 0.0) + time.perf_counter() - t0
+        self._add(timing, result.timing)
         return result.samples[: len(prompts)]
+
+    def _add(self, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            timing[k] = timing.get(k, 0.0) + v if k.startswith(self.SUMMED) else v
 
 
 class IntegratedRollout(RolloutSource):
     """The engines inside the integrated worker group: each engine replica (infer-TP ranks) takes a
-    contiguous slice of the prompts; the actor weights are resharded into them on every call."""
+    contiguous slice of the prompts; the actor weights are resharded into them on every call, or once for the calls
+    within `awake`."""
 
     def __init__(self, group, infer_tp: int):
         self.group = group
         self.infer_tp = infer_tp
+
+    @contextlib.contextmanager
+    def awake(self, timing: dict[str, float]):
+        _slowest(timing, self.group.wake_engine(True))
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error that ended the rollout is the one to report
+                self.group.sleep_engine()
+            raise
+        _slowest(timing, self.group.sleep_engine())
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
@@ -88,10 +134,15 @@ class IntegratedRollout(RolloutSource):
         results = self.group.generate(args)
         samples = [group for s, _ in results if s is not None for group in s]
         timing: dict[str, float] = {}
-        for _, t in results:
-            for k, v in t.items():
-                timing[k] = max(timing.get(k, 0.0), v)
+        _slowest(timing, [t for _, t in results])
         return RolloutResult(samples, timing)
+
+
+def _slowest(timing: dict[str, float], per_rank: Sequence[dict[str, float]]) -> None:
+    """Each metric of the ranks' `per_rank` at its largest (the slowest rank's time) into `timing`."""
+    for t in per_rank:
+        for k, v in t.items():
+            timing[k] = max(timing.get(k, 0.0), v)
 
 
 class EngineGroupRollout(RolloutSource):
