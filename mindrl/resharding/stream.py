@@ -104,9 +104,9 @@ def _tp_group():
 
 
 def local_params(model: torch.nn.Module, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
-    """This stage's parameters (and mapped buffers) by global megatron name, in HF order; the tied output copy is left out. A LoRA
-    model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA layers runs),
-    computed when looked up: the merge buffer is one linear's shard at a time."""
+    """This stage's parameters (and mapped buffers) by global megatron name, in HF order; the tied output copy is
+    left out. A LoRA model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA
+    layers runs), computed when looked up: the merge buffer is one linear's shard at a time."""
     from megatron.core import parallel_state as ps
 
     model = unwrap(model)
