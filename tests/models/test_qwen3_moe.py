@@ -280,11 +280,23 @@ def test_aux_loss_trains_the_router(layout_grads):
     assert "actor/moe_load_balancing_loss" not in layout_grads["tp1_no_aux"]["metrics"]  # no loss, none logged
     for name in ("tp2", "ep2", "tp2ep2"):
         assert math.isclose(layout_grads[name]["metrics"]["actor/moe_load_balancing_loss"], aux, rel_tol=1e-5), name
+    # Each expert's routed tokens over its even share, min / max / std over both MoE layers' experts: counted once
+    # per token at every layout (TP's sequence-parallel slices, EP's and DP's ranks summed), so the same numbers
+    # where the routers choose the same experts (their gradients agree to fp32 rounding, above)
+    load = {k: v for k, v in base["metrics"].items() if "moe_expert_load" in k}
+    assert sorted(load) == [f"actor/moe_expert_load_{s}" for s in ("max", "min", "std")]
+    assert (
+        load["actor/moe_expert_load_min"] < 1 < load["actor/moe_expert_load_max"]
+        and load["actor/moe_expert_load_std"] > 0
+    )
+    for name in ("tp2", "ep2", "tp2ep2", "tp1_no_aux"):
+        assert {k: layout_grads[name]["metrics"][k] for k in load} == pytest.approx(load, rel=1e-12), name
     gap = _max_diff(base["grads"], layout_grads["tp1_fp64"]["grads"])
     without = layout_grads["tp1_no_aux"]["grads"]
     router = max(
         (base["grads"][k] - without[k]).abs().max().item() for k in base["grads"] if k.endswith("mlp.gate.weight")
     )
+    print(load)
     print(f"load-balancing loss {aux:.4g} per layer and micro-batch; it moved the router grads by {router:.3g} "
           f"(fp32 gap {gap:.3g})")  # fmt: skip
     assert router > 100 * gap

@@ -41,6 +41,9 @@ def test_tiny_deepseek_v3_grpo_vllm_bf16(dsv3_assets, tmp_path):
     assert cfg.model.multi_latent_attention and cfg.actor_config.ep == 2
     run_dir, results, lines, rollouts = _train(cfg)
     assert len(lines) == 2 and all(m["actor/grad_norm"] > 0 and m["actor/skipped_updates"] == 0 for m in lines)
+    for m in lines:  # layer 1: 8 routed experts, top 2 (at most 4x an even share); no load-balancing loss
+        assert 0 <= m["actor/moe_expert_load_min"] <= 1 <= m["actor/moe_expert_load_max"] <= 4, m
+        assert "actor/moe_load_balancing_loss" not in m
     # The reference: bf16's own rounding, transformers' bf16 forward against its fp32 one on the first iteration's
     # tokens (the start weights). A stale or misplaced MLA weight in the engine is off by ~1 (measured with a
     # perturbed kv_b_proj), a bf16 engine on the trained weights about as far as transformers' bf16.
