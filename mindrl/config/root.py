@@ -257,9 +257,9 @@ class RLConfig(Section):
 
     @staticmethod
     def _check_layer_list(col: Collector, role: str, rc: RoleConfig, num_layers: int, where: str) -> None:
-        """num_layers_per_virtual_pipeline_stage and num_layer_list against the layout. mindrl runs one chunk of
-        num_layers / PP layers per stage: VPP is refused unless it says the same; num_layer_list must give PP entries
-        summing to num_layers (MindSpeed-RL's rule), and an uneven one is a warning."""
+        """num_layers_per_virtual_pipeline_stage and num_layer_list against the layout. mindrl runs one chunk per
+        stage: VPP is refused unless it says num_layers / PP; num_layer_list must give PP entries >= 1 summing to
+        num_layers (MindSpeed-RL's rule), and each stage then builds that many layers."""
         vpp, vpp_key = rc.num_layers_per_virtual_pipeline_stage, f"{role}.num_layers_per_virtual_pipeline_stage"
         if vpp is not None and not col.is_bad(vpp_key):
             if vpp == num_layers // rc.pp:
@@ -276,18 +276,10 @@ class RLConfig(Section):
         except ValueError:
             col.add(key, f"{given!r} is not a comma-separated list of layer counts like '16,16,16,16'")
             return
-        pp, even = rc.pp, num_layers // rc.pp
+        pp = rc.pp
         if len(layers) != pp or sum(layers) != num_layers or min(layers) < 1:
             col.add(key, f"{given!r} must give each of the PP={pp} stages >= 1 layer, {num_layers} in all "
                     f"({where}.num_layers)")  # fmt: skip
-        elif num_layers % pp:
-            col.note(f"{key}={given!r}: mindrl-plan sizes each stage's own layers; mindrl-train refuses it at start "
-                     "(its pipeline splits the layers evenly)")  # fmt: skip
-            col.ignore(key, "the even split mindrl makes")
-        else:
-            col.ignore(key, "an uneven split of the layers over the pipeline stages; mindrl splits them evenly")
-            col.note(f"{key}={given!r}: mindrl splits the {num_layers} layers evenly, {even} per stage (the trained "
-                     "model is the same; each stage's memory is the even split's, which mindrl-plan sizes)")  # fmt: skip
 
     def _check_reward_model(self, col: Collector, world: int | None) -> None:
         """reward_config against the rest: co-located on the actor's devices (MindSpeed-RL refuses reward_config in

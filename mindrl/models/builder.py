@@ -3,6 +3,8 @@ value head), once megatron's parallel state is initialised (`mindrl.launch.init_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
@@ -124,10 +126,12 @@ def build_model(
     sequence_parallel: bool = False,
     perform_initialization: bool = True,
     recompute: RecomputeSettings | None = None,
+    layers_per_stage: Sequence[int] | None = None,
     **config_overrides,
 ) -> GPTModel:
     """This rank's stage of the model. role "actor" (also the reference) or "critic" (value head). recompute:
-    activation recomputation in training (None: none); config_overrides: TransformerConfig keys."""
+    activation recomputation in training (None: none); layers_per_stage: each pipeline stage's layer count
+    (MindSpeed-RL's num_layer_list; None: num_layers / PP each); config_overrides: TransformerConfig keys."""
     if role not in ROLES:
         raise ValueError(f"role {role!r} is not one of {ROLES}")
     config_overrides = {**transformer_config_keys(recompute), **config_overrides}
@@ -156,6 +160,8 @@ def build_model(
     config_overrides.setdefault("context_parallel_size", ps.get_context_parallel_world_size())
     if spec.is_moe:  # each rank builds its EP rank's experts only
         config_overrides.setdefault("expert_model_parallel_size", ps.get_expert_model_parallel_world_size())
+    if layers_per_stage is not None:
+        config_overrides["pipeline_model_parallel_layout"] = pipeline_layout(layers_per_stage, pp, spec.num_layers)
     config = spec.transformer_config(
         tp,
         pp,
@@ -191,6 +197,18 @@ def build_model(
     # Built on the host (use_cpu_initialization: the same initial weights on every platform), computed on this
     # rank's device: megatron's DDP puts its grad buffers there and every collective of nccl / hccl needs it.
     return model.to(current_platform().device())
+
+
+def pipeline_layout(layers_per_stage: Sequence[int], pp: int, num_layers: int) -> list[list[str]]:
+    """megatron's pipeline_model_parallel_layout for stages of these layer counts: the embedding on the first, the
+    output layer and loss on the last."""
+    counts = [int(n) for n in layers_per_stage]
+    if len(counts) != pp or sum(counts) != num_layers or min(counts) < 1:
+        raise ValueError(f"layers per pipeline stage {counts}: need PP={pp} counts >= 1 summing to {num_layers}")
+    stages = [["decoder"] * n for n in counts]
+    stages[0].insert(0, "embedding")
+    stages[-1].append("loss")
+    return stages
 
 
 def mark_tensor_parallel_weights(model: torch.nn.Module) -> None:

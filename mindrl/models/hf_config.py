@@ -229,8 +229,9 @@ class ModelSpec:
         return [int(i in self.moe_layers) for i in range(self.num_layers)]
 
     # ---------------------------------------------------------------------------------- layouts
-    def validate_layout(self, tp: int, pp: int, ep: int = 1) -> None:
-        """Raise a ModelConfigError naming every dimension that TP / PP / EP does not divide."""
+    def validate_layout(self, tp: int, pp: int, ep: int = 1, uneven_pp: bool = False) -> None:
+        """Raise a ModelConfigError naming every dimension that TP / PP / EP does not divide (PP: unless the stages
+        are given their own layer counts, `uneven_pp`)."""
         if tp < 1 or pp < 1 or ep < 1:
             raise ModelConfigError(f"TP, PP and EP must be >= 1, got TP={tp} PP={pp} EP={ep}")
         problems = []
@@ -256,7 +257,7 @@ class ModelSpec:
         ):
             if n % tp:
                 problems.append(f"TP={tp} does not divide {what}={n}")
-        if self.num_layers % pp:
+        if self.num_layers % pp and not uneven_pp:
             problems.append(f"PP={pp} does not divide num_hidden_layers={self.num_layers}")
         if problems:
             raise ModelConfigError(f"{self.architecture}: " + "; ".join(problems))
@@ -274,7 +275,7 @@ class ModelSpec:
         """The megatron TransformerConfig for this model at TP x PP (dtype defaults to the checkpoint's)."""
         from megatron.core.transformer import TransformerConfig
 
-        self.validate_layout(tp, pp)
+        self.validate_layout(tp, pp, uneven_pp=overrides.get("pipeline_model_parallel_layout") is not None)
         params_dtype = torch_dtype(dtype or self.dtype)
         kwargs = dict(
             num_layers=self.num_layers,

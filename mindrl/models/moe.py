@@ -1,6 +1,6 @@
 """Mixture-of-experts pieces around megatron-core's own MoE layer: the router's probabilities in fp64 when the model
 runs in fp64, so that the logits check (`mindrl.checkpoint.convert.check`) compares two exact forwards; the router's
-load-balancing loss as megatron tracks it, for the trainer's metrics."""
+load-balancing loss as megatron tracks it, and the tokens each expert was sent, for the trainer's metrics."""
 
 from __future__ import annotations
 
@@ -59,3 +59,41 @@ def take_load_balancing_loss() -> float:
             total += float(entry["values"].sum())
         entry["values"].zero_()
     return total
+
+
+class ExpertLoad:
+    """Counts the tokens each router of `model` (megatron's TopKRouter modules) sends to each expert, by global
+    layer, from install until `close`: a forward hook on every router. A forward re-run by activation recompute in
+    the backward pass is not counted again."""
+
+    def __init__(self, model: torch.nn.Module, num_layers: int, num_experts: int):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float64)
+        self._handles = [m.register_forward_hook(self._count) for m in model.modules() if isinstance(m, TopKRouter)]
+
+    def _count(self, router, args, output) -> None:
+        if torch._C._current_graph_task_id() != -1:  # inside backward: a recompute of a forward already counted
+            return
+        routing_map = output[1]
+        self.counts[router.layer_number - 1] += routing_map.sum(dim=0).to(device="cpu", dtype=torch.float64)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def expert_load_metrics(counts: torch.Tensor, prefix: str) -> dict[str, float]:
+    """min / max / std over every MoE layer's experts of each expert's tokens over its even share of the layer's
+    (1.0: a balanced router; counts: (layers, experts), all ranks' tokens; layers that routed nothing are not MoE
+    layers or held no tokens). Empty when nothing was routed."""
+    counts = counts[counts.sum(dim=1) > 0]
+    if not counts.numel():
+        return {}
+    load = counts * counts.shape[1] / counts.sum(dim=1, keepdim=True)
+    return {
+        f"{prefix}/moe_expert_load_min": float(load.min()),
+        f"{prefix}/moe_expert_load_max": float(load.max()),
+        f"{prefix}/moe_expert_load_std": float(load.std(correction=0)),
+    }

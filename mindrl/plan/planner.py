@@ -52,8 +52,7 @@ class ModelLayout:
     """Expert parallelism of a MoE model (expert_model_parallel_size)."""
     expert_params_per_stage: list[int] = field(default_factory=list)
     stage_layer_counts: list[int] | None = None
-    """Each pipeline stage's layers when num_layer_list splits them unevenly (PP does not divide num_layers); None:
-    num_layers / PP each."""
+    """Each pipeline stage's layers as num_layer_list gives them; None: num_layers / PP each."""
     """Of params_per_stage, the routed experts' (a MoE model; empty: none)."""
 
 
@@ -117,8 +116,7 @@ def _layout(cfg: RLConfig, role: str, world: int) -> ModelLayout:
     model_role = "critic" if role == "critic" else "actor"
     settings = _model_settings(cfg, role)
     dp = world // (settings.tp * settings.pp * settings.cp)
-    # an uneven split is sized as given where mindrl-train cannot run the even one (PP does not divide the layers)
-    counts = rc.stage_layer_counts(int(arch.num_layers)) if int(arch.num_layers) % rc.pp else None
+    counts = rc.stage_layer_counts(int(arch.num_layers))  # num_layer_list's stages, as mindrl-train builds them
     rl = cfg.rl_config
     seq = cfg.sequence_length
     update = mem.micro_batch_shape(

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from mindrl.models.hf_config import ModelSpec
-from mindrl.models.weight_map import global_name, mcore_param_names, param_mapping, shards_to_hf
+from mindrl.models.weight_map import global_name, mcore_param_names, named_weights, param_mapping, shards_to_hf
 from mindrl.models.wrappers import unwrap
 from mindrl.platform import current_platform, env_switch
 from mindrl.platform.host import shm_prefix
@@ -104,9 +104,9 @@ def _tp_group():
 
 
 def local_params(model: torch.nn.Module, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
-    """This stage's parameters by global megatron name, in HF order; the tied output copy is left out. A LoRA
-    model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA layers runs),
-    computed when looked up: the merge buffer is one linear's shard at a time."""
+    """This stage's parameters (and mapped buffers) by global megatron name, in HF order; the tied output copy is
+    left out. A LoRA model's adapted linears give their merged weight W + scale * B A (what an engine without LoRA
+    layers runs), computed when looked up: the merge buffer is one linear's shard at a time."""
     from megatron.core import parallel_state as ps
 
     model = unwrap(model)
@@ -116,7 +116,7 @@ def local_params(model: torch.nn.Module, spec: ModelSpec) -> Mapping[str, torch.
     experts = spec.num_experts // ps.get_expert_model_parallel_world_size() if spec.is_moe else 0
     expert_offset = experts * ps.get_expert_model_parallel_rank() if experts else 0
     out = {}
-    for name, p in model.named_parameters():
+    for name, p in named_weights(model):  # the router's expert bias too: a buffer the engine's router reads
         g = global_name(name, offset, expert_offset)
         if g in wanted:  # a tied output_layer.weight on the last stage is the embedding: not emitted
             out[g] = p

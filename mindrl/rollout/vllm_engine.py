@@ -36,6 +36,7 @@ from mindrl.rollout.vllm_ops import (
     count_c_linears,
     install_c_sampler,
     install_c_swiglu,
+    regrow_released_mla_weights,
     repack_moe_experts,
 )
 
@@ -101,6 +102,7 @@ class VllmEngine(RolloutEngine):
         self.vocab_size = hf_config.vocab_size
         self._weight_names, self._required_names, self._tied_from = hf_weight_names(hf_config)
         self._moe = any(".mlp.experts." in name for name in self._weight_names)
+        self._mla = any(name.endswith(".self_attn.kv_b_proj.weight") for name in self._weight_names)
         tok_dir, self.has_tokenizer = tokenizer_source(config)
 
         dist = torch.distributed
@@ -282,6 +284,8 @@ class VllmEngine(RolloutEngine):
 
         host = _HostState()
         try:
+            if self._mla:
+                regrow_released_mla_weights(self.llm)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked()})
             if self._moe and current_platform().repack_moe_after_reload:
                 repack_moe_experts(self.llm)

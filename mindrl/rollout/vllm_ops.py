@@ -166,6 +166,30 @@ def repack_moe_experts(llm) -> int:
     return _per_model(llm, repack)
 
 
+def regrow_released_mla_weights(llm) -> int:
+    """Give back every MLA layer's up-projection (kv_b_proj) a weight of its loaded shape where vLLM released it
+    (vLLM-CPU's AMX MLA packs W_UK / W_UV from it at load, then leaves a 0-element weight): an in-place reload_weights
+    copies each layer's new weights into the tensors the layer holds, and refuses one of another shape. The MLA
+    layer packs the new weight and releases it again when the reload finishes. Returns the layers regrown on each
+    worker (the smallest count)."""
+
+    def regrow(model) -> int:
+        n = 0
+        for module in model.modules():
+            proj = getattr(module, "kv_b_proj", None) if hasattr(module, "kv_lora_rank") else None
+            weight = getattr(proj, "weight", None)
+            if weight is None or weight.numel() or not hasattr(module, "v_head_dim"):
+                continue
+            rows = module.num_heads * (module.qk_nope_head_dim + module.v_head_dim)  # this TP rank's heads
+            proj.weight = torch.nn.Parameter(
+                torch.empty(rows, module.kv_lora_rank, dtype=proj.params_dtype), requires_grad=False
+            )
+            n += 1
+        return n
+
+    return _per_model(llm, regrow)
+
+
 def count_c_linears(llm) -> int:
     """How many linear layers of `llm`'s model run `PackedLinear` (the smallest count over its workers)."""
     return _per_model(llm, lambda model: sum(isinstance(getattr(m, "cpu_linear", None), PackedLinear)

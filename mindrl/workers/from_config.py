@@ -63,6 +63,14 @@ def _optim(role_cfg, total_steps: int, mt) -> OptimSettings:
     )
 
 
+def _layers_per_stage(role_cfg, arch) -> tuple[int, ...] | None:
+    """num_layer_list's stages where it splits the layers otherwise than evenly; None: megatron's even split."""
+    counts = role_cfg.stage_layer_counts(int(arch.num_layers)) if arch is not None and arch.num_layers else None
+    if counts is None or len(set(counts)) == 1:
+        return None
+    return tuple(counts)
+
+
 def model_settings(
     role_cfg, cfg, forward_mbs: int | None, resume_dir: str | None, load: str | None = None, critic: bool = False
 ) -> ModelSettings:
@@ -78,6 +86,7 @@ def model_settings(
         load=load,
         tp=role_cfg.tensor_model_parallel_size,
         pp=role_cfg.pipeline_model_parallel_size,
+        layers_per_stage=_layers_per_stage(role_cfg, cfg.critic_model if critic else cfg.model),
         cp=role_cfg.context_parallel_size,
         ep=role_cfg.expert_model_parallel_size,
         moe=(cfg.critic_model if critic else cfg.model).moe_training_overrides(),

@@ -27,7 +27,9 @@ class IntegratedWorker(MegatronRank):
         self.ref = self.ref_offloader = None
         if s.ref_load is not None:
             # Built at the actor's TP/PP/CP and dtype: each rank's reference shard pairs with its actor shard (sync).
-            self.ref_spec, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype, cp=a.cp, ep=a.ep)
+            self.ref_spec, _, self.ref = build_and_load(
+                s.ref_load, a.tp, a.pp, a.dtype, cp=a.cp, ep=a.ep, layers_per_stage=a.layers_per_stage
+            )
             self.ref.eval()
             # Off the device except while scoring; on CPU a host-to-host copy each way that frees nothing, kept so
             # that the schedule and its ledger run there too.

@@ -97,6 +97,7 @@ class MegatronRank:
             seed=m.seed,
             ep=m.ep,
             moe=m.moe,
+            layers_per_stage=m.layers_per_stage,
         )
         if m.resume_dir is not None:
             load_train_state(model, self.optimizer, self.scheduler, m.resume_dir, m.load_optim, m.load_rng)

@@ -25,7 +25,9 @@ class ReferenceWorker(MegatronRank):
         self.settings = s
         self.profiler = StageProfiler(s.profile, self.rank)
         info = self.init_layout(a.tp, a.pp, a.seed, a.cp)
-        _, _, self.ref = build_and_load(s.ref_load, a.tp, a.pp, a.dtype, cp=a.cp, ep=a.ep)
+        _, _, self.ref = build_and_load(
+            s.ref_load, a.tp, a.pp, a.dtype, cp=a.cp, ep=a.ep, layers_per_stage=a.layers_per_stage
+        )
         self.ref.eval()
         self.offloader = TrainStateOffloader([self.ref], None, OffloadConfig(offload_train_param=True))
         self.offloader.place(s.residency.on_entry("reference", "rollout"))

@@ -26,7 +26,7 @@ from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.context_parallel import CPSplit, cp_size
 from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
-from mindrl.models.moe import take_load_balancing_loss
+from mindrl.models.moe import ExpertLoad, expert_load_metrics, take_load_balancing_loss
 from mindrl.models.packing import PackedRows, cut_by_budget, pack_rows
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
 from mindrl.platform import current_platform, env_switch
@@ -599,6 +599,7 @@ def ppo_update(
         moe_layers = sum(freq) if isinstance(freq, list) else -(-config.num_layers // freq)
     router = torch.zeros(2, dtype=torch.float64)  # load-balancing loss over this rank's micro-batches, their count
     take_load_balancing_loss()  # forward-only passes track nothing in eval; drop anything left from elsewhere
+    expert_load = ExpertLoad(ddp, config.num_layers, config.num_moe_experts) if config.num_moe_experts else None
     ddp.train()
     minis = shard.split(num_mini_batches)
     if settings.shuffle_mini_batch and num_mini_batches > 1:
@@ -664,10 +665,25 @@ def ppo_update(
     metrics[f"{role}/skipped_updates"] = float(skipped)
     if moe_layers:
         metrics["actor/moe_load_balancing_loss"] = _router_loss_mean(router, moe_layers)
+    if expert_load is not None:
+        expert_load.close()
+        metrics.update(expert_load_metrics(_routed_tokens(expert_load.counts, config), role))
     diff = LogprobDiff(diff_sum, diff_count, diff_max, seq_sum, seq_count, seq_max) if role == "actor" else None
     token_counts = token_counts.to(current_platform().device())
     torch.distributed.all_reduce(token_counts, group=ps.get_data_parallel_group())
     return UpdateResult(metrics, TokenCounts(*token_counts.tolist()), diff)
+
+
+def _routed_tokens(counts: torch.Tensor, config) -> torch.Tensor:
+    """Each rank's tokens per expert and layer summed over the model's world, each token counted once: TP ranks
+    route their sequence-parallel slices, or all of them the same tokens without sequence parallelism (then TP rank
+    0's count only)."""
+    counts = counts.clone()
+    if not config.sequence_parallel and ps.get_tensor_model_parallel_rank() != 0:
+        counts.zero_()
+    counts = counts.to(current_platform().device())
+    torch.distributed.all_reduce(counts)
+    return counts.cpu()
 
 
 def _router_loss_mean(router: torch.Tensor, moe_layers: int) -> float:

@@ -63,6 +63,8 @@ class ModelSettings:
     """mindrl megatron checkpoint to start from (any TP/PP)."""
     tp: int = 1
     pp: int = 1
+    layers_per_stage: tuple[int, ...] | None = None
+    """Each pipeline stage's layer count (num_layer_list); None: num_layers / PP each."""
     micro_batch_size: int = 1
     """Rows per micro-batch in the update."""
     forward_micro_batch_size: int = 1

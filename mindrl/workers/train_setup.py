@@ -29,6 +29,7 @@ def build_model_and_optimizer(
     seed: int = 1234,
     ep: int = 1,
     moe: dict[str, Any] | None = None,
+    layers_per_stage: tuple[int, ...] | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(spec, ddp_model, optimizer, scheduler) around the checkpoint at load_dir (its latest iteration, or
     `iteration`), built at TP x PP.
@@ -40,7 +41,7 @@ def build_model_and_optimizer(
     and gets adapters (`mindrl.models.lora.apply_lora`, A seeded by `seed`) before DDP wraps it, so only the adapters
     have gradient buffers and optimizer state. ep: expert-parallel
     size of a MoE model; moe: its router losses' TransformerConfig keys (`ModelArchConfig.moe_training_overrides`;
-    None: the checkpoint's).
+    None: the checkpoint's). layers_per_stage: each pipeline stage's layer count (None: even).
     Call inside a rank (torch.distributed initialised); collective."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -58,7 +59,7 @@ def build_model_and_optimizer(
 
     spec, _, model = build_and_load(
         load_dir, tp, pp, dtype, sequence_parallel=sequence_parallel, iteration=iteration, recompute=recompute,
-        value_head=value_head, cp=cp, ep=ep, adapt=adapt, **(moe or {}),
+        value_head=value_head, cp=cp, ep=ep, adapt=adapt, layers_per_stage=layers_per_stage, **(moe or {}),
     )  # fmt: skip
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(

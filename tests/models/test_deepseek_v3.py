@@ -136,6 +136,21 @@ def test_bad_deepseek_configs_name_the_field(dsv3_hf, change, field):
         ModelSpec.from_hf_config(cfg, source="dsv3/config.json")
 
 
+def test_mtp_layers_are_refused_by_name(dsv3_hf, tmp_path):
+    """DeepSeek-V3 / R1 checkpoints store their multi-token prediction module as the layer after the last decoder
+    layer (num_nextn_predict_layers: 1): refused as such, with what to do."""
+    from mindrl.checkpoint.hf_io import CheckpointError
+    from tests.checkpoint.test_convert import _copy, _edit_config, _rewrite_weights
+
+    d = _copy(dsv3_hf, tmp_path / "mtp")
+    _edit_config(d, num_nextn_predict_layers=1)
+    mtp = {f"model.layers.4.{n}": torch.zeros(2, 2) for n in ("eh_proj.weight", "enorm.weight", "hnorm.weight")}
+    _rewrite_weights(d, lambda t: {**t, **mtp})
+    with pytest.raises(CheckpointError, match=r"layers \[4\] are multi-token prediction \(MTP\) modules .*"
+                       r"num_nextn_predict_layers=1.*model.layers.4.\*"):  # fmt: skip
+        convert.validate_hf_checkpoint(d, ModelSpec.from_hf_dir(d))
+
+
 def test_layouts_must_divide_the_latents(dsv3_hf):
     spec = ModelSpec.from_hf_dir(dsv3_hf)
     with pytest.raises(ModelConfigError, match="q_lora_rank=48"):

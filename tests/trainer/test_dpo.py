@@ -59,6 +59,33 @@ def run(pool, dir_path, assets, *overrides: str, **values):
     return dpo.train_dpo(cfg, pool=pool, log=lambda line: None)
 
 
+def test_tiny_qwen3_moe_trains(pool, tmp_path):
+    """DPO on the tiny Qwen3-MoE (configs/model/tiny_qwen3_moe.yaml's, from its HF checkpoint) at DP4: megatron's MoE
+    layers in the policy and the reference; the first step's loss is log 2 (policy = reference) and the second
+    step's moves (the first update trained the experts and routers)."""
+    from mindrl.checkpoint import convert
+    from mindrl.data.preprocess import preprocess
+    from mindrl.data.preprocess_config import PreprocessConfig
+    from tools.make_preference_data import make_pairs
+    from tools.make_tiny_model import make_tiny_model
+
+    hf = make_tiny_model(str(tmp_path / "hf"), arch="qwen3_moe")
+    (tmp_path / "pref.json").write_text(json.dumps(make_pairs(rows=64, valid_fraction=0.0, seed=0)))
+    preprocess(PreprocessConfig(input=str(tmp_path / "pref.json"), tokenizer_name_or_path=hf,
+                                output_prefix=str(tmp_path / "data" / "pref"), handler_name="AlpacaStylePairwiseHandler",
+                                prompt_type="qwen3"), log=io.StringIO())  # fmt: skip
+    convert.hf2mcore(hf, str(tmp_path / "base"), 1, 1, pool=pool)
+    moe_assets = (tmp_path, hf)
+    result = run(pool, tmp_path / "run", moe_assets, "megatron_training.train_iters=2", split="100,0,0")
+    first, second = result.history
+    print(
+        {k: (first[k], second[k]) for k in ("dpo/loss", "dpo/rewards/accuracy", "dpo/rewards/margin", "dpo/grad_norm")}
+    )
+    assert first["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert first["dpo/grad_norm"] > 0 and math.isfinite(second["dpo/loss"])
+    assert second["dpo/loss"] != pytest.approx(math.log(2), abs=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------ the loss
 def _loop_loss(pc, pr, rc, rr, beta, ls, loss_type) -> float:
     """One pair's loss written out with math (log sigmoid(z) = -log1p(exp(-z)), stable either side)."""

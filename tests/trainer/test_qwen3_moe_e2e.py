@@ -35,6 +35,8 @@ def test_tiny_qwen3_moe_grpo_at_ep2(moe_assets, tmp_path):
         assert m["rollout/logprob_diff_mean"] < 1e-3, m["rollout/logprob_diff_mean"]
         assert m["actor/skipped_updates"] == 0 and m["actor/grad_norm"] > 0
         assert m["actor/moe_load_balancing_loss"] > 0  # the router's loss, logged per MoE layer and micro-batch
+        # each expert's tokens over its even share, over both MoE layers' experts
+        assert 0 <= m["actor/moe_expert_load_min"] <= 1 <= m["actor/moe_expert_load_max"] <= 4
     print(
         {k: [m[k] for m in lines] for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "actor/pg_loss")}
     )
