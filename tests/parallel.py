@@ -78,6 +78,7 @@ LANE_OF = {
     "tests/trainer/test_async_bounded.py": OWN,
     "tests/trainer/test_bench_async.py": OWN,
     "tests/trainer/test_dapo_e2e.py": OWN,
+    "tests/trainer/test_deepseek_v3_e2e.py": OWN,
     "tests/trainer/test_dpo.py": OWN,
     "tests/trainer/test_faults.py": OWN,
     "tests/trainer/test_partial_rollout_e2e.py": OWN,
