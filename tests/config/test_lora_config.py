@@ -27,9 +27,16 @@ def test_lora_runs_only_where_tested():
     assert cfg.actor_config.lora and cfg.rl_config.share_backbone
     with pytest.raises(ConfigError, match="reference model of its own is untested; set rl_config.share_backbone"):
         load_config("grpo_tiny_cpu", overrides=[LORA])
-    with pytest.raises(ConfigError, match="async or partial rollout is untested"):
+    with pytest.raises(ConfigError, match="LoRA with partial rollout has not been run through adapters"):
         load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
                                                 "rl_config.partial_rollout_max_split=2"])  # fmt: skip
+    with pytest.raises(ConfigError, match="LoRA with async_mode bounded has not been run through adapters"):
+        load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
+                                                "rl_config.async_mode=bounded", "rl_config.val_data_path=null"])  # fmt: skip
+    # one_step_off and a reward model run through adapters (tests/trainer/test_lora_e2e.py)
+    cfg = load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
+                                                  "rl_config.async_mode=one_step_off"])  # fmt: skip
+    assert cfg.rl_config.async_mode == "one_step_off"
     with pytest.raises(ConfigError, match="critic_config.lora_target_modules: LoRA trains the actor only"):
         load_config("ppo_tiny_cpu", overrides=["+critic_config.lora_target_modules=[linear_qkv]"])
 
