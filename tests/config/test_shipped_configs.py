@@ -18,6 +18,7 @@ SHIPPED = [
     "dapo_tiny_cpu",
     "retool_tiny_cpu",
     "grpo_smollm2_cpu",
+    "grpo_smollm2_lora_cpu",
     "ppo_qwen25_32b_A3",
     "grpo_qwen25_7b_A3",
     "grpo_qwen25_32b_A3",
