@@ -2,14 +2,15 @@
 
 - **merged** (what the trainer does): each step every adapted linear's `W + scale * B A` is computed and the whole
   model is streamed into a plain engine (`VllmEngine.load_weights`), which then generates at the base model's cost;
-- **vllm-lora**: the engine runs with vLLM's LoRA layers (`enable_lora`); each step the adapters are written as a PEFT
+- **vllm-lora**: vLLM's own engine with its LoRA layers (`enable_lora`; mindrl's engine kernels do not compose with
+  them); each step the adapters are written as a PEFT
   directory and the next generation loads them (`LoRARequest(load_inplace=True)`), the base weights never move.
 
 Each step is the weight update then one rollout batch (prompts x n samples, exactly `--max-tokens` new tokens). The
 adapter changes every step, as in training. Both modes run in a child process of their own (one vLLM engine per
 process), on the same model, adapters, prompts and seeds; the table gives medians over the steps after a warm-up,
-wall and CPU seconds (CPU is the steadier figure on a shared host), and how many of the greedy probe's tokens the two
-modes agree on (the same adapters: they should agree but for fp32 rounding).
+wall and CPU seconds (CPU is the steadier figure on a shared host), and how many of a greedy probe's tokens each mode
+shares with HF + peft (the adapter unmerged) before the first difference.
 
     python tools/bench_lora_rollout.py                      # SmolLM2-135M (tools/get_model.py smollm2), r 16
     python tools/bench_lora_rollout.py --hf-dir DIR --rank 8 --steps 4 --json out.json
@@ -51,6 +52,22 @@ def make_adapters(hf_dir: str, rank: int, alpha: float, steps: int, out: str) ->
     return dirs
 
 
+def hf_probe(hf_dir: str, adapter_dir: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The reference: HF + peft, the adapter unmerged, greedy, exactly `max_tokens` new tokens per prompt."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), adapter_dir)
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
 def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
     import random
 
@@ -70,34 +87,47 @@ def run_mode(args) -> dict:
     torch.set_num_threads(args.threads)
     adapters = json.loads(args.adapters)
     lora = args.mode == "vllm-lora"
-    if lora:  # VllmEngine builds its LLM with mindrl's settings; vLLM's LoRA layers on top
-        import functools
+    kv_bytes = 1 << 30  # the same KV cache for both
+    t0 = time.perf_counter()
+    if lora:
+        # vLLM's own engine and layers: mindrl's engine kernels (VllmEngine's linears, SwiGLU and sampler) do not
+        # compose with vLLM's LoRA layers (its greedy tokens left HF + peft's at the first one: docs/lora.md)
+        import os as _os
 
-        import vllm
+        from vllm import LLM
 
+        _os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as VllmEngine runs it
         # vLLM takes max_lora_rank from a fixed list: the smallest that holds the adapters
         max_rank = min(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= args.rank)
-        vllm.LLM = functools.partial(vllm.LLM, enable_lora=True, max_lora_rank=max_rank, max_loras=1)
-    from mindrl.rollout.vllm_engine import VllmEngine
+        llm = LLM(model=args.hf_dir, dtype="float32", max_model_len=args.prompt_len + args.max_tokens,
+                  max_num_seqs=args.prompts * args.n, max_num_batched_tokens=8192, enforce_eager=True,
+                  skip_tokenizer_init=True, seed=0, kv_cache_memory_bytes=kv_bytes, enable_lora=True,
+                  max_lora_rank=max_rank, max_loras=1)  # fmt: skip
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+    else:
+        from mindrl.rollout.vllm_engine import VllmEngine
 
-    t0 = time.perf_counter()
-    engine = VllmEngine(
-        RolloutConfig(
-            model=args.hf_dir,
-            dtype="float32",
-            max_model_len=args.prompt_len + args.max_tokens,
-            max_num_seqs=args.prompts * args.n,
-            max_num_batched_tokens=8192,
-            enforce_eager=True,
-            load_tokenizer=False,
-            seed=0,
+        engine = VllmEngine(
+            RolloutConfig(
+                model=args.hf_dir,
+                dtype="float32",
+                max_model_len=args.prompt_len + args.max_tokens,
+                max_num_seqs=args.prompts * args.n,
+                max_num_batched_tokens=8192,
+                kv_cache_memory_bytes=kv_bytes,
+                enforce_eager=True,
+                load_tokenizer=False,
+                seed=0,
+            )
         )
-    )
+        llm, vocab = engine.llm, engine.vocab_size
     create_s = time.perf_counter() - t0
     base = load_file(os.path.join(args.hf_dir, "model.safetensors"))
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts(args.prompts, args.prompt_len, engine.vocab_size)]
-    sample = SamplingParams(n=args.n, max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True, seed=1)
-    greedy = SamplingParams(n=1, max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts(args.prompts, args.prompt_len, vocab)]
+    sample = SamplingParams(
+        n=args.n, max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True, seed=1, detokenize=False
+    )
+    greedy = SamplingParams(n=1, max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     from vllm.lora.request import LoRARequest
 
     def merged(adapter_dir: str) -> dict:
@@ -128,14 +158,15 @@ def run_mode(args) -> dict:
         t0, c0 = time.perf_counter(), time.process_time()
         update(step)
         t1, c1 = time.perf_counter(), time.process_time()
-        outs = engine.llm.generate(prompts, sample, lora_request=request(step), use_tqdm=False)
+        outs = llm.generate(prompts, sample, lora_request=request(step), use_tqdm=False)
         t2, c2 = time.perf_counter(), time.process_time()
         tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         steps.append(dict(update_s=t1 - t0, update_cpu_s=c1 - c0, generate_s=t2 - t1, generate_cpu_s=c2 - c1,
                           step_s=t2 - t0, step_cpu_s=c2 - c0, tokens=tokens))  # fmt: skip
-    probe_out = engine.llm.generate(prompts[:4], greedy, lora_request=request(len(adapters) - 1), use_tqdm=False)
+    probe_out = llm.generate(prompts[:4], greedy, lora_request=request(len(adapters) - 1), use_tqdm=False)
     probe = [list(o.outputs[0].token_ids) for o in probe_out]
-    engine.shutdown()
+    if not lora:
+        engine.shutdown()
     return dict(mode=args.mode, create_s=create_s, steps=steps, probe=probe)
 
 
@@ -180,9 +211,23 @@ def main(argv: list[str] | None = None) -> int:
                 child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
             subprocess.run(child, check=True)
             results[mode] = json.load(open(path))
-    probes = [results[m]["probe"] for m in results]
-    same = sum(x == y for a, b in zip(*probes) for x, y in zip(a, b))
-    total = sum(len(a) for a in probes[0])
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(args.hf_dir).vocab_size
+        reference = hf_probe(
+            args.hf_dir, adapters[-1], _prompts(args.prompts, args.prompt_len, vocab)[:4], args.max_tokens
+        )
+
+    def agree(probe: list[list[int]]) -> int:  # tokens equal to HF + peft's up to the first difference per prompt
+        n = 0
+        for a, b in zip(probe, reference):
+            for x, y in zip(a, b):
+                if x != y:
+                    break
+                n += 1
+        return n
+
+    total = sum(len(r) for r in reference)
     print(f"\nLoRA rollout, {args.hf_dir}: r {args.rank} on every linear, {args.prompts} prompts x {args.n} samples x "
           f"{args.max_tokens} tokens, medians of steps 2..{args.steps} (seconds)")  # fmt: skip
     print(f"{'mode':<11}{'engine start':>13}{'update':>9}{'update CPU':>11}{'generate':>10}{'gen CPU':>9}"
@@ -197,10 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<11}{r['create_s']:>13.1f}{s['update_s']:>9.2f}{s['update_cpu_s']:>11.2f}{s['generate_s']:>10.2f}"
               f"{s['generate_cpu_s']:>9.2f}{s['step_s']:>8.2f}{s['step_cpu_s']:>10.2f}{s['tokens_per_s']:>10.0f}")  # fmt: skip
     faster = min(summary, key=lambda m: summary[m]["step_cpu_s"])
-    print(f"greedy probe: the two modes agree on {same} of {total} tokens; faster by step CPU: {faster}")
+    same = {m: agree(r["probe"]) for m, r in results.items()}
+    print("greedy probe (4 prompts, the last adapter), tokens equal to HF + peft's before the first difference: "
+          + ", ".join(f"{m} {n}/{total}" for m, n in same.items()) + f"; faster by step CPU: {faster}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), summary=summary, results=results, agree=[same, total]), f, indent=1)
+            json.dump(
+                dict(args=vars(args), summary=summary, results=results, agree=same, probe_tokens=total), f, indent=1
+            )
     return 0
 
 
