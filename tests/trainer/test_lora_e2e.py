@@ -75,3 +75,36 @@ def test_lora_grpo_run_learns_shares_the_backbone_and_exports_to_peft(sft_assets
           f"{effect:.3g}")  # fmt: skip
     assert effect > 100 * max(gap, 1e-12), "the trained adapters change the model"
     assert diff <= 10 * gap
+
+
+def test_lora_actor_with_one_step_off_and_a_reward_model(assets, tmp_path):
+    """A LoRA actor (share_backbone) in PPO with a reward model and async_mode one_step_off, 2 iterations on one
+    device (`integrated_rm_run`'s settings): the second batch trains one version after it was sampled (its logprobs
+    further from the trainer's than the first's); the KL to the shared-backbone reference is rounding while the
+    behaviour policy is the backbone (B = 0); the reward model scores; and the save holds the start's backbone bit for
+    bit with the adapters moved."""
+    from tests.trainer.rl_helpers import ONE_DEVICE, checkpoint_tensors
+
+    one_device = [x for x in ONE_DEVICE if not x.startswith("megatron_training.train_iters=")]
+    cfg = _config("ppo_tiny_cpu_rm", assets, tmp_path / "run", f"reward_config.load={assets / 'critic'}", *one_device,
+                  *LORA[:4], "+rl_config.share_backbone=true", "rl_config.async_mode=one_step_off",
+                  "megatron_training.train_iters=2", "megatron_training.save_interval=2")  # fmt: skip
+    _, _, lines, _ = _train(cfg)
+    assert [m["async/staleness/max"] for m in lines] == [0.0, 1.0]
+    # one_step_off's reward KL is the behaviour policy's (the rollout's logprobs) to the reference: both batches were
+    # sampled at version 0, where B = 0 and the actor is its backbone, so the KL is the engine's rounding alone
+    kl = [m["actor/reward_kl_penalty"] for m in lines]
+    assert all(abs(k) <= m["rollout/logprob_diff_max"] for k, m in zip(kl, lines)), (kl, lines)
+    assert lines[0]["rollout/logprob_diff_max"] < cfg.rl_config.logprob_diff_warn  # version 0 sampled, version 0 scored
+    # the second batch is scored by the trainer one update later: the moved adapters are further from the engine
+    assert lines[1]["rollout/logprob_diff_mean"] > lines[0]["rollout/logprob_diff_mean"]
+    assert all(torch.isfinite(torch.tensor(m["reward_model/score/mean"])) for m in lines)
+    (tmp_path / "scratch").mkdir()
+    start = checkpoint_tensors(assets / "actor", tmp_path / "scratch")
+    saved = checkpoint_tensors(tmp_path / "run" / "ckpt_actor", tmp_path / "scratch")
+    backbone = [k for k in start if not k.startswith("optim/")]
+    assert backbone and set(backbone) <= set(saved), sorted(set(backbone) - set(saved))[:5]
+    assert all(torch.equal(start[k], saved[k]) for k in backbone)
+    moved = [k for k in saved if "lora_B" in k and not k.startswith("optim/") and saved[k].abs().max() > 0]
+    assert moved, sorted(saved)[:20]
+    print(f"one_step_off + reward model through adapters: KL {kl}, {len(moved)} adapter B matrices moved")
