@@ -50,12 +50,12 @@ def build_and_load(
             raise CheckpointError(
                 f"{load_dir}: a value head on a legacy checkpoint; convert it with mindrl-convert first"
             )
-        if ep > 1 or config_overrides:
+        if config_overrides.get("layers_per_stage") is not None:
+            raise CheckpointError(f"{load_dir}: uneven pipeline stages on a legacy checkpoint; convert it first")
+        if ep > 1 or any(k != "layers_per_stage" for k in config_overrides):
             raise CheckpointError(
                 f"{load_dir}: a legacy checkpoint of a MoE model; convert it with mindrl-convert first"
             )
-        if config_overrides.get("layers_per_stage") is not None:
-            raise CheckpointError(f"{load_dir}: uneven pipeline stages on a legacy checkpoint; convert it first")
         spec, meta, model = legacy.build_and_load(
             load_dir, tp, pp, dtype, sequence_parallel, hf_config, iteration, recompute, cp
         )

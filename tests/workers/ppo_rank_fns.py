@@ -25,7 +25,8 @@ def flat(result: UpdateResult) -> dict:
 
 def full_hf_tensors(model, spec, grads: bool, local_of=None) -> dict[str, torch.Tensor]:
     """This pipeline stage's parameters (or their main_grad, or `local_of(param)`: any tensor of the param's
-    TP-local shape, e.g. an Adam moment) as full TP=1 tensors under their HF names.
+    TP-local shape, e.g. an Adam moment) as full TP=1 tensors under their HF names; buffers (the router's expert bias)
+    with the parameters only.
 
     Gathers over TP with the weight map's own layout rules; works for the critic too (which the rollout
     weight streamer refuses). Collective over the tensor-parallel group."""
@@ -37,6 +38,8 @@ def full_hf_tensors(model, spec, grads: bool, local_of=None) -> dict[str, torch.
     tp = ps.get_tensor_model_parallel_world_size()
     out = {}
     for name, p in local_params(model, spec).items():  # the same order on every TP rank
+        if (grads or local_of is not None) and not isinstance(p, torch.nn.Parameter):
+            continue  # a buffer the engine reads (the router's expert bias): no gradient, no optimizer state
         local = local_of(p) if local_of is not None else (p.main_grad if grads else p)
         local = local.detach().float().contiguous()
         shards = [local]
