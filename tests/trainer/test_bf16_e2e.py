@@ -1,27 +1,23 @@
 """The PPO loop as MindSpeed-RL's recipes run it, in bf16: actor, critic and reference in bf16 with fp32 main params
 and gradients (the actor on the distributed optimizer over DP2, the critic on the plain one at TP2), vLLM in
-bfloat16, the reshard in bf16, from the quickstart task's SFT start (`sft_assets`). One trainer start: it must learn (the reward rises
-beyond its own measured noise), and its rollout-vs-trainer logprob gap must stay within what bf16 rounding explains,
-measured in this test on the same tokens against an fp64 forward of the same bf16 weights."""
+bfloat16, the reshard in bf16, from the quickstart task's SFT start (`sft_assets`). One trainer start: it must learn
+(the reward rises by the bound measured over seeds, tools/check_learning.py quickstart-ppo-bf16), and its
+rollout-vs-trainer logprob gap must stay within what bf16 rounding explains, measured in this test on the same tokens
+against an fp64 forward of the same bf16 weights."""
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 
 import pytest
 
 from tests.trainer.rl_helpers import _config, _train
+from tools.check_learning import BOUNDS, assert_rises
 
 pytestmark = pytest.mark.slow  # one trainer start: Ray, 2 integrated workers that import vLLM and megatron
 
-ITERATIONS = 24
-WINDOW = 8
-"""Iterations averaged at each end of the run for the learning check."""
-Z_RISE = 3.0
-"""A rise must exceed this many standard errors of the end windows' difference: a run that does not learn passes
-with probability ~0.1% (one-sided normal tail)."""
+ITERATIONS = 30  # the fewest for which quickstart-ppo-bf16's bound was measured (tools/check_learning.py)
 
 BF16 = [
     "megatron_training.bf16=true",
@@ -49,25 +45,13 @@ def bf16_run(sft_assets, tmp_path_factory):
     return sft_assets, cfg, lines, rollouts
 
 
-def reward_rise(per_iteration: list[float], window: int) -> tuple[float, float]:
-    """(last window's mean - first window's mean, the standard error of that difference from each window's spread
-    over its iterations)."""
-    first, last = per_iteration[:window], per_iteration[-window:]
-    se = math.sqrt(statistics.variance(first) / window + statistics.variance(last) / window)
-    return statistics.fmean(last) - statistics.fmean(first), se
-
-
 def test_bf16_loop_learns(bf16_run):
     _, _, lines, _ = bf16_run
     assert [m["iteration"] for m in lines] == list(range(1, ITERATIONS + 1))
     for m in lines:
         assert m["actor/skipped_updates"] == 0 and m["critic/skipped_updates"] == 0, m["iteration"]
-    rewards = [m["acc_for_ppo_rewards/mean"] for m in lines]
-    rise, se = reward_rise(rewards, WINDOW)
-    # a flat run has noise in both windows; se = 0 only when both are constant, and then any rise is real
-    report = f"reward rose {rise:.3f} (se {se:.3f}): {[round(r, 3) for r in rewards]}"
-    assert rise > Z_RISE * se and rise > 0, report
-    print(report)
+    rise = assert_rises(lines, BOUNDS["quickstart-ppo-bf16"], where="the bf16 run")  # the bound measured over seeds
+    print(f"reward rose {rise.rise:+.3f}: {[round(m['acc_for_ppo_rewards/mean'], 3) for m in lines]}")
 
 
 def _logprobs(model, rows) -> list:
