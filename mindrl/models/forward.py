@@ -8,7 +8,10 @@ from functools import partial
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel.mappings import (
+    gather_from_tensor_model_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
 
 from mindrl.models.attention import PrefixGroups, mark_prefix_groups
 
@@ -55,6 +58,22 @@ def prefix_group_inputs(
     return ids, position_ids.clamp(min=0), mark_prefix_groups(mask, layout), layout
 
 
+def moe_padding(model: torch.nn.Module, padding: torch.Tensor) -> dict:
+    """The keyword that tells a MoE model's routers which columns of its input [b, s] are padding (`padding`, True
+    there): megatron's padding_mask, which its load-balancing and z losses and the expert bias's token counts leave
+    out, so that they count the real tokens only, whatever padding a layout adds (pipeline parallelism pads every
+    micro-batch to one shape, sequence parallelism to a multiple of TP). Nothing for a dense model."""
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model)
+    if not config.num_moe_experts:
+        return {}
+    if config.sequence_parallel and not ps.is_pipeline_first_stage():
+        # megatron cuts the mask for sequence parallelism beside the embedding, on the first stage only
+        padding = scatter_to_sequence_parallel_region(padding.t().contiguous()).t()
+    return {"padding_mask": padding}
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device a (wrapped) model computes on: its parameters' (`mindrl.models.builder.build_model` put them on
     the rank's device). Inputs go there; results come back to the host for the caller."""
@@ -67,7 +86,8 @@ def _forward_step(data_iterator, model, gather_vocab: bool):
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
     position_ids, mask = attention_inputs(input_ids, attention_mask)
-    output = model(input_ids, position_ids, mask)
+    moe = {} if attention_mask is None else moe_padding(model, ~attention_mask.bool())
+    output = model(input_ids, position_ids, mask, **moe)
 
     def collect(output_tensor, non_loss_data=True):
         if gather_vocab:

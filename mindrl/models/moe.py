@@ -76,6 +76,9 @@ class ExpertLoad:
         if torch._C._current_graph_task_id() != -1:  # inside backward: a recompute of a forward already counted
             return
         routing_map = output[1]
+        padding = args[1] if len(args) > 1 else None  # [s, b] True on padding (megatron's MoE layer passes it)
+        if padding is not None:
+            routing_map = routing_map & ~padding.reshape(-1, 1)
         self.counts[router.layer_number - 1] += routing_map.sum(dim=0).to(device="cpu", dtype=torch.float64)
 
     def close(self) -> None:

@@ -103,12 +103,13 @@ def _loss_func(mb: dict, scale: float, output: torch.Tensor):
 
 
 def _forward_step(data_iterator, model, scale: float):
-    from mindrl.models.forward import attention_inputs, model_device
+    from mindrl.models.forward import attention_inputs, model_device, moe_padding
 
     device = model_device(model)
     mb = {k: v.to(device) for k, v in next(data_iterator).items()}
     position_ids, mask = attention_inputs(mb["input_ids"], mb["attention_mask"])
-    output = model(mb["input_ids"], position_ids, mask, labels=mb["labels"])
+    moe = moe_padding(model, ~mb["attention_mask"].bool())
+    output = model(mb["input_ids"], position_ids, mask, labels=mb["labels"], **moe)
     return output, partial(_loss_func, mb, scale)
 
 

@@ -25,7 +25,7 @@ from mindrl.algorithms.staleness import truncated_importance_ratio
 from mindrl.batch import Batch
 from mindrl.models.attention import PrefixGroups
 from mindrl.models.context_parallel import CPSplit, cp_size
-from mindrl.models.forward import attention_inputs, model_device, prefix_group_inputs, run_schedule
+from mindrl.models.forward import attention_inputs, model_device, moe_padding, prefix_group_inputs, run_schedule
 from mindrl.models.moe import ExpertLoad, expert_load_metrics, take_load_balancing_loss
 from mindrl.models.packing import PackedRows, cut_by_budget, pack_rows
 from mindrl.models.vocab_parallel import vocab_parallel_logprobs
@@ -96,6 +96,21 @@ def _model_inputs(mb: Batch):
     ids = mb["input_ids"]
     position_ids, mask = attention_inputs(ids, mb["attention_mask"])
     return ids, position_ids, mask
+
+
+def _padding_mask(mb: Batch) -> torch.Tensor:
+    """[rows as the model sees them, width] True on the padding columns of `_model_inputs`' ids (for the MoE
+    router, `moe_padding`)."""
+    packed = _packed(mb)
+    if packed is not None:
+        return torch.arange(packed.width, device=packed.ids.device).view(1, -1) >= packed.real
+    valid = mb["attention_mask"].bool()
+    layout = _layout(mb)
+    if layout is not None:
+        n, p = layout.samples, layout.prompt
+        groups = valid.shape[0] // n
+        valid = torch.cat([valid[::n, :p], valid[:, p:].reshape(groups, n * (valid.shape[1] - p))], 1)
+    return ~valid
 
 
 def _inner(model, name: str) -> torch.nn.Module | None:
@@ -197,11 +212,14 @@ def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
     """(the model's outputs for micro-batch mb, whether they cover the response positions only). Under context
     parallelism the model runs on this rank's columns (`CPSplit`) and the outputs are those columns'."""
     ids, position_ids, mask = _model_inputs(mb)
+    padding = _padding_mask(mb)
     split = _cp_split(mb)
     if split is not None:
         ids, position_ids, mask = split.local(ids, 1), split.local(position_ids, -1), split.local_mask(mask)
+        padding = split.local(padding, 1)
+    moe = moe_padding(model, padding)
     with _response_head(model, mb) as sliced, _packed_positions(model, mb):
-        return model(ids, position_ids, mask), sliced
+        return model(ids, position_ids, mask, **moe), sliced
 
 
 def _column_labels(mb: Batch) -> torch.Tensor:

@@ -197,19 +197,18 @@ TRAIN_LAYOUTS = [
     ("tp1_fp64", 1, 1, "float64", AUX),
     ("tp1_no_aux", 1, 1, "float32", NO_AUX),
 ]
-# (name, layers per pipeline stage, EP): the 3 layers split unevenly over PP2 (MindSpeed-RL's num_layer_list), DP2
-# Without the load-balancing loss: under PP its gradient is not TP1's (see test_uneven_pipeline_stages)
-UNEVEN_PP_LAYOUTS = [("pp2_1_2", (1, 2), 1), ("pp2_2_1_ep2", (2, 1), 2)]
+# (name, TP, layers per pipeline stage, EP): the 3 layers split unevenly over PP2 (MindSpeed-RL's num_layer_list)
+UNEVEN_PP_LAYOUTS = [("pp2_1_2", 1, (1, 2), 1), ("pp2_2_1_ep2", 1, (2, 1), 2), ("tp2pp2_1_2", 2, (1, 2), 1)]
+PP_NAMES = [name for name, *_ in UNEVEN_PP_LAYOUTS]
 
 
 def moe_rl_batch() -> Batch:
     """Eight rows, prompts of 1-8 tokens and responses of 1-9, with old / rollout / reference logprobs and
-    advantages that make every loss term non-zero. Each row's prompt + response is even: a micro-batch of one row
-    then needs no padding column under TP2's sequence parallelism, which the load-balancing loss would count (it
-    counts every position of a micro-batch, as megatron computes it)."""
+    advantages that make every loss term non-zero. The first row's prompt + response is odd: under TP2's sequence
+    parallelism its micro-batch gets a padding column, which the router's losses and load must not count."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (3, 8, 5, 1, 7, 4, 6, 2)]
-    responses = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (9, 4, 7, 1, 9, 6, 4, 8)]
+    responses = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (8, 4, 7, 1, 9, 6, 4, 8)]
     prompt_ids, prompt_mask = pad_rows(prompts, pad=0, left=True)
     response_ids, response_mask = pad_rows(responses, pad=0, left=False)
     mask = response_mask.float()
@@ -248,9 +247,9 @@ def layout_grads(saved_tp2, get_pool) -> dict:
             for k, v in (r["grads"] or {}).items():
                 grads.setdefault(k, v.double())
         out[name] = {"grads": grads, "metrics": results[0]["metrics"]}
-    for name, stages, ep in UNEVEN_PP_LAYOUTS:
-        results = get_pool().run(moe_rank_fns.moe_update_grads_rank, saved_tp2, 1, ep, batch, TRAIN_LOSS, "float32",
-                                 NO_AUX, stages)  # fmt: skip
+    for name, tp, stages, ep in UNEVEN_PP_LAYOUTS:
+        results = get_pool().run(moe_rank_fns.moe_update_grads_rank, saved_tp2, tp, ep, batch, TRAIN_LOSS, "float32",
+                                 AUX, stages)  # fmt: skip
         grads = {}
         for r in results:  # each stage's TP rank 0 holds its own layers' gradients
             for k, v in (r["grads"] or {}).items():
@@ -286,13 +285,13 @@ def test_gradients_with_aux_loss_agree_across_layouts(moe_hf, layout_grads):
 def test_uneven_pipeline_stages(layout_grads):
     """num_layer_list's uneven stages (megatron's pipeline layout): the 3 layers as 1 + 2 and, at EP2, 2 + 1 over
     PP2 train as TP1 does. Gradients within TP1's own fp32 gap (fp64 TP1, measured in this test), and the update's
-    first metrics within the other layouts' own spread. Without the load-balancing loss: under PP its gradient is
-    0.68x TP1's (measured on pp2_1_2, the router of layer 0), left open (docs/moe.md)."""
-    base, ref = layout_grads["tp1_no_aux"], layout_grads["tp1_fp64"]
+    first metrics within the other layouts' own spread. With the load-balancing loss: it counts the real tokens only
+    (`rl_model._padding_mask`); counting PP's padding moved the routers' gradients by 0.031 from TP1's."""
+    base, ref = layout_grads["tp1"], layout_grads["tp1_fp64"]
     gap = _max_diff(layout_grads["tp1"]["grads"], ref["grads"])
     spread = max(abs(layout_grads[n]["metrics"][k] - layout_grads["tp1"]["metrics"][k])
                  for n in ("tp2", "ep2", "tp2ep2") for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss"))  # fmt: skip
-    for name, _, _ in UNEVEN_PP_LAYOUTS:
+    for name in PP_NAMES:
         diff = _max_diff(layout_grads[name]["grads"], base["grads"])
         metrics = {k: abs(layout_grads[name]["metrics"][k] - base["metrics"][k])
                    for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")}  # fmt: skip
@@ -309,7 +308,10 @@ def test_aux_loss_trains_the_router(layout_grads):
     aux = base["metrics"]["actor/moe_load_balancing_loss"]
     assert 1.0 <= aux < 8.0  # the Switch loss: 1 for an even load, num_experts at most
     assert "actor/moe_load_balancing_loss" not in layout_grads["tp1_no_aux"]["metrics"]  # no loss, none logged
-    for name in ("tp2", "ep2", "tp2ep2"):
+    # PP pads every micro-batch to the batch's widths (8 + 9 columns here, the rows' own 2 to 17): the router is
+    # told the padding (megatron's padding_mask), which neither loss nor load counts (counted, PP2 1 + 2 had logged
+    # 1.227 for TP1's 1.314 on an earlier batch)
+    for name in ("tp2", "ep2", "tp2ep2", *PP_NAMES):
         assert math.isclose(layout_grads[name]["metrics"]["actor/moe_load_balancing_loss"], aux, rel_tol=1e-5), name
     # Each expert's routed tokens over its even share, min / max / std over both MoE layers' experts: counted once
     # per token at every layout (TP's sequence-parallel slices, EP's and DP's ranks summed), so the same numbers
@@ -320,8 +322,7 @@ def test_aux_loss_trains_the_router(layout_grads):
         load["actor/moe_expert_load_min"] < 1 < load["actor/moe_expert_load_max"]
         and load["actor/moe_expert_load_std"] > 0
     )
-    # (not under PP: its micro-batches are padded to one shape for the stages' transfers, and padding is routed too)
-    for name in ("tp2", "ep2", "tp2ep2", "tp1_no_aux"):
+    for name in ("tp2", "ep2", "tp2ep2", "tp1_no_aux", *PP_NAMES):
         assert {k: layout_grads[name]["metrics"][k] for k in load} == pytest.approx(load, rel=1e-12), name
     gap = _max_diff(base["grads"], layout_grads["tp1_fp64"]["grads"])
     without = layout_grads["tp1_no_aux"]["grads"]
