@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
-"""The tensors of P + R columns (prompt then response); see `Batch.reframe`."""
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "routed_experts")
+"""The tensors of P + R columns (prompt then response); see `Batch.reframe` (routed_experts: routing replay's
+experts per token, `mindrl.workers.rl_model.ROUTED_EXPERTS`)."""
 
 
 @dataclass

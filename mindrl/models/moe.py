@@ -100,3 +100,89 @@ def expert_load_metrics(counts: torch.Tensor, prefix: str) -> dict[str, float]:
         f"{prefix}/moe_expert_load_max": float(load.max()),
         f"{prefix}/moe_expert_load_std": float(load.std(correction=0)),
     }
+
+
+# ------------------------------------------------------------------------------------------------ routing replay
+def moe_routers(model: torch.nn.Module) -> list:
+    """The model's routers (megatron's TopKRouter modules) by layer, each with megatron's `RouterReplay` (built here
+    where the config did not ask for it: megatron reads `router.router_replay` at every routing)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    routers = sorted((m for m in model.modules() if isinstance(m, TopKRouter)), key=lambda r: r.layer_number)
+    for r in routers:
+        if r.router_replay is None:
+            r.router_replay = RouterReplay()
+            RouterReplay.global_router_replay_instances.remove(r.router_replay)  # mindrl addresses its own routers
+    return routers
+
+
+class RoutingReplay:
+    """megatron's router replay on `model`'s routers for the duration of a `with`: `record` keeps each forward's
+    top-k choices (`recorded()`), `replay` routes by the choices given to `set_targets` instead of the router's own,
+    the routing weights still the router's scores of those experts. A replayed forward also counts how many of the
+    given choices the router would have made itself (`agreement`: (matching choices, choices), over real tokens)."""
+
+    def __init__(self, model: torch.nn.Module, mode: str):
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        self.routers = moe_routers(model)
+        self.action = {"record": RouterReplayAction.RECORD, "replay": RouterReplayAction.REPLAY_FORWARD}[mode]
+        self.agreement = torch.zeros(2, dtype=torch.float64)
+        self._handles = []
+
+    def __enter__(self) -> RoutingReplay:
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        for r in self.routers:
+            r.router_replay.clear_indices()
+            r.router_replay.set_router_replay_action(self.action)
+            if self.action == RouterReplayAction.REPLAY_FORWARD:
+                self._handles.append(r.register_forward_hook(self._agree))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for r in self.routers:
+            r.router_replay.clear_indices()
+            r.router_replay.clear_router_replay_action()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def recorded(self) -> torch.Tensor:
+        """[tokens, layers, k] the last forward's choices, tokens in the routers' order (sequence-major)."""
+        return torch.stack([r.router_replay.get_recorded_indices() for r in self.routers], 1)
+
+    def set_targets(self, choices: torch.Tensor) -> None:
+        """choices: [tokens, layers, k] for the next forward, tokens in the routers' order."""
+        for i, r in enumerate(self.routers):
+            r.router_replay.clear_indices()
+            r.router_replay.set_target_indices(choices[:, i].contiguous())
+
+    def _agree(self, router, args, output) -> None:
+        if torch._C._current_graph_task_id() != -1:  # a recompute in the backward pass
+            return
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        replay = router.router_replay
+        with torch.no_grad():
+            replay.set_router_replay_action(RouterReplayAction.RECORD)  # the router's own choice, nothing else
+            try:
+                logits = router.gating(args[0]).view(-1, router.config.num_moe_experts)
+                mod = sys.modules[_ROUTER_MODULE]
+                _, own = mod.topk_routing_with_score_function(
+                    logits, router.topk, use_pre_softmax=router.config.moe_router_pre_softmax,
+                    num_groups=router.config.moe_router_num_groups, group_topk=router.config.moe_router_group_topk,
+                    scaling_factor=router.config.moe_router_topk_scaling_factor, score_function=router.score_function,
+                    expert_bias=router.expert_bias, router_replay=None,
+                )  # fmt: skip
+            finally:
+                replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+            given = output[1]
+            padding = args[1] if len(args) > 1 else None
+            real = torch.ones(given.shape[0], dtype=torch.bool, device=given.device)
+            if padding is not None:
+                real = ~padding.reshape(-1)
+            self.agreement += torch.tensor(
+                [float((own & given)[real].sum()), float(given[real].sum())], dtype=torch.float64
+            )

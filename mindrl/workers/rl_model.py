@@ -48,6 +48,11 @@ PREFIX_SHARING_ENV = "MINDRL_PREFIX_SHARING"
 _SAMPLES = "prefix_samples"
 """A micro-batch's meta key: rows per prefix group (absent: rows on their own)."""
 
+ROUTED_EXPERTS = "routed_experts"
+"""A batch key (routing replay, rl_config.router_replay_mode R2): [rows, P + R, MoE layers, top-k] int16, the
+experts each token's router chose in the old-logprob pass (vLLM's `routed_experts` per request: [tokens, layers,
+k]). An actor update given it routes every token by it (megatron's router replay)."""
+
 _PACKED = "packed_rows"
 """A micro-batch's meta key: its rows packed into one (`PackedRows`; absent: the rows padded to its widths)."""
 
@@ -111,6 +116,69 @@ def _padding_mask(mb: Batch) -> torch.Tensor:
         groups = valid.shape[0] // n
         valid = torch.cat([valid[::n, :p], valid[:, p:].reshape(groups, n * (valid.shape[1] - p))], 1)
     return ~valid
+
+
+def _model_cells(mb: Batch) -> tuple[torch.Tensor, int, int]:
+    """Where each cell of mb's rows goes through the model: ([rows, width] the flat index into the model's input
+    [b, s] (row-major), -1 for a padding cell that has no column there (packed rows); b; s)."""
+    rows, width = mb["input_ids"].shape
+    device = mb["input_ids"].device
+    packed = _packed(mb)
+    if packed is not None:
+        cells = torch.full((rows, width), -1, dtype=torch.long, device=device)
+        cells[mb["attention_mask"].bool()] = torch.arange(packed.real, device=device)
+        return cells, 1, packed.width
+    layout = _layout(mb)
+    if layout is not None:  # a group's rows share its prompt columns; sample j's response follows at p + j * r
+        n, p = layout.samples, layout.prompt
+        r, s = width - p, p + n * (width - p)
+        row = torch.arange(rows, device=device).view(-1, 1)
+        col = torch.arange(width, device=device).view(1, -1)
+        return (row // n) * s + torch.where(col < p, col, p + (row % n) * r + col - p), rows // n, s
+    return torch.arange(rows * width, device=device).view(rows, width), rows, width
+
+
+def _own_tokens(s: int, sp: bool) -> tuple[int, int]:
+    """The model columns [start, end) this rank's routers see: its sequence-parallel slice (sp), or all of them."""
+    tp = ps.get_tensor_model_parallel_world_size()
+    if tp == 1 or not sp:
+        return 0, s
+    rank = ps.get_tensor_model_parallel_rank()
+    return rank * s // tp, (rank + 1) * s // tp
+
+
+def _unrouted(shape: tuple[int, ...], k: int, device) -> torch.Tensor:
+    """Choices for cells no router saw (padding): experts 0 .. k - 1, distinct as a top-k's are."""
+    return torch.arange(k, device=device).expand(*shape, k).clone()
+
+
+def _replay_targets(replay, mb: Batch) -> None:
+    """mb's ROUTED_EXPERTS [rows, width, layers, k] as the routers' next targets, in their token order."""
+    routed = mb[ROUTED_EXPERTS].long()
+    layers, k = routed.shape[2:]
+    routed[~mb["attention_mask"].bool()] = torch.arange(k, device=routed.device)  # padding: any k distinct
+    cells, b, s = _model_cells(mb)
+    flat = _unrouted((b * s, layers), k, routed.device)
+    valid = cells >= 0
+    flat[cells[valid]] = routed[valid]
+    start, end = _own_tokens(s, replay.routers[0].config.sequence_parallel)
+    replay.set_targets(flat.view(b, s, layers, k).transpose(0, 1)[start:end].reshape(-1, layers, k))
+
+
+def _recorded_choices(replay, mb: Batch) -> torch.Tensor:
+    """[rows, width, layers, k] the choices the routers made for mb's cells in the forward just run."""
+    cells, b, s = _model_cells(mb)
+    got = replay.recorded()  # [this rank's tokens, layers, k], sequence-major
+    if replay.routers[0].config.sequence_parallel and ps.get_tensor_model_parallel_world_size() > 1:
+        parts = [torch.empty_like(got) for _ in range(ps.get_tensor_model_parallel_world_size())]
+        torch.distributed.all_gather(parts, got.contiguous(), group=ps.get_tensor_model_parallel_group())
+        got = torch.cat(parts)
+    layers, k = got.shape[1:]
+    flat = got.view(s, b, layers, k).transpose(0, 1).reshape(b * s, layers, k)
+    out = _unrouted((*cells.shape, layers), k, got.device)
+    valid = cells >= 0
+    out[valid] = flat[cells[valid]]
+    return out
 
 
 def _inner(model, name: str) -> torch.nn.Module | None:
@@ -425,13 +493,19 @@ def real_tokens(batch: Batch) -> int:
 
 @torch.no_grad()
 def response_logprobs(
-    model, batch: Batch, micro_batch_size: int | MicroBatching, temperature: float
-) -> torch.Tensor | None:
-    """(rows, R) logprob of each response token under softmax(logits / temperature); None off the last stage."""
+    model, batch: Batch, micro_batch_size: int | MicroBatching, temperature: float, record_routing: bool = False
+) -> torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor]:
+    """(rows, R) logprob of each response token under softmax(logits / temperature); None off the last stage.
+    record_routing (a MoE model): also the experts each token's routers chose, as the batch's ROUTED_EXPERTS
+    [rows, P + R, MoE layers, k] (returned as a pair)."""
+    recorded: list[tuple[torch.Tensor, int]] = []
+    replay = _replay_for(model, "record") if record_routing else None
 
     def step(data_iterator, model):
         mb = next(data_iterator)
         output, sliced = _forward(model, mb)
+        if replay is not None:
+            recorded.append((_recorded_choices(replay, mb).cpu(), mb.meta["prompt_length"]))
 
         def collect(output_tensor, non_loss_data=True):
             lp, _ = _token_logprobs(output_tensor, mb, sliced, temperature)
@@ -439,7 +513,44 @@ def response_logprobs(
 
         return output, collect
 
-    return _forward_only(model, batch, micro_batch_size, step)
+    if replay is None:
+        return _forward_only(model, batch, micro_batch_size, step)
+    plans: list[_Plan] = []
+    with replay:
+        lp = _forward_only(model, batch, micro_batch_size, step, plans)
+    return lp, _routing_table(batch, plans[0], recorded)
+
+
+def _replay_for(model, mode: str):
+    """`RoutingReplay` on the model's routers, where mindrl can lay the tokens out for them (not across pipeline
+    stages or context-parallel chunks, nor with activation recompute, which would route again in the backward)."""
+    from mindrl.models.moe import RoutingReplay
+
+    config = get_model_config(model)
+    if not config.num_moe_experts:
+        raise ValueError("routing replay needs a mixture-of-experts model; this one has no routers")
+    if ps.get_pipeline_model_parallel_world_size() > 1 or cp_size() > 1:
+        raise ValueError("routing replay (rl_config.router_replay_mode) is not built for pipeline or context "
+                         "parallelism (actor_config.pipeline_model_parallel_size / context_parallel_size > 1)")  # fmt: skip
+    if config.recompute_granularity is not None:
+        raise ValueError("routing replay (rl_config.router_replay_mode) with activation recompute is not built")
+    return RoutingReplay(model, mode)
+
+
+def _routing_table(batch: Batch, plan: _Plan, recorded: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The micro-batches' recorded choices ([rows, P' + R', layers, k], P') put back at the batch's rows and
+    columns: [rows, P + R, layers, k] int16 (a micro-batch's column j is the batch's P - P' + j)."""
+    p, width = batch.meta["prompt_length"], batch["input_ids"].shape[1]
+    layers, k = recorded[0][0].shape[2:]
+    table = _unrouted((len(batch), width, layers), k, "cpu")
+    start = 0
+    for got, mb_p in recorded:
+        rows = plan.order[start : start + got.shape[0]]
+        start += got.shape[0]
+        cols = torch.arange(got.shape[1]) + p - mb_p
+        keep = (cols >= 0) & (cols < width)
+        table[rows.view(-1, 1), cols[keep].view(1, -1)] = got[:, keep]
+    return table.to(torch.int16)
 
 
 @torch.no_grad()
@@ -458,8 +569,12 @@ def response_values(model, batch: Batch, micro_batch_size: int | MicroBatching) 
     return _forward_only(model, batch, micro_batch_size, step)
 
 
-def _forward_only(model, batch: Batch, micro_batch_size: int | MicroBatching, step) -> torch.Tensor | None:
+def _forward_only(
+    model, batch: Batch, micro_batch_size: int | MicroBatching, step, plans: list | None = None
+) -> torch.Tensor | None:
     plan = _plan(model, batch, micro_batch_size)
+    if plans is not None:
+        plans.append(plan)
     was_training = model.training
     model.eval()
     try:
@@ -618,6 +733,7 @@ def ppo_update(
     router = torch.zeros(2, dtype=torch.float64)  # load-balancing loss over this rank's micro-batches, their count
     take_load_balancing_loss()  # forward-only passes track nothing in eval; drop anything left from elsewhere
     expert_load = ExpertLoad(ddp, config.num_layers, config.num_moe_experts) if config.num_moe_experts else None
+    replay = _replay_for(ddp, "replay") if role == "actor" and ROUTED_EXPERTS in shard else None
     ddp.train()
     minis = shard.split(num_mini_batches)
     if settings.shuffle_mini_batch and num_mini_batches > 1:
@@ -642,12 +758,15 @@ def ppo_update(
 
             def step(data_iterator, model, _n=len(plan.micro), _agg=agg):
                 mb = next(data_iterator)
+                if replay is not None:
+                    _replay_targets(replay, mb)
                 output, sliced = _forward(model, mb)
                 return output, partial(loss_fn, mb, settings, _agg, _n, sliced)
 
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
-            outs = _schedule(ddp, plan.micro, step, forward_only=False)
+            with replay if replay is not None else nullcontext():
+                outs = _schedule(ddp, plan.micro, step, forward_only=False)
             if moe_layers:
                 router += torch.tensor([take_load_balancing_loss(), float(len(plan.micro))], dtype=torch.float64)
             local: dict[str, float] = {}
@@ -683,6 +802,12 @@ def ppo_update(
     metrics[f"{role}/skipped_updates"] = float(skipped)
     if moe_layers:
         metrics["actor/moe_load_balancing_loss"] = _router_loss_mean(router, moe_layers)
+    if replay is not None:  # how often the routers' own choice was the replayed one, over the model's world
+        agree = replay.agreement.to(current_platform().device())
+        if ps.get_tensor_model_parallel_rank() != 0 and not config.sequence_parallel:
+            agree.zero_()
+        torch.distributed.all_reduce(agree)
+        metrics["actor/moe_replay_agreement"] = float(agree[0] / max(float(agree[1]), 1.0))
     if expert_load is not None:
         expert_load.close()
         metrics.update(expert_load_metrics(_routed_tokens(expert_load.counts, config), role))

@@ -346,3 +346,37 @@ def test_engine_weight_names_are_the_checkpoints(moe_hf):
     names, required, _ = hf_weight_names(AutoConfig.from_pretrained(moe_hf))
     assert names == required == set(expected_hf_names(ModelSpec.from_hf_dir(moe_hf)))
     assert "model.layers.2.mlp.experts.7.down_proj.weight" in names
+
+
+def test_routing_replay(saved_tp2, get_pool, layout_grads):
+    """Routing replay (R2, rl_config.router_replay_mode): the old-logprob pass records each token's experts in the
+    batch's layout (the same table whether its micro-batches are padded at TP1 or packed at TP2 x EP2), and an
+    update given that table routes by it: replaying the recorded choices trains exactly as the router's own
+    routing does (gradients within TP1's fp32 gap, every choice the router's own), and choices moved by one
+    expert change the gradients far beyond it (the replay is what routes)."""
+    from mindrl.workers.rl_model import ROUTED_EXPERTS
+
+    batch = moe_rl_batch()
+    tables, runs = {}, {}
+    for name, tp, ep, packed, shift in (("tp1", 1, 1, False, 0), ("tp2ep2_shifted", 2, 2, True, 1)):
+        results = get_pool().run(moe_rank_fns.moe_replay_rank, saved_tp2, tp, ep, batch, TRAIN_LOSS, AUX, packed,
+                                 shift)  # fmt: skip
+        table = torch.full((len(batch), batch["input_ids"].shape[1], 2, 2), -1, dtype=torch.int16)
+        grads: dict[str, torch.Tensor] = {}
+        for r in results:
+            table[torch.as_tensor(r["rows"])] = r["routed"]
+            for k, v in (r["grads"] or {}).items():
+                grads.setdefault(k, v.double())
+        tables[name], runs[name] = table, {"grads": grads, "metrics": results[0]["metrics"]}
+    real = batch["attention_mask"].bool()
+    assert ROUTED_EXPERTS == "routed_experts" and tables["tp1"].shape == (8, 17, 2, 2)
+    assert torch.equal(tables["tp1"][real], tables["tp2ep2_shifted"][real])
+    assert ((tables["tp1"][real] >= 0) & (tables["tp1"][real] < 8)).all()
+    gap = _max_diff(layout_grads["tp1"]["grads"], layout_grads["tp1_fp64"]["grads"])
+    own = _max_diff(runs["tp1"]["grads"], layout_grads["tp1"]["grads"])
+    moved = _max_diff(runs["tp2ep2_shifted"]["grads"], layout_grads["tp2ep2"]["grads"])
+    agree = {n: r["metrics"]["actor/moe_replay_agreement"] for n, r in runs.items()}
+    print(f"replayed own choices: grads {own:.3g} from TP1's (fp32 gap {gap:.3g}); shifted by one expert: "
+          f"{moved:.3g}; agreement {agree}")  # fmt: skip
+    assert own <= 4 * gap and agree["tp1"] == 1.0
+    assert moved > 1e3 * gap and agree["tp2ep2_shifted"] < 0.5
