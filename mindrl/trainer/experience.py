@@ -26,8 +26,8 @@ CRITIC_KEYS = (*FORWARD_KEYS, "values", "returns")
 
 
 def actor_keys(batch: Batch) -> list[str]:
-    """What the actor update reads: old_log_prob and ref_log_prob where the batch has them."""
-    optional = [k for k in ("old_log_prob", "ref_log_prob") if k in batch]
+    """What the actor update reads: old_log_prob, ref_log_prob and routed_experts where the batch has them."""
+    optional = [k for k in ("old_log_prob", "ref_log_prob", "routed_experts") if k in batch]
     return [*FORWARD_KEYS, "rollout_log_prob", "advantages", *optional]
 
 

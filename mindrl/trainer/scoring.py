@@ -42,7 +42,10 @@ class Scoring:
             batch["rm_scores"] = torch.tensor(scored.model_scores, dtype=torch.float32)
         if not self.on_policy:
             with timed(timing, "timing/old_log_p"):
-                batch["old_log_prob"] = self.actor.compute_log_prob(fwd, reference=False).tensor
+                old = self.actor.compute_log_prob(fwd, reference=False)
+                batch["old_log_prob"] = old.tensor
+                if old.routed_experts is not None:  # routing replay (R2): the update routes by them
+                    batch["routed_experts"] = old.routed_experts
         if self.needs_ref and "ref_log_prob" not in batch:  # bounded: samplers may have sent them (async_sampler_ref)
             with timed(timing, "timing/reference_model"):
                 batch["ref_log_prob"] = (self.reference or self.actor).compute_log_prob(fwd, reference=True).tensor

@@ -208,6 +208,7 @@ def integrated_settings(cfg, resume: ResumePoint | None = None) -> IntegratedSet
         # engines on devices of their own (separate placement's rollout_resource): sent over the weight group
         remote_rollout=gen.rollout_mode == "server" or rl.async_mode == "bounded" or own_engines(cfg),
         profile=profile_settings(cfg),
+        router_replay=rl.router_replay_mode == "R2",
     )
 
 

@@ -162,9 +162,13 @@ class IntegratedWorker(MegatronRank):
                     self._note_held()
             else:
                 with self.actor_offloader.holding(["param"], read_only=True):
-                    lp = response_logprobs(self.actor, shard, s.actor.micro_batching(True), s.loss.temperature)
+                    lp = response_logprobs(self.actor, shard, s.actor.micro_batching(True), s.loss.temperature,
+                                           record_routing=s.router_replay)  # fmt: skip
                     self._note_held()
-        return self.output(LogProbs(lp, time.perf_counter() - t0))
+        routed = None
+        if isinstance(lp, tuple):
+            lp, routed = lp
+        return self.output(LogProbs(lp, time.perf_counter() - t0, routed))
 
     @register(Dispatch.DP_OUTPUT)
     def update_actor(self, shard: Batch | None, num_mini_batches: int, epochs: int) -> UpdateResult | None:

@@ -34,7 +34,23 @@ class RowTensor:
 
 @dataclass
 class LogProbs(RowTensor):
-    """(rows, R) logprob of each response token (0 on padding), under the actor or the reference model."""
+    """(rows, R) logprob of each response token (0 on padding), under the actor or the reference model; with
+    routing replay (R2) the old-logprob pass's routed_experts [rows, P + R, MoE layers, k] too."""
+
+    routed_experts: torch.Tensor | None = None
+
+    @classmethod
+    def gather(cls, parts: Sequence[tuple[Sequence[int], LogProbs]], num_rows: int) -> LogProbs:
+        import torch
+
+        out = super().gather(parts, num_rows)
+        first = parts[0][1].routed_experts
+        if first is not None:
+            routed = first.new_zeros((num_rows, *first.shape[1:]))
+            for rows, part in parts:
+                routed[torch.as_tensor(rows)] = part.routed_experts
+            out.routed_experts = routed
+        return out
 
 
 @dataclass

@@ -134,6 +134,9 @@ class IntegratedSettings:
     here; `push_weights` / `export_weights` / `send_weights` stream the weights to it."""
     profile: ProfileSettings | None = None
     """Stages to profile (profiler_config); None: none."""
+    router_replay: bool = False
+    """rl_config.router_replay_mode R2: the old-logprob pass records the routers' choices (`LogProbs.
+    routed_experts`) for the update to replay."""
 
     def ref_micro_batching(self) -> MicroBatching:
         """How the reference logprobs cut their micro-batches (packed as the actor's)."""
