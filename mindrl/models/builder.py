@@ -23,7 +23,7 @@ from mindrl.models.attention import MLASDPAttention, SDPAttention
 from mindrl.models.fused import SwiGLU, install_fused_rope, rms_norm, stats_dtype
 from mindrl.models.hf_config import ModelSpec
 from mindrl.models.mla import MLASelfAttentionTP
-from mindrl.models.moe import install_fp64_routing
+from mindrl.models.moe import install_fp64_routing, install_router_padding_fix
 from mindrl.models.recompute import recompute_activations, transformer_config_keys
 from mindrl.platform.detect import current_platform
 
@@ -172,6 +172,7 @@ def build_model(
     )
     if config.num_moe_experts:
         install_fp64_routing()
+        install_router_padding_fix()
     critic = role == "critic"
     model = GPTModel(
         config=config,

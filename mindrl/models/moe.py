@@ -47,6 +47,24 @@ def install_fp64_routing() -> None:
     router.topk_routing_with_score_function = routing
 
 
+def _apply_expert_bias(router, routing_map: torch.Tensor, padding_mask: torch.Tensor | None = None) -> None:
+    """megatron-core 0.16's TopKRouter._apply_expert_bias with the padding mask ([tokens], True on padding) taken
+    per token: megatron's own ANDs it with the [tokens, experts] routing map as is, which fails to broadcast (or,
+    with as many tokens as experts, masks experts instead of tokens)."""
+    if router.enable_expert_bias and torch.is_grad_enabled():
+        with torch.no_grad():
+            if padding_mask is not None:
+                routing_map = routing_map & ~padding_mask.reshape(-1, 1)
+            router.local_tokens_per_expert += routing_map.sum(dim=0)
+
+
+def install_router_padding_fix() -> None:
+    """Count the expert bias's tokens without padding (`_apply_expert_bias`; idempotent)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    TopKRouter._apply_expert_bias = _apply_expert_bias
+
+
 def take_load_balancing_loss() -> float:
     """The load-balancing loss megatron tracked on this rank since the last call, summed over its MoE layers and
     micro-batches (unweighted by moe_aux_loss_coeff; under sequence or context parallelism this rank's share of

@@ -280,12 +280,12 @@ def _forward(model, mb: Batch) -> tuple[torch.Tensor, bool]:
     """(the model's outputs for micro-batch mb, whether they cover the response positions only). Under context
     parallelism the model runs on this rank's columns (`CPSplit`) and the outputs are those columns'."""
     ids, position_ids, mask = _model_inputs(mb)
-    padding = _padding_mask(mb)
+    padding = _padding_mask(mb) if get_model_config(model).num_moe_experts else None
     split = _cp_split(mb)
     if split is not None:
         ids, position_ids, mask = split.local(ids, 1), split.local(position_ids, -1), split.local_mask(mask)
-        padding = split.local(padding, 1)
-    moe = moe_padding(model, padding)
+        padding = None if padding is None else split.local(padding, 1)
+    moe = {} if padding is None else moe_padding(model, padding)
     with _response_head(model, mb) as sliced, _packed_positions(model, mb):
         return model(ids, position_ids, mask, **moe), sliced
 
