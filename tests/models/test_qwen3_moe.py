@@ -380,3 +380,36 @@ def test_routing_replay(saved_tp2, get_pool, layout_grads):
           f"{moved:.3g}; agreement {agree}")  # fmt: skip
     assert own <= 4 * gap and agree["tp1"] == 1.0
     assert moved > 1e3 * gap and agree["tp2ep2_shifted"] < 0.5
+
+
+@pytest.mark.parametrize("layout", ["padded", "prefix_groups", "packed"])
+def test_replay_cells_follow_the_micro_batch_layouts(layout):
+    """Routing replay's map from a micro-batch's cells to the model's input columns (`rl_model._model_cells`), and
+    the padding mask the routers get: every real token's cell points at the model column holding that token, for
+    padded rows, prefix groups (2 prompts x 2 samples sharing them) and packed rows; padding is marked as such."""
+    from mindrl.models.packing import pack_rows
+    from mindrl.workers import rl_model
+
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 1000, (n,), generator=g).tolist() for n in (3, 5)]
+    prompts = [prompts[0], prompts[0], prompts[1], prompts[1]]  # each prompt's 2 samples follow it
+    responses = [torch.randint(1, 1000, (n,), generator=g).tolist() for n in (4, 2, 6, 1)]
+    prompt_ids, prompt_mask = pad_rows(prompts, pad=0, left=True)
+    response_ids, response_mask = pad_rows(responses, pad=0, left=False)
+    mb = Batch({"input_ids": torch.cat([prompt_ids, response_ids], 1),
+                "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+                "responses": response_ids, "response_mask": response_mask},
+               meta={"prompt_length": prompt_ids.shape[1]})  # fmt: skip
+    if layout == "prefix_groups":
+        mb.meta[rl_model._SAMPLES] = 2
+    elif layout == "packed":
+        mb.meta[rl_model._PACKED] = pack_rows(mb["input_ids"], mb["attention_mask"], prompt_ids.shape[1], 4)
+    ids = rl_model._model_inputs(mb)[0]
+    cells, b, s = rl_model._model_cells(mb)
+    assert ids.shape == (b, s) and cells.shape == mb["input_ids"].shape
+    real = mb["attention_mask"].bool()
+    assert (cells[real] >= 0).all()
+    assert torch.equal(ids.flatten()[cells[real]], mb["input_ids"][real])
+    padding = rl_model._padding_mask(mb)
+    assert padding.shape == (b, s) and not padding.flatten()[cells[real]].any()
+    assert int((~padding).sum()) == (int(real.sum()) if layout != "prefix_groups" else 3 + 4 + 2 + 5 + 6 + 1)
