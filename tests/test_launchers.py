@@ -92,16 +92,19 @@ def test_sigterm_stops_the_launchers_own_ray(tmp_path):
 
 
 def _start_foreign_ray(log, port: int) -> subprocess.Popen:
-    """A Ray head this test starts on other ports (not the launcher's): it must survive the launchers."""
+    """A Ray head this test starts on other ports (not the launcher's): it must survive the launchers. It starts
+    beside the launchers (its start takes ~15 s of wall); _wait_started says when it runs."""
     cmd = [RAY, "start", "--head", "--block", "--disable-usage-stats", "--include-dashboard=false",
            "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
            "--ray-client-server-port", str(free_port()), "--object-store-memory", str(128 * 1024 * 1024)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_started(proc: subprocess.Popen, log, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
     while "Ray runtime started" not in open(log.name).read():
         assert proc.poll() is None and time.monotonic() < deadline, open(log.name).read()
         time.sleep(0.5)
-    return proc
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -133,31 +136,38 @@ def test_two_node_loopback_cluster(assets, tmp_path):  # noqa: F811
     common = dict(NODE_IPS="127.0.0.1 127.0.0.2", JOIN_TIMEOUT="120", HEAD_GONE_GRACE="3",
                   MINDRL_RUNTIME_ENV=str(env_file))  # fmt: skip
     foreign_log = open(tmp_path / "foreign.log", "w")
-    worker_log = open(tmp_path / "worker.log", "w")
+    worker_log, head_log = open(tmp_path / "worker.log", "w"), open(tmp_path / "head.log", "w")
     foreign_port = free_port()
     foreign = _start_foreign_ray(foreign_log, foreign_port)
-    worker = None
+    worker = head = None
     try:
         worker = subprocess.Popen(["bash", "examples/ray_train.sh", "ppo_tiny_cpu"], cwd=ROOT, stdout=worker_log,
                                   stderr=subprocess.STDOUT, env=_cluster_env(port, CURRENT_IP="127.0.0.2", **common))  # fmt: skip
-        head = subprocess.run(["bash", "examples/ray_train.sh", "ppo_tiny_cpu", *overrides], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=400,
-                              env=_cluster_env(port, CURRENT_IP="127.0.0.1", **common))  # fmt: skip
-        assert head.returncode == 0, head.stdout[-6000:]
+        head = subprocess.Popen(["bash", "examples/ray_train.sh", "ppo_tiny_cpu", *overrides], cwd=ROOT,
+                                stdout=head_log, stderr=subprocess.STDOUT,
+                                env=_cluster_env(port, CURRENT_IP="127.0.0.1", **common))  # fmt: skip
+        # the foreign head runs before the launchers stop theirs (the training takes a minute)
+        _wait_started(foreign, foreign_log)
+        head.wait(timeout=400)
+        head_out = open(head_log.name).read()
+        assert head.returncode == 0, head_out[-6000:]
         assert worker.wait(timeout=120) == 0, open(worker_log.name).read()[-4000:]
         worker_out = open(worker_log.name).read()
         assert "joined the Ray cluster at 127.0.0.1" in worker_out and "the head at 127.0.0.1" in worker_out
-        assert "all 2 node(s) joined with 2 CPU device(s)" in head.stdout
-        placement = re.search(r"placement: rank->node 0->(\S+) 1->(\S+) \((\d) node\(s\)\)", head.stdout)
-        assert placement, head.stdout[-6000:]
+        assert "all 2 node(s) joined with 2 CPU device(s)" in head_out
+        placement = re.search(r"placement: rank->node 0->(\S+) 1->(\S+) \((\d) node\(s\)\)", head_out)
+        assert placement, head_out[-6000:]
         assert placement.group(3) == "2" and "127.0.0.2" in placement.groups()[:2], placement.group(0)
-        assert "from " + str(env_file) in head.stdout  # the trainer read the launcher's runtime env file
+        assert "from " + str(env_file) in head_out  # the trainer read the launcher's runtime env file
         lines = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
         assert [m["iteration"] for m in lines] == [1] and lines[0]["actor/skipped_updates"] == 0
         # The foreign Ray head (not the launcher's) is alive: the launchers stopped only their own nodes.
         assert foreign.poll() is None, open(foreign_log.name).read()
         socket.create_connection(("127.0.0.1", foreign_port), timeout=5).close()  # its GCS still answers
     finally:
+        if head is not None and head.poll() is None:
+            head.send_signal(signal.SIGTERM)
+            head.wait(timeout=90)
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=90)

@@ -43,7 +43,8 @@ def _prompts(tok) -> list[list[int]]:
 
 
 def _generate(tok, model, prompts: list[list[int]], max_new: int, sample: bool, n: int = 1, seed: int = 0):
-    """Per prompt, n responses (token ids, ending at the end token or max_new)."""
+    """Per prompt, n responses (token ids, ending at the end token or max_new), and per response the model's log-prob
+    of each of its tokens (fp64 log-softmax of the logits it sampled from)."""
     import torch
 
     torch.manual_seed(seed)
@@ -55,22 +56,33 @@ def _generate(tok, model, prompts: list[list[int]], max_new: int, sample: bool, 
     kw = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
     with torch.no_grad():
         out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                             eos_token_id=tok.eos_token_id, **kw)  # fmt: skip
-    responses = []
-    for row in out[:, width:].tolist():
+                             eos_token_id=tok.eos_token_id, return_dict_in_generate=True, output_logits=True, **kw)  # fmt: skip
+    responses, logprobs = [], []
+    for i, row in enumerate(out.sequences[:, width:].tolist()):
         if tok.eos_token_id in row:
             row = row[: row.index(tok.eos_token_id) + 1]
         responses.append(row)
-    return responses
+        logits = torch.stack([step[i] for step in out.logits[: len(row)]]).double()
+        logprobs.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(row)[:, None])[:, 0])
+    return responses, logprobs
 
 
-def _logprobs(model, prompt: list[int], response: list[int]):
+def _logprobs(model, prompts: list[list[int]], responses: list[list[int]], chunk: int = 4):
+    """Per (prompt, response), the model's log-prob of each response token: right-padded batches (positions from 0,
+    as in a single sequence; the causal mask keeps the padding after a row out of its tokens)."""
     import torch
 
-    x = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(input_ids=x).logits[0, len(prompt) - 1 : -1].double()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    out = []
+    for start in range(0, len(responses), chunk):
+        rows = [p + r for p, r in zip(prompts[start : start + chunk], responses[start : start + chunk])]
+        width = max(len(r) for r in rows)
+        x = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        with torch.no_grad():
+            logits = model(input_ids=x).logits
+        for j, (p, r) in enumerate(zip(prompts[start : start + chunk], responses[start : start + chunk])):
+            scores = logits[j, len(p) - 1 : len(p) + len(r) - 1].double()
+            out.append(torch.log_softmax(scores, -1).gather(-1, torch.tensor(r)[:, None])[:, 0])
+    return out
 
 
 def check(base: str, tuned: str, max_new: int = 64, samples: int = 4) -> dict:
@@ -83,14 +95,13 @@ def check(base: str, tuned: str, max_new: int = 64, samples: int = 4) -> dict:
     answers = {}
     for name, model in (("base", base_model), ("tuned", tuned_model)):
         answers[name] = tok.batch_decode(
-            _generate(tok, model, prompts, max_new, sample=False), skip_special_tokens=True
+            _generate(tok, model, prompts, max_new, sample=False)[0], skip_special_tokens=True
         )
-    drawn = _generate(tok, base_model, prompts, max_new, sample=True, n=samples, seed=0)
-    total, tokens = 0.0, 0
-    for j, response in enumerate(drawn):
-        prompt = prompts[j // samples]
-        diff = _logprobs(base_model, prompt, response) - _logprobs(tuned_model, prompt, response)
-        total, tokens = total + float(diff.sum()), tokens + len(response)
+    # the base's log-probs from its own sampling; the tuned model's on the same tokens
+    drawn, base_lp = _generate(tok, base_model, prompts, max_new, sample=True, n=samples, seed=0)
+    tuned_lp = _logprobs(tuned_model, [prompts[j // samples] for j in range(len(drawn))], drawn)
+    total = sum(float((b - t).sum()) for b, t in zip(base_lp, tuned_lp))
+    tokens = sum(len(r) for r in drawn)
     rows = []
     for (q, pattern), a, b in zip(INSTRUCTIONS, answers["base"], answers["tuned"]):
         rows.append({"instruction": q, "base": a, "tuned": b, "base_ok": bool(re.search(pattern, a, re.I)),

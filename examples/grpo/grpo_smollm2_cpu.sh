@@ -157,47 +157,48 @@ stamp "6/7 export to HF, evaluate the exported directory (mindrl-eval: standard 
 "$PY" -m mindrl.cli.convert mcore2hf --load-dir "$OUT/ckpt/$ACTOR" --save-dir "$OUT/ckpt/$ACTOR_HF" --overwrite
 # the run's config and overrides give the evaluation's settings; --hf-dir, the exported model, is what is evaluated
 EVAL=("$PY" -m mindrl.cli.eval -cn "$CONFIG" "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
-"${EVAL[@]}" --hf-dir "$OUT/ckpt/$ACTOR_HF" --out "$RUN_DIR/exported_$VAL_SET.jsonl" | tee "$RUN_DIR/exported_$VAL_SET.log"
-"${EVAL[@]}" --hf-dir "$OUT/ckpt/$ACTOR_HF" --data "$OUT/raw/$OTHER_SET.json" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" \
-    | tee "$RUN_DIR/exported_$OTHER_SET.log"
+# both splits in one mindrl-eval (one engine start): the run's own (preprocessed) and the other (raw JSON)
+SPLIT_DATA=(--data "$OUT/data/$VAL_SET" --data "$OUT/raw/$OTHER_SET.json")
+"${EVAL[@]}" --hf-dir "$OUT/ckpt/$ACTOR_HF" "${SPLIT_DATA[@]}" \
+    --out "$RUN_DIR/exported_$VAL_SET.jsonl" --out "$RUN_DIR/exported_$OTHER_SET.jsonl" | tee "$RUN_DIR/exported.log"
 # the untuned model on both splits (GRPO's first evaluation is of the SFT model): once per data and settings
 BASE_KEY=$(echo "$(cat "$OUT/raw/"*args.txt) ${VAL_PROMPTS:-} ${OVERRIDES[*]-}" | md5sum | cut -c1-8)
-for SPLIT in "$VAL_SET" "$OTHER_SET"; do
-    BASE_LOG="$OUT/base_eval_${SPLIT}_$BASE_KEY.log"
-    if [[ ! -s "$BASE_LOG" ]]; then
-        DATA=(); [[ "$SPLIT" == "$OTHER_SET" ]] && DATA=(--data "$OUT/raw/$OTHER_SET.json")
-        "${EVAL[@]}" --hf-dir "$HF" ${DATA[@]+"${DATA[@]}"} --out "${BASE_LOG%.log}.jsonl" > "$BASE_LOG.partial"
-        mv "$BASE_LOG.partial" "$BASE_LOG"
-    fi
-done
+BASE_LOG="$OUT/base_eval_${VAL_SET}_$BASE_KEY.log"
+if [[ ! -s "$BASE_LOG" ]]; then
+    "${EVAL[@]}" --hf-dir "$HF" "${SPLIT_DATA[@]}" \
+        --out "$OUT/base_eval_${VAL_SET}_$BASE_KEY.jsonl" --out "$OUT/base_eval_${OTHER_SET}_$BASE_KEY.jsonl" \
+        > "$BASE_LOG.partial"
+    mv "$BASE_LOG.partial" "$BASE_LOG"
+fi
 "$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --json "$RUN_DIR/general_check.json"
 
 stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
 echo "recipe done in $(( $(date +%s) - START )) s"
-"$PY" - "$RUN_DIR" "$TRAIN_S" "$SFT_S" "$OUT/base_eval_%s_$BASE_KEY.log" "$OUT" "$VAL_SET" "$OTHER_SET" "$ACTOR" "$ACTOR_HF" <<'PYEOF'
+"$PY" - "$RUN_DIR" "$TRAIN_S" "$SFT_S" "$BASE_LOG" "$OUT" "$VAL_SET" "$OTHER_SET" "$ACTOR" "$ACTOR_HF" <<'PYEOF'
 import json, re, sys
 run_dir, train_s, sft_s, base_log, out, val_set, other_set, actor, actor_hf = sys.argv[1:10]
 names = {"heldout": "held-out arithmetic (another generator)", "test": "the training generator's test split"}
 rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
 val = [(r["iteration"], r["val/gsm8k/mean"]) for r in rows if "val/gsm8k/mean" in r]
 iters = [r for r in rows if "timing/all" in r]
-def figure(log):
-    line = next(x for x in open(log) if x.startswith("gsm8k: greedy "))
-    acc, n, how = re.match(r"gsm8k: greedy (\S+) over (\d+) prompts.*\((.*)\)$", line.strip()).groups()
+def figure(log, split):  # mindrl-eval's figure for the split: the first --data set is val_set's, the second the other
+    lines = [x.strip() for x in open(log) if x.startswith("gsm8k: greedy ")]
+    acc, n, how = re.match(r"gsm8k: greedy (\S+) over (\d+) prompts.*\((.*)\)$", lines[split != val_set]).groups()
     return float(acc), int(n), how
 print("held-out greedy accuracy in training (gsm8k, standard decoding) by iteration: "
       + ", ".join(f"{i}: {a:.3f}" for i, a in val))
 print(f"training: {sft_s} s in mindrl-sft, {len(iters)} GRPO iterations, {sum(r['timing/all'] for r in iters):.0f} s "
       f"of iterations ({train_s} s in mindrl-train)")
-other, base = figure(f"{run_dir}/exported_{other_set}.log"), figure(base_log % other_set)
+exported = f"{run_dir}/exported.log"
+other, base = figure(exported, other_set), figure(base_log, other_set)
 print(f"{names[other_set]}, first {other[1]}: untuned {base[0]:.3f} -> exported {other[0]:.3f} ({other[2]})")
 general = json.load(open(f"{run_dir}/general_check.json"))
 print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
       f"answers kept {general['kept']}/{general['total']} (run dir: general_check.json)")
-acc, n, how = figure(f"{run_dir}/exported_{val_set}.log")
+acc, n, how = figure(exported, val_set)
 print(f"actor checkpoint: {out}/ckpt/{actor}")
 print(f"run dir: {run_dir}")
 print(f"exported model {out}/ckpt/{actor_hf}: {names[val_set]} accuracy {acc:.3f} over {n} problems (untuned "
-      f"{figure(base_log % val_set)[0]:.3f}, GRPO start {val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
+      f"{figure(base_log, val_set)[0]:.3f}, GRPO start {val[0][1]:.3f}, in training {val[-1][1]:.3f}; {how})")
 PYEOF

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "architecture (see mindrl-convert mcore2hf)")  # fmt: skip
     add(src, "--tokenizer", help="HF tokenizer directory (default: the checkpoint's own)")
     d = p.add_argument_group("data")
-    add(d, "--data", help="a .json / .jsonl / .parquet file (or a directory of them) of DeepScaleR-style rows, or a "
-        "mindrl-preprocess output_prefix (with labels); required")  # fmt: skip
+    add(d, "--data", action="append", help="a .json / .jsonl / .parquet file (or a directory of them) of "
+        "DeepScaleR-style rows, or a mindrl-preprocess output_prefix (with labels); required. Given again (--data A "
+        "--data B): each set evaluated by the same engine (one start), each with its own --out")  # fmt: skip
     d.add_argument("--prompt-type", help="raw data: chat template (configs/model/templates.json) (default: the "
                    "tokenizer's own chat template, system prompt included: the prompt_type that renders it)")  # fmt: skip
     d.add_argument("--prompt-key", default="problem", help="raw data: the field holding the prompt")
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("engine")
     add(e, "--dtype", choices=["float32", "bfloat16", "float16"])
     add(e, "--max-num-seqs", type=int, help="sequences the engine decodes at once")
-    e.add_argument("--out", help="responses JSONL (default: eval_responses.jsonl next to the checkpoint)")
+    e.add_argument("--out", action="append", help="responses JSONL (default: eval_responses.jsonl next to the "
+                   "checkpoint); one per --data, in their order")  # fmt: skip
     return p
 
 
@@ -150,6 +152,12 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
                 setattr(args, dest, [])
     if args.data is None:
         raise EvalInputError("--data is required (or --config-name with rl_config.val_data_path)")
+    if isinstance(args.data, str):  # the config's rl_config.val_data_path
+        args.data = [args.data]
+    if args.out is not None and len(args.out) != len(args.data):
+        raise EvalInputError(f"--out: {len(args.out)} paths for {len(args.data)} --data sets (one each)")
+    if args.out is None and len(args.data) > 1:
+        raise EvalInputError(f"--out: {len(args.data)} --data sets need one responses path each")
     return args
 
 
@@ -159,22 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     fast_exit()  # no final garbage collection at exit
     args = build_parser().parse_intermixed_args(argv)
     try:
-        metrics, out = run(resolve_defaults(args))
+        results = run(resolve_defaults(args))
     except (EvalInputError, FileNotFoundError) as e:
         print(f"mindrl-eval: error: {e}", file=sys.stderr)
         return 2
-    names = args.verifier
-    print(json.dumps(metrics, sort_keys=True))
-    for name in names:
-        print(f"{name}: greedy {metrics.get(f'val/{name}/mean', 0.0):.4f} over {int(metrics['val/num_prompts'])} "
-              "prompts" + "".join(f", {k.rsplit('/', 1)[1]} {v:.4f}" for k, v in metrics.items()
-                                  if k.startswith(f"val/{name}/pass@")) + f" ({args.protocol_label})")  # fmt: skip
-    print(f"responses: {out}")
+    for data, metrics, out in results:
+        if len(results) > 1:
+            print(f"data: {data}")
+        print(json.dumps(metrics, sort_keys=True))
+        for name in args.verifier:
+            print(f"{name}: greedy {metrics.get(f'val/{name}/mean', 0.0):.4f} over {int(metrics['val/num_prompts'])} "
+                  "prompts" + "".join(f", {k.rsplit('/', 1)[1]} {v:.4f}" for k, v in metrics.items()
+                                      if k.startswith(f"val/{name}/pass@")) + f" ({args.protocol_label})")  # fmt: skip
+        print(f"responses: {out}")
     return 0
 
 
-def run(args: argparse.Namespace) -> tuple[dict[str, float], str]:
-    """Check the arguments, get an HF dir (converting a megatron checkpoint), evaluate; (metrics, responses path)."""
+def run(args: argparse.Namespace) -> list[tuple[str, dict[str, float], str]]:
+    """Check the arguments, get an HF dir (converting a megatron checkpoint), evaluate each --data set with one
+    engine; per set (data, metrics, responses path)."""
     from mindrl.config.settings import SamplingConfig
     from mindrl.rewards.verifiers import get_verifier
 
@@ -187,46 +198,54 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], str]:
     weights = args.verifier_weight or [1.0] * len(args.verifier)
     if len(weights) != len(args.verifier):
         raise EvalInputError(f"--verifier-weight: {len(weights)} weights for {len(args.verifier)} verifiers")
+    results = []
     with tempfile.TemporaryDirectory(prefix="mindrl-eval-") as tmp:
         hf_dir = args.hf_dir or _convert(args.load_dir, args.hf_config, os.path.join(tmp, "hf"))
         tok_dir = args.tokenizer or hf_dir
         tokenizer = _tokenizer(tok_dir, "--tokenizer" if args.tokenizer else "the checkpoint")
-        data = _dataset(args, tokenizer, tok_dir, os.path.join(tmp, "data"))
         from mindrl.trainer.evaluation import EvalSettings, evaluate, load_eval_set, protocol_label, write_rows
 
-        try:
-            eval_set = load_eval_set(data, args.max_prompt_length, args.max_prompts)
-        except ValueError as e:
-            raise EvalInputError(f"--data {args.data}: {e}") from None
-        if not any(eval_set.labels):
-            raise EvalInputError(f"--data {args.data}: no labels (reference answers); preprocess with labels")
+        eval_sets = []  # every set read and checked before the engine starts
+        for i, path in enumerate(args.data):
+            data = _dataset(path, args, tokenizer, tok_dir, os.path.join(tmp, f"data{i}"))
+            try:
+                eval_set = load_eval_set(data, args.max_prompt_length, args.max_prompts)
+            except ValueError as e:
+                raise EvalInputError(f"--data {path}: {e}") from None
+            if not any(eval_set.labels):
+                raise EvalInputError(f"--data {path}: no labels (reference answers); preprocess with labels")
+            eval_sets.append(eval_set)
         ends = _end_tokens(tokenizer)
         sampling = SamplingConfig(max_tokens=args.max_tokens, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                                   stop=args.stop, detokenize=bool(args.stop),
                                   stop_token_ids=sorted(set(args.stop_token_ids) | set(ends)))  # fmt: skip
         args.protocol_label = protocol_label(sampling, ends)
         settings = EvalSettings(tuple(args.verifier), args.n_samples, args.temperature, args.seed)
-        engine = _engine(args, hf_dir, tok_dir, max(len(p) for p in eval_set.prompts))
+        engine = _engine(args, hf_dir, tok_dir, max(len(p) for s in eval_sets for p in s.prompts))
         try:
-            t0 = time.perf_counter()
-            result = evaluate(
-                eval_set,
-                sampling,
-                settings,
-                lambda prompts, params, seeds: engine.generate(prompts, params, seeds),
-                _scorer(tokenizer, args.verifier, weights, args.verifier_timeout),
-                tokenizer,
-            )
-            print(f"[mindrl-eval] {len(result.rows)} responses in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            for path, eval_set in zip(args.data, eval_sets):
+                t0 = time.perf_counter()
+                result = evaluate(
+                    eval_set,
+                    sampling,
+                    settings,
+                    lambda prompts, params, seeds: engine.generate(prompts, params, seeds),
+                    _scorer(tokenizer, args.verifier, weights, args.verifier_timeout),
+                    tokenizer,
+                )
+                print(f"[mindrl-eval] {path}: {len(result.rows)} responses in {time.perf_counter() - t0:.1f} s",
+                      file=sys.stderr)  # fmt: skip
+                results.append((path, result))
         finally:
             engine.shutdown()
             from mindrl.rewards import shutdown_shared_pool
 
             shutdown_shared_pool()
     source = args.hf_dir or args.load_dir
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(source)), "eval_responses.jsonl")
-    write_rows(out, result.rows)
-    return result.metrics, out
+    outs = args.out or [os.path.join(os.path.dirname(os.path.abspath(source)), "eval_responses.jsonl")]
+    for (_, result), out in zip(results, outs):
+        write_rows(out, result.rows)
+    return [(path, result.metrics, out) for (path, result), out in zip(results, outs)]
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -247,8 +266,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise EvalInputError(f"--max-prompts must be >= 1, got {args.max_prompts}")
     if not args.temperature > 0:
         raise EvalInputError(f"--temperature (of the pass@k samples) must be > 0, got {args.temperature}")
-    if not os.path.exists(args.data) and not _is_preprocessed(args.data):
-        raise EvalInputError(f"--data {args.data!r}: no such file or directory, nor a preprocessed dataset prefix")
+    for path in args.data:
+        if not os.path.exists(path) and not _is_preprocessed(path):
+            raise EvalInputError(f"--data {path!r}: no such file or directory, nor a preprocessed dataset prefix")
+    if len(set(args.out or [])) < len(args.out or []):
+        raise EvalInputError(f"--out: the same path twice ({' '.join(args.out)}): each --data set needs its own")
 
 
 def _is_preprocessed(path: str) -> bool:
@@ -309,10 +331,11 @@ def own_prompt_type(tokenizer) -> str:
     )
 
 
-def _dataset(args: argparse.Namespace, tokenizer, tok_dir: str, tmp_prefix: str) -> str:
-    """A preprocessed prefix: --data itself, or --data tokenised into `tmp_prefix` (strict: a bad row is an error)."""
-    if _is_preprocessed(args.data):
-        return args.data
+def _dataset(path: str, args: argparse.Namespace, tokenizer, tok_dir: str, tmp_prefix: str) -> str:
+    """A preprocessed prefix: `path` (one --data) itself, or `path` tokenised into `tmp_prefix` (strict: a bad row is
+    an error)."""
+    if _is_preprocessed(path):
+        return path
     if args.prompt_type is None:
         args.prompt_type = own_prompt_type(tokenizer)
         print(f"[mindrl-eval] chat template: the tokenizer's own (prompt_type {args.prompt_type})")
@@ -321,7 +344,7 @@ def _dataset(args: argparse.Namespace, tokenizer, tok_dir: str, tmp_prefix: str)
     from mindrl.data.readers import InputError
 
     cfg = PreprocessConfig(
-        input=args.data,
+        input=path,
         tokenizer_name_or_path=tok_dir,
         output_prefix=tmp_prefix,
         prompt_type=args.prompt_type,
@@ -333,9 +356,9 @@ def _dataset(args: argparse.Namespace, tokenizer, tok_dir: str, tmp_prefix: str)
         cfg.validate("mindrl-eval")
         preprocess(cfg, log=open(os.devnull, "w"))  # noqa: SIM115 (closed with the process)
     except BadRowError as e:  # every row counts: mindrl-eval skips none (the hint is mindrl-preprocess's)
-        raise EvalInputError(f"--data {args.data}: {str(e).split(' (strict=true')[0]}") from None
+        raise EvalInputError(f"--data {path}: {str(e).split(' (strict=true')[0]}") from None
     except (ConfigError, InputError, ValueError) as e:
-        raise EvalInputError(f"--data {args.data}: {e}") from None
+        raise EvalInputError(f"--data {path}: {e}") from None
     return tmp_prefix
 
 

@@ -224,6 +224,12 @@ def test_eval_bad_input_names_it(tmp_path, tiny_models, capsys):
         (["--hf-dir", good, "--data", str(bad_row), "--n-samples", "-1"], "--n-samples must be >= 0"),
         (["--hf-dir", good, "--data", str(bad_row), "rl_config.epochs=2"], "overrides need --config-name"),
         (["--hf-dir", good], "--data is required"),
+        (["--hf-dir", good, "--data", str(bad_row), "--data", str(bad_row)], "2 --data sets need one responses path"),
+        (["--hf-dir", good, "--data", str(bad_row), "--out", "a", "--out", "b"], "--out: 2 paths for 1 --data sets"),
+        (
+            ["--hf-dir", good, "--data", str(bad_row), "--data", str(bad_row), "--out", "a", "--out", "a"],
+            "the same path twice",
+        ),
         (["-cn", "grpo_tiny_cpu", "--hf-dir", good, "rl_config.epoch=2"], "rl_config.epoch"),
     ]
     for argv, named in cases:
@@ -244,7 +250,7 @@ def test_eval_defaults_come_from_a_training_config():
     args = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", "--max-tokens", "7",
                                                                    *overrides]))  # fmt: skip
     # standard decoding (the config's val_protocol): the rollout's stop string is not the user's
-    assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, [], "/data/test")
+    assert (args.max_tokens, args.n_samples, args.stop, args.data) == (7, 3, [], ["/data/test"])
     assert args.protocol == "standard" and args.stop_token_ids == []
     rollout = resolve_defaults(build_parser().parse_intermixed_args(["-cn", "grpo_smollm2_cpu", *overrides,
                                                                       "rl_config.val_protocol=rollout"]))  # fmt: skip
@@ -362,19 +368,19 @@ def test_resumed_run_evaluates_where_the_straight_run_did(eval_run, assets, tmp_
     assert (d / "eval" / "iter_0000002.jsonl").read_text() == (run_dir / "eval" / "iter_0000002.jsonl").read_text()
 
 
-def _mindrl_eval(*args: str) -> tuple[dict, list[dict]]:
+def _mindrl_eval(*args: str) -> tuple[dict, list[dict], list[str]]:
     out = subprocess.run([sys.executable, "-m", "mindrl.cli.eval", *args], capture_output=True, text=True, cwd=ROOT,
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(
         [x for x in out.stdout.splitlines() if x.startswith("{") and '"val/num_prompts"' in x][-1]
-    )  # vLLM logs to stdout
+    )  # vLLM logs to stdout; several --data sets: the last set's
     path = out.stdout.strip().splitlines()[-1].removeprefix("responses: ")
-    return metrics, [json.loads(x) for x in open(path)]
+    return metrics, [json.loads(x) for x in open(path)], [x for x in out.stdout.splitlines() if x.startswith("data: ")]
 
 
-def _same_evaluation(cli: tuple[dict, list[dict]], metrics: dict, rows: list[dict]) -> None:
-    got, got_rows = cli
+def _same_evaluation(cli: tuple, metrics: dict, rows: list[dict]) -> None:
+    got, got_rows = cli[:2]
     assert {k: v for k, v in got.items() if k.startswith("val/")} == {
         k: v for k, v in metrics.items() if k.startswith("val/")
     }
@@ -385,14 +391,20 @@ def _same_evaluation(cli: tuple[dict, list[dict]], metrics: dict, rows: list[dic
 @pytest.mark.slow
 def test_mindrl_eval_reproduces_the_trainers_evaluation(eval_run, assets, tmp_path):
     """The starting weights (HF dir, on the raw DeepScaleR JSON, every setting a flag) are evaluated as iteration 0
-    was. (A megatron checkpoint on the preprocessed set: the next test's.)"""
+    was; a second --data set in the same process (the same file again, after the first on the warm engine) too.
+    (A megatron checkpoint on the preprocessed set: the next test's.)"""
     run_dir, lines = eval_run
+    task, outs = str(assets / "task.json"), [str(tmp_path / "responses.jsonl"), str(tmp_path / "again.jsonl")]
     cli = _mindrl_eval(
-        "--hf-dir", str(assets / "hf"), "--data", str(assets / "task.json"), "--prompt-type", "qwen", "--max-prompts",
+        "--hf-dir", str(assets / "hf"), "--data", task, "--data", task, "--prompt-type", "qwen", "--max-prompts",
         str(VAL_PROMPTS), "--max-prompt-length", "64", "--max-tokens", "24", "--verifier", VERIFIER, "--n-samples",
-        str(VAL_SAMPLES), "--temperature", "1.0", "--seed", "1234", "--out", str(tmp_path / "responses.jsonl"),
+        str(VAL_SAMPLES), "--temperature", "1.0", "--seed", "1234", "--out", outs[0], "--out", outs[1],
     )  # fmt: skip
     rows = [json.loads(x) for x in open(run_dir / "eval" / "iter_0000000.jsonl")]
+    _same_evaluation(cli, lines[0], rows)
+    first = cli[0]
+    assert cli[2] == [f"data: {task}", f"data: {task}"]
+    cli = (first, [json.loads(x) for x in open(outs[0])])
     _same_evaluation(cli, lines[0], rows)
 
 
