@@ -1,5 +1,6 @@
 """retool_reward (MindSpeed-RL's ReTool reward): strict boxed string match in the response's tail, the tool-call
-bonus on wrong answers capped at 0, and the episode's own observation format counted as calls."""
+bonus on wrong answers capped at 0, and the episode's own observation format counted as calls, failed ones
+(error observations) not."""
 
 from __future__ import annotations
 
@@ -47,6 +48,24 @@ def test_the_registered_verifier_counts_the_episodes_tool_responses():
     assert verifier(two_calls + "\\boxed{3}", "4") == -0.8
     assert verifier(two_calls + "\\boxed{4}", "4") == 1.0
     assert "retool_reward" in INLINE_VERIFIERS
+
+
+def test_only_successful_calls_earn_the_bonus():
+    """A call answered with an error (malformed, unknown tool, failed code, or a call over the turn's budget) earns
+    nothing: else a policy that cannot run code yet earns more by writing broken calls than by answering."""
+    verifier = get_verifier("retool_reward")
+    ran = OBS.format("391")
+    broken = [
+        OBS.format("Error: malformed tool call (not JSON)"),
+        OBS.format("Error: no tool named 'python' (tools: code)"),
+        OBS.format("Error: Traceback (most recent call last):\n...SyntaxError...(truncated)"),
+        OBS.format("Error: 1 more tool call(s) not run: at most 1 in this turn"),
+    ]
+    assert verifier("".join(broken) + "\\boxed{7}", "391") == -1.0
+    assert verifier(ran + "".join(broken) + "\\boxed{7}", "391") == -0.9
+    assert verifier(OBS.format("") + "\\boxed{7}", "391") == -0.9  # code that printed nothing still ran
+    # a success whose output mentions an error is still a success: only the start tells
+    assert verifier(OBS.format("no Error: here") + "\\boxed{7}", "391") == -0.9
 
 
 def test_last_boxed():
