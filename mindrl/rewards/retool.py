@@ -6,14 +6,17 @@ nothing: paying for it would let a policy that cannot yet run code earn more by 
 
 from __future__ import annotations
 
-import re
-
 TAIL_CHARS = 300
 """The response's last characters the reward reads (MindSpeed-RL's cut, then its strict check's)..."""
 BOX_CHARS = 100
 """...and the last characters of those in which the boxed answer must start and end."""
-TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
-"""One block per tool call answered: the agent loop writes each call's output in such a block (its ChatFormat)..."""
+CALL_END, USER_TURN = "</tool_call>", "user\n"
+BLOCK_START, BLOCK_END = "<tool_response>\n", "\n</tool_response>"
+"""Where the agent loop answers calls (its ChatFormat, as the scorer decodes it: special tokens dropped): right after
+the turn's closing `</tool_call>`, a user turn of `<tool_response>` blocks, one per call. Only blocks there count: the
+policy can write a `<tool_response>` block into its own turn (its SFT traces hold whole episodes), but a turn ends
+at `</tool_call>` (one token in Qwen2.5's vocabulary), so what follows one is the loop's..."""
+TURN_MARKS = ("<|im_end|>", "<|im_start|>")
 FAILED = "Error:"
 """...and a failed call's output starts with this (mindrl.trainer.pipeline.agent_loop.AgentLoop._call)."""
 CALLS_PER_POINT = 10
@@ -34,14 +37,32 @@ def last_boxed(text: str) -> str | None:
 
 
 def successful_calls(response: str) -> int:
-    """The `<tool_response>` blocks of `response` whose output is not an error."""
-    return sum(not m.group(1).startswith(FAILED) for m in TOOL_RESPONSE.finditer(response))
+    """The observation blocks (after `CALL_END`) of `response` whose output is not an error; one linear scan."""
+    n, pos = 0, 0
+    while (i := response.find(CALL_END, pos)) >= 0:
+        j = i + len(CALL_END)
+        while j < len(response):  # the turn's end and the user turn's start, decoded or not
+            if response[j].isspace():
+                j += 1
+            elif response.startswith(TURN_MARKS, j):
+                j = response.index(">", j) + 1
+            else:
+                break
+        if response.startswith(USER_TURN, j):
+            j += len(USER_TURN)
+            while response.startswith(BLOCK_START, j):
+                end = response.find(BLOCK_END, j + len(BLOCK_START))
+                if end < 0:  # nor after any later start
+                    return n
+                n += not response.startswith(FAILED, j + len(BLOCK_START))
+                j = end + len(BLOCK_END) + response.startswith("\n", end + len(BLOCK_END))
+        pos = max(j, i + 1)
+    return n
 
 
 def retool_score(response: str, label: str | None, tool_calls: int | None = None) -> float:
-    """+1 / -1 as in the module doc; `tool_calls` (successful calls) None: counted from the response's
-    `<tool_response>` blocks by `successful_calls` (a model that writes such a block itself gains at most the bonus
-    of a wrong answer, capped at 0)."""
+    """+1 / -1 as in the module doc; `tool_calls` (successful calls) None: counted from the response's observations
+    by `successful_calls`."""
     pred = last_boxed(response[-TAIL_CHARS:][-BOX_CHARS:])
     score = 1.0 if label is not None and pred == label else -1.0
     if score < 0:
