@@ -79,6 +79,20 @@ def test_an_agent_runs_tools_are_checked_too():
         tool_use(rows[:2], ToolUse(3, 0.9, 0.5))
 
 
+def test_the_retool_quickstarts_check_fails_a_run_whose_tools_are_not_used(tmp_path, capsys):
+    from tools.check_learning import BOUNDS, main
+
+    key, (rise, window) = "retool_reward_rewards/mean", (BOUNDS["quickstart-retool"].min_rise, 5)
+    run = tmp_path / "run"
+    run.mkdir()
+    for calls, name in ((1.0, "used"), (0.5, "unused")):
+        rows = [{key: 0.0 if i < window else rise, "agent/tool_calls_mean": calls, "agent/tool_calls": 32 * calls,
+                 "agent/tool_errors": 0.0} for i in range(2 * window)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert main([str(run), "--run", "quickstart-retool"]) == (0 if name == "used" else 1), name
+    assert "tool calls per episode 0.50 (bound 0.75)" in capsys.readouterr().err
+
+
 def test_read_rows_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl: no such file"):
         read_rows(str(tmp_path))
