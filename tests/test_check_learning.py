@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tools.check_learning import Bound, NotLearning, assert_rises, measure, read_rows
+from tools.check_learning import Bound, NotLearning, ToolUse, assert_rises, measure, read_rows, tool_use
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "acc_for_ppo_rewards/mean"
@@ -62,6 +62,35 @@ def test_measure_skips_rows_without_the_key_and_takes_the_first_key_present():
 def test_measure_errors(rows, keys, window, error):
     with pytest.raises(ValueError, match=error):
         measure(rows, keys, window)
+
+
+def test_an_agent_runs_tools_are_checked_too():
+    """The tools are used (calls per episode) and answer (the share of call blocks without an error observation),
+    over the last window; the reward's rise alone does not pass."""
+    rows = [{KEY: r, "agent/tool_calls_mean": c, "agent/tool_calls": 32 * c, "agent/tool_errors": e}
+            for r, c, e in [(0.0, 0.5, 8), (0.0, 0.5, 8), (1.0, 1.0, 2), (1.0, 1.0, 0)]]  # fmt: skip
+    ok, text = tool_use(rows, ToolUse(2, 0.9, 0.95))
+    assert ok and "calls per episode 1.00 (bound 0.90), answered without an error 0.969 (bound 0.950): ok" in text
+    assert assert_rises(rows, Bound((KEY,), 2, 0.5, tools=ToolUse(2, 0.9, 0.95))).rise == 1.0
+    with pytest.raises(NotLearning, match=r"answered without an error 0\.969 \(bound 0\.990\): FAILED"):
+        assert_rises(rows, Bound((KEY,), 2, 0.5, tools=ToolUse(2, 0.9, 0.99)))
+    assert not tool_use(rows, ToolUse(3, 0.9, 0.5))[0]  # the first of the three called half the time
+    with pytest.raises(ValueError, match="2 rows hold agent/tool_calls_mean, .* fewer than 3"):
+        tool_use(rows[:2], ToolUse(3, 0.9, 0.5))
+
+
+def test_the_retool_quickstarts_check_fails_a_run_whose_tools_are_not_used(tmp_path, capsys):
+    from tools.check_learning import BOUNDS, main
+
+    key, (rise, window) = "retool_reward_rewards/mean", (BOUNDS["quickstart-retool"].min_rise, 5)
+    run = tmp_path / "run"
+    run.mkdir()
+    for calls, name in ((1.0, "used"), (0.5, "unused")):
+        rows = [{key: 0.0 if i < window else rise, "agent/tool_calls_mean": calls, "agent/tool_calls": 32 * calls,
+                 "agent/tool_errors": 0.0} for i in range(2 * window)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert main([str(run), "--run", "quickstart-retool"]) == (0 if name == "used" else 1), name
+    assert "tool calls per episode 0.50 (bound 0.75)" in capsys.readouterr().err
 
 
 def test_read_rows_errors(tmp_path):

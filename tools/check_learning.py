@@ -21,15 +21,28 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ToolUse:
+    """An agent run's tools work: over its last `window` iterations at least `calls` tool-call blocks per episode
+    (agent/tool_calls_mean), and at least a share `success` of all its blocks answered without an error
+    (1 - agent/tool_errors / agent/tool_calls: malformed calls and failed runs count against it)."""
+
+    window: int
+    calls: float
+    success: float
+
+
+@dataclass(frozen=True)
 class Bound:
     """What to compare in one kind of run: `key`'s mean over the first `window` rows against the last `window`;
     the run learned when the rise (last - first) is >= `min_rise`, or for a metric that `falls` (a loss) when the
-    fall (first - last) is. `keys` beyond the first are fallbacks, in order, for runs that do not log the first."""
+    fall (first - last) is. `keys` beyond the first are fallbacks, in order, for runs that do not log the first.
+    `tools`: an agent run's tool use, checked as well."""
 
     keys: tuple[str, ...]
     window: int
     min_rise: float
     falls: bool = False
+    tools: ToolUse | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,16 @@ BOUNDS: dict[str, Bound] = {
     # lr 1e-12, seed 1: 6 block pairs mean -0.007, min -0.021, max +0.016 (per-iteration sd 0.068: the sd of a
     # window-10 rise 0.031; the bound is 4.5 of it).
     "quickstart-dapo": Bound(("train/generated_reward_mean",), 10, 0.14),
+    # Multi-turn GRPO with the code tool (`quickstart_cpu.sh retool`: retool_tiny_cpu from its 300-step SFT start),
+    # 20 iterations, windows of 5 (the reward rises within ~6 iterations, then holds; at windows of 8 or 10 the
+    # first window already holds the rise: seed 2 +0.120, +0.086): seeds 1234, 1, 2: rise +0.544, +0.366, +0.334.
+    # lr 1e-12, seeds 1, 2 (20 iterations each): 12 block pairs mean +0.044, min -0.054, max +0.161 (per-iteration
+    # sd 0.17, 0.21: the sd of a window-5 rise ~0.12; the bound is 2 of it, the learning min 0.09 above it). The
+    # bound is the midpoint. Tools, last 5 iterations: calls per episode 0.98, 0.97, 0.95 learning against 0.56,
+    # 0.56 at lr 1e-12 (bound: the midpoint, 0.75); calls answered without an error 0.955-0.978 either way (bound
+    # 0.8: a policy whose calls mostly fail).
+    #   mindrl-train --config-name retool_tiny_cpu megatron_training.seed=S [actor_config.lr=1e-12] + step 5's paths
+    "quickstart-retool": Bound(("retool_reward_rewards/mean",), 5, 0.24, tools=ToolUse(5, 0.75, 0.8)),
     # examples/rlhf/run_3stage_cpu.sh, each stage from the quickstart's assets (SFT_OUT), measured the same way
     # (seed S: megatron_training.seed=S; no learning: lr 0, or the actor's lr 1e-12 for PPO):
     # SFT (sft_tiny_cpu), sft/loss falls. Its first 20 steps are the same in a 20-step and a 300-step run (the lr
@@ -164,12 +187,31 @@ def message(r: Rise, min_rise: float, falls: bool = False) -> str:
             f"{'ok' if r.gain(falls) >= min_rise else failed}")  # fmt: skip
 
 
+def tool_use(rows: list[dict], t: ToolUse, where: str = "metrics") -> tuple[bool, str]:
+    """(whether the last `t.window` rows meet `t`, the message); ValueError when fewer rows hold the agent metrics."""
+    keys = ("agent/tool_calls_mean", "agent/tool_calls", "agent/tool_errors")
+    last = [r for r in rows if all(r.get(k) is not None for k in keys)][-t.window :]
+    if len(last) < t.window:
+        raise ValueError(f"{where}: {len(last)} rows hold {', '.join(keys)}, fewer than {t.window}")
+    calls = sum(r["agent/tool_calls_mean"] for r in last) / t.window
+    blocks = sum(r["agent/tool_calls"] for r in last)
+    success = 1 - sum(r["agent/tool_errors"] for r in last) / blocks if blocks else 0.0
+    ok = calls >= t.calls and success >= t.success
+    return ok, (f"tool check: last-{t.window} tool calls per episode {calls:.2f} (bound {t.calls:.2f}), answered "
+                f"without an error {success:.3f} (bound {t.success:.3f}): "
+                f"{'ok' if ok else 'FAILED: the tools are not used, or fail'}")  # fmt: skip
+
+
 def assert_rises(rows: list[dict], bound: Bound, where: str = "metrics") -> Rise:
     """The Rise when it meets the bound (for a Bound that `falls`: when the fall does); else NotLearning with
     message()."""
     r = measure(rows, bound.keys, bound.window, where)
     if r.gain(bound.falls) < bound.min_rise:
         raise NotLearning(f"{where}: {message(r, bound.min_rise, bound.falls)}")
+    if bound.tools is not None:
+        ok, text = tool_use(rows, bound.tools, where)
+        if not ok:
+            raise NotLearning(f"{where}: {text}")
     return r
 
 
@@ -196,12 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     if window is None or min_rise is None:
         p.error("give --run, or both --window and --min-rise")
     try:
-        r = measure(read_rows(a.run_dir), keys, window, where=a.run_dir)
+        rows = read_rows(a.run_dir)
+        r = measure(rows, keys, window, where=a.run_dir)
+        tools = tool_use(rows, base.tools, a.run_dir) if base and base.tools else None
     except (OSError, ValueError) as e:
         print(f"learning check: error: {e}", file=sys.stderr)
         return 2
     ok = r.gain(falls) >= min_rise
     print(message(r, min_rise, falls), file=sys.stdout if ok else sys.stderr)
+    if tools is not None:
+        print(tools[1], file=sys.stdout if tools[0] else sys.stderr)
+        ok = ok and tools[0]
     return 0 if ok else 1
 
 

@@ -522,10 +522,6 @@ class RLSectionConfig(Section):
             col.add("multi_turn_enable", "does not combine with async_mode bounded: bounded's sampler processes "
                     "generate one-turn responses with engines of their own, and the agent loop (with its tools) runs "
                     "in the trainer's process; use async_mode sync or one_step_off")  # fmt: skip
-        if not self.use_integrated_worker:
-            col.add("multi_turn_enable", "needs use_integrated_worker: true: separate placement's engine group takes "
-                    "the weights as a new version on every engine call, and the agent loop calls the engines once per "
-                    "turn, so every turn would stream the same weights again")  # fmt: skip
 
     def validate(self, col: Collector) -> None:
         self._validate_multi_turn(col)

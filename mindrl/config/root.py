@@ -107,11 +107,6 @@ class RLConfig(Section):
                     "publishes its weights to them, never to the rollout servers, so the servers would generate "
                     "nothing; run mindrl-sampler processes on the rollout hosts (async_transport: zmq), or keep the "
                     "servers with async_mode sync or one_step_off")  # fmt: skip
-        if gen.rollout_mode == "server" and rl.multi_turn_enable:
-            col.add("rl_config.multi_turn_enable", "does not combine with generate_config.rollout_mode 'server': every "
-                    "call to the rollout servers pushes the weights as a new version, and the agent loop calls the "
-                    "engines once per turn, so every turn would push the same weights again; use rollout_mode "
-                    "integrated")  # fmt: skip
         if mt.stage == "ray_dapo" and rl.sync_ref_model:
             col.add("rl_config.sync_ref_model", "is true but stage ray_dapo has no KL term and builds no reference model "
                     "to sync; set sync_ref_model: false, or use stage ray_grpo with a KL coefficient")  # fmt: skip

@@ -162,7 +162,7 @@ def acc_for_dapo_reward(response: str, label: str | None) -> float:
 @register_verifier("retool_reward", inline=True)
 def retool_reward(response: str, label: str | None) -> float:
     """ReTool's (MindSpeed-RL's name): the last \\boxed{} of the tail equals the label as a string: 1.0; else -1.0
-    plus 0.1 per tool call answered in the response, capped at 0 (`mindrl.rewards.retool`)."""
+    plus 0.1 per tool call that succeeded (not answered with an error), capped at 0 (`mindrl.rewards.retool`)."""
     return retool_score(response, label)
 
 

@@ -82,7 +82,7 @@ class PPOTrainer:
         leftovers.remove_leftovers(self.run_dir)
         self.remote = None  # rollout servers: reachable, token accepted, before any worker starts
         if cfg.generate_config.rollout_mode == "server":
-            self.remote = connect_servers(cfg.generate_config, rl.max_prompt_length + self.sampling.max_tokens)
+            self.remote = connect_servers(cfg.generate_config, cfg.sequence_length)
         env = from_config.worker_env(cfg)  # every Ray worker of the job, samplers included
         self.started_ray = start_ray(
             rl.ray_address,

@@ -68,8 +68,6 @@ def test_async_engine_without_multi_turn_is_refused(tmp_path):
 REFUSED = [  # override -> (key, words of the reason)
     ("rl_config.partial_rollout_max_split=2", "rl_config.multi_turn_enable", "partial rollout", "resume it mid-turn"),
     ("rl_config.async_mode=bounded", "rl_config.multi_turn_enable", "async_mode bounded", "sampler processes"),
-    ("rl_config.use_integrated_worker=false", "rl_config.multi_turn_enable", "once per turn"),
-    ("generate_config.rollout_mode=server", "rl_config.multi_turn_enable", "rollout_mode 'server'", "once per turn"),
 ]
 
 
@@ -77,6 +75,17 @@ def test_the_refused_combinations_say_why(tmp_path):
     for i, (override, key, *words) in enumerate(REFUSED):
         err = errors("cfg", override, config_path=_cfg(tmp_path / str(i), enable="true", total=64))
         issue(err, key, *words)
+
+
+def test_the_engine_group_and_the_servers_take_multi_turn(tmp_path):
+    """Their weights load once per rollout (`awake`), as the integrated engines' do; the servers must hold a whole
+    episode (the trainer checks their max_model_len against the config's sequence_length)."""
+    for i, extra in enumerate([("rl_config.use_integrated_worker=false", "+rl_config.reference_resource.num_npus=2"),
+                               ("generate_config.rollout_mode=server",
+                                "generate_config.server_urls=[http://127.0.0.1:1]")]):  # fmt: skip
+        cfg = load_config("cfg", overrides=list(extra), config_path=_cfg(tmp_path / str(i), enable="true", total=64))
+        assert cfg.rl_config.multi_turn_enable
+        assert cfg.sequence_length == cfg.rl_config.max_prompt_length + 64
 
 
 def test_bad_values_name_the_key_and_the_file(tmp_path):

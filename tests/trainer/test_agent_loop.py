@@ -247,6 +247,15 @@ def test_long_tool_outputs_are_truncated_on_the_configured_side(tok, side):
     assert ep.metrics["agent/truncated_observations"] == 1
 
 
+def test_a_failed_calls_output_keeps_its_error_mark_through_truncation(tok):
+    """retool_reward pays only for calls whose observation does not start with "Error: "; a right-side cut keeps it."""
+    ep, _ = loop(tok, lambda text, turn, j: calc("1/0") if turn == 1 else "ok" + END,
+                 max_tool_response_length=12, tool_response_truncate_side="right")  # fmt: skip
+    [[r]] = ep.run([prompt(tok)], SamplingConfig(max_tokens=200), [0], {})
+    assert "<tool_response>\nError: " + TRUNCATED in pieces(tok, r)[1][1]
+    assert ep.metrics["agent/tool_errors"] == 1 and ep.metrics["agent/truncated_observations"] == 1
+
+
 def test_truncate_output_sides():
     text = "abcdefghij"
     assert truncate_output(text, 10, "left") == (text, False)

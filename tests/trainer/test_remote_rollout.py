@@ -118,6 +118,26 @@ def test_a_restarted_server_is_resynced_before_it_serves_again():
     assert clients[1].calls[-1] == [6]
 
 
+def test_an_agent_loops_turns_share_one_push():
+    """Within `awake` (an agent loop's rollout: a call per turn) the weights are pushed once on entry and every call
+    samples with that version; a server restarted meanwhile is re-synced to it. The next rollout pushes the next."""
+    from mindrl.trainer.pipeline.engines import Engine
+
+    remote, clients, push = _remote(2)
+    engine, timing = Engine(remote, lambda phase, t: None, replicas=1), {}
+    with engine.awake(timing):
+        engine.generate([[1]] * 2, SamplingConfig(), [1, 2], timing)
+        clients[1].restart()  # between two turns: back with version 0
+        engine.generate([[1]] * 2, SamplingConfig(), [3, 4], timing)
+        engine.generate([[1]] * 2, SamplingConfig(), [5, 6], timing)
+    assert push.log == [(1, [c.url for c in clients]), (1, [clients[1].url])]
+    assert clients[0].calls == [[1], [3], [5]] and clients[1].calls == [[2], [4], [6]]
+    assert timing["rollout/weight_version"] == 1 and timing["rollout/weight_sync_bytes"] == 200
+    assert timing["rollout/server_resyncs"] == 1 and timing["timing/weight_sync"] >= 0
+    engine.generate([[1]] * 2, SamplingConfig(), [7, 8], {})
+    assert push.log[-1] == (2, [c.url for c in clients]) and remote.version == 2
+
+
 def test_a_server_down_at_push_time_is_waited_for_then_pushed_again():
     remote, clients, push = _remote(1)
     clients[0].down, clients[0].down_for = True, 0

@@ -1,6 +1,7 @@
 """Separate placement with the rollout engines on a stand-in device of their own (rl_config.rollout_resource): the
 actor's weights reach them over the weight group, bit-equal to its export, and the first iteration equals integrated
-mode's for the same seeds (real megatron on gloo, Ray, vLLM)."""
+mode's for the same seeds (real megatron on gloo, Ray, vLLM); an agent loop's turns (calls within `awake`) sample
+from one sync."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_engines_on_their_own_device_equal_integrated(assets, tmp_path_factory, 
             assert received[name].dtype == t.dtype and torch.equal(received[name], t), name
         assert sync["rollout/weight_sync_bytes"] >= sum(t.numel() * t.element_size() for t in exported.values())
         trainer.fit()
+        _turns_share_one_sync(trainer)
     finally:
         trainer.shutdown()
     raw = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
@@ -53,3 +55,22 @@ def test_engines_on_their_own_device_equal_integrated(assets, tmp_path_factory, 
     for a, b in zip(integ_rows, [r for r in rows if r["iteration"] == 1], strict=True):
         assert (a["response_ids"], a["reward"], a["reward_model_score"]) == (b["response_ids"], b["reward"],
                                                                           b["reward_model_score"])  # fmt: skip
+
+
+def _turns_share_one_sync(trainer) -> None:
+    """Calls within `Engine.awake` (an agent loop's turns, each on the contexts the last one grew) sample from the one
+    version streamed on entry, and it is the actor's current weights: the same contexts and seeds outside `awake`,
+    after a sync of their own, give the same tokens and logprobs."""
+    from mindrl.rollout.base import SamplingConfig
+
+    engine, version = trainer.engine, trainer.rollout.version
+    sampling = SamplingConfig(max_tokens=4, temperature=1.0, logprobs=1)
+    prompts, timing = [[11, 12, 13, 14], [21, 22, 23]], {}
+    with engine.awake(timing):
+        first = engine.generate(prompts, sampling, [1, 2], timing)
+        contexts = [p + s.token_ids for p, [s] in zip(prompts, first)]
+        second = engine.generate(contexts, sampling, [3, 4], timing)
+    assert trainer.rollout.version == version + 1 and timing["rollout/weight_version"] == version + 1
+    alone = engine.generate(contexts, sampling, [3, 4], {})
+    assert trainer.rollout.version == version + 2
+    assert [(s.token_ids, s.logprobs) for [s] in second] == [(s.token_ids, s.logprobs) for [s] in alone]

@@ -35,6 +35,8 @@ from mindrl.trainer.pipeline.episode import Episode
 
 TRUNCATE_SIDES = TOOL_RESPONSE_TRUNCATE_SIDES
 TRUNCATED = "...(truncated)"
+FAILED = "Error: "
+"""How a failed call's output starts (kept through truncation: `mindrl.rewards.retool` pays only for the others)."""
 
 
 @dataclass(frozen=True)
@@ -279,8 +281,10 @@ class AgentLoop(Episode):
             if name is not None:
                 latency[name].append(seconds)
                 stats[f"errors/{name}"] += failed
-            text, cut = truncate_output(text, self.limits.max_tool_response_length,
+            keep = FAILED if failed and text.startswith(FAILED) else ""  # retool_reward tells failures by it
+            text, cut = truncate_output(text[len(keep) :], max(1, self.limits.max_tool_response_length - len(keep)),
                                         self.limits.tool_response_truncate_side)  # fmt: skip
+            text = keep + text
             stats["truncated"] += cut
             outputs[id(t)].append(text)
         for t in calling:

@@ -53,7 +53,7 @@ class Engine:
     models where scoring wants them), pads the prompts to split over the `replicas` engine replicas (the copies'
     samples dropped), and sums the call's timings into `timing`. Inside `awake` the calls share one weight load."""
 
-    SUMMED = ("timing/", "rollout/weight_loads")
+    SUMMED = ("timing/", "rollout/weight_loads", "rollout/server_resyncs")
     """Metrics that add up over the calls of one iteration (the others are the last call's)."""
 
     def __init__(self, source: RolloutSource, enter_phase: Callable[[str, dict], None], replicas: int):
@@ -148,12 +148,13 @@ def _slowest(timing: dict[str, float], per_rank: Sequence[dict[str, float]]) -> 
 class EngineGroupRollout(RolloutSource):
     """Separate placement's engines on devices of their own (`rl_config.rollout_resource`): every call streams the
     actor's weights to them as version V = previous + 1 over the weight group (`mindrl.workers.weight_sync`), then
-    each engine replica samples a contiguous slice of the prompts with V."""
+    each engine replica samples a contiguous slice of the prompts with V; within `awake`, once for all the calls."""
 
     def __init__(self, actor, engines, infer_tp: int, timeout_s: float = 1800.0):
         self.actor, self.engines, self.infer_tp = actor, engines, infer_tp
         self.version = 0
         """The weight version the engines hold (0: their dummy weights, before the first call)."""
+        self._held = False
         self.keep = False
         """Keep a copy of what the engines received (`engines.received_weights()`; tests)."""
         addr, port = actor.call_one(0, "node_address")
@@ -173,10 +174,20 @@ class EngineGroupRollout(RolloutSource):
         return {"timing/weight_sync": time.perf_counter() - t0, "rollout/weight_sync_bytes": float(actor[0][1]),
                 "rollout/weight_version": float(version)}  # fmt: skip
 
+    @contextlib.contextmanager
+    def awake(self, timing: dict[str, float]):
+        """One version streamed on entry; the calls within sample with it (the actor does not change meanwhile)."""
+        timing.update(self.sync())
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
     ) -> RolloutResult:
-        timing = self.sync()
+        timing = {} if self._held else self.sync()
         replicas = self.engines.world_size // self.infer_tp
         if len(prompts) % replicas:
             raise ValueError(f"{len(prompts)} prompts do not split over {replicas} engine replicas")
@@ -226,8 +237,8 @@ the actor's ranks); one outcome per url."""
 
 class RemoteRollout(RolloutSource):
     """Rollout servers (`mindrl-rollout-server`): every call pushes the actor's weights to all servers as version
-    V = previous + 1, then each server samples a contiguous slice of the prompts with `expected_version=V`; the
-    slices come back in prompt order. A server that stops answering is waited for (backoff, `timeout` seconds
+    V = previous + 1 (within `awake`, once for all the calls), then each server samples a contiguous slice of the
+    prompts with `expected_version=V`; the slices come back in prompt order. A server that stops answering is waited for (backoff, `timeout` seconds
     from its first failure); one that comes back with older weights (restarted) is re-synced before it serves."""
 
     def __init__(
@@ -252,6 +263,7 @@ class RemoteRollout(RolloutSource):
         self.token: str | None = None
         self.bucket_bytes = 512 << 20
         self.transfer = "auto"
+        self._held = False
 
     def attach(self, group) -> RemoteRollout:
         """Push the weights of the actor's worker group (see `group_pusher`)."""
@@ -262,27 +274,41 @@ class RemoteRollout(RolloutSource):
         for c in self.clients:
             c.close()
 
+    @contextlib.contextmanager
+    def awake(self, timing: dict[str, float]):
+        """One version pushed on entry; the calls within sample with it. A server restarted meanwhile is re-synced to
+        that version: the actor's weights do not change within."""
+        t0 = time.perf_counter()
+        sent = self._sync(self.version + 1, [c.url for c in self.clients], {})
+        self.version += 1
+        timing.update({"timing/weight_sync": time.perf_counter() - t0, "rollout/weight_sync_bytes": float(sent),
+                       "rollout/weight_version": float(self.version)})  # fmt: skip
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int]
     ) -> RolloutResult:
-        version = self.version + 1
         resyncs_before = self.resyncs
         t0 = time.perf_counter()
-        sent = self._sync(version, [c.url for c in self.clients], {})
-        self.version = version
+        sent = 0
+        if not self._held:
+            sent = self._sync(self.version + 1, [c.url for c in self.clients], {})
+            self.version += 1
         t1 = time.perf_counter()
-        samples, sent_again = self._generate_all(prompts, sampling, seeds, version)
+        samples, sent_again = self._generate_all(prompts, sampling, seeds, self.version)
         t2 = time.perf_counter()
-        return RolloutResult(
-            samples,
-            {
-                "timing/weight_sync": t1 - t0,
-                "timing/rollout": t2 - t1,  # includes any re-sync of a restarted server
-                "rollout/weight_sync_bytes": float(sent + sent_again),
-                "rollout/weight_version": float(version),
-                "rollout/server_resyncs": float(self.resyncs - resyncs_before),
-            },
-        )
+        timing = {
+            "timing/rollout": t2 - t1,  # includes any re-sync of a restarted server
+            "rollout/server_resyncs": float(self.resyncs - resyncs_before),
+        }
+        if not self._held:  # else awake's
+            timing.update({"timing/weight_sync": t1 - t0, "rollout/weight_sync_bytes": float(sent + sent_again),
+                           "rollout/weight_version": float(self.version)})  # fmt: skip
+        return RolloutResult(samples, timing)
 
     # ------------------------------------------------------------------------------------------------ pieces
     def _remaining(self, url: str, deadlines: dict[str, float]) -> float:
@@ -431,7 +457,8 @@ def _check_server(c: RolloutClient, needed_len: int) -> int:
     if health.max_model_len < needed_len:
         raise RemoteRolloutError(
             f"rollout server {c.url} serves max_model_len={health.max_model_len}, but prompts of "
-            f"rl_config.max_prompt_length plus sampling_config.max_tokens need {needed_len} (start it with "
+            f"rl_config.max_prompt_length plus sampling_config.max_tokens (with multi_turn_enable, plus "
+            f"max_total_response_length where larger: a whole episode) need {needed_len} (start it with "
             f"--max-model-len {needed_len})"
         )
     logger.info("rollout server %s: %s at weight version %d", c.url, health.model, health.version)
