@@ -142,6 +142,13 @@ def generate(hf: str, max_new_tokens: int, batch: int = 16) -> list[dict]:
     return rows
 
 
+def mix(train: list[dict], general: list[dict], repeat: int, seed: int) -> list[dict]:
+    """The training rows and each general row `repeat` times, shuffled (seeded)."""
+    mixed = train + general * repeat
+    random.Random(seed).shuffle(mixed)
+    return mixed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hf", required=True, help="the untuned model's HF dir")
@@ -168,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.mix:
         with open(a.mix) as f:
             train = json.load(f)
-        mixed = train + rows * a.repeat
-        random.Random(a.seed).shuffle(mixed)
+        mixed = mix(train, rows, a.repeat, a.seed)
         with open(a.mix_out, "w") as f:
             json.dump(mixed, f, indent=0, ensure_ascii=False)
         print(f"{len(train)} training rows + {len(rows)} x {a.repeat} general rows, shuffled -> {a.mix_out}")
