@@ -166,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     _check_apart()
     import torch
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    from mindrl.launch import threads_from_env
+
+    # one thread unless $MINDRL_WORKER_THREADS says otherwise: on a shared host a second OpenMP thread only spins (this
+    # pass took 128 CPU s with one thread and had not finished after 520 with two, at load 25-37)
+    torch.set_num_threads(threads_from_env() or 1)
     rows = generate(a.hf, a.max_new_tokens)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
