@@ -50,6 +50,10 @@ def test_recipe_help_and_bad_arguments():
         ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "SFT_ITERS": "-1"}, capture_output=True, text=True
     )
     assert r.returncode == 2 and "SFT_ITERS must be a non-negative integer, got '-1'" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "GENERAL_MIX": "x"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "GENERAL_MIX must be a non-negative integer, got 'x'" in r.stderr
 
 
 @pytest.mark.slow
@@ -64,6 +68,7 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
         "MINDRL_MODEL_CACHE": os.path.dirname(os.path.dirname(smollm2_hf)),  # the session's model, no download
         "OUT": str(out), "RUN_DIR": str(run_dir), "EVAL_INTERVAL": str(ITERS), "VAL_PROMPTS": str(VAL_PROMPTS),
         "VAL_SET": "test", "MAX_VALUE": "20", "SFT_ITERS": str(SFT_ITERS), "SFT_TARGET": "equation",
+        "GENERAL_MIX": "0",  # arithmetic-only SFT whatever the default: the mix costs a generation pass
     }  # fmt: skip
     r = _run(["--iters", str(ITERS), *SHRINK], env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -16,7 +16,7 @@ import sys
 # (instruction, a pattern a right answer contains)
 INSTRUCTIONS = (
     ("What is the capital of France?", r"\bParis\b"),
-    ("How many days are there in a week?", r"\b(7|seven)\b"),
+    ("How many days are there in a week?", r"\b(7|seven) days\b"),  # not any 7: "7+6=13" is no answer
     ("Translate 'thank you' into Spanish.", r"\bgracias\b"),
     ("Name the largest planet in our solar system.", r"\bJupiter\b"),
     ("Which gas do plants take in from the air to make their food?", r"(carbon dioxide|CO2|CO₂)"),

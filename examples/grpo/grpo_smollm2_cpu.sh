@@ -11,7 +11,8 @@
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
 #      (the held-out set, from another generator)
 #   3. preprocess with SmolLM2's chat template (prompt_type smollm2): the RL prompts, and the same problems as SFT
-#      pairs (response: the sum worked column by column, "47+38: 7+8=15, 4+3+1=8, so 85", then <|im_end|>)
+#      pairs (response: the sum worked column by column, "47+38: 7+8=15, 4+3+1=8, so 85", then <|im_end|>), mixed
+#      (GENERAL_MIX > 0) with ordinary instructions answered by the untuned model itself (tools/make_general_data.py)
 #   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, SFT_ITERS; 0: none)
 #   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
 #   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
@@ -22,7 +23,9 @@
 # the config's), EVAL_INTERVAL, VAL_PROMPTS, VAL_SET (the split evaluated in training: heldout, the default, or test,
 # the training generator's own), MAX_VALUE (largest training operand, at most and by default 99; a quarter of the problems keep
 # operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), SFT_TARGET
-# (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), VENV (default ./.venv),
+# (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), GENERAL_MIX (times
+# each of the untuned model's own answers to ordinary instructions appears in the SFT data; default 0: arithmetic
+# only), VENV (default ./.venv),
 # MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
 # to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
@@ -31,7 +34,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET GENERAL_MIX VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 SFT_OVERRIDES=()
@@ -54,6 +57,7 @@ done
 [[ -z "${MAX_VALUE:-}" || "$MAX_VALUE" -le 99 ]] || { echo "error: MAX_VALUE must be at most 99 (the SFT target works two-digit sums column by column), got '$MAX_VALUE'" >&2; exit 2; }
 [[ -z "${SFT_TARGET:-}" || "$SFT_TARGET" == columns || "$SFT_TARGET" == equation ]] || { echo "error: SFT_TARGET must be columns or equation, got '$SFT_TARGET'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
+[[ -z "${GENERAL_MIX:-}" || "$GENERAL_MIX" =~ ^[0-9]+$ ]] || { echo "error: GENERAL_MIX must be a non-negative integer, got '$GENERAL_MIX'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -63,6 +67,7 @@ PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
 OUT="${OUT:-./outputs/smollm2}"
+GENERAL_MIX="${GENERAL_MIX:-0}"   # opt-in until measured end to end (docs/real_model.md)
 MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
 # the GRPO config, the actor's checkpoint and its HF export: the full fine-tune's, or the LoRA run's (`lora`)
 if [[ "$MODE" == lora ]]; then CONFIG=grpo_smollm2_lora_cpu; ACTOR=grpo_lora_actor; ACTOR_HF=grpo_lora_hf
@@ -110,10 +115,28 @@ for SPLIT in train test heldout; do
         echo "reusing $OUT/data/$SPLIT"
     fi
 done
-if [[ ! -f "$OUT/data/sft_packed_input_ids_document.bin" || "$OUT/raw/train.json" -nt "$OUT/data/sft_packed_input_ids_document.bin" ]]; then
-    bash examples/data/preprocess_data.sh deepscaler input="$OUT/raw/train.json" tokenizer_name_or_path="$HF" \
+# the SFT rows: the training split, and (GENERAL_MIX > 0) ordinary instructions answered by the untuned model itself,
+# each GENERAL_MIX times, so that the arithmetic SFT step keeps the model's answers to everything else
+# (tools/make_general_data.py; docs/real_model.md: KL(base || tuned) and held-out accuracy with and without)
+SFT_RAW="$OUT/raw/train.json"
+if [[ "$GENERAL_MIX" != 0 && "${SFT_ITERS:-}" != 0 ]]; then
+    GENERAL_ARGS=(--hf "$HF" --max-new-tokens 96 --repeat "$GENERAL_MIX" --seed 0)
+    if [[ ! -f "$OUT/raw/sft.json" || "$OUT/raw/train.json" -nt "$OUT/raw/sft.json" \
+          || "$(cat "$OUT/raw/sft_args.txt" 2>/dev/null)" != "${GENERAL_ARGS[*]}" ]]; then
+        "$PY" tools/make_general_data.py --out "$OUT/raw/general.json" --mix "$OUT/raw/train.json" \
+            --mix-out "$OUT/raw/sft.json" "${GENERAL_ARGS[@]}"
+        echo "${GENERAL_ARGS[*]}" > "$OUT/raw/sft_args.txt"
+    else
+        echo "reusing $OUT/raw/sft.json"
+    fi
+    SFT_RAW="$OUT/raw/sft.json"
+fi
+if [[ ! -f "$OUT/data/sft_packed_input_ids_document.bin" || "$SFT_RAW" -nt "$OUT/data/sft_packed_input_ids_document.bin" \
+      || "$(cat "$OUT/data/sft_source.txt" 2>/dev/null)" != "$SFT_RAW" ]]; then
+    bash examples/data/preprocess_data.sh deepscaler input="$SFT_RAW" tokenizer_name_or_path="$HF" \
         output_prefix="$OUT/data/sft" prompt_type=smollm2 handler_name=AlpacaStyleInstructionHandler \
         'map_keys={prompt: problem, response: solution}' workers=1
+    echo "$SFT_RAW" > "$OUT/data/sft_source.txt"
 else
     echo "reusing $OUT/data/sft"
 fi
