@@ -54,10 +54,14 @@ def test_recipe_help_and_bad_arguments():
         ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "GENERAL_MIX": "x"}, capture_output=True, text=True
     )
     assert r.returncode == 2 and "GENERAL_MIX must be a non-negative integer, got 'x'" in r.stderr
+    r = subprocess.run(
+        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "GENERAL_SAMPLES": "0"}, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "GENERAL_SAMPLES must be a positive integer, got '0'" in r.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the whole recipe (training, export, three mindrl-eval engines): over 900 s on shared cores
+@pytest.mark.timeout(1800)  # the whole recipe (training, export, two mindrl-eval engines): over 900 s on shared cores
 def test_recipe_short_form(smollm2_hf, tmp_path):
     """The short form trains on the training generator's task with operands <= 20 and is evaluated on its test
     split under standard decoding: the untuned model (mindrl-eval), GRPO's start (the SFT model) and end, the exported
@@ -69,6 +73,7 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
         "OUT": str(out), "RUN_DIR": str(run_dir), "EVAL_INTERVAL": str(ITERS), "VAL_PROMPTS": str(VAL_PROMPTS),
         "VAL_SET": "test", "MAX_VALUE": "20", "SFT_ITERS": str(SFT_ITERS), "SFT_TARGET": "equation",
         "GENERAL_MIX": "0",  # arithmetic-only SFT whatever the default: the mix costs a generation pass
+        "GENERAL_SAMPLES": "1",  # general_check's KL from one base sample per instruction (the recipe: 4)
     }  # fmt: skip
     r = _run(["--iters", str(ITERS), *SHRINK], env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -25,8 +25,8 @@
 # operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), SFT_TARGET
 # (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), GENERAL_MIX (times
 # each of the untuned model's own answers to ordinary instructions appears in the SFT data; default 0: arithmetic
-# only), VENV (default ./.venv),
-# MINDRL_MODEL_CACHE (the model cache).
+# only), GENERAL_SAMPLES (the base's samples per ordinary instruction for general_check's KL; default 4), VENV
+# (default ./.venv), MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
 # to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
 set -euo pipefail
@@ -34,7 +34,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
     echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
-    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET GENERAL_MIX VENV MINDRL_MODEL_CACHE (see the script's header)"
+    echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET GENERAL_MIX GENERAL_SAMPLES VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
 SFT_OVERRIDES=()
@@ -58,6 +58,7 @@ done
 [[ -z "${SFT_TARGET:-}" || "$SFT_TARGET" == columns || "$SFT_TARGET" == equation ]] || { echo "error: SFT_TARGET must be columns or equation, got '$SFT_TARGET'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 [[ -z "${GENERAL_MIX:-}" || "$GENERAL_MIX" =~ ^[0-9]+$ ]] || { echo "error: GENERAL_MIX must be a non-negative integer, got '$GENERAL_MIX'" >&2; exit 2; }
+[[ -z "${GENERAL_SAMPLES:-}" || "$GENERAL_SAMPLES" =~ ^[1-9][0-9]*$ ]] || { echo "error: GENERAL_SAMPLES must be a positive integer, got '$GENERAL_SAMPLES'" >&2; exit 2; }
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -193,7 +194,8 @@ if [[ ! -s "$BASE_LOG" ]]; then
         > "$BASE_LOG.partial"
     mv "$BASE_LOG.partial" "$BASE_LOG"
 fi
-"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --json "$RUN_DIR/general_check.json"
+"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --samples "${GENERAL_SAMPLES:-4}" \
+    --json "$RUN_DIR/general_check.json"
 
 stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
