@@ -217,6 +217,32 @@ def test_checkpoint_loads_and_converts(pool, trained, assets, tmp_path):
     assert (theirs - before).abs().max().item() > 0.1
 
 
+def test_lora_trains_only_the_adapters(pool, assets, tmp_path):
+    """mindrl-sft with LoRA keys at TP2 x DP2: the checkpoint holds the base backbone bit for bit and every adapter's B
+    moved off its zero start; the meta records the adapters (what mindrl-train and mindrl-convert rebuild them from);
+    only the adapters are trained parameters (megatron's optimizer holds what requires a gradient)."""
+    from mindrl.checkpoint import mcore_ckpt
+    from tests.trainer.rl_helpers import checkpoint_tensors
+
+    targets = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    lines: list[str] = []
+    path = write_config(tmp_path, assets, tensor_model_parallel_size=2, lora_target_modules=targets, lora_r=4,
+                        lora_alpha=8, micro_batch_size=2)  # fmt: skip
+    result = sft.train_sft(load_sft_config("sft_test", path, []), pool=pool, log=lines.append)
+    assert "of them trained: LoRA" in lines[0], lines[0]
+    _, meta = mcore_ckpt.read_model_meta(result.save_dir)
+    assert meta["lora"] == {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": targets}
+    (tmp_path / "scratch").mkdir()
+    base = checkpoint_tensors(assets[0] / "base", tmp_path / "scratch")
+    saved = checkpoint_tensors(tmp_path / "ckpt", tmp_path / "scratch")
+    assert set(base) < set(saved)
+    assert all(torch.equal(base[k], saved[k]) for k in base), [k for k in base if not torch.equal(base[k], saved[k])]
+    b = [k for k in saved if ".lora.lora_B." in k]
+    assert len(b) == 4, b  # one per target, its layers stacked on axis 0: every layer's B moved
+    assert all(bool((saved[k].flatten(1).abs().amax(1) > 0).all()) for k in b), b
+    assert all(np.isfinite(m["sft/loss"]) for m in result.history)
+
+
 # ------------------------------------------------------------------------------------------------ config
 
 
