@@ -210,7 +210,6 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings, LoRASettings)
         if self.eval_interval and self.eval_iters < 1:
             col.add("eval_iters", f"must be >= 1 when eval_interval is set, got {self.eval_iters}")
 
-
     def _check_lora(self, col: Collector) -> None:
         for key, message in self.lora_problems():
             col.add(key, message)

@@ -293,10 +293,10 @@ def train_loop(cfg: Any, recipe: Recipe, data: SplitData, spec: Any, pool=None, 
     metrics_log = MetricsLogger(run_dir, mt.train_iters, use_tensorboard=mt.use_tensorboard, console=False)
     try:
         info = pool.run(recipe.rank_setup, mt.to_dict(), pad_id)[0]
+        trained = info["num_trained"]
+        lora = f", {trained / 1e6:.2f}M of them trained: LoRA" if trained < info["num_params"] else ""
         log(
-            f"[mindrl-{recipe.name}] {spec.architecture} ({info['num_params'] / 1e6:.2f}M params on rank 0"
-            + (f", {info['num_trained'] / 1e6:.2f}M of them trained: LoRA" if info["num_trained"] < info["num_params"]
-               else "") + "), "  # fmt: skip
+            f"[mindrl-{recipe.name}] {spec.architecture} ({info['num_params'] / 1e6:.2f}M params on rank 0{lora}), "
             f"TP{tp} x PP{pp} x DP{mt.dp}; {data.num('train')} train / {data.num('valid')} valid samples; "
             f"{mt.train_iters} steps of {mt.global_batch_size} samples"
         )
