@@ -327,6 +327,19 @@ def test_smollm2_lora_sft_is_the_full_sft_through_the_grpo_adapters():
         lora["lora_r"], lora["lora_alpha"], lora["lora_target_modules"])  # fmt: skip
 
 
+def test_lora_keys_are_refused_by_the_other_offline_trainers():
+    """mindrl-train-rm (a value head the frozen model would not train) and mindrl-train-dpo (its reference) have no
+    LoRA path: their configs refuse the keys, naming them; without targets the other LoRA keys are listed as ignored."""
+    from mindrl.preflight import load_dpo_config, load_rm_config
+
+    lora = ["megatron_training.lora_target_modules=[linear_qkv]"]
+    for load, name in ((load_rm_config, "rm_tiny_cpu"), (load_dpo_config, "dpo_tiny_cpu")):
+        with pytest.raises(ConfigError, match="lora_target_modules: LoRA is implemented for mindrl-sft only"):
+            load(name, overrides=lora, check_paths=False)
+    cfg = load_sft_config("sft_tiny_cpu", overrides=["megatron_training.lora_r=4"], check_paths=False)
+    assert "megatron_training.lora_r" in cfg.ignored_keys, cfg.ignored_keys
+
+
 def test_quickstart_splits_are_disjoint_and_sft_answers_are_random():
     from tools.make_quickstart_data import make_splits
 
