@@ -249,7 +249,7 @@ def test_lora_trains_only_the_adapters(pool, assets, tmp_path):
 def test_bad_config_names_the_key_and_the_file(assets, tmp_path):
     path = write_config(tmp_path, assets, lrr=1e-3)
     with pytest.raises(
-        ConfigError, match=r"megatron_training\.lrr: unknown key; did you mean 'lr'\? \[.*sft_test\.yaml\]"
+        ConfigError, match=r"megatron_training\.lrr: unknown key; did you mean 'lr' or 'lora_r'\? \[.*sft_test\.yaml\]"
     ):
         load_sft_config("sft_test", path)
     path = write_config(tmp_path, assets)
