@@ -31,7 +31,7 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     path = tmp_path / "update.json"
     cmd = [sys.executable, os.path.join(ROOT, "tools", "bench_update.py"), "--hf-dir", tiny_models["untied"],
            "--tp", "1", "--cores", "1", "--prompts", "2", "--n", "2", "--prompt-len", "6", "--response-len", "4",
-           "--micro-batch-size", "2", "--iterations", "1", "--json", str(path)]  # fmt: skip
+           "--micro-batch-size", "2", "--iterations", "1", "--lora", "2", "--json", str(path)]  # fmt: skip
     log = tmp_path / "log.txt"
     scratch = tmp_path / "tmp"  # no --workdir: the tool's own temporary folder goes here, and must be gone after
     scratch.mkdir()
@@ -61,7 +61,10 @@ def test_bench_update_writes_json(tiny_models, tmp_path):
     expected = {"torch.matmul"} | ({"onednn"} if fast.onednn_available else set())
     assert set(kernels) == expected | ({"torch.matmul+shim"} if fast.mkl_vendor_shim else set())
     (row,) = res["results"]
-    assert row["tp"] == 1 and row["step_s"] > 0 and 0 < row["mfu"] < 1.5
+    assert row["tp"] == 1 and row["step_s"] > 0 and 0 < row["mfu"] < 1.5 and row["cpu_s"] > 0
+    # --lora: a LoRA actor's updates, alternating with the full model's, timed the same way
+    assert row["lora"]["r"] == 2 and row["lora"]["step_s"] > 0 and row["lora"]["cpu_s"] > 0
+    assert "LoRA / full" in stdout
     shape = ModelShape.from_hf(tiny_models["untied"])
     assert row["flops"] == update_flops(shape, 4, 10)
     prof = row["profile"]

@@ -60,6 +60,21 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 2 and "GENERAL_SAMPLES must be a positive integer, got '0'" in r.stderr
 
 
+def test_recipe_modes_write_apart():
+    """The full fine-tune and the LoRA run (`lora`) share OUT, so none of what one writes is the other's: its SFT
+    checkpoint (a LoRA SFT saves adapters the full run cannot load), GRPO actor, export, logs and run dirs."""
+
+    def paths(*mode: str) -> dict[str, str]:
+        r = subprocess.run(["bash", SCRIPT, *mode, "--paths", "--out", "/o"], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return dict(line.split(": ", 1) for line in r.stdout.splitlines())
+
+    full, lora = paths(), paths("lora")
+    assert full.keys() == lora.keys() and len(full) == 7, full
+    assert full["sft checkpoint"] == "/o/ckpt/actor_sft" and lora["sft checkpoint"] == "/o/ckpt/actor_lora_sft"
+    assert not set(full.values()) & set(lora.values()), (full, lora)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the whole recipe (training, export, two mindrl-eval engines): over 900 s on shared cores
 def test_recipe_short_form(smollm2_hf, tmp_path):

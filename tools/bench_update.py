@@ -255,12 +255,16 @@ def make_batch(prompts: int, n: int, prompt_len: int, response_len: int, vocab: 
 
 
 def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_size: int, lr: float, kl: bool,
-                 profile: bool, top: int = 12, dtype: str = "float32") -> dict:  # fmt: skip
-    """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled."""
+                 profile: bool, top: int = 12, dtype: str = "float32", lora_r: int = 0,
+                 lora_alpha: float = 0.0) -> dict:  # fmt: skip
+    """On every rank: `iterations`+1 actor updates of the whole batch (the first a warm-up), then one profiled.
+    lora_r > 0: a second actor from the same checkpoint with LoRA adapters (rank lora_r, on every linear) takes an
+    update after each of the full model's, so that both see the same load; its times are `lora_times`."""
     import torch
     from megatron.core import parallel_state as ps
 
     from mindrl.batch import shard_rows
+    from mindrl.config.settings import LORA_TARGETS, LoRASettings
     from mindrl.platform.detect import current_platform
     from mindrl.workers.profiling import time_breakdown
     from mindrl.workers.rl_model import PPOLossSettings, ppo_update
@@ -269,20 +273,36 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
     total = iterations + 1 + int(profile)
     _, ddp, optimizer, scheduler = build_model_and_optimizer(load_dir, tp, 1, OptimSettings(lr=lr), total_steps=total,
                                                              dtype=dtype)  # fmt: skip
+    adapted = None
+    if lora_r:
+        lora = LoRASettings(lora_target_modules=list(LORA_TARGETS), lora_r=lora_r, lora_alpha=lora_alpha)
+        adapted = build_model_and_optimizer(load_dir, tp, 1, OptimSettings(lr=lr), total_steps=total, dtype=dtype,
+                                            lora=lora)[1:]  # fmt: skip
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     shard = batch.index(shard_rows(len(batch), dp, 1)[dp_rank])
     loss = PPOLossSettings(kl_loss_coef=0.04 if kl else 0.0)
     sync = current_platform().synchronize
-    times = []
+    times, cpu, lora_times, lora_cpu = [], [], [], []
+
+    def timed(model, opt, sched) -> tuple[float, float]:
+        sync()
+        torch.distributed.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        ppo_update(model, opt, sched, shard, "actor", loss, micro_batch_size, 1, 1)
+        sync()
+        torch.distributed.barrier()
+        return time.perf_counter() - t0, time.process_time() - c0
+
     for i in range(iterations + 1):
-        sync()
-        torch.distributed.barrier()
-        t0 = time.perf_counter()
-        ppo_update(ddp, optimizer, scheduler, shard, "actor", loss, micro_batch_size, 1, 1)
-        sync()
-        torch.distributed.barrier()
+        t, c = timed(ddp, optimizer, scheduler)
+        if adapted is not None:
+            lt, lc = timed(*adapted)
         if i:
-            times.append(time.perf_counter() - t0)
+            times.append(t)
+            cpu.append(c)
+            if adapted is not None:
+                lora_times.append(lt)
+                lora_cpu.append(lc)
     breakdown = None
     if profile:
         torch.distributed.barrier()
@@ -297,6 +317,9 @@ def _update_rank(load_dir: str, tp: int, batch, iterations: int, micro_batch_siz
         breakdown["_top_ops"] = table if torch.distributed.get_rank() == 0 else ""
     return {
         "times": times,
+        "cpu": cpu,
+        "lora_times": lora_times,
+        "lora_cpu": lora_cpu,
         "breakdown": breakdown,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "threads": torch.get_num_threads(),
@@ -344,6 +367,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the model's dtype (bfloat16: megatron bf16 with fp32 main params and gradients)")  # fmt: skip
     p.add_argument("--kl", action="store_true", help="a k3 KL term (coef 0.04) against given reference logprobs")
+    p.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="R",
+        help="also time a LoRA actor (rank R on every linear, "
+        "the backbone frozen) from the same checkpoint, its updates alternating with the full model's",
+    )
+    p.add_argument("--lora-alpha", type=float, default=None, help="the LoRA scale's alpha (default 2R)")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
     p.add_argument("--top", type=int, default=12, help="rows of the profile's table of ops (default 12)")
     p.add_argument("--hidden-size", type=int, default=512)
@@ -403,15 +435,17 @@ def main(argv: list[str] | None = None) -> dict:
                 convert.hf2mcore(hf, ckpt, tp, 1, overwrite=True, pool=pool)
             print(f"TP{tp}: {tp} rank(s) x {a.cores // tp} thread(s), {a.iterations} timed updates ...", flush=True)
             res = pool.run(_update_rank, ckpt, tp, batch, a.iterations, a.micro_batch_size, a.lr, a.kl,
-                           not a.no_profile, a.top, a.dtype)  # fmt: skip
+                           not a.no_profile, a.top, a.dtype, a.lora, a.lora_alpha or 2.0 * a.lora)  # fmt: skip
         per_iter = [max(r["times"][i] for r in res) for i in range(a.iterations)]  # the slowest rank counts
         step_s = statistics.median(per_iter)
+        cpu_s = statistics.median(sum(r["cpu"][i] for r in res) for i in range(a.iterations))  # all ranks' CPU
         row = {
             "tp": tp,
             "ranks": tp,
             "threads_per_rank": res[0]["threads"],
             "step_s": step_s,
             "times": per_iter,
+            "cpu_s": cpu_s,
             "tokens_per_s": tokens / step_s,
             "flops": flops,
             "gflops": flops / step_s / 1e9,
@@ -430,6 +464,18 @@ def main(argv: list[str] | None = None) -> dict:
         results.append(row)
         print(f"TP{tp}: {step_s:.3f} s/update, {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
               f"HFU {row['hfu']:.1%}", flush=True)  # fmt: skip
+        if a.lora:
+            lora_iter = [max(r["lora_times"][i] for r in res) for i in range(a.iterations)]
+            row["lora"] = {
+                "r": a.lora,
+                "step_s": statistics.median(lora_iter),
+                "times": lora_iter,
+                "cpu_s": statistics.median(sum(r["lora_cpu"][i] for r in res) for i in range(a.iterations)),
+            }
+            lr_ = row["lora"]
+            print(f"TP{tp}: full update {step_s:.3f} s ({cpu_s:.2f} CPU s), LoRA r {a.lora} update "
+                  f"{lr_['step_s']:.3f} s ({lr_['cpu_s']:.2f} CPU s): LoRA / full {lr_['step_s'] / step_s:.2f} "
+                  f"wall, {lr_['cpu_s'] / cpu_s:.2f} CPU (medians, alternating)", flush=True)  # fmt: skip
 
     cats = ("gemm", "elementwise", "optimizer", "communication", "python")
     print(f"\n{'layout':<8}{'ranks x thr':>12}{'update s':>10}{'tokens/s':>10}{'GFLOP/s':>9}{'MFU':>7}{'HFU':>7}"

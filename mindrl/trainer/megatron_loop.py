@@ -78,15 +78,21 @@ def setup_rank(mt: Any, data: Any, pad_token_id: int, value_head: bool = False) 
 
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
     optim = mt.optim_settings(lr_warmup_iters=mt.warmup_iters)
+    # mt.lora_target_modules (mindrl-sft only): the loaded model is frozen and only its adapters train
+    lora = mt if getattr(mt, "lora", False) else None
     _, ddp, optimizer, scheduler = build_model_and_optimizer(
         mt.load, tp, pp, optim, mt.train_iters, mt.dtype, mt.sequence_parallel, recompute=mt.recompute_settings(),
-        value_head=value_head,
+        value_head=value_head, lora=lora, seed=mt.seed,
     )  # fmt: skip
     # As megatron's training loop does: fp16 scales the loss before backward (a no-op scale of 1 otherwise).
     ddp.config.grad_scale_func = optimizer.scale_loss
     init_model_parallel(tp, pp, seed=mt.seed)  # same layout: only reseeds (loading reseeded with the default)
     _STATE = RankState(mt, ddp, optimizer, scheduler, data, pad_token_id)
-    return {"num_params": sum(p.numel() for p in ddp.module.parameters())}
+    params = list(ddp.module.parameters())
+    return {
+        "num_params": sum(p.numel() for p in params),
+        "num_trained": sum(p.numel() for p in params if p.requires_grad),
+    }
 
 
 def teardown_rank() -> None:
@@ -175,10 +181,14 @@ def current_lr(st: RankState) -> float:
     return float(st.optimizer.param_groups[0]["lr"])
 
 
-def save_rank(it_dir: str) -> None:
+def save_rank(it_dir: str) -> dict | None:
+    """Save this rank's shards of the model into it_dir (collective); the adapters' settings for the meta (None
+    without LoRA)."""
     from mindrl.checkpoint.mcore_ckpt import save_model
+    from mindrl.models.lora import lora_meta
 
     save_model(state().ddp.module, it_dir)
+    return lora_meta(state().ddp.module)
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -241,9 +251,9 @@ def save_checkpoint(pool, mt: Any, spec: Any, role: str, iteration: int) -> None
     if os.path.isdir(it_dir):  # a rerun of the same iteration replaces it (dist_checkpointing wants it empty)
         shutil.rmtree(it_dir)
     os.makedirs(it_dir)
-    pool.run(save_rank, it_dir)
+    lora = pool.run(save_rank, it_dir)[0]
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
-    mcore_ckpt.write_model_meta(it_dir, spec, role, tp, pp, mt.dtype)
+    mcore_ckpt.write_model_meta(it_dir, spec, role, tp, pp, mt.dtype, lora)
     # Config + tokenizer travel with the weights, so mcore2hf and the RL workers find them.
     src = os.path.join(mt.load, mcore_ckpt.HF_FILES)
     dst = os.path.join(mt.save, mcore_ckpt.HF_FILES)
@@ -283,8 +293,10 @@ def train_loop(cfg: Any, recipe: Recipe, data: SplitData, spec: Any, pool=None, 
     metrics_log = MetricsLogger(run_dir, mt.train_iters, use_tensorboard=mt.use_tensorboard, console=False)
     try:
         info = pool.run(recipe.rank_setup, mt.to_dict(), pad_id)[0]
+        trained = info["num_trained"]
+        lora = f", {trained / 1e6:.2f}M of them trained: LoRA" if trained < info["num_params"] else ""
         log(
-            f"[mindrl-{recipe.name}] {spec.architecture} ({info['num_params'] / 1e6:.2f}M params on rank 0), "
+            f"[mindrl-{recipe.name}] {spec.architecture} ({info['num_params'] / 1e6:.2f}M params on rank 0{lora}), "
             f"TP{tp} x PP{pp} x DP{mt.dp}; {data.num('train')} train / {data.num('valid')} valid samples; "
             f"{mt.train_iters} steps of {mt.global_batch_size} samples"
         )

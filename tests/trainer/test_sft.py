@@ -217,13 +217,39 @@ def test_checkpoint_loads_and_converts(pool, trained, assets, tmp_path):
     assert (theirs - before).abs().max().item() > 0.1
 
 
+def test_lora_trains_only_the_adapters(pool, assets, tmp_path):
+    """mindrl-sft with LoRA keys at TP2 x DP2: the checkpoint holds the base backbone bit for bit and every adapter's B
+    moved off its zero start; the meta records the adapters (what mindrl-train and mindrl-convert rebuild them from);
+    only the adapters are trained parameters (megatron's optimizer holds what requires a gradient)."""
+    from mindrl.checkpoint import mcore_ckpt
+    from tests.trainer.rl_helpers import checkpoint_tensors
+
+    targets = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    lines: list[str] = []
+    path = write_config(tmp_path, assets, tensor_model_parallel_size=2, lora_target_modules=targets, lora_r=4,
+                        lora_alpha=8, micro_batch_size=2)  # fmt: skip
+    result = sft.train_sft(load_sft_config("sft_test", path, []), pool=pool, log=lines.append)
+    assert "of them trained: LoRA" in lines[0], lines[0]
+    _, meta = mcore_ckpt.read_model_meta(result.save_dir)
+    assert meta["lora"] == {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": targets}
+    (tmp_path / "scratch").mkdir()
+    base = checkpoint_tensors(assets[0] / "base", tmp_path / "scratch")
+    saved = checkpoint_tensors(tmp_path / "ckpt", tmp_path / "scratch")
+    assert set(base) < set(saved)
+    assert all(torch.equal(base[k], saved[k]) for k in base), [k for k in base if not torch.equal(base[k], saved[k])]
+    b = [k for k in saved if ".lora.lora_B." in k]
+    assert len(b) == 4, b  # one per target, its layers stacked on axis 0: every layer's B moved
+    assert all(bool((saved[k].flatten(1).abs().amax(1) > 0).all()) for k in b), b
+    assert all(np.isfinite(m["sft/loss"]) for m in result.history)
+
+
 # ------------------------------------------------------------------------------------------------ config
 
 
 def test_bad_config_names_the_key_and_the_file(assets, tmp_path):
     path = write_config(tmp_path, assets, lrr=1e-3)
     with pytest.raises(
-        ConfigError, match=r"megatron_training\.lrr: unknown key; did you mean 'lr'\? \[.*sft_test\.yaml\]"
+        ConfigError, match=r"megatron_training\.lrr: unknown key; did you mean 'lr' or 'lora_r'\? \[.*sft_test\.yaml\]"
     ):
         load_sft_config("sft_test", path)
     path = write_config(tmp_path, assets)
@@ -283,6 +309,35 @@ def test_cli_help_and_config_error(assets, tmp_path, capsys):
 def test_shipped_config_parses(name):
     cfg = load_sft_config(name, check_paths=False)
     assert cfg.megatron_training.stage == "sft" and cfg.megatron_training.save.endswith("actor_sft")
+
+
+def test_smollm2_lora_sft_is_the_full_sft_through_the_grpo_adapters():
+    """configs/sft_smollm2_lora_cpu.yaml (`grpo_smollm2_cpu.sh lora`'s warm start) is sft_smollm2_cpu through adapters:
+    only the LoRA keys, the learning rate and the output paths differ, and its adapters are the ones
+    grpo_smollm2_lora_cpu trains on (a checkpoint's adapters must match the loading run's keys)."""
+    from mindrl.config import load_config
+
+    full = load_sft_config("sft_smollm2_cpu", check_paths=False).megatron_training.to_dict()
+    lora = load_sft_config("sft_smollm2_lora_cpu", check_paths=False).megatron_training.to_dict()
+    changed = {k for k in full.keys() | lora.keys() if full.get(k) != lora.get(k)}
+    assert changed == {"lora_target_modules", "lora_r", "lora_alpha", "lr", "min_lr", "save", "run_dir"}, changed
+    assert lora["save"].endswith("/actor_lora_sft") and full["save"].endswith("/actor_sft")
+    actor = load_config("grpo_smollm2_lora_cpu").actor_config
+    assert (actor.lora_r, actor.lora_alpha, actor.lora_target_modules) == (
+        lora["lora_r"], lora["lora_alpha"], lora["lora_target_modules"])  # fmt: skip
+
+
+def test_lora_keys_are_refused_by_the_other_offline_trainers():
+    """mindrl-train-rm (a value head the frozen model would not train) and mindrl-train-dpo (its reference) have no
+    LoRA path: their configs refuse the keys, naming them; without targets the other LoRA keys are listed as ignored."""
+    from mindrl.preflight import load_dpo_config, load_rm_config
+
+    lora = ["megatron_training.lora_target_modules=[linear_qkv]"]
+    for load, name in ((load_rm_config, "rm_tiny_cpu"), (load_dpo_config, "dpo_tiny_cpu")):
+        with pytest.raises(ConfigError, match="lora_target_modules: LoRA is implemented for mindrl-sft only"):
+            load(name, overrides=lora, check_paths=False)
+    cfg = load_sft_config("sft_tiny_cpu", overrides=["megatron_training.lora_r=4"], check_paths=False)
+    assert "megatron_training.lora_r" in cfg.ignored_keys, cfg.ignored_keys
 
 
 def test_quickstart_splits_are_disjoint_and_sft_answers_are_random():
