@@ -21,14 +21,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.proc_tree import TRANSIENT_ROLES, role_of  # noqa: E402
+from tools.proc_tree import TreeSampler  # noqa: E402
 
 
 @dataclass
@@ -130,18 +129,15 @@ def analyze(iter_times: list[float], samples: list[Sample], window: int = 50,
 
 
 # ------------------------------------------------------------------------------------------- sampling
-class TreeSampler:
+class SoakSampler(TreeSampler):
     """Samples a process and its descendants every `interval` seconds (psutil), tagging each sample with the
     number of rows in `metrics_path` at the time."""
 
     def __init__(self, pid: int, metrics_path: str, interval: float = 0.5) -> None:
-        self.pid, self.metrics_path, self.interval = pid, metrics_path, interval
+        self.metrics_path = metrics_path
         self.samples: list[Sample] = []
-        self._roles: dict[int, str] = {}  # pid -> role, once final (a Ray actor's title changes with its method)
         self._t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(pid, interval)
 
     def _iterations(self) -> int:
         try:
@@ -150,48 +146,33 @@ class TreeSampler:
         except OSError:
             return 0
 
-    def _run(self) -> None:
+    def sample(self, procs: list) -> None:
         import psutil
 
+        rss = fds = threads = 0
+        by_role: dict[str, float] = {}
+        for p in procs:
+            try:
+                with p.oneshot():
+                    r = p.memory_info().rss
+                    rss += r
+                    fds += p.num_fds()
+                    threads += p.num_threads()
+                    role = self.role(p)
+                    by_role[role] = by_role.get(role, 0.0) + r / 2**20
+            except psutil.Error:  # exited between listing and reading
+                pass
         try:
-            root = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                break
-            rss = fds = threads = 0
-            by_role: dict[str, float] = {}
-            for p in procs:
-                try:
-                    with p.oneshot():
-                        r = p.memory_info().rss
-                        rss += r
-                        fds += p.num_fds()
-                        threads += p.num_threads()
-                        role = self._roles.get(p.pid)
-                        if role is None:
-                            role = role_of(p.name(), p.cmdline(), p.pid == self.pid)
-                            if role not in TRANSIENT_ROLES:  # an actor's class is fixed once its title says it
-                                self._roles[p.pid] = role
-                        by_role[role] = by_role.get(role, 0.0) + r / 2**20
-                except psutil.Error:  # exited between listing and reading
-                    pass
-            try:
-                shm = len(os.listdir("/dev/shm"))
-            except OSError:
-                shm = 0
-            it = self._iterations()
-            self.samples.append(
-                Sample(time.monotonic() - self._t0, it, rss / 2**20, fds, threads, len(procs), shm, by_role)
-            )
-            self._stop.wait(self.interval)
+            shm = len(os.listdir("/dev/shm"))
+        except OSError:
+            shm = 0
+        it = self._iterations()
+        self.samples.append(
+            Sample(time.monotonic() - self._t0, it, rss / 2**20, fds, threads, len(procs), shm, by_role)
+        )
 
     def stop(self) -> list[Sample]:
-        self._stop.set()
-        self._thread.join()
+        super().stop()
         return self.samples
 
 
@@ -245,7 +226,7 @@ def run_soak(work: str, iterations: int, interval: float, extra: list[str]) -> t
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        sampler = TreeSampler(proc.pid, metrics, interval)
+        sampler = SoakSampler(proc.pid, metrics, interval)
         last = -1
         while proc.poll() is None:
             time.sleep(2.0)

@@ -20,15 +20,15 @@ import itertools
 import json
 import os
 import random
+import sys
 
-import yaml
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools._task_data import OBSERVATION, write_task  # noqa: E402
 
 TEMPLATES = ("What is {a} * {b}?", "Compute {a} times {b}.", "Multiply {a} by {b}.")
 TOOL_NAME = "code"
-# The agent loop's ChatFormat (mindrl.trainer.pipeline.agent_loop): what follows a turn that called a tool.
-OBSERVATION = (
-    "<|im_end|>\n<|im_start|>user\n<tool_response>\n{out}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 def tool_call(a: int, b: int) -> str:
@@ -77,12 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sandbox-url", default="http://127.0.0.1:8080/run_code", help="the code tool's /run_code URL")
     a = p.parse_args(argv)
     sft, rl = make_splits(a.seed, a.sft_rows, a.rl_rows, a.tool_share)
-    os.makedirs(a.out, exist_ok=True)
-    for name, rows in (("sft", sft), ("rl", rl)):
-        with open(os.path.join(a.out, f"{name}.json"), "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-    with open(os.path.join(a.out, "tools.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(tool_config(a.sandbox_url), f, sort_keys=False)
+    write_task(a.out, sft, rl, tool_config(a.sandbox_url))
     print(f"wrote {a.out}/sft.json ({len(sft)} rows), {a.out}/rl.json ({len(rl)}), {a.out}/tools.yaml")
 
 

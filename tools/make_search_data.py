@@ -19,8 +19,12 @@ import itertools
 import json
 import os
 import random
+import sys
 
-import yaml
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools._task_data import OBSERVATION, write_task  # noqa: E402
 
 TOOL_NAME = "search"
 TOPK = 1
@@ -29,10 +33,6 @@ FIRST = ("Kalo", "Miren", "Rudo", "Zeta", "Tavi", "Vono", "Nisa", "Pemo", "Lusk"
 LAST = ("Balder", "Corvin", "Duskel", "Eppart", "Frame", "Gimble", "Harrow", "Ilsen", "Jorrin", "Kettle", "Lomax",
         "Murrow", "Nettle", "Orrin", "Pike", "Quill")  # fmt: skip
 TEMPLATES = ("What is the badge number of {name}?", "Which badge number does {name} have?")
-# The agent loop's ChatFormat (mindrl.trainer.pipeline.agent_loop): what follows a turn that called a tool.
-OBSERVATION = (
-    "<|im_end|>\n<|im_start|>user\n<tool_response>\n{out}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 def people(seed: int) -> list[tuple[str, int]]:
@@ -118,14 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 < a.sft_people < len(FIRST) * len(LAST):
         p.error(f"--sft-people: between 1 and {len(FIRST) * len(LAST) - 1}, got {a.sft_people}")
     rows, sft, rl = make_splits(a.seed, a.sft_people, a.tool_share)
-    os.makedirs(a.out, exist_ok=True)
+    write_task(a.out, sft, rl, tool_config(a.retrieval_url))
     with open(os.path.join(a.out, "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    for name, split in (("sft", sft), ("rl", rl)):
-        with open(os.path.join(a.out, f"{name}.json"), "w", encoding="utf-8") as f:
-            json.dump(split, f, indent=1)
-    with open(os.path.join(a.out, "tools.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(tool_config(a.retrieval_url), f, sort_keys=False)
     print(f"wrote {a.out}/corpus.jsonl ({len(rows)} rows), sft.json ({len(sft)}), rl.json ({len(rl)}), tools.yaml")
 
 

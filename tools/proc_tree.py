@@ -51,26 +51,24 @@ class RoleMemory:
     rss_at_tree_peak_mb: float = 0.0  # the role's RSS when the whole tree's summed RSS peaked
 
 
-class TreeMemory:
-    """Samples a process and all its descendants every `interval` seconds until `stop`: the peak summed RSS, PSS
-    and USS of the tree, and each role's (see `role_of`). RSS sums count a page shared by k processes k times;
-    PSS sums count it once, so the tree's PSS is the memory it really holds. RSS is the kernel's per-process
-    counter (/proc/<pid>/statm), which may lag the page-table walk PSS and USS come from by a few MiB per thread."""
+class TreeSampler:
+    """Calls `sample(procs)` every `interval` seconds, on a thread of its own, with a process and all its descendants
+    (psutil.Process objects, the root first) until `stop`. A subclass sets its own state before calling
+    `TreeSampler.__init__`, which starts the thread."""
 
-    def __init__(self, pid: int, interval: float = 0.5, shared_every: int = 4) -> None:
-        # PSS / USS come from /proc/<pid>/smaps_rollup, a walk of the page tables (tens of ms for a GiB-sized
-        # process), so they are read every `shared_every`-th sample; RSS (statm) at every one.
-        self.pid, self.interval, self.shared_every = pid, interval, max(1, shared_every)
-        self.peak_rss_mb = self.peak_pss_mb = self.peak_uss_mb = 0.0
-        self.roles: dict[str, RoleMemory] = {}
-        self.samples = 0
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval = pid, interval
         self.sampler_cpu_s = 0.0  # the sampling thread's own CPU time (reading smaps_rollup is not free)
         self._roles: dict[int, str] = {}  # pid -> role, once final (a Ray actor's title changes with its method)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _role(self, p) -> str:
+    def sample(self, procs: list) -> None:
+        raise NotImplementedError
+
+    def role(self, p) -> str:
+        """`p`'s role (see `role_of`), kept once final; call it inside `p.oneshot()`."""
         role = self._roles.get(p.pid)
         if role is None:
             role = role_of(p.name(), p.cmdline(), p.pid == self.pid)
@@ -91,45 +89,69 @@ class TreeMemory:
                 procs = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 break
-            shared = self.samples % self.shared_every == 0
-            now: dict[str, list[float]] = {}  # role -> [processes, rss, pss, uss] (bytes)
-            for p in procs:
-                try:
-                    with p.oneshot():
-                        role = self._role(p)
-                        m = p.memory_full_info() if shared else p.memory_info()
-                except psutil.Error:  # exited between listing and reading
-                    continue
-                acc = now.setdefault(role, [0, 0.0, 0.0, 0.0])
-                acc[0] += 1
-                acc[1] += m.rss
-                if shared:
-                    acc[2] += m.pss
-                    acc[3] += m.uss
-            mib = 2.0**20
-            rss = sum(v[1] for v in now.values()) / mib
-            self.peak_pss_mb = max(self.peak_pss_mb, sum(v[2] for v in now.values()) / mib)
-            self.peak_uss_mb = max(self.peak_uss_mb, sum(v[3] for v in now.values()) / mib)
-            tree_peak = rss > self.peak_rss_mb
-            self.peak_rss_mb = max(self.peak_rss_mb, rss)
-            for role, (n, r, pss, uss) in now.items():
-                rm = self.roles.setdefault(role, RoleMemory())
-                rm.procs = max(rm.procs, int(n))
-                rm.peak_rss_mb = max(rm.peak_rss_mb, r / mib)
-                rm.peak_pss_mb = max(rm.peak_pss_mb, pss / mib)
-                rm.peak_uss_mb = max(rm.peak_uss_mb, uss / mib)
-            if tree_peak:
-                for role, rm in self.roles.items():
-                    rm.rss_at_tree_peak_mb = now[role][1] / mib if role in now else 0.0
-            self.samples += 1
+            self.sample(procs)
             self.sampler_cpu_s = time.thread_time() - cpu0
             self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class TreeMemory(TreeSampler):
+    """Samples a process and all its descendants every `interval` seconds until `stop`: the peak summed RSS, PSS
+    and USS of the tree, and each role's (see `role_of`). RSS sums count a page shared by k processes k times;
+    PSS sums count it once, so the tree's PSS is the memory it really holds. RSS is the kernel's per-process
+    counter (/proc/<pid>/statm), which may lag the page-table walk PSS and USS come from by a few MiB per thread."""
+
+    def __init__(self, pid: int, interval: float = 0.5, shared_every: int = 4) -> None:
+        # PSS / USS come from /proc/<pid>/smaps_rollup, a walk of the page tables (tens of ms for a GiB-sized
+        # process), so they are read every `shared_every`-th sample; RSS (statm) at every one.
+        self.shared_every = max(1, shared_every)
+        self.peak_rss_mb = self.peak_pss_mb = self.peak_uss_mb = 0.0
+        self.roles: dict[str, RoleMemory] = {}
+        self.samples = 0
+        super().__init__(pid, interval)
+
+    def sample(self, procs: list) -> None:
+        import psutil
+
+        shared = self.samples % self.shared_every == 0
+        now: dict[str, list[float]] = {}  # role -> [processes, rss, pss, uss] (bytes)
+        for p in procs:
+            try:
+                with p.oneshot():
+                    role = self.role(p)
+                    m = p.memory_full_info() if shared else p.memory_info()
+            except psutil.Error:  # exited between listing and reading
+                continue
+            acc = now.setdefault(role, [0, 0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += m.rss
+            if shared:
+                acc[2] += m.pss
+                acc[3] += m.uss
+        mib = 2.0**20
+        rss = sum(v[1] for v in now.values()) / mib
+        self.peak_pss_mb = max(self.peak_pss_mb, sum(v[2] for v in now.values()) / mib)
+        self.peak_uss_mb = max(self.peak_uss_mb, sum(v[3] for v in now.values()) / mib)
+        tree_peak = rss > self.peak_rss_mb
+        self.peak_rss_mb = max(self.peak_rss_mb, rss)
+        for role, (n, r, pss, uss) in now.items():
+            rm = self.roles.setdefault(role, RoleMemory())
+            rm.procs = max(rm.procs, int(n))
+            rm.peak_rss_mb = max(rm.peak_rss_mb, r / mib)
+            rm.peak_pss_mb = max(rm.peak_pss_mb, pss / mib)
+            rm.peak_uss_mb = max(rm.peak_uss_mb, uss / mib)
+        if tree_peak:
+            for role, rm in self.roles.items():
+                rm.rss_at_tree_peak_mb = now[role][1] / mib if role in now else 0.0
+        self.samples += 1
 
     def stop(self) -> dict:
         """Stops sampling; {peak_rss_mb, peak_pss_mb, peak_uss_mb, samples, sampler_cpu_s, by_role: {role: RoleMemory
         as a dict}}, roles by their RSS at the tree's peak, largest first."""
-        self._stop.set()
-        self._thread.join()
+        super().stop()
         roles = sorted(self.roles.items(), key=lambda kv: (-kv[1].rss_at_tree_peak_mb, -kv[1].peak_rss_mb))
         return {
             "peak_rss_mb": self.peak_rss_mb,
