@@ -114,6 +114,11 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import sys
+
+    helpers = sys.modules.get("tests.trainer.rl_helpers")
+    if helpers is not None:  # a shared Ray handed on by the last module (a run cut short may leave one)
+        helpers.release_shared_ray()
     if _POOL is not None:
         _POOL.close()
     leave_cgroup()
@@ -137,8 +142,18 @@ def _host_snapshot() -> dict:
     """What a test module must not change for the modules after it."""
     import sys
 
+    group = sys.modules.get("mindrl.workers.group")
+    before_ray = getattr(group, "_ENV_BEFORE_RAY", None)  # while a Ray started here is up: what ray.init changed
+
+    def set_by_ray(key: str, value: str) -> bool:  # the shared Ray may outlive a module (tests/trainer/rl_helpers.py)
+        return (
+            before_ray is not None
+            and (key.startswith("RAY_") or key == "PYTHONBREAKPOINT")
+            and before_ray.get(key) != value
+        )
+
     snap = {
-        "os.environ": {k: v for k, v in os.environ.items() if k not in _ENV_ALLOWED},
+        "os.environ": {k: v for k, v in os.environ.items() if k not in _ENV_ALLOWED and not set_by_ray(k, v)},
         "the default torch.distributed process group": torch.distributed.is_available()
         and torch.distributed.is_initialized(),
         "torch.get_num_threads()": torch.get_num_threads(),
@@ -186,13 +201,23 @@ def _module_leaves_no_trace(request):
         pytest.fail(f"{request.node.nodeid} left the process changed:\n" + "\n".join(leaks), pytrace=False)
 
 
+_NEXT: dict[str, str | None] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    # the next test's module, for the module fixtures torn down after this test (before pytest's own teardown)
+    _NEXT["module"] = nextitem.nodeid.split("::", 1)[0] if nextitem is not None else None
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _shared_ray_ends_with_its_module(_module_leaves_no_trace):
-    """The Ray that a module's trainer runs share (tests/trainer/rl_helpers.py) stops when the module ends: torn down
-    before `_module_leaves_no_trace` takes its snapshot (it depends on it)."""
+    """The Ray that a module's trainer runs share (tests/trainer/rl_helpers.py) goes on to the next module if that one
+    shares it too, else stops when the module ends: torn down before `_module_leaves_no_trace` takes its snapshot (it
+    depends on it)."""
     import sys
 
     yield
     helpers = sys.modules.get("tests.trainer.rl_helpers")
     if helpers is not None:
-        helpers.release_shared_ray()
+        helpers.release_shared_ray(_NEXT.get("module"))

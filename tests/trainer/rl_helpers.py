@@ -3,6 +3,7 @@ them, a train-and-read-back helper, and trainer runs that several test files rea
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -114,11 +115,12 @@ def _config(name: str, assets, run_dir, *overrides: str, actor_load=None, critic
     return load_config(name, overrides=[*paths, *overrides])
 
 
-# ---- one Ray per test module for its trainer runs ------------------------------------------------------------
+# ---- one Ray for a run of trainer test modules ---------------------------------------------------------------
 # A private Ray costs ~4 s to start and ~1 s to stop on 2 cores, CPU bound, per trainer run. The runs of one module
 # share one instead: the trainer uses a Ray it finds initialised (the documented "caller's Ray" path: it removes its
-# placement group and actors, and leaves Ray up), and tests/conftest.py stops it when the module ends, before the
-# module's leak check. Modules that check that a run leaves no Ray behind keep a private one per run.
+# placement group and actors, and leaves Ray up). When a module ends, tests/conftest.py hands that Ray on to the next
+# module if that one shares it too (`shares_ray`), else stops it, before the module's leak check. Modules that check
+# that a run leaves no Ray behind keep a private one per run.
 PRIVATE_RAY_MODULES = {
     "tests/trainer/test_ppo_e2e.py",  # _no_leftovers: Ray is down after the run
     "tests/trainer/test_qwen3_e2e.py",  # the same check (test_ppo_e2e's _no_leftovers)
@@ -141,10 +143,33 @@ def _share_ray_in_this_module() -> None:
     _SHARED_RAY["module"] = module
 
 
-def release_shared_ray() -> None:
-    """Stop the module's shared Ray (tests/conftest.py, at the end of each module), restoring the environment."""
-    if _SHARED_RAY.pop("module", None) is None:
+# A module that checks for Ray processes, starts a Ray of its own or counts shared memory must not run beside the
+# shared one: it is stopped before such a module.
+_NOT_BESIDE_SHARED_RAY = ("ray_processes(", "wait_for_no_ray(", "start_ray(", "ray.init(", "own_shm_segments(",
+                          "_no_leftovers(")  # fmt: skip
+_RUNS_TRAINERS = ("_train(", "learning_run(", "layout_run(", "straight_run(", "shared_run(")
+
+
+@functools.cache
+def shares_ray(module: str) -> bool:
+    """Whether the test module at `module` (a path from the project root) runs trainers in-process on the shared Ray
+    and checks nothing the shared Ray would disturb."""
+    path = Path(__file__).resolve().parents[2] / module
+    if module in PRIVATE_RAY_MODULES or not path.is_file():
+        return False
+    text = path.read_text()
+    return any(s in text for s in _RUNS_TRAINERS) and not any(s in text for s in _NOT_BESIDE_SHARED_RAY)
+
+
+def release_shared_ray(next_module: str | None = None) -> None:
+    """At the end of a module (tests/conftest.py): hand the shared Ray on to `next_module` (the next test's) if it
+    shares it too, else stop it, restoring the environment."""
+    if _SHARED_RAY.get("module") is None:
         return
+    if next_module is not None and shares_ray(next_module):
+        _SHARED_RAY["module"] = next_module
+        return
+    _SHARED_RAY.pop("module")
     import ray
 
     from mindrl.workers.group import stop_ray
