@@ -80,13 +80,19 @@ def setup_rank(mt: Any, data: Any, pad_token_id: int, value_head: bool = False) 
     optim = mt.optim_settings(lr_warmup_iters=mt.warmup_iters)
     _, ddp, optimizer, scheduler = build_model_and_optimizer(
         mt.load, tp, pp, optim, mt.train_iters, mt.dtype, mt.sequence_parallel, recompute=mt.recompute_settings(),
-        value_head=value_head,
+        value_head=value_head, layers_per_stage=layers_per_stage(mt),
     )  # fmt: skip
     # As megatron's training loop does: fp16 scales the loss before backward (a no-op scale of 1 otherwise).
     ddp.config.grad_scale_func = optimizer.scale_loss
     init_model_parallel(tp, pp, seed=mt.seed)  # same layout: only reseeds (loading reseeded with the default)
     _STATE = RankState(mt, ddp, optimizer, scheduler, data, pad_token_id)
     return {"num_params": sum(p.numel() for p in ddp.module.parameters())}
+
+
+def layers_per_stage(mt: Any) -> tuple[int, ...] | None:
+    """num_layer_list's stages (None: unset, megatron's even split)."""
+    counts = mt.layer_list()
+    return tuple(counts) if counts is not None else None
 
 
 def teardown_rank() -> None:
