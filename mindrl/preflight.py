@@ -389,7 +389,8 @@ def check_dpo_paths(mt: SFTTrainingConfig, col: Collector) -> None:
             col.add("ref_model", f"{mt.ref_model!r} holds a {spec.architecture} (value head); the DPO reference is a "
                     "causal LM")  # fmt: skip
         try:
-            spec.validate_layout(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size)
+            spec.validate_layout(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size,
+                                 uneven_pp=mt.num_layer_list is not None)  # fmt: skip
         except ModelConfigError as e:
             col.add("ref_model", f"TP x PP = {mt.tensor_model_parallel_size} x {mt.pipeline_model_parallel_size} "
                     f"(the policy's layout, which the reference runs at) does not fit it: {e}")  # fmt: skip
@@ -415,10 +416,15 @@ def _check_training_paths(mt: SFTTrainingConfig, col: Collector, data_counts, va
                 spec.validate_layout(mt.tensor_model_parallel_size, 1)
             except ModelConfigError as e:
                 col.add("tensor_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
+            counts = mt.layer_list() if not col.is_bad("num_layer_list") else None
+            if counts is not None and sum(counts) != spec.num_layers:
+                col.add("num_layer_list", f"{mt.num_layer_list!r} gives {sum(counts)} layers in all; the model in "
+                        f"{mt.load!r} has {spec.num_layers}")  # fmt: skip
             try:
-                spec.validate_layout(1, mt.pipeline_model_parallel_size)
+                spec.validate_layout(1, mt.pipeline_model_parallel_size, uneven_pp=counts is not None)
             except ModelConfigError as e:
-                col.add("pipeline_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}")
+                col.add("pipeline_model_parallel_size", f"does not fit the model in {mt.load!r}: {e}"
+                        + (" (an uneven split needs num_layer_list)" if counts is None else ""))  # fmt: skip
             else:
                 layers = spec.num_layers // mt.pipeline_model_parallel_size
                 for key, message in mt.recompute_problems(layers):

@@ -79,6 +79,10 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings, LoRASettings)
     """TP: the model's tensors are split over this many ranks."""
     pipeline_model_parallel_size: int = 1
     """PP: the model's layers are split into this many stages."""
+    num_layer_list: str | list[int] | None = None
+    """MindSpeed's layers per pipeline stage ("1,2"): PP entries >= 1 summing to the model's num_layers, each stage
+    building and training that many (megatron's pipeline layout); needed where PP does not divide the layers. None:
+    num_layers / PP each."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (TP > 1 only)."""
     micro_batch_size: int = 1
@@ -139,6 +143,13 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings, LoRASettings)
             self.world_size = tp * pp if ok else 1
         super().__post_init__()
 
+    def layer_list(self) -> list[int] | None:
+        """num_layer_list as integers (None: unset); raises ValueError on a malformed one."""
+        given = self.num_layer_list
+        if given is None:
+            return None
+        return [int(x) for x in given.split(",")] if isinstance(given, str) else [int(x) for x in given]
+
     @property
     def dp(self) -> int:
         """Data-parallel size: world_size / (TP x PP)."""
@@ -176,7 +187,15 @@ class SFTTrainingConfig(Section, OptimSettings, RecomputeSettings, LoRASettings)
                         f"= {self.dp} x {mbs} (DP = world_size / (TP x PP) = {self.world_size} / ({tp} x {pp}))")  # fmt: skip
         if self.sequence_parallel and tp == 1:
             col.add("sequence_parallel", "needs tensor_model_parallel_size > 1")
-        # the rules on layers per stage need the model: the builder checks them (mindrl.models.builder)
+        try:
+            counts = self.layer_list()
+        except (TypeError, ValueError):
+            col.add("num_layer_list", f"{self.num_layer_list!r} is not a comma-separated list of layer counts like "
+                    "'16,16,16,16'")  # fmt: skip
+        else:
+            if counts is not None and pp >= 1 and (len(counts) != pp or min(counts) < 1):
+                col.add("num_layer_list", f"{self.num_layer_list!r} must give each of the PP={pp} stages >= 1 layer")
+        # the rules on layers per stage need the model: the checkpoint check (mindrl.preflight) and the builder
         for key, message in self.recompute_problems():
             col.add(key, message)
         if self.recompute_granularity is None:
@@ -283,11 +302,20 @@ def load_sft_config(
             from mindrl.config.arch_section import split_arch_keys
 
             section, arch_keys = split_arch_keys(section, schema)
+        noop = {}
+        if schema.READS_MODEL and arch_keys.get("noop_layers") is not None:
+            noop = {f"{SECTION}.noop_layers": arch_keys.pop("noop_layers")}
         mt = schema.from_dict(section, SECTION, col)
         if schema.READS_MODEL:
             from mindrl.config.arch_section import read_arch
 
             arch = read_arch(mt.model, raw.get("model"), arch_keys, config_dir, col, source)
+            if arch is not None and arch.noop_layers is not None:
+                noop = noop or {f"model.{arch.name}.noop_layers": arch.noop_layers}
+        for key, value in noop.items():  # MindSpeed's identity layers pad a model's layers to a multiple of PP
+            col.add(key, f"{value!r}: mindrl-train-{schema.STAGE} builds no identity layers, it trains the "
+                    f"checkpoint's own (megatron_training.num_layer_list splits them unevenly over the pipeline "
+                    f"stages); remove it")  # fmt: skip
         for check in checks if not col.issues else ():
             check(mt, col)
     col.raise_if_any(name)

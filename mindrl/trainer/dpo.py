@@ -159,7 +159,10 @@ def _reference_model(mt: DPOTrainingConfig):
     from mindrl.checkpoint.loading import build_and_load
 
     tp, pp = mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size
-    _, _, model = build_and_load(mt.ref_model, tp, pp, mt.dtype, sequence_parallel=mt.sequence_parallel)
+    stages = loop.layers_per_stage(mt)
+    _, _, model = build_and_load(
+        mt.ref_model, tp, pp, mt.dtype, sequence_parallel=mt.sequence_parallel, layers_per_stage=stages
+    )
     if getattr(model, "mindrl_role", None) == "critic":
         raise ValueError(f"megatron_training.ref_model {mt.ref_model!r} holds a value-head model, not a causal LM")
     return model

@@ -82,7 +82,7 @@ def setup_rank(mt: Any, data: Any, pad_token_id: int, value_head: bool = False) 
     lora = mt if getattr(mt, "lora", False) else None
     _, ddp, optimizer, scheduler = build_model_and_optimizer(
         mt.load, tp, pp, optim, mt.train_iters, mt.dtype, mt.sequence_parallel, recompute=mt.recompute_settings(),
-        value_head=value_head, lora=lora, seed=mt.seed,
+        value_head=value_head, lora=lora, seed=mt.seed, layers_per_stage=layers_per_stage(mt),
     )  # fmt: skip
     # As megatron's training loop does: fp16 scales the loss before backward (a no-op scale of 1 otherwise).
     ddp.config.grad_scale_func = optimizer.scale_loss
@@ -93,6 +93,12 @@ def setup_rank(mt: Any, data: Any, pad_token_id: int, value_head: bool = False) 
         "num_params": sum(p.numel() for p in params),
         "num_trained": sum(p.numel() for p in params if p.requires_grad),
     }
+
+
+def layers_per_stage(mt: Any) -> tuple[int, ...] | None:
+    """num_layer_list's stages (None: unset, megatron's even split)."""
+    counts = mt.layer_list()
+    return tuple(counts) if counts is not None else None
 
 
 def teardown_rank() -> None:

