@@ -98,7 +98,8 @@ def test_forbidden_and_unsupported_keys():
                  "rl_config.use_integrated_worker=false", "generate_config.rollout_mode=server",
                  "+generate_config.enable_expert_parallel=true", "+rl_config.reward_resource.num_npus=2")  # fmt: skip
     issue(err, "rl_config.tool_config_path", "is required with multi_turn_enable: true")
-    issue(err, "rl_config.multi_turn_enable", "needs use_integrated_worker: true")
+    # multi-turn with separate placement (the engine group) and with servers is allowed: no issue of its own
+    assert not any(i.key == "rl_config.multi_turn_enable" for i in err.issues)
     issue(err, "megatron_training.expert_model_parallel_size", "EP=2 needs a mixture-of-experts model")
     issue(err, "rl_config.reference_resource.num_npus", "is required with use_integrated_worker: false")
     issue(err, "generate_config.server_urls", "rollout_mode 'server' needs at least one rollout server URL")
