@@ -43,7 +43,10 @@ pip_install() { "$VPY" -m pip install --disable-pip-version-check -q -c "$CONSTR
 # of its installs fails, that install is done by pip. MINDRL_SETUP_PIP=1: pip only.
 pipi() {
   if [[ -n "${UV:-}" ]]; then
-    "$UV" pip install --python "$VPY" -q -c "$CONSTRAINTS" ${UV_ARGS[@]+"${UV_ARGS[@]}"} "$@" && return 0
+    # --compile-bytecode: as pip, so that no process compiles the packages' sources at import (the suite's
+    # processes run with PYTHONDONTWRITEBYTECODE=1 on some machines: without .pyc files every start paid ~2x CPU)
+    "$UV" pip install --python "$VPY" -q --compile-bytecode -c "$CONSTRAINTS" ${UV_ARGS[@]+"${UV_ARGS[@]}"} "$@" \
+      && return 0
     echo "[setup_env] uv failed on: $*; pip instead" >&2
   fi
   pip_install "$@"
