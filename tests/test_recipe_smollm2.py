@@ -32,32 +32,19 @@ def test_recipe_help_and_bad_arguments():
     assert r.returncode == 0 and r.stdout.startswith("usage: bash examples/grpo/grpo_smollm2_cpu.sh")
     r = subprocess.run(["bash", SCRIPT, "--nope"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "unknown argument '--nope'" in r.stderr
-    r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "ITERS": "x"}, capture_output=True, text=True)
-    assert r.returncode == 2 and "ITERS must be a positive integer, got 'x'" in r.stderr
-    r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "0"}, capture_output=True, text=True)
-    assert r.returncode == 2 and "MAX_VALUE must be a positive integer, got '0'" in r.stderr
-    r = subprocess.run(
-        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "MAX_VALUE": "100"}, capture_output=True, text=True
-    )
-    assert r.returncode == 2 and "MAX_VALUE must be at most 99" in r.stderr
-    r = subprocess.run(
-        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "SFT_TARGET": "x"}, capture_output=True, text=True
-    )
-    assert r.returncode == 2 and "SFT_TARGET must be columns or equation, got 'x'" in r.stderr
-    r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env={**os.environ, "VAL_SET": "x"}, capture_output=True, text=True)
-    assert r.returncode == 2 and "VAL_SET must be heldout or test, got 'x'" in r.stderr
-    r = subprocess.run(
-        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "SFT_ITERS": "-1"}, capture_output=True, text=True
-    )
-    assert r.returncode == 2 and "SFT_ITERS must be a non-negative integer, got '-1'" in r.stderr
-    r = subprocess.run(
-        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "GENERAL_MIX": "x"}, capture_output=True, text=True
-    )
-    assert r.returncode == 2 and "GENERAL_MIX must be a non-negative integer, got 'x'" in r.stderr
-    r = subprocess.run(
-        ["bash", SCRIPT], cwd=ROOT, env={**os.environ, "GENERAL_SAMPLES": "0"}, capture_output=True, text=True
-    )
-    assert r.returncode == 2 and "GENERAL_SAMPLES must be a positive integer, got '0'" in r.stderr
+    for name, value, message in [
+        ("ITERS", "x", "ITERS must be a positive integer, got 'x'"),
+        ("MAX_VALUE", "0", "MAX_VALUE must be a positive integer, got '0'"),
+        ("MAX_VALUE", "100", "MAX_VALUE must be at most 99"),
+        ("SFT_TARGET", "x", "SFT_TARGET must be columns or equation, got 'x'"),
+        ("VAL_SET", "x", "VAL_SET must be heldout or test, got 'x'"),
+        ("SFT_ITERS", "-1", "SFT_ITERS must be a non-negative integer, got '-1'"),
+        ("GENERAL_MIX", "x", "GENERAL_MIX must be a non-negative integer, got 'x'"),
+        ("GENERAL_SAMPLES", "0", "GENERAL_SAMPLES must be a positive integer, got '0'"),
+    ]:
+        env = {**os.environ, name: value}
+        r = subprocess.run(["bash", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr, (name, value, r.stderr)
 
 
 def test_recipe_modes_write_apart():

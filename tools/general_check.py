@@ -43,8 +43,8 @@ def _prompts(tok) -> list[list[int]]:
 
 
 def _generate(tok, model, prompts: list[list[int]], max_new: int, sample: bool, n: int = 1, seed: int = 0):
-    """Per prompt, n responses (token ids, ending at the end token or max_new), and per response the model's log-prob
-    of each of its tokens (fp64 log-softmax of the logits it sampled from)."""
+    """Per prompt, n responses (token ids, ending at the end token or max_new), and (sampled ones only) per response
+    the model's log-prob of each of its tokens (fp64 log-softmax of the logits it sampled from)."""
     import torch
 
     torch.manual_seed(seed)
@@ -56,14 +56,15 @@ def _generate(tok, model, prompts: list[list[int]], max_new: int, sample: bool, 
     kw = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
     with torch.no_grad():
         out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                             eos_token_id=tok.eos_token_id, return_dict_in_generate=True, output_logits=True, **kw)  # fmt: skip
+                             eos_token_id=tok.eos_token_id, return_dict_in_generate=True, output_logits=sample, **kw)  # fmt: skip
     responses, logprobs = [], []
     for i, row in enumerate(out.sequences[:, width:].tolist()):
         if tok.eos_token_id in row:
             row = row[: row.index(tok.eos_token_id) + 1]
         responses.append(row)
-        logits = torch.stack([step[i] for step in out.logits[: len(row)]]).double()
-        logprobs.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(row)[:, None])[:, 0])
+        if sample:  # only the base's samples need them (the KL estimate); greedy answers are read, not scored
+            logits = torch.stack([step[i] for step in out.logits[: len(row)]]).double()
+            logprobs.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(row)[:, None])[:, 0])
     return responses, logprobs
 
 
