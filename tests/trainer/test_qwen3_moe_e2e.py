@@ -1,9 +1,11 @@
-"""A tiny Qwen3-MoE (configs/model/tiny_qwen3_moe.yaml) through mindrl-train's code path with DAPO (dapo_tiny_cpu:
-dynamic sampling, the overlong buffer, clip-higher, token-level loss, no KL term and no reference model): the actor
-at expert parallelism 2 (megatron's all-to-all dispatcher on gloo, the load-balancing loss in the update), its
-weights resharded every iteration into one vLLM engine per rank (each rank gathers the experts of the other EP
-rank), and the every-step check that the engine samples from the trained policy; two optimizer steps per batch with
-routing replay (R2: the old-logprob pass's routing replayed in both steps' updates)."""
+"""A tiny Qwen3-MoE (configs/model/tiny_qwen3_moe.yaml with 3 layers) through mindrl-train's code path. DAPO
+(dapo_tiny_cpu: dynamic sampling, the overlong buffer, clip-higher, token-level loss, no KL term and no reference
+model): the actor at expert parallelism 2 (megatron's all-to-all dispatcher on gloo, the load-balancing loss in the
+update), its weights resharded every iteration into one vLLM engine per rank (each rank gathers the experts of the
+other EP rank), and the every-step check that the engine samples from the trained policy; two optimizer steps per
+batch with routing replay (R2: the old-logprob pass's routing replayed in both steps' updates). GRPO at TP2 x EP2
+and at PP2 x EP2 with uneven stages (2 + 1 layers), the two layouts' first iteration against each other within
+fp32's own error on the same tokens (transformers fp32 against fp64)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,20 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.trainer.rl_helpers import _config, _train, checkpoint_tensors
+from tests.trainer.rl_helpers import _config, _train, check_layouts, checkpoint_tensors
 from tests.trainer.test_dapo_e2e import _dapo_overrides, _groups, _penalty
 
 pytestmark = pytest.mark.slow  # starts Ray and worker processes that import vLLM and megatron
 
-MOE = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
+MOE = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe",
+       "model.tiny_qwen3_moe.num_layers=3"]  # fmt: skip
+LAYOUTS = {  # 4 ranks each: TP2 x DP2 and PP2 x DP2, EP2 carved out of DP; one engine per rank
+    "tp2ep2": ["actor_config.tensor_model_parallel_size=2", "actor_config.sequence_parallel=true"],
+    "pp2ep2": ["actor_config.tensor_model_parallel_size=1", "actor_config.pipeline_model_parallel_size=2",
+               "+actor_config.num_layer_list='2,1'"],
+}  # fmt: skip
 
 
 def _experts(ckpt: Path, scratch) -> dict:
@@ -71,3 +80,30 @@ def test_tiny_qwen3_moe_dapo_at_ep2(moe_assets, tmp_path):
     start, trained = _experts(moe_assets / "actor", tmp_path), _experts(Path(run_dir) / "ckpt_actor", tmp_path)
     assert sorted(trained) == sorted(start)
     assert any("router" in k for k in trained) and all(not trained[k].equal(start[k]) for k in trained)
+
+
+def test_tiny_qwen3_moe_grpo_tp2ep2_and_uneven_pp2(moe_assets, tmp_path):
+    # entropy_coeff: the random policy's rewards are all 0 (zero advantages); the entropy term (and the routers'
+    # load-balancing loss) moves the weights, so iteration 2's check sees the stream of updated weights
+    common = [*MOE, "actor_config.expert_model_parallel_size=2",
+              "rl_config.actor_resource.num_npus=4", "generate_config.infer_tensor_parallel_size=1",
+              "rl_config.entropy_coeff=0.01", "megatron_training.train_iters=2", "rl_config.use_tensorboard=false"]  # fmt: skip
+    runs = {}
+    for name, layout in LAYOUTS.items():
+        cfg = _config("grpo_tiny_cpu", moe_assets, tmp_path / name, *common, *layout)
+        assert cfg.model.num_layers == 3 and cfg.actor_config.ep == 2 and cfg.rl_config.actor_dp == 2
+        run_dir, _, lines, rollouts = _train(cfg)
+        assert len(lines) == 2
+        for m in lines:  # 8 experts a layer, top 2 (at most 4x an even share)
+            assert m["actor/grad_norm"] > 0 and m["actor/skipped_updates"] == 0
+            assert m["actor/moe_load_balancing_loss"] > 0
+            assert 0 <= m["actor/moe_expert_load_min"] <= 1 <= m["actor/moe_expert_load_max"] <= 4, m
+        runs[name] = (Path(run_dir), lines, [r for r in rollouts if r["iteration"] == 1])
+    check_layouts(moe_assets, runs, torch.float32)
+    print({n: [m["actor/moe_load_balancing_loss"] for m in lines] for n, (_, lines, _) in runs.items()})
+    # Every expert of both EP ranks and the routers of all three layers trained, whatever stage held them.
+    start = _experts(moe_assets / "actor", tmp_path)
+    assert {k.split(".mlp.")[0] for k in start if "router" in k} == {f"decoder.layers.{i}" for i in range(3)}
+    for run_dir, _, _ in runs.values():
+        trained = _experts(run_dir / "ckpt_actor", tmp_path)
+        assert sorted(trained) == sorted(start) and all(not trained[k].equal(start[k]) for k in trained)
