@@ -153,7 +153,8 @@ class AgentLoop(Episode):
     context in which its calls share one weight load (`engines.Engine`).
     `tokenizer`: an HF tokenizer (`encode(text, add_special_tokens=False)`, `decode(ids)` keeping special tokens).
     `tools`: by function name. `turn_stop`: a token that also ends a turn (`build.tool_call_end`). `metrics` holds the
-    last run's: turns, tool calls, errors and latency per tool, truncated observations."""
+    last run's (or the `resume` pieces' since `reset_metrics`): turns, tool calls, errors and latency per tool,
+    truncated observations."""
 
     def __init__(
         self,
