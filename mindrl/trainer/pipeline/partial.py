@@ -1,5 +1,6 @@
-"""Partial rollout (`rl_config.partial_rollout_max_split` > 1): responses are generated in pieces of a share of
-max_tokens, and one cut short continues in a later iteration with the newer weights (docs/rollout.md)."""
+"""Partial rollout (`rl_config.partial_rollout_max_split` > 1): responses (one turn, or agent-loop episodes) are
+generated in pieces of a share of their length, and one cut short continues in a later iteration with the newer
+weights (docs/rollout.md)."""
 
 from __future__ import annotations
 
