@@ -537,3 +537,37 @@ def test_partial_rollout_cuts_episodes_and_resumes_them_as_if_never_cut_and_exac
     assert m1["agent/tool_calls"] + m2["agent/tool_calls"] == 2 * (2 + 1) and m2["agent/tool_errors"] == 0
     assert m2["agent/turns_mean"] == 2.5 and m2["agent/length_stops"] == 0
     assert m2["partial_rollout/split_responses"] == 4 and m2["partial_rollout/staleness/max"] == 1
+
+
+def test_one_step_off_trains_the_agent_loops_episodes_a_version_late_with_their_masks(tok):
+    """The agent loop under async_mode one_step_off (the real schedule over the data loader): iteration 2's episodes
+    are sampled during iteration 1, with weight version 0, and reach the batch as sampled (tokens, loss mask 0 on the
+    observations, logprobs), their agent/* metrics with the batch generated in the call."""
+    import torch
+
+    from mindrl.data.prompt_dataset import PromptBatch
+    from mindrl.trainer.pipeline.one_step_off import OneStepOff, OneStepOffSchedule
+    from mindrl.trainer.pipeline.schedule import Seeds, Sync
+
+    sampling = SamplingConfig(max_tokens=150, n=2)
+    asks = [1, 0, 2, 1]
+    loader = [PromptBatch([torch.tensor(prompt(tok, f"Use {asks[i]} tools.")) for i in (2 * b, 2 * b + 1)],
+                          torch.tensor([2 * b, 2 * b + 1])) for b in range(2)]  # fmt: skip
+
+    def agent():
+        return AgentLoop(TurnEngine(tok, calls_script), tok, {"calculator": CalculatorTool({}, CALC_SCHEMA)}, limits())
+
+    sched, straight = OneStepOffSchedule(OneStepOff(1, 2), Sync(loader, agent(), sampling, Seeds(0, 2))), agent()
+    first, second = sched.next(1, 0, {}), sched.next(2, 0, {})
+    assert first.metrics["agent/tool_calls"] == 2 * (2 + 1)  # iteration 1 sampled iteration 2's batch (asks 2, 1)
+    assert second.metrics["async/staleness/max"] == 1 and second.rows_meta["weight_version"] == [0] * 4
+    for gen, ask in ((first, asks[:2]), (second, asks[2:])):
+        for p, group, k in zip(gen.prompt_ids, gen.responses, ask):
+            [want] = straight.run([p], sampling, [0], {})
+            for r, w in zip(group, want):
+                assert (r.token_ids, r.loss_mask, r.logprobs) == (w.token_ids, w.loss_mask, w.logprobs)
+                assert r.versions == [0] * len(r.token_ids)
+                assert (0 in r.loss_mask) == (k > 0)  # observations exactly in the episodes that called the tool
+        batch = make_batch(gen.prompt_ids, gen.responses, 2, tok.pad_token_id)
+        for row, r in enumerate(x for g in gen.responses for x in g):
+            assert batch["response_mask"][row, : len(r.token_ids)].tolist() == r.loss_mask
