@@ -311,9 +311,10 @@ class RLSectionConfig(Section):
     tool_parser_format: str | None = None
     """How tool calls are read from the model's text: hermes (Qwen2.5's `<tool_call>` JSON blocks)."""
     partial_rollout_max_split: int = 1
-    """Partial rollout: > 1 generates responses in pieces of ceil(max_tokens / partial_rollout_max_split) tokens; a
-    response not finished when the iteration has global_batch_size finished prompts continues in the next iteration
-    with the newer weights (docs/rollout.md). 1: off."""
+    """Partial rollout: > 1 generates responses in pieces of ceil(max_tokens / partial_rollout_max_split) tokens
+    (with multi_turn_enable, of max_total_response_length: sampled tokens, the observations not counted); a response
+    not finished when the iteration has global_batch_size finished prompts continues in the next iteration with the
+    newer weights, an agent-loop episode with its whole state (docs/rollout.md). 1: off."""
     clip_higher_enable: bool | None = None
     """MindSpeed-RL's DAPO switch for clip_ratio_low/high: true requires both; false ignores them; None (mindrl):
     they apply whenever set."""
@@ -511,13 +512,6 @@ class RLSectionConfig(Section):
             col.add("tool_config_path", "is required with multi_turn_enable: true (the tool YAML: a tools: list of "
                     "class_name, config and tool_schema)")  # fmt: skip
         # Refused combinations: the agent loop runs in the trainer's process over the Engine front (episode.py).
-        if self.partial_rollout_max_split > 1:
-            col.add("multi_turn_enable", "does not combine with partial rollout (partial_rollout_max_split > 1): "
-                    "partial carries a cut response into the next iteration as tokens to continue, but a cut episode "
-                    "is more than tokens: the agent loop would have to resume it mid-turn (the turn's text so far, for "
-                    "its tool calls to be parsed whole) with its pending calls, turn and call counts and the "
-                    "observations' loss mask, and partial's pool and checkpoint keep only tokens, logprobs and "
-                    "versions; set partial_rollout_max_split: 1")  # fmt: skip
         if self.async_mode == "bounded":
             col.add("multi_turn_enable", "does not combine with async_mode bounded: bounded's sampler processes "
                     "generate one-turn responses with engines of their own, and the agent loop (with its tools) runs "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from mindrl.data.templates import ChatTemplate
+from mindrl.data.templates import ChatTemplate, fill_slot
 
 IGNORE_INDEX = -100  # label value that the SFT loss skips (prompt positions)
 MAP_KEY_NAMES = ("prompt", "query", "response", "system", "chosen", "rejected", "margin")  # of all handlers
@@ -113,8 +114,13 @@ class Handler:
     # Whether response text may contain special tokens (a rendered assistant turn) or must not (an answer).
     response_is_template: ClassVar[bool] = False
 
-    def assemble(self, prompt_ids: list[int], *response_ids: list[int]) -> dict[str, list[int]]:
+    def assemble(self, prompt_ids: list[int], *response_ids: list[int], labels=None) -> dict[str, list[int]]:
+        """The documents of a row; `labels`: `response_labels` of each response."""
         raise NotImplementedError
+
+    def response_labels(self, texts: list[str], ids: list[list[int]]) -> list[list[int]]:
+        """The labels of responses `texts` tokenised as `ids` (a chunk's): the ids themselves, trained on whole."""
+        return ids
 
     # --- chunk -> tokens -------------------------------------------------------------------------
     def encode_chunk(self, rows: list[Any]) -> EncodedChunk:
@@ -141,8 +147,9 @@ class Handler:
             r_ids = [
                 self._tokenize(list(texts), split_special=not self.response_is_template) for texts in zip(*responses)
             ]
-            for pi, vals, *ri in zip(p_ids, values, *r_ids):
-                for k, v in (self.assemble(pi, *ri) | vals).items():
+            r_labels = [self.response_labels(list(texts), ids) for texts, ids in zip(zip(*responses), r_ids)]
+            for pi, vals, ri, rl in zip(p_ids, values, zip(*r_ids), zip(*r_labels)):
+                for k, v in (self.assemble(pi, *ri, labels=rl) | vals).items():
                     out[k].append(v)
             for j, k in enumerate(self.extra_keys):
                 out[k] = self._tokenize([ex[j] for ex in extras], split_special=True)
@@ -177,7 +184,7 @@ class R1AlpacaStyleInstructionHandler(Handler):
     def response_text(self, row: dict[str, Any]) -> str:
         return self.field(row, "response").strip()
 
-    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+    def assemble(self, prompt_ids: list[int], response_ids: list[int], labels=None) -> dict[str, list[int]]:
         return {"input_ids": prompt_ids, "attention_mask": [1] * len(prompt_ids), "labels": response_ids}
 
 
@@ -199,21 +206,49 @@ class GSM8KStyleInstructionHandler(R1AlpacaStyleInstructionHandler):
 
 
 class AlpacaStyleInstructionHandler(Handler):
-    """SFT pairs: input_ids = prompt + templated response; labels = IGNORE_INDEX over the prompt, then the response."""
+    """SFT pairs: input_ids = prompt + templated response; labels = IGNORE_INDEX over the prompt, then the response.
+    A response that holds a multi-turn trace (an agent's tool calls, each answered by a `<tool_response>` turn) is
+    trained only on what the model writes: the turns in it rendered in the template's user slot (from the slot's
+    opening through its end, which opens the next assistant turn) are context, labelled IGNORE_INDEX, as the agent
+    loop's observations are out of the RL loss."""
 
     name = "AlpacaStyleInstructionHandler"
     default_map_keys = {"prompt": "instruction", "query": "input", "response": "output", "system": ""}
     response_is_template = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        head, _, tail = fill_slot(self.template.user, "\0", self.bos, self.eos).partition("\0")
+        # A template whose user slot is bare content cannot tell a user turn from the model's own text.
+        self._user_turn = re.compile(re.escape(head) + ".*?" + re.escape(tail), re.DOTALL) if head and tail else None
+
     def response_text(self, row: dict[str, Any]) -> str:
         return self.template.render_response(self.field(row, "response"), self.bos, self.eos)
 
-    def assemble(self, prompt_ids: list[int], response_ids: list[int]) -> dict[str, list[int]]:
+    def response_labels(self, texts: list[str], ids: list[list[int]]) -> list[list[int]]:
+        spans = [[m.span() for m in self._user_turn.finditer(t)] if self._user_turn else [] for t in texts]
+        held = [i for i, s in enumerate(spans) if s]
+        if not held:
+            return ids
+        offsets = self.tokenizer(
+            [texts[i] for i in held], add_special_tokens=False, split_special_tokens=not self.response_is_template,
+            return_offsets_mapping=True,
+        )  # fmt: skip
+        labels = list(ids)
+        for i, toks, where in zip(held, offsets["input_ids"], offsets["offset_mapping"]):
+            if toks != ids[i]:
+                raise RuntimeError(f"{self.name}: the tokenizer's offsets call gave other ids than its plain call")
+            # a token wholly inside a user turn is context; one that straddles its edge holds the model's text too
+            labels[i] = [IGNORE_INDEX if any(a <= s and e <= b for a, b in spans[i]) else t
+                         for t, (s, e) in zip(ids[i], where)]  # fmt: skip
+        return labels
+
+    def assemble(self, prompt_ids: list[int], response_ids: list[int], labels=None) -> dict[str, list[int]]:
         ids = prompt_ids + response_ids
         return {
             "input_ids": ids,
             "attention_mask": [1] * len(ids),
-            "labels": [IGNORE_INDEX] * len(prompt_ids) + response_ids,
+            "labels": [IGNORE_INDEX] * len(prompt_ids) + list(labels[0] if labels else response_ids),
         }
 
 
@@ -262,7 +297,7 @@ class AlpacaStylePairwiseHandler(Handler):
             raise BadRow(f"margin (key '{key}') must be a finite number, got {value!r}")
         return {"margin": [float(value)]}
 
-    def assemble(self, prompt_ids: list[int], *response_ids: list[int]) -> dict[str, list[int]]:
+    def assemble(self, prompt_ids: list[int], *response_ids: list[int], labels=None) -> dict[str, list[int]]:
         chosen_ids, rejected_ids = response_ids
         prompt_labels = [IGNORE_INDEX] * len(prompt_ids)
         return {

@@ -39,10 +39,10 @@ class ChatTemplate:
         """The prompt text up to where the model starts answering. An empty `system` means the default; `response`
         (the row's reference answer or SFT target) matters only to a reasoning template (`thought_words`)."""
         system = system or self.default_system
-        text = _fill(self.prefix, "", bos_token, eos_token)
+        text = fill_slot(self.prefix, "", bos_token, eos_token)
         if system:
-            text += _fill(self.system, system, bos_token, eos_token)
-        text += _fill(self.user, prompt, bos_token, eos_token)
+            text += fill_slot(self.system, system, bos_token, eos_token)
+        text += fill_slot(self.user, prompt, bos_token, eos_token)
         if self.thought_words and not any(w in self.remove_thought(response) for w in self.thought_words):
             text += self.empty_thought
         return text
@@ -50,7 +50,7 @@ class ChatTemplate:
     def render_response(self, response: str, bos_token: str = "", eos_token: str = "") -> str:
         """The assistant turn that follows `render_prompt`, end-of-turn marker included (and any thought removed,
         for a reasoning template)."""
-        return _fill(self.assistant, self.remove_thought(response), bos_token, eos_token)
+        return fill_slot(self.assistant, self.remove_thought(response), bos_token, eos_token)
 
     @property
     def empty_thought(self) -> str:
@@ -65,7 +65,8 @@ class ChatTemplate:
         return re.sub(pattern, "", text, flags=re.DOTALL).lstrip("\n")
 
 
-def _fill(slot: str, content: str, bos_token: str, eos_token: str) -> str:
+def fill_slot(slot: str, content: str, bos_token: str, eos_token: str) -> str:
+    """A template slot with its placeholders filled."""
     # str.replace rather than str.format: templates and prompts are full of literal braces (\boxed{}).
     # Content goes in last so that a prompt containing "{eos_token}" stays literal text.
     return slot.replace("{bos_token}", bos_token).replace("{eos_token}", eos_token).replace("{content}", content)

@@ -66,7 +66,6 @@ def test_async_engine_without_multi_turn_is_refused(tmp_path):
 
 
 REFUSED = [  # override -> (key, words of the reason)
-    ("rl_config.partial_rollout_max_split=2", "rl_config.multi_turn_enable", "partial rollout", "resume it mid-turn"),
     ("rl_config.async_mode=bounded", "rl_config.multi_turn_enable", "async_mode bounded", "sampler processes"),
 ]
 
@@ -77,12 +76,14 @@ def test_the_refused_combinations_say_why(tmp_path):
         issue(err, key, *words)
 
 
-def test_the_engine_group_and_the_servers_take_multi_turn(tmp_path):
+def test_the_engine_group_the_servers_and_partial_rollout_take_multi_turn(tmp_path):
     """Their weights load once per rollout (`awake`), as the integrated engines' do; the servers must hold a whole
-    episode (the trainer checks their max_model_len against the config's sequence_length)."""
+    episode (the trainer checks their max_model_len against the config's sequence_length); partial rollout carries a
+    cut episode's whole state (test_agent_loop's partial test)."""
     for i, extra in enumerate([("rl_config.use_integrated_worker=false", "+rl_config.reference_resource.num_npus=2"),
                                ("generate_config.rollout_mode=server",
-                                "generate_config.server_urls=[http://127.0.0.1:1]")]):  # fmt: skip
+                                "generate_config.server_urls=[http://127.0.0.1:1]"),
+                               ("rl_config.partial_rollout_max_split=2",)]):  # fmt: skip
         cfg = load_config("cfg", overrides=list(extra), config_path=_cfg(tmp_path / str(i), enable="true", total=64))
         assert cfg.rl_config.multi_turn_enable
         assert cfg.sequence_length == cfg.rl_config.max_prompt_length + 64

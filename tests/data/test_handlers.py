@@ -114,3 +114,29 @@ def test_given_map_keys_replace_defaults_and_need_prompt_and_response(tokenizer)
     assert _one(h, {"q": "p", "a": "1"})  # no 'input' or 'system' field needed
     with pytest.raises(ValueError, match=r"needs map_keys\['response'\]"):
         R1AlpacaStyleInstructionHandler(tokenizer, get_template("qwen"), {"prompt": "q"})
+
+
+def test_alpaca_handler_trains_a_tool_use_trace_only_on_what_the_model_writes(tokenizer):
+    """A response holding an agent's trace (its tool call, the `<tool_response>` user turn that answers it, then its
+    answer; tools/make_retool_data.py's SFT rows): the user turn is context (IGNORE_INDEX), as the agent loop's
+    observation is out of the RL loss; every other response token is trained, and input_ids are the plain
+    tokenisation."""
+    from tools._task_data import OBSERVATION
+
+    call = '<tool_call>\n{"name": "code", "arguments": {"code": "print(12*34)"}}\n</tool_call>'
+    trace = call + OBSERVATION.format(out="408\n") + "The answer is \\boxed{408}."
+    h = AlpacaStyleInstructionHandler(tokenizer, get_template("qwen"))
+    out = _one(h, {"instruction": "What is 12 * 34?", "input": "", "output": trace})
+    prompt = get_template("qwen").render_prompt("What is 12 * 34?")
+    whole = prompt + get_template("qwen").render_response(trace)
+    assert out["input_ids"] == tokenizer(whole, add_special_tokens=False)["input_ids"]
+    n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids, labels = out["input_ids"][n:], out["labels"][n:]
+    trained = tokenizer.decode([t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX])
+    context = tokenizer.decode([t for t, lab in zip(ids, labels) if lab == IGNORE_INDEX])
+    assert context == "<|im_start|>user\n<tool_response>\n408\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert trained == call + "<|im_end|>\n" + "The answer is \\boxed{408}.<|im_end|>\n"
+    assert all(lab in (t, IGNORE_INDEX) for t, lab in zip(ids, labels))
+    masked = [lab == IGNORE_INDEX for lab in labels]
+    first = masked.index(True)  # the user turn: one block
+    assert masked[first : first + masked.count(True)] == [True] * masked.count(True)

@@ -3,12 +3,14 @@ between iterations (A on odd, B on even): pieces, their logprobs and versions, p
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import torch
 
 from mindrl.data.prompt_dataset import PromptBatch
 from mindrl.rollout import SamplingConfig
+from mindrl.trainer.pipeline.episode import OneTurn
 from mindrl.trainer.pipeline.partial import PartialRollout, pieces_of
 from tests.rollout import helpers
 
@@ -30,11 +32,24 @@ def _sampling(every: int = 16, **kw) -> SamplingConfig:
     return SamplingConfig(max_tokens=MAX_TOKENS, stop_token_ids=list(range(0, 1024, every)), **kw)
 
 
+class _Untimed:
+    """The engine as an episode calls it (`engines.Engine`'s interface)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompts, sampling, seeds, timing):
+        return self.engine.generate(prompts, sampling, seeds)
+
+    def awake(self, timing):
+        return contextlib.nullcontext()
+
+
 def _run(engine, weights, pool: PartialRollout, batches, first: int = 1, last: int = ITERS) -> list:
     taken = []
     for it in range(first, last + 1):
         engine.load_weights(weights["a" if it % 2 else "b"].items())
-        taken.append(pool.step(it, batches, lambda p, s, seeds: engine.generate(p, s, seeds)))
+        taken.append(pool.step(it, batches, OneTurn(_Untimed(engine))))
     return taken
 
 
@@ -80,7 +95,8 @@ def test_every_prompt_is_trained_once_and_greedy_pieces_concatenate_to_the_whole
     pool = _pool(greedy)
     vllm_engine.load_weights(weights["a"].items())
     batches = _batches()
-    taken = [pool.step(it, batches, vllm_engine.generate) for it in range(1, ITERS + 1)]  # weights A throughout
+    one_turn = OneTurn(_Untimed(vllm_engine))
+    taken = [pool.step(it, batches, one_turn) for it in range(1, ITERS + 1)]  # weights A throughout
     rows = [g.index for t in taken for g in t.groups]
     assert sorted(rows) == list(range(ITERS * BATCH)) and not pool.pool  # none lost, none twice
     assert all(len(t.groups) == BATCH for t in taken)

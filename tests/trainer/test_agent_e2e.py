@@ -1,8 +1,10 @@
 """A multi-turn GRPO iteration through the trainer (Ray, integrated workers, vLLM-CPU) with the code tool on the real
-local sandbox (configs/retool_tiny_cpu.yaml): tool calls happen and succeed, the observation tokens are in the
-context and out of training (the trained token count of each row leaves exactly them out, and the rollout-vs-trainer
-logprob check, which would see their placeholder logprob 0, stays at float rounding); all the turns of the rollout
-sample from one load of the weights into the engines; the evaluation after the iteration runs the agent loop too.
+local sandbox (configs/retool_tiny_cpu.yaml), under partial rollout: every episode is sampled in pieces of 16 tokens,
+so each tool call is cut mid-turn and its turn resumed (then parsed whole) in a later piece. Tool calls happen and
+succeed, the observation tokens are in the context and out of training (the trained token count of each row leaves
+exactly them out, and the rollout-vs-trainer logprob check, which would see their placeholder logprob 0, stays at
+float rounding: the resumed pieces carry the engine's logprobs); all the pieces of the rollout sample from one load
+of the weights into the engines; the evaluation after the iteration runs the (uncut) agent loop.
 
 The policy is the tiny Qwen2 with Qwen2.5's tool-call tokens, fitted in-process to this task's tool-use traces on its
 own prompts (a policy that calls the tool, in seconds; the retool quickstart learns it by SFT)."""
@@ -80,7 +82,10 @@ def retool_assets(tmp_path_factory):
     return d
 
 
-def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp_path):
+SPLIT = 8  # pieces of ceil(max_total_response_length 128 / 8) = 16 tokens
+
+
+def test_a_multi_turn_grpo_iteration_under_partial_rollout_calls_the_sandboxed_tool(retool_assets, tmp_path):
     from transformers import AutoTokenizer
 
     from mindrl.agent.sandbox import Sandbox
@@ -97,7 +102,7 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
                       "megatron_training.train_iters=1", "megatron_training.global_batch_size=4",
                       "rl_config.mini_batch_size=4", "megatron_training.save_interval=0",
                       f"rl_config.val_data_path={retool_assets / 'data' / 'train'}",
-                      "rl_config.val_before_train=false")  # fmt: skip
+                      "rl_config.val_before_train=false", f"rl_config.partial_rollout_max_split={SPLIT}")  # fmt: skip
         _, _, [m], rollouts = _train(cfg)
     finally:
         server.shutdown()
@@ -107,7 +112,8 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
     # the other errors are malformed calls, answered with an error observation rather than crashing the run
     assert m["agent/tool_errors"] == m["agent/tool_calls"] - m["agent/code/calls"] <= 4, m
     assert m["agent/turns_mean"] > 1.4 and m["agent/code/latency_s_mean"] > 0
-    assert m["rollout/weight_loads"] == 1, m  # every turn samples from the one load into the engines
+    assert m["rollout/weight_loads"] == 1, m  # every turn, every piece samples from the one load into the engines
+    assert m["partial_rollout/rounds"] >= 3 and m["partial_rollout/split_responses"] == 16, m  # each one cut
     # the evaluation after the iteration runs the agent loop too: greedy episodes that call the tool
     assert m["val/agent/code/calls"] >= 2 and m["val/agent/code/errors"] == 0 and m["val/agent/turns_mean"] > 1.4, m
     assert m["val/num_prompts"] == 4 and m["val/retool_reward/mean"] >= 0.5, m  # the fitted policy answers
@@ -125,5 +131,6 @@ def test_a_multi_turn_grpo_iteration_calls_the_sandboxed_tool(retool_assets, tmp
             # trained: every token but the observation's
             assert r["response_length"] == len(r["response_ids"]) - len(tok.encode(observation)), r
             well_formed.append(r)
+            assert len(tok.encode(call[0])) > 128 // SPLIT  # the call was cut, resumed, parsed whole
     assert len(well_formed) >= 8, [r["response"] for r in rollouts]
     assert sum(r["retool_reward"] == 1.0 for r in well_formed) >= len(well_formed) // 2

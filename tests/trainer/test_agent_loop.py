@@ -425,3 +425,149 @@ def test_a_search_calls_documents_land_in_the_context_outside_the_loss(tok, tmp_
     [(_, said)] = [(m, text) for m, text in pieces(tok, r) if m == 0]
     assert "<tool_response>\nError: the retrieval service at" in said and "did not answer" in said
     assert ep.metrics["agent/search/errors"] == 1
+
+
+class TurnEngine:
+    """Test double for the engine that continues a cut turn as a real engine does: the turn being written is the
+    context's tokens after its last assistant opener; `script(context before the turn, turn number)` gives the whole
+    turn, and the reply is the rest of it, up to max_tokens ("length" if cut there), with logprob -(k+1)/100 at the
+    turn's token k: a turn sampled in pieces has the tokens and logprobs of the turn sampled at once."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script = tok, script
+        self.opener = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+
+    def awake(self, timing):
+        return contextlib.nullcontext()
+
+    def generate(self, prompts, sampling, seeds, timing):
+        out, w = [], len(self.opener)
+        for p in prompts:
+            start = max(i + w for i in range(len(p)) if p[i : i + w] == self.opener)
+            before, written = self.tok.decode(p[:start], skip_special_tokens=False), p[start:]
+            turn = self.script(before, before.count("<|im_start|>assistant"))
+            whole = self.tok.encode(turn, add_special_tokens=False)
+            assert whole[: len(written)] == written, "a continuation must extend the turn written so far"
+            rest = whole[len(written) : len(written) + sampling.max_tokens]
+            lps = [-(k + 1) / 100 for k in range(len(written), len(written) + len(rest))]
+            done = len(written) + len(rest) == len(whole)
+            out.append([RolloutSample(rest, lps, "stop" if done else "length") for _ in range(sampling.n)])
+        return out
+
+
+def calls_script(text: str, turn: int) -> str:
+    """The question says how many tool calls its episode makes ("Use K tools"); then it answers."""
+    k = int(text.split("Use ")[1][0])
+    return ("Let me compute. " + calc(f"{turn}*111")) if turn <= k else f"So \\boxed{{{k * 111}}}." + END
+
+
+@pytest.mark.parametrize("piece", [7, 23, "turn"])
+def test_partial_rollout_cuts_episodes_and_resumes_them_as_if_never_cut_and_exactly_from_its_state(tok, piece):
+    """The agent loop under partial rollout (pieces of 7 or 23 tokens, or exactly the first turn's length: cut
+    mid-turn, and at a turn's start after its observation): every response is the one sampled straight (tokens, loss
+    mask 0 exactly on the observations, logprobs), its tokens stamped with the iteration that sampled them, and a pool
+    rebuilt from its JSON state (the checkpoint's) with a fresh episode continues exactly."""
+    import json
+
+    import torch
+
+    from mindrl.data.prompt_dataset import PromptBatch
+    from mindrl.trainer.pipeline.partial import PartialRollout, PartialSchedule
+    from mindrl.trainer.pipeline.schedule import Seeds, Sync
+
+    first_turn = len(tok.encode("Let me compute. " + calc("1*111"), add_special_tokens=False))
+    size = first_turn if piece == "turn" else piece
+    split = -(-600 // size)  # the episode limit a multiple of the piece: pieces of exactly `size`
+    sampling = SamplingConfig(max_tokens=150, n=2)
+    asks = [0, 2, 0, 1]  # tool calls per prompt: two batches of two, the short episodes end first
+
+    def batches(start=0):
+        for b in range(start, 2):
+            rows = [prompt(tok, f"Use {asks[i]} tools.") for i in (2 * b, 2 * b + 1)]
+            idx = [2 * b, 2 * b + 1]
+            labels = {"labels": [torch.tensor([i]) for i in idx]}
+            yield PromptBatch([torch.tensor(r) for r in rows], torch.tensor(idx), labels)
+
+    def schedule(loader, state=None):
+        ep = AgentLoop(TurnEngine(tok, calls_script), tok, {"calculator": CalculatorTool({}, CALC_SCHEMA)},
+                       limits(max_total_response_length=size * split))  # fmt: skip
+        pool = PartialRollout(2, sampling, split, 2, 2, seed=0, limit=ep.limit(sampling))
+        if state is not None:
+            pool.load_state_dict(state, 1)
+        return PartialSchedule(pool, Sync(loader, ep, sampling, Seeds(0, 2)))
+
+    sched = schedule(list(batches()))
+    it1 = sched.next(1, 0, {})
+    state = json.loads(json.dumps(sched.state_dict()["partial_rollout"]))  # what trainer_state.json holds
+    it2 = sched.next(2, 0, {})
+    cut = [r for g in state["pool"] for r in g["responses"] if r["finish_reason"] is None]
+    assert len(cut) == 4 and all(r["token_ids"] for r in cut)  # the two longer prompts' episodes, in flight
+    assert all(len(r["versions"]) == len(r["loss_mask"]) == len(r["token_ids"]) for r in cut)
+    if piece == "turn":  # the first turn and its observation fit the piece: cut at the second turn's start
+        assert all(r["turn_start"] == len(r["token_ids"]) and r["turns"] == 1 for r in cut), cut
+        assert all(r["loss_mask"][-1] == 0 for r in cut)
+    else:
+        assert all(r["turn_start"] < len(r["token_ids"]) for r in cut)  # cut mid-turn
+    # the resumed pool (a fresh episode and engine, the loader at the state's batch) gives the same iteration 2
+    again = schedule(list(batches(state["drawn_batches"])), state).next(2, 0, {})
+    timeless = lambda m: {k: v for k, v in m.items() if "latency" not in k}  # noqa: E731
+    assert (again.prompt_ids, again.responses, again.labels) == (it2.prompt_ids, it2.responses, it2.labels)
+    assert timeless(again.metrics) == timeless(it2.metrics)
+
+    straight = AgentLoop(TurnEngine(tok, calls_script), tok, {"calculator": CalculatorTool({}, CALC_SCHEMA)},
+                         limits(max_total_response_length=size * split))  # fmt: skip
+    for it, gen in enumerate((it1, it2), start=1):
+        for p, group in zip(gen.prompt_ids, gen.responses):
+            [want] = straight.run([p], sampling, [0], {})
+            for r, w in zip(group, want):
+                assert (r.token_ids, r.loss_mask, r.logprobs, r.finish_reason) == (
+                    w.token_ids, w.loss_mask, w.logprobs, w.finish_reason)  # fmt: skip
+                assert len(r.versions) == len(r.token_ids) and set(r.versions) <= {0, it - 1}
+        batch = make_batch(gen.prompt_ids, gen.responses, 2, tok.pad_token_id)
+        for row, r in enumerate(x for g in gen.responses for x in g):
+            assert batch["response_mask"][row, : len(r.token_ids)].tolist() == r.loss_mask
+    assert set(asks[i] for i in range(4)) == {0, 1, 2} and [len(g) for g in it2.responses] == [2, 2]
+    continued = [r for g in it2.responses for r in g]
+    assert all(0 in r.versions and 1 in r.versions for r in continued)  # sampled over both iterations' weights
+    assert all(0 in r.loss_mask for r in continued)  # the observations: out of the loss
+    m1, m2 = it1.metrics, it2.metrics
+    assert m1["agent/turns_mean"] == 1  # the metrics of the episodes that ended: the answers without a call
+    # and of the calls made in the iteration's pieces: the longer episodes' first calls in iteration 1 at "turn"
+    assert m1["agent/tool_calls"] == (4 if piece == "turn" else 0)
+    assert m1["agent/tool_calls"] + m2["agent/tool_calls"] == 2 * (2 + 1) and m2["agent/tool_errors"] == 0
+    assert m2["agent/turns_mean"] == 2.5 and m2["agent/length_stops"] == 0
+    assert m2["partial_rollout/split_responses"] == 4 and m2["partial_rollout/staleness/max"] == 1
+
+
+def test_one_step_off_trains_the_agent_loops_episodes_a_version_late_with_their_masks(tok):
+    """The agent loop under async_mode one_step_off (the real schedule over the data loader): iteration 2's episodes
+    are sampled during iteration 1, with weight version 0, and reach the batch as sampled (tokens, loss mask 0 on the
+    observations, logprobs), their agent/* metrics with the batch generated in the call."""
+    import torch
+
+    from mindrl.data.prompt_dataset import PromptBatch
+    from mindrl.trainer.pipeline.one_step_off import OneStepOff, OneStepOffSchedule
+    from mindrl.trainer.pipeline.schedule import Seeds, Sync
+
+    sampling = SamplingConfig(max_tokens=150, n=2)
+    asks = [1, 0, 2, 1]
+    loader = [PromptBatch([torch.tensor(prompt(tok, f"Use {asks[i]} tools.")) for i in (2 * b, 2 * b + 1)],
+                          torch.tensor([2 * b, 2 * b + 1])) for b in range(2)]  # fmt: skip
+
+    def agent():
+        return AgentLoop(TurnEngine(tok, calls_script), tok, {"calculator": CalculatorTool({}, CALC_SCHEMA)}, limits())
+
+    sched, straight = OneStepOffSchedule(OneStepOff(1, 2), Sync(loader, agent(), sampling, Seeds(0, 2))), agent()
+    first, second = sched.next(1, 0, {}), sched.next(2, 0, {})
+    assert first.metrics["agent/tool_calls"] == 2 * (2 + 1)  # iteration 1 sampled iteration 2's batch (asks 2, 1)
+    assert second.metrics["async/staleness/max"] == 1 and second.rows_meta["weight_version"] == [0] * 4
+    for gen, ask in ((first, asks[:2]), (second, asks[2:])):
+        for p, group, k in zip(gen.prompt_ids, gen.responses, ask):
+            [want] = straight.run([p], sampling, [0], {})
+            for r, w in zip(group, want):
+                assert (r.token_ids, r.loss_mask, r.logprobs) == (w.token_ids, w.loss_mask, w.logprobs)
+                assert r.versions == [0] * len(r.token_ids)
+                assert (0 in r.loss_mask) == (k > 0)  # observations exactly in the episodes that called the tool
+        batch = make_batch(gen.prompt_ids, gen.responses, 2, tok.pad_token_id)
+        for row, r in enumerate(x for g in gen.responses for x in g):
+            assert batch["response_mask"][row, : len(r.token_ids)].tolist() == r.loss_mask

@@ -113,6 +113,39 @@ class _Trajectory:
     """This turn's blocks to answer: (ToolCall | ToolCallError | str note)."""
     turn_text: str = ""
     outputs: list[str] = field(default_factory=list)
+    budget: int | None = None
+    """Partial rollout: the tokens this piece may still sample (None: unbounded)."""
+    cut: RolloutSample | None = None
+    """Partial rollout: set when the piece ends the episode unfinished: the turn written so far (empty at a turn's
+    start)."""
+
+
+@dataclass
+class _Tally:
+    """What the metrics count, over one `run` or over the `resume` pieces since `reset_metrics`."""
+
+    stats: dict[str, Any] = field(default_factory=lambda: defaultdict(float))
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    ended: list[_Trajectory] = field(default_factory=list)
+    """The episodes that ended."""
+
+    def metrics(self) -> dict[str, float]:
+        ended, stats = self.ended, self.stats
+        n = max(len(ended), 1)
+        out = {
+            "agent/turns_mean": sum(t.turns for t in ended) / n,
+            "agent/tool_calls_mean": sum(t.tool_calls for t in ended) / n,
+            "agent/tool_calls": stats["calls"],
+            "agent/tool_errors": stats["errors"],
+            "agent/truncated_observations": stats["truncated"],
+            "agent/length_stops": sum(t.finish_reason == "length" for t in ended),
+        }
+        for name, lat in self.latency.items():
+            out[f"agent/{name}/calls"] = len(lat)
+            out[f"agent/{name}/errors"] = stats[f"errors/{name}"]
+            out[f"agent/{name}/latency_s_mean"] = sum(lat) / len(lat)
+            out[f"agent/{name}/latency_s_max"] = max(lat)
+        return out
 
 
 class AgentLoop(Episode):
@@ -120,7 +153,8 @@ class AgentLoop(Episode):
     context in which its calls share one weight load (`engines.Engine`).
     `tokenizer`: an HF tokenizer (`encode(text, add_special_tokens=False)`, `decode(ids)` keeping special tokens).
     `tools`: by function name. `turn_stop`: a token that also ends a turn (`build.tool_call_end`). `metrics` holds the
-    last run's: turns, tool calls, errors and latency per tool, truncated observations."""
+    last run's (or the `resume` pieces' since `reset_metrics`): turns, tool calls, errors and latency per tool,
+    truncated observations."""
 
     def __init__(
         self,
@@ -136,6 +170,7 @@ class AgentLoop(Episode):
         self.engine, self.tokenizer, self.tools, self.limits = engine, tokenizer, tools, limits
         self.parser, self.chat, self.tool_workers, self.turn_stop = parser, chat, tool_workers, turn_stop
         self.metrics: dict[str, float] = {}
+        self._tally = _Tally()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -151,61 +186,115 @@ class AgentLoop(Episode):
         if not prompts:
             self.metrics = {}
             return []
+        with self.engine.awake(timing):  # the weights load into the engines once, for every turn
+            return self._run(prompts, self._stop_at_calls(sampling), seeds, timing)
+
+    def _stop_at_calls(self, sampling):
         stops = list(sampling.stop_token_ids or [])
         if self.turn_stop is not None and self.turn_stop not in stops:
             sampling = dataclasses.replace(sampling, stop_token_ids=[*stops, self.turn_stop])
-        with self.engine.awake(timing):  # the weights load into the engines once, for every turn
-            return self._run(prompts, sampling, seeds, timing)
+        return sampling
 
     def _run(self, prompts, sampling, seeds, timing) -> list[list[Response]]:
         lim = self.limits
         first = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, lim.max_total_response_length))
         groups = self.engine.generate(prompts, first, seeds, timing)
         trajs = [[_Trajectory(list(p), s * sampling.n + j) for j in range(sampling.n)] for p, s in zip(prompts, seeds)]
-        stats: dict[str, Any] = defaultdict(float)
-        latency: dict[str, list[float]] = defaultdict(list)
+        tally = _Tally()
         active = [(t, s) for ts, g in zip(trajs, groups) for t, s in zip(ts, g)]
         turn = 0
         while active:
             turn += 1
-            calling = [t for t, sample in active if self._take_turn(t, sample, stats)]
-            if not calling:
-                break
-            t0 = time.perf_counter()
-            self._run_tools(calling, stats, latency)
-            timing["timing/tools"] = timing.get("timing/tools", 0.0) + time.perf_counter() - t0
-            going = [t for t in calling if self._observe(t, stats)]
+            calling = [t for t, sample in active if self._take_turn(t, sample, tally.stats)]
+            going = self._act(calling, tally, timing)
             if not going:
                 break
             active = list(zip(going, self._next_turn(going, sampling, turn, timing)))
-        flat = [t for ts in trajs for t in ts]
-        self.metrics = {
-            "agent/turns_mean": sum(t.turns for t in flat) / len(flat),
-            "agent/tool_calls_mean": sum(t.tool_calls for t in flat) / len(flat),
-            "agent/tool_calls": stats["calls"],
-            "agent/tool_errors": stats["errors"],
-            "agent/truncated_observations": stats["truncated"],
-            "agent/length_stops": sum(t.finish_reason == "length" for t in flat),
-        }
-        for name, lat in latency.items():
-            self.metrics[f"agent/{name}/calls"] = len(lat)
-            self.metrics[f"agent/{name}/errors"] = stats[f"errors/{name}"]
-            self.metrics[f"agent/{name}/latency_s_mean"] = sum(lat) / len(lat)
-            self.metrics[f"agent/{name}/latency_s_max"] = max(lat)
+        tally.ended = [t for ts in trajs for t in ts]
+        self.metrics = tally.metrics()
         return [[Response(t.token_ids, t.logprobs, t.finish_reason, [], t.loss_mask) for t in ts] for ts in trajs]
 
-    def _next_turn(self, going: list[_Trajectory], sampling, turn: int, timing) -> list[RolloutSample]:
-        """Each trajectory's next turn, at most `sampling.max_tokens` tokens and its own room in the episode. One
-        engine call serves them all with the smallest of those bounds (the engine takes one max_tokens per call,
-        and a context plus max_tokens must fit max_model_len); a trajectory that call stopped short of its own
-        bound continues its turn in the next call, so no turn is cut for another's lack of room."""
+    def _act(self, calling: list[_Trajectory], tally: _Tally, timing) -> list[_Trajectory]:
+        """Runs the turn's tool calls of `calling` and appends their observations; the trajectories that go on."""
+        if not calling:
+            return []
+        t0 = time.perf_counter()
+        self._run_tools(calling, tally.stats, tally.latency)
+        timing["timing/tools"] = timing.get("timing/tools", 0.0) + time.perf_counter() - t0
+        return [t for t in calling if self._observe(t, tally.stats)]
+
+    # -------------------------------------------------------------------------------------- partial rollout
+    def limit(self, sampling) -> int:
+        return self.limits.max_total_response_length
+
+    def reset_metrics(self) -> None:
+        self._tally = _Tally()
+        self.metrics = {}
+
+    def resume(self, cuts, sampling, budget, seeds, version, timing) -> None:
+        """A piece of each episode: its turn goes on where the last piece cut it (the context is the prompt and every
+        token so far), and the turns after it, until the episode ends or has sampled `budget` tokens, mid-turn or at a
+        turn's start. A turn's tool calls are parsed from the whole turn, and run when it ends; their observation is
+        appended (loss mask 0) without spending the budget, so an episode ends within
+        ceil(max_total_response_length / budget) pieces."""
+        tally = self._tally
+        sampling = self._stop_at_calls(sampling)
+        trajs, carried = [], []
+        for (prompt, p), seed in zip(cuts, seeds):
+            k, mask = p.turn_start, p.loss_mask if p.loss_mask is not None else [1] * len(p.token_ids)
+            trajs.append(_Trajectory(list(prompt), seed, p.token_ids[:k], p.logprobs[:k], mask[:k], turns=p.turns,
+                                     tool_calls=p.tool_calls, budget=budget))  # fmt: skip
+            carried.append(RolloutSample(p.token_ids[k:], p.logprobs[k:], "length"))
+        going, turn = trajs, 0
+        with self.engine.awake(timing):
+            while going:
+                turn += 1
+                calling = []
+                for t, sample in zip(going, self._next_turn(going, sampling, turn, timing, carried)):
+                    if self._cut_by_piece(t, sample, sampling.max_tokens):
+                        t.cut = sample
+                    elif self._take_turn(t, sample, tally.stats):
+                        calling.append(t)
+                carried = None
+                going = []
+                for t in self._act(calling, tally, timing):
+                    if t.budget:
+                        going.append(t)
+                    else:  # the piece is spent at a turn's start
+                        t.cut = RolloutSample([], [], "length")
+        for t, (_, p) in zip(trajs, cuts):
+            turn_ids = t.cut.token_ids if t.cut is not None else []
+            ids = t.token_ids + list(turn_ids)
+            p.versions += [version] * (len(ids) - len(p.token_ids))
+            p.token_ids, p.loss_mask = ids, t.loss_mask + [1] * len(turn_ids)
+            p.logprobs = t.logprobs + (list(t.cut.logprobs) if t.cut is not None else [])
+            p.turns, p.tool_calls, p.turn_start = t.turns, t.tool_calls, len(t.token_ids)
+            p.finish_reason = None if t.cut is not None else t.finish_reason
+            if t.cut is None:
+                tally.ended.append(t)
+        self.metrics = tally.metrics()
+
+    def _cut_by_piece(self, t: _Trajectory, turn: RolloutSample, max_tokens: int) -> bool:
+        """Whether the piece's budget, not the turn's nor the episode's length, stopped `turn`: it goes on next piece."""
+        room = self.limits.max_total_response_length - len(t.token_ids)
+        n = len(turn.token_ids)
+        return turn.finish_reason == "length" and t.budget == 0 and n < min(max_tokens, room)
+
+    def _next_turn(self, going: list[_Trajectory], sampling, turn: int, timing, carried=None) -> list[RolloutSample]:
+        """Each trajectory's next turn (or, partial rollout, the rest of its `carried` turn), at most
+        `sampling.max_tokens` tokens, its own room in the episode and its piece's budget. One engine call serves them
+        all with the smallest of those bounds (the engine takes one max_tokens per call, and a context plus max_tokens
+        must fit max_model_len); a trajectory that call stopped short of its own bound continues its turn in the next
+        call, so no turn is cut for another's lack of room."""
         lim = self.limits
-        turns = [RolloutSample([], [], "stop") for _ in going]
+        turns = [RolloutSample(list(c.token_ids), list(c.logprobs), "length") for c in carried] if carried else [
+            RolloutSample([], [], "stop") for _ in going]  # fmt: skip
         pending = list(range(len(going)))
         piece = 0
         while pending:
             bounds = [min(sampling.max_tokens - len(turns[i].token_ids),
-                          lim.max_total_response_length - len(going[i].token_ids) - len(turns[i].token_ids))
+                          lim.max_total_response_length - len(going[i].token_ids) - len(turns[i].token_ids),
+                          going[i].budget if going[i].budget is not None else sampling.max_tokens)
                       for i in pending]  # fmt: skip
             step = min(bounds)
             nxt = dataclasses.replace(sampling, n=1, max_tokens=step)
@@ -217,6 +306,8 @@ class AgentLoop(Episode):
                 turns[i].token_ids += sample.token_ids
                 turns[i].logprobs += sample.logprobs
                 turns[i].finish_reason = sample.finish_reason
+                if going[i].budget is not None:
+                    going[i].budget -= len(sample.token_ids)
                 if sample.finish_reason == "length" and len(sample.token_ids) == step < bound:
                     more.append(i)
             pending, piece = more, piece + 1

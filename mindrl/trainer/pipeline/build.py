@@ -24,7 +24,7 @@ def build(cfg, loader, dataset, engine: Engine, sampling, tokenizer, rewards, ex
     else:
         ep = episode(cfg, engine, tokenizer, sampling)
         sync = Sync(loader, ep, sampling, Seeds(mt.seed, n))
-        pool, ahead = partial.from_config(cfg, sampling), one_step_off.one_step_off(cfg)
+        pool, ahead = partial.from_config(cfg, sampling, ep.limit(sampling)), one_step_off.one_step_off(cfg)
         schedule = (partial.PartialSchedule(pool, sync) if pool is not None
                     else one_step_off.OneStepOffSchedule(ahead, sync) if ahead is not None else sync)  # fmt: skip
     keep = None

@@ -1,31 +1,19 @@
-"""Partial rollout (`rl_config.partial_rollout_max_split` > 1): responses are generated in pieces of a share of
-max_tokens, and one cut short continues in a later iteration with the newer weights (docs/rollout.md)."""
+"""Partial rollout (`rl_config.partial_rollout_max_split` > 1): responses (one turn, or agent-loop episodes) are
+generated in pieces of a share of their length, and one cut short continues in a later iteration with the newer
+weights (docs/rollout.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mindrl.rollout.base import RolloutSample, SamplingConfig
 from mindrl.trainer import experience
+from mindrl.trainer.pipeline.episode import Episode, Progress
 from mindrl.trainer.pipeline.schedule import Generated, Schedule, Sync, refuse_pending
-
-GenerateFn = Callable[[list[list[int]], SamplingConfig, list[int]], list[list[RolloutSample]]]
-"""generate(prompts, sampling, seeds): `sampling.n` samples per prompt with the current weights."""
-
-
-@dataclass
-class Response:
-    """One response so far: its tokens, the behaviour logprob of each and the iteration whose weights sampled it."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    """None while unfinished; then the finish reason of its last piece."""
-    pieces: int = 0
 
 
 @dataclass
@@ -38,7 +26,7 @@ class Group:
     labels: list[int]
     drawn: int
     """The iteration that drew it."""
-    responses: list[Response]
+    responses: list[Progress]
 
     @property
     def done(self) -> bool:
@@ -73,19 +61,22 @@ class Taken:
 
 class PartialRollout:
     """The pool of prompts in flight, MindSpeed-RL's scheme: it holds up to two batches; each iteration draws one
-    (two at the first, none once the run's train_iters batches are drawn), then generates a piece of at most
-    ceil(max_tokens / max_split) tokens of every unfinished response (all with the current weights) until
-    `batch_size` prompts have all n responses finished; it trains on those, oldest first. The rest stays in flight
-    and continues next iteration, so a response is finished within max_split iterations and every drawn prompt is
-    trained on exactly once."""
+    (two at the first, none once the run's train_iters batches are drawn), then advances every unfinished episode by a
+    piece of at most ceil(limit / max_split) tokens (all with the current weights; `limit` is the episode's most
+    response tokens, max_tokens for one turn) until `batch_size` prompts have all n responses finished; it trains on
+    those, oldest first. The rest stays in flight and continues next iteration, so a response is finished within
+    max_split iterations and every drawn prompt is trained on exactly once. The episode (`episode.Episode.resume`)
+    makes the pieces: one turn continues the tokens; the agent loop continues its turn, runs the tools of a turn it
+    ends and appends their observations, all kept in each response's `episode.Progress`."""
 
-    def __init__(self, n: int, sampling: SamplingConfig, max_split: int, batch_size: int, train_iters: int, seed: int):
+    def __init__(self, n: int, sampling: SamplingConfig, max_split: int, batch_size: int, train_iters: int, seed: int,
+                 limit: int | None = None):  # fmt: skip
         if max_split < 2:
             raise ValueError(f"PartialRollout needs partial_rollout_max_split >= 2, got {max_split}")
         self.n = n
         self.sampling = sampling
         self.max_split = max_split
-        self.piece = math.ceil(sampling.max_tokens / max_split)
+        self.piece = math.ceil((limit or sampling.max_tokens) / max_split)
         self.batch_size = batch_size
         self.train_iters = train_iters
         self.seed = seed
@@ -93,23 +84,29 @@ class PartialRollout:
         self.drawn_batches = 0
 
     # ------------------------------------------------------------------------------------------------ step
-    def step(self, iteration: int, batches, generate: GenerateFn) -> Taken:
-        """Iteration `iteration`'s groups: draws its batch(es) from `batches` (PromptBatch iterator), generates pieces
-        with `generate` until batch_size groups are finished, takes them out of the pool."""
+    def step(self, iteration: int, batches, episode: Episode, timing: dict[str, float] | None = None) -> Taken:
+        """Iteration `iteration`'s groups: draws its batch(es) from `batches` (PromptBatch iterator), advances the
+        episodes by pieces until batch_size groups are finished (their engine calls within one `episode.awake`), takes
+        them out of the pool. `episode.metrics`: those of the iteration's pieces."""
+        timing = {} if timing is None else timing
         while self.drawn_batches < min(iteration + 1, self.train_iters):
             self._add(next(batches), iteration)
+        episode.reset_metrics()
         rounds = pieces = continued = 0
-        while sum(g.done for g in self.pool) < self.batch_size:
-            todo = [(g, j, r) for g in self.pool for j, r in enumerate(g.responses) if r.finish_reason is None]
-            if not todo:
-                raise RuntimeError(
-                    f"partial rollout: {len(self.pool)} prompts in flight, fewer than the {self.batch_size} an "
-                    "iteration trains on (the run drew fewer batches than it trains)"
-                )
-            self._generate_round(todo, iteration, rounds, generate)
-            rounds += 1
-            pieces += len(todo)
-            continued += sum(r.pieces > 1 for _, _, r in todo)
+        with contextlib.ExitStack() as awake:
+            while sum(g.done for g in self.pool) < self.batch_size:
+                todo = [(g, j, r) for g in self.pool for j, r in enumerate(g.responses) if r.finish_reason is None]
+                if not todo:
+                    raise RuntimeError(
+                        f"partial rollout: {len(self.pool)} prompts in flight, fewer than the {self.batch_size} an "
+                        "iteration trains on (the run drew fewer batches than it trains)"
+                    )
+                if not rounds:  # the weights load once, and only where a piece is sampled
+                    awake.enter_context(episode.awake(timing))
+                self._generate_round(todo, iteration, rounds, episode, timing)
+                rounds += 1
+                pieces += len(todo)
+                continued += sum(r.pieces > 1 for _, _, r in todo)
         done = [g for g in self.pool if g.done][: self.batch_size]  # the pool is in drawing order: oldest first
         taken_ids = {id(g) for g in done}
         self.pool = [g for g in self.pool if id(g) not in taken_ids]
@@ -118,39 +115,21 @@ class PartialRollout:
     def _add(self, prompts, iteration: int) -> None:
         labels = [lab.tolist() for lab in prompts.extras.get("labels", [])]
         for k, (p, idx) in enumerate(zip(prompts.prompts, prompts.indices.tolist())):
-            responses = [Response() for _ in range(self.n)]
+            responses = [Progress() for _ in range(self.n)]
             self.pool.append(Group(int(idx), p.tolist(), labels[k] if labels else [], iteration, responses))
         self.drawn_batches += 1
 
-    def _generate_round(self, todo, iteration: int, round_: int, generate: GenerateFn) -> None:
-        """One piece of every response in `todo` [(group, sample index, response)], one request each (n=1), grouped
-        by their token budget (the last piece may be shorter)."""
+    def _generate_round(self, todo, iteration: int, round_: int, episode: Episode, timing) -> None:
+        """One piece of every response in `todo` [(group, sample index, response)], each from its own seed."""
         base = self.seed * 1_000_003 + iteration * 7919 + round_ * 104_729
-        by_budget: dict[int, list] = {}
-        for item in todo:
-            left = self.sampling.max_tokens - len(item[2].token_ids)
-            by_budget.setdefault(min(self.piece, left), []).append(item)
-        for budget, items in sorted(by_budget.items()):
-            sampling = dataclasses.replace(self.sampling, n=1, max_tokens=budget)
-            prompts = [g.prompt + r.token_ids for g, _, r in items]
-            seeds = [(base + g.index * self.n + j) % (2**31) for g, j, _ in items]
-            out = generate(prompts, sampling, seeds)
-            if len(out) != len(items):
-                raise RuntimeError(f"partial rollout: {len(items)} requests, {len(out)} answers")
-            for (_, _, r), got in zip(items, out):
-                s = got[0]
-                r.token_ids += list(s.token_ids)
-                r.logprobs += list(s.logprobs)
-                r.versions += [iteration] * len(s.token_ids)
-                r.pieces += 1
-                if s.finish_reason != "length" or len(r.token_ids) >= self.sampling.max_tokens:
-                    r.finish_reason = s.finish_reason
-                elif not s.token_ids:  # cannot happen with budget >= 1; never loop on it
-                    r.finish_reason = "length"
+        seeds = [(base + g.index * self.n + j) % (2**31) for g, j, _ in todo]
+        episode.resume([(g.prompt, r) for g, _, r in todo], self.sampling, self.piece, seeds, iteration, timing)
+        for _, _, r in todo:
+            r.pieces += 1
 
     def _metrics(self, done: list[Group], iteration: int, rounds: int, pieces: int, continued: int) -> dict[str, float]:
         responses = [r for g in done for r in g.responses]
-        ages = [iteration - v for r in responses for v in r.versions]
+        ages = [iteration - v for r in responses for v, m in zip(r.versions, r.loss_mask or [1] * len(r.versions)) if m]
         unfinished = sum(r.finish_reason is None for g in self.pool for r in g.responses)
         return {
             "partial_rollout/rounds": float(rounds),
@@ -182,7 +161,7 @@ class PartialRollout:
             return
         self.drawn_batches = int(state["drawn_batches"])
         self.pool = [
-            Group(g["index"], g["prompt"], g["labels"], g["drawn"], [Response(**r) for r in g["responses"]])
+            Group(g["index"], g["prompt"], g["labels"], g["drawn"], [Progress(**r) for r in g["responses"]])
             for g in state["pool"]
         ]
 
@@ -194,15 +173,18 @@ class PartialSchedule(Schedule):
         self.pool, self.sync = pool, sync
 
     def next(self, iteration: int, gen_batch: int, timing: dict[str, float]) -> Generated:
-        taken = self.pool.step(iteration, self.sync, lambda *args: self.sync.episode.run(*args, timing))
+        episode = self.sync.episode
+        taken = self.pool.step(iteration, self.sync, episode, timing)
         responses = [
             [
-                experience.Response(r.token_ids, r.logprobs, r.finish_reason or "length", [v - 1 for v in r.versions])
+                experience.Response(
+                    r.token_ids, r.logprobs, r.finish_reason or "length", [v - 1 for v in r.versions], r.loss_mask
+                )
                 for r in g.responses
             ]
             for g in taken.groups
         ]  # fmt: skip  (pool versions are iterations; weight versions one less)
-        return Generated(taken.prompt_ids, responses, taken.labels, taken.metrics)
+        return Generated(taken.prompt_ids, responses, taken.labels, {**taken.metrics, **episode.metrics})
 
     def state_dict(self) -> dict:
         return {"partial_rollout": self.pool.state_dict()}
@@ -212,14 +194,14 @@ class PartialSchedule(Schedule):
         refuse_pending(state)
 
 
-def from_config(cfg, sampling: SamplingConfig) -> PartialRollout | None:
-    """The pool of a validated config with partial_rollout_max_split > 1; None otherwise."""
+def from_config(cfg, sampling: SamplingConfig, limit: int | None = None) -> PartialRollout | None:
+    """The pool of a validated config with partial_rollout_max_split > 1 (`limit`: the episode's most response
+    tokens, `Episode.limit`); None otherwise."""
     rl, mt = cfg.rl_config, cfg.megatron_training
     if rl.partial_rollout_max_split <= 1:
         return None
-    return PartialRollout(
-        rl.n_samples_per_prompt, sampling, rl.partial_rollout_max_split, mt.global_batch_size, mt.train_iters, mt.seed
-    )
+    return PartialRollout(rl.n_samples_per_prompt, sampling, rl.partial_rollout_max_split, mt.global_batch_size,
+                          mt.train_iters, mt.seed, limit)  # fmt: skip
 
 
 def pieces_of(versions: Sequence[int]) -> list[tuple[int, int, int]]:
