@@ -28,7 +28,8 @@
 # operands <= 20), SFT_ITERS (SFT warm-start steps, default the SFT config's; 0: GRPO from the base model), SFT_TARGET
 # (the SFT response: columns, the default, the sum worked column by column; equation, "a + b = c"), GENERAL_MIX (times
 # each of the untuned model's own answers to ordinary instructions appears in the SFT data; default 0: arithmetic
-# only), GENERAL_SAMPLES (the base's samples per ordinary instruction for general_check's KL; default 4), VENV
+# only), GENERAL_SAMPLES (the base's samples per ordinary instruction for general_check's KL; default 4; 0: no
+# general-instructions check), VENV
 # (default ./.venv), MINDRL_MODEL_CACHE (the model cache).
 # Extra key=value arguments are passed to mindrl-train as overrides (e.g. actor_config.lr=3e-5); sft:key=value ones
 # to mindrl-sft (e.g. sft:megatron_training.lr=5e-5).
@@ -62,7 +63,7 @@ done
 [[ -z "${SFT_TARGET:-}" || "$SFT_TARGET" == columns || "$SFT_TARGET" == equation ]] || { echo "error: SFT_TARGET must be columns or equation, got '$SFT_TARGET'" >&2; exit 2; }
 [[ -z "${SFT_ITERS:-}" || "$SFT_ITERS" =~ ^[0-9]+$ ]] || { echo "error: SFT_ITERS must be a non-negative integer, got '$SFT_ITERS'" >&2; exit 2; }
 [[ -z "${GENERAL_MIX:-}" || "$GENERAL_MIX" =~ ^[0-9]+$ ]] || { echo "error: GENERAL_MIX must be a non-negative integer, got '$GENERAL_MIX'" >&2; exit 2; }
-[[ -z "${GENERAL_SAMPLES:-}" || "$GENERAL_SAMPLES" =~ ^[1-9][0-9]*$ ]] || { echo "error: GENERAL_SAMPLES must be a positive integer, got '$GENERAL_SAMPLES'" >&2; exit 2; }
+[[ -z "${GENERAL_SAMPLES:-}" || "$GENERAL_SAMPLES" =~ ^[0-9]+$ ]] || { echo "error: GENERAL_SAMPLES must be a non-negative integer, got '$GENERAL_SAMPLES'" >&2; exit 2; }
 OUT="${OUT:-./outputs/smollm2}"
 GENERAL_MIX="${GENERAL_MIX:-0}"   # opt-in until measured end to end (docs/real_model.md)
 MAX_VALUE="${MAX_VALUE:-99}"   # largest training operand; the easy quarter (<= 20) gives GRPO signal from the start
@@ -205,8 +206,11 @@ if [[ ! -s "$BASE_LOG" ]]; then
         > "$BASE_LOG.partial"
     mv "$BASE_LOG.partial" "$BASE_LOG"
 fi
-"$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --samples "${GENERAL_SAMPLES:-4}" \
-    --json "$RUN_DIR/general_check.json"
+rm -f "$RUN_DIR/general_check.json"  # a previous run's, in this RUN_DIR
+if [[ "${GENERAL_SAMPLES:-4}" != 0 ]]; then
+    "$PY" tools/general_check.py --base "$HF" --tuned "$OUT/ckpt/$ACTOR_HF" --samples "${GENERAL_SAMPLES:-4}" \
+        --json "$RUN_DIR/general_check.json"
+fi
 
 stamp "7/7 plot, held-out accuracy"
 "$PY" tools/plot_metrics.py "$RUN_DIR"
@@ -229,9 +233,12 @@ print(f"training: {sft_s} s in mindrl-sft, {len(iters)} GRPO iterations, {sum(r[
 exported = f"{run_dir}/exported.log"
 other, base = figure(exported, other_set), figure(base_log, other_set)
 print(f"{names[other_set]}, first {other[1]}: untuned {base[0]:.3f} -> exported {other[0]:.3f} ({other[2]})")
-general = json.load(open(f"{run_dir}/general_check.json"))
-print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
-      f"answers kept {general['kept']}/{general['total']} (run dir: general_check.json)")
+try:
+    general = json.load(open(f"{run_dir}/general_check.json"))
+    print(f"ordinary instructions: KL(base || tuned) {general['kl_per_token']:.4f} nats/token on the base's samples; "
+          f"answers kept {general['kept']}/{general['total']} (run dir: general_check.json)")
+except FileNotFoundError:
+    print("ordinary instructions: not checked (GENERAL_SAMPLES=0)")
 acc, n, how = figure(exported, val_set)
 print(f"actor checkpoint: {out}/ckpt/{actor}")
 print(f"run dir: {run_dir}")
