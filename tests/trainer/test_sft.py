@@ -313,14 +313,15 @@ def test_shipped_config_parses(name):
 
 def test_smollm2_lora_sft_is_the_full_sft_through_the_grpo_adapters():
     """configs/sft_smollm2_lora_cpu.yaml (`grpo_smollm2_cpu.sh lora`'s warm start) is sft_smollm2_cpu through adapters:
-    only the LoRA keys, the learning rate and the output paths differ, and its adapters are the ones
+    only the LoRA keys, the step count, the learning rate and the output paths differ, and its adapters are the ones
     grpo_smollm2_lora_cpu trains on (a checkpoint's adapters must match the loading run's keys)."""
     from mindrl.config import load_config
 
     full = load_sft_config("sft_smollm2_cpu", check_paths=False).megatron_training.to_dict()
     lora = load_sft_config("sft_smollm2_lora_cpu", check_paths=False).megatron_training.to_dict()
     changed = {k for k in full.keys() | lora.keys() if full.get(k) != lora.get(k)}
-    assert changed == {"lora_target_modules", "lora_r", "lora_alpha", "lr", "min_lr", "save", "run_dir"}, changed
+    lora_only = {"lora_target_modules", "lora_r", "lora_alpha", "train_iters", "lr", "min_lr", "save", "run_dir"}
+    assert changed == lora_only, changed
     assert lora["save"].endswith("/actor_lora_sft") and full["save"].endswith("/actor_sft")
     actor = load_config("grpo_smollm2_lora_cpu").actor_config
     assert (actor.lora_r, actor.lora_alpha, actor.lora_target_modules) == (
