@@ -3,17 +3,19 @@ trains adapters on its frozen backbone, the reference is that backbone with the 
 reference model is loaded), the rollout engine runs the merged weights each step, so the every-step
 rollout-vs-trainer logprob check holds, and the reward rises by a bound measured over seeds. Its checkpoint exports
 with mindrl-convert as a merged HF model and, with --adapter-only, as a PEFT directory that peft loads onto the base
-model with the merged export's logits."""
+model with the merged export's logits. A second start resumes it from its iteration-28 checkpoint: iterations 29-30
+give the same metrics and the same final adapters, backbone and optimizer state bit for bit."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
 import torch
 
-from tests.trainer.rl_helpers import LEARN_ITERS, _config, _train
+from tests.trainer.rl_helpers import LEARN_ITERS, _config, _train, assert_same_checkpoints
 from tools.check_learning import BOUNDS, assert_rises
 
 pytestmark = pytest.mark.slow
@@ -23,6 +25,7 @@ TARGETS = "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"
 LORA = [f"+actor_config.lora_target_modules={TARGETS}", "+actor_config.lora_r=8", "+actor_config.lora_alpha=16",
         "actor_config.lr=3e-3", "+rl_config.share_backbone=true", f"megatron_training.train_iters={LEARN_ITERS}",
         f"megatron_training.save_interval={LEARN_ITERS}", "rl_config.use_tensorboard=false"]  # fmt: skip
+RESUME_AT = LEARN_ITERS - 2  # the learning run also saves here (save_interval), and the resumed start runs the rest
 
 
 def _logits(model, ids) -> torch.Tensor:
@@ -39,7 +42,7 @@ def test_lora_grpo_run_learns_shares_the_backbone_and_exports_to_peft(sft_assets
 
     run_dir = tmp_path / "run"
     assets = sft_assets
-    cfg = _config("grpo_tiny_cpu", assets, run_dir, *LORA)
+    cfg = _config("grpo_tiny_cpu", assets, run_dir, *LORA, f"megatron_training.save_interval={RESUME_AT}")
     _, _, lines, _ = _train(cfg)
     assert len(lines) == LEARN_ITERS
     # The reward rises through the adapters alone, by the bound measured over seeds (tools/check_learning.py).
@@ -78,6 +81,23 @@ def test_lora_grpo_run_learns_shares_the_backbone_and_exports_to_peft(sft_assets
           f"{effect:.3g}")  # fmt: skip
     assert effect > 100 * max(gap, 1e-12), "the trained adapters change the model"
     assert diff <= 10 * gap
+
+    # Exact resume through adapters: the run's copy cut back to its iteration-28 checkpoint, resumed to the end.
+    from mindrl.checkpoint import mcore_ckpt as ckpts
+
+    split_dir = tmp_path / "split"
+    shutil.copytree(run_dir, split_dir)
+    shutil.rmtree(split_dir / "ckpt_actor" / ckpts.iteration_dir("", LEARN_ITERS).lstrip("/"))
+    ckpts.write_tracker(str(split_dir / "ckpt_actor"), RESUME_AT)
+    resume = [f"actor_config.{k}" for k in ("finetune=false", "no_load_optim=false", "no_load_rng=false")]
+    cfg = _config("grpo_tiny_cpu", assets, split_dir, *LORA, *resume, actor_load=split_dir / "ckpt_actor")
+    _, results, split, _ = _train(cfg)
+    assert [r.iteration for r in results] == [RESUME_AT + 1, LEARN_ITERS]  # only the rest ran
+    assert [m["iteration"] for m in split] == list(range(1, LEARN_ITERS + 1))  # metrics.jsonl cut back, appended
+    for a, b in zip(lines[RESUME_AT:], split[RESUME_AT:]):
+        a, b = ({k: v for k, v in m.items() if not k.startswith("timing/") and not k.endswith("_tps")} for m in (a, b))
+        assert a == b, {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}  # bit for bit
+    assert_same_checkpoints(ckpt, split_dir / "ckpt_actor", tmp_path)
 
 
 def _lora_sft_save(assets, d):
