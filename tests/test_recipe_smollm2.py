@@ -107,6 +107,10 @@ def test_recipe_short_form(smollm2_hf, tmp_path):
     # the exported directory, evaluated by mindrl-eval, against the trainer's last evaluation: the same problems
     exported = {x["index"]: x["gsm8k"] for x in map(json.loads, open(run_dir / "exported_test.jsonl"))}
     assert exported.keys() == evals[ITERS].keys()
+    # the goal: the exported figure within +-0.03 of the in-training one (a problem is 1/32 here: the same count). The
+    # same weights decoded greedily by a fresh engine have scored problem for problem as in training in every run
+    # measured (docs/real_model.md); a near-tie may still flip under another prefill split, so the count is checked.
+    assert abs(sum(exported.values()) - sum(evals[ITERS].values())) / VAL_PROMPTS <= 0.03, (exported, evals[ITERS])
 
     def printed(x: float) -> str:  # the figures are printed with 3 decimals (0.0625 -> "0.062": round half to even)
         return f"{x:.3f}"
