@@ -84,7 +84,9 @@ LANE_OF = {
     "tests/trainer/test_partial_rollout_e2e.py": OWN,
     "tests/trainer/test_qwen3_e2e.py": OWN,
     "tests/trainer/test_ref_sync_e2e.py": OWN,
+    "tests/trainer/test_reward_model.py": OWN,
     "tests/trainer/test_resume_distopt.py": OWN,
+    "tests/trainer/test_separate_engines_e2e.py": OWN,
     "tests/workers/test_hybrid_engine.py": OWN,
 }
 
