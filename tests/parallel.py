@@ -86,7 +86,6 @@ LANE_OF = {
     "tests/trainer/test_ref_sync_e2e.py": OWN,
     "tests/trainer/test_reward_model.py": OWN,
     "tests/trainer/test_resume_distopt.py": OWN,
-    "tests/trainer/test_separate_engines_e2e.py": OWN,
     "tests/workers/test_hybrid_engine.py": OWN,
 }
 
