@@ -168,8 +168,8 @@ def _real_layer_split(num_layers: int, pp: int, noop: list[int], num_layer_list)
         counts = [num_layers // pp] * pp if pp >= 1 and not num_layers % pp else []
     if len(counts) != pp or sum(counts) != num_layers:
         return None
-    starts = [sum(counts[:s]) for s in range(pp)]
-    real = [sum(1 for i in range(a, a + n) if i not in set(noop)) for a, n in zip(starts, counts)]
+    starts, skip = [sum(counts[:s]) for s in range(pp)], set(noop)
+    real = [sum(1 for i in range(a, a + n) if i not in skip) for a, n in zip(starts, counts)]
     return ",".join(map(str, real)) if min(real) >= 1 else None
 
 
